@@ -1,0 +1,98 @@
+"""Engine configuration: frozen dataclasses validated in ``__post_init__``; defaults = released checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+BACKENDS = ("auto", "native", "vllm")
+DEVICES = ("auto", "cpu", "cuda", "npu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """RAS sampler (cosyvoice yaml ``ras_sampling``) and the token-length ratios of the LM."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10  # tokens of history the repetition check looks at
+    tau_r: float = 0.1  # repetition threshold as a fraction of win_size
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 1 or self.win_size < 1:
+            raise ValueError("top_k and win_size must be >= 1")
+        if not 0.0 < self.tau_r <= 1.0:
+            raise ValueError(f"tau_r must be in (0, 1], got {self.tau_r}")
+        if not 0 <= self.min_token_text_ratio <= self.max_token_text_ratio:
+            raise ValueError("need 0 <= min_token_text_ratio <= max_token_text_ratio")
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Chunk schedule of CosyVoice2/3 streaming (cli/model.py): hop 25 tokens doubling to 100."""
+
+    token_hop: int = 25  # must equal the flow's training static_chunk_size (tokens)
+    max_token_hop: int = 100
+    hop_growth: int = 2
+    lookahead: int = 3  # flow pre_lookahead_len (tokens)
+    mel_cache_frames: int = 8  # v2 vocoder cache (frames)
+    source_cache_samples: int = 3840  # v2 vocoder source cache (samples) = 8 frames x 480
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.token_hop <= self.max_token_hop:
+            raise ValueError("need 1 <= token_hop <= max_token_hop")
+        if self.hop_growth < 1 or self.lookahead < 0:
+            raise ValueError("hop_growth must be >= 1 and lookahead >= 0")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Everything a caller can exceed, in one place (UI and API map these to messages / status codes)."""
+
+    max_text_chars: int = 2000
+    max_prompt_s: float = 30.0
+    min_prompt_s: float = 1.0
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_concurrency: int = 16  # streams computing at once
+    max_queue: int = 64  # requests waiting for a slot
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.max_text_chars < 1 or self.max_upload_bytes < 1:
+            raise ValueError("max_text_chars and max_upload_bytes must be positive")
+        if not 0 < self.min_prompt_s < self.max_prompt_s <= 30.0:
+            raise ValueError("need 0 < min_prompt_s < max_prompt_s <= 30 (the speech tokenizer's limit)")
+        if self.max_concurrency < 1 or self.max_queue < 0 or self.request_timeout_s <= 0:
+            raise ValueError("max_concurrency >= 1, max_queue >= 0, request_timeout_s > 0 required")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to build a ``TTSEngine``: which checkpoint, where, with what backend and precision."""
+
+    model: str = DEFAULT_MODEL  # local dir, ModelScope id, Hugging Face id, or "demo-tiny"
+    device: str = "auto"
+    backend: str = "auto"  # vllm where vLLM and CUDA/NPU are present, else native
+    dtype: str = "auto"  # LM/flow compute dtype; auto = bf16 LM on GPU, fp32 on CPU
+    llm_variant: str = "base"  # "rl" loads llm.rl.pt when present
+    cache_dir: str | None = None
+    voices_dir: str | None = None
+    gpu_memory_utilization: float = 0.3
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        checks = (("backend", BACKENDS), ("device", DEVICES), ("dtype", DTYPES), ("llm_variant", ("base", "rl")))
+        for name, allowed in checks:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not self.model:
+            raise ValueError("model must name a directory or a hub id")
+        if not 0.05 <= self.gpu_memory_utilization <= 0.95:
+            raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")

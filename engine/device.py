@@ -1,0 +1,80 @@
+"""The only place that knows CUDA vs Ascend NPU vs CPU: device choice, dtypes, sync, memory stats."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def npu_available() -> bool:
+    """True when torch_npu is installed and sees a device (imports it: registers the ``npu`` backend)."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    import torch_npu  # noqa: F401  (side effect: torch.npu)
+
+    return bool(torch.npu.is_available())  # type: ignore[attr-defined]
+
+
+def resolve(device: str = "auto") -> torch.device:
+    """'auto' -> cuda, then npu, then cpu. An explicit device that is absent is an error."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("npu") if npu_available() else torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+    if device == "npu" and not npu_available():
+        raise RuntimeError("--device npu asked for, but torch_npu is missing or sees no NPU")
+    return torch.device(device)
+
+
+def is_accelerator(device: torch.device) -> bool:
+    return device.type in ("cuda", "npu")
+
+
+def default_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
+    """Compute dtype: fp32 on CPU (parity with the reference), bf16 on accelerators unless told otherwise."""
+    if requested != "auto":
+        return getattr(torch, requested)
+    return torch.bfloat16 if is_accelerator(device) else torch.float32
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "npu":
+        torch.npu.synchronize(device)  # type: ignore[attr-defined]
+
+
+def memory_mb(device: torch.device) -> float:
+    """Device memory currently allocated by torch, in MiB (0 on CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    if device.type == "npu":
+        return torch.npu.memory_allocated(device) / 2**20  # type: ignore[attr-defined]
+    return 0.0
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if device.type == "npu":
+        return torch.npu.max_memory_allocated(device) / 2**20  # type: ignore[attr-defined]
+    return 0.0
+
+
+def onnx_providers(device: torch.device) -> list[str]:
+    """onnxruntime execution providers for the frontend's ONNX models on this device."""
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    wanted = {"cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}.get(device.type)
+    return [wanted, "CPUExecutionProvider"] if wanted in available else ["CPUExecutionProvider"]
+
+
+def has_vllm() -> bool:
+    return importlib.util.find_spec("vllm") is not None

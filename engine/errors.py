@@ -1,0 +1,53 @@
+"""Errors the engine raises on purpose; callers map them to UI messages or HTTP status codes."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class. ``str(err)`` is a message fit to show a user as is."""
+
+    status = 500
+
+
+class InvalidInput(EngineError):
+    """The caller's input is wrong (empty text, bad audio, unknown mode ...): HTTP 400/422."""
+
+    status = 422
+
+
+class TooLarge(InvalidInput):
+    """An input is over a configured limit (text length, upload bytes, prompt seconds): HTTP 413."""
+
+    status = 413
+
+
+class NotFound(InvalidInput):
+    """A named thing (saved voice, model) does not exist: HTTP 404."""
+
+    status = 404
+
+
+class Busy(EngineError):
+    """No capacity now; try again after ``retry_after_s``: HTTP 429 (queue full) or 503 (not ready)."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NotReady(Busy):
+    status = 503
+
+
+class ModelError(EngineError):
+    """The model directory is missing files, has unexpected keys, or cannot be downloaded."""
+
+    status = 500
+
+
+class SynthesisFailed(EngineError):
+    """The computation went wrong for this request (non-finite audio, device OOM); the engine stays usable."""
+
+    status = 500

@@ -1,0 +1,1 @@
+"""Speech-LM decoding backends (native PyTorch, vLLM) and the RAS sampler."""

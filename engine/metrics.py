@@ -1,0 +1,97 @@
+"""Per-request timing (queue wait, time to first audio, RTF, LM tokens/s, stage ms) and server gauges."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+STAGES = ("frontend", "lm", "flow", "hift")
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """An immutable snapshot; times in milliseconds, audio in seconds, ``rtf`` = compute s / audio s."""
+
+    request_id: str = ""
+    seed: int = 0
+    queue_wait_ms: float = 0.0
+    ttfa_ms: float | None = None
+    elapsed_ms: float = 0.0
+    audio_s: float = 0.0
+    lm_tokens: int = 0
+    lm_tokens_per_s: float = 0.0
+    stage_ms: dict[str, float] = field(default_factory=dict)
+    done: bool = False
+
+    @property
+    def rtf(self) -> float | None:
+        return None if self.audio_s <= 0 else (self.elapsed_ms / 1000.0) / self.audio_s
+
+
+class Stopwatch:
+    """Mutable per-request timer owned by one request's generator; ``snapshot()`` freezes it.
+
+    ``clock`` returns seconds (monotonic); tests inject a fake one.
+    """
+
+    def __init__(self, request_id: str, seed: int, clock: Callable[[], float] = time.perf_counter):
+        self.request_id, self.seed, self._clock = request_id, seed, clock
+        self.t_submit = clock()
+        self.t_start: float | None = None
+        self.t_first_audio: float | None = None
+        self.t_lm_start: float | None = None
+        self.lm_tokens = 0
+        self.audio_s = 0.0
+        self.stage_ms = dict.fromkeys(STAGES, 0.0)
+
+    def now(self) -> float:
+        return self._clock()
+
+    def started(self) -> None:
+        """The request left the queue and began computing."""
+        self.t_start = self._clock()
+
+    def add_stage(self, stage: str, seconds: float) -> None:
+        self.stage_ms[stage] = self.stage_ms.get(stage, 0.0) + seconds * 1000.0
+
+    def add_tokens(self, n: int) -> None:
+        if self.t_lm_start is None:
+            self.t_lm_start = self._clock()
+        self.lm_tokens += n
+
+    def add_audio(self, seconds: float) -> None:
+        if self.t_first_audio is None and seconds > 0:
+            self.t_first_audio = self._clock()
+        self.audio_s += seconds
+
+    def snapshot(self, done: bool = False) -> RequestMetrics:
+        now = self._clock()
+        start = self.t_start if self.t_start is not None else now
+        lm_s = now - self.t_lm_start if self.t_lm_start is not None else 0.0
+        return RequestMetrics(
+            request_id=self.request_id,
+            seed=self.seed,
+            queue_wait_ms=(start - self.t_submit) * 1000.0,
+            ttfa_ms=None if self.t_first_audio is None else (self.t_first_audio - self.t_submit) * 1000.0,
+            elapsed_ms=(now - start) * 1000.0,
+            audio_s=self.audio_s,
+            lm_tokens=self.lm_tokens,
+            lm_tokens_per_s=self.lm_tokens / lm_s if lm_s > 0 else 0.0,
+            stage_ms=dict(self.stage_ms),
+            done=done,
+        )
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """Server-wide gauges for the UI's server panel and ``/metrics``."""
+
+    active_streams: int = 0
+    queued: int = 0
+    completed: int = 0
+    failed: int = 0
+    audio_s_total: float = 0.0
+    lm_tokens_total: int = 0
+    device_memory_mb: float = 0.0
+    device: str = "cpu"

@@ -1,0 +1,1 @@
+"""Neural modules of the CosyVoice family; constructor defaults equal the released configs."""

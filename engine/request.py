@@ -1,0 +1,72 @@
+"""The request and chunk contracts between the engine and its callers (UI, API, CLI, bench)."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.metrics import RequestMetrics
+
+
+class Mode(enum.StrEnum):
+    """Synthesis modes; ``instruct`` runs the reference's instruct2 path on v2/v3."""
+
+    ZERO_SHOT = "zero_shot"
+    CROSS_LINGUAL = "cross_lingual"
+    INSTRUCT = "instruct"
+    VC = "vc"
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One synthesis job. Either ``prompt_wav`` (a path or decoded audio) or ``voice_id`` names the voice.
+
+    ``prompt_audio`` is (samples float32 mono in [-1, 1], sample rate Hz) when the caller already decoded it.
+    ``source_wav`` is the speech to convert in ``vc`` mode. ``speed`` is a playback-rate factor (1.0 = as
+    generated). ``seed`` None draws a fresh seed which the engine reports back in the metrics.
+    """
+
+    text: str = ""
+    mode: Mode = Mode.ZERO_SHOT
+    prompt_wav: str | None = None
+    prompt_audio: tuple[np.ndarray, int] | None = field(default=None, compare=False, repr=False)
+    voice_id: str | None = None
+    prompt_text: str = ""
+    instruct_text: str = ""
+    source_wav: str | None = None
+    source_audio: tuple[np.ndarray, int] | None = field(default=None, compare=False, repr=False)
+    language: str = "auto"
+    stream: bool = True
+    speed: float = 1.0
+    seed: int | None = None
+    text_frontend: bool = True
+    request_id: str = field(default_factory=new_request_id)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Mode(self.mode))
+        if not 0.5 <= self.speed <= 2.0:
+            raise ValueError(f"speed must be within [0.5, 2.0], got {self.speed}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a non-negative 63-bit integer, got {self.seed}")
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of the output stream: float32 mono PCM at ``sample_rate``; ``is_last`` closes the stream."""
+
+    pcm: np.ndarray
+    sample_rate: int
+    index: int
+    is_last: bool
+    metrics: RequestMetrics
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / self.sample_rate
