@@ -92,5 +92,7 @@ def test_config_rejects_bad_values(bad):
 def test_masked_row_is_never_drawn():
     state = SamplerState.seeded(3, 5, 100, [0])
     lp = logp_of([0.9, 0.05, 0.05])
-    draws = {ras_sample(mask_stops(lp, state), state, SamplingConfig(win_size=1, tau_r=1.0)) for _ in range(3)}
+    draws = {
+        ras_sample(mask_stops(lp, state), state, SamplingConfig(win_size=1, tau_r=1.0)) for _ in range(3)
+    }
     assert 0 not in draws and not math.isnan(lp.sum())

@@ -1,0 +1,88 @@
+"""Chunk schedule and vocoder continuations (with fake vocoders; the real ones are tested in models/)."""
+
+import torch
+
+from engine.config import StreamConfig
+from engine.streaming import ChunkJob, ChunkPlanner, V2VocoderState, V3VocoderState, crossfade, hamming
+
+CFG = StreamConfig()
+
+
+def drain(planner: ChunkPlanner, total: int) -> list[ChunkJob]:
+    """Feed tokens one at a time as an LM would, then signal the end."""
+    jobs = []
+    for n in range(1, total + 1):
+        while (job := planner.next_job(n, lm_done=False)) is not None:
+            jobs.append(job)
+    while (job := planner.next_job(total, lm_done=True)) is not None:
+        jobs.append(job)
+    return jobs
+
+
+def test_first_hop_pads_to_the_chunk_grid_then_doubles_to_100():
+    jobs = drain(ChunkPlanner(prompt_tokens=10, cfg=CFG), total=400)
+    # pad = 25 - 10 = 15: first chunk 40 tokens (+3 look-ahead), then 50, 100, 100 ...
+    assert [j.end for j in jobs[:4]] == [43, 93, 193, 293]
+    assert [j.mel_start for j in jobs[:4]] == [0, 80, 180, 380]
+    assert not any(j.finalize for j in jobs[:-1])
+    assert jobs[-1] == ChunkJob(400, 2 * 390, True)  # 290 + 100 + 3 <= 400: one more hop first
+
+
+def test_matches_the_reference_v3_e2e_schedule():
+    # fixtures ref_e2e: 10 prompt tokens, 50 tokens -> chunk of 43 tokens, then the final flush.
+    jobs = drain(ChunkPlanner(10, CFG), 50)
+    assert jobs == [ChunkJob(43, 0, False), ChunkJob(50, 80, True)]
+
+
+def test_each_request_starts_at_the_first_hop():
+    # The reference leaves the grown hop on the model; a second request must not inherit it.
+    first = drain(ChunkPlanner(25, CFG), 300)
+    second = drain(ChunkPlanner(25, CFG), 300)
+    assert first == second and first[0].end == 28
+
+
+def test_non_streaming_is_one_final_job():
+    assert drain(ChunkPlanner(10, CFG, stream=False), 120) == [ChunkJob(120, 0, True)]
+
+
+def test_no_job_while_waiting_for_lookahead():
+    planner = ChunkPlanner(0, CFG)
+    assert planner.next_job(27, lm_done=False) is None
+    assert planner.next_job(28, lm_done=False) == ChunkJob(28, 0, False)
+
+
+def test_crossfade_blends_with_hamming_halves():
+    w = hamming(8)
+    out = crossfade(torch.ones(1, 10), torch.zeros(1, 6), w)
+    assert torch.allclose(out[0, :4], w[:4]) and torch.equal(out[0, 4:], torch.ones(6))
+
+
+def fake_hift2(mel: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # A "vocoder" whose output is a smooth function of the frame values: 480 samples per frame.
+    speech = mel.mean(1).repeat_interleave(480, dim=1)
+    return speech, speech.unsqueeze(1)
+
+
+def test_v2_stream_equals_one_shot_away_from_the_seams():
+    mel = torch.linspace(0, 1, 80).repeat(1, 80, 1)  # [1, 80, 80] smooth ramp
+    state = V2VocoderState(CFG)
+    parts = [state.step(mel[:, :, :30], False, fake_hift2), state.step(mel[:, :, 30:], True, fake_hift2)]
+    streamed = torch.cat(parts, dim=1)
+    whole, _ = fake_hift2(mel, torch.zeros(1, 1, 0))
+    assert streamed.shape == whole.shape
+    # away from the cross-fade the samples are identical; inside it the ramp stays within its neighbours
+    assert torch.allclose(streamed[:, : 22 * 480], whole[:, : 22 * 480])
+    assert torch.allclose(streamed[:, 30 * 480 :], whole[:, 30 * 480 :])
+
+
+def test_v3_emits_each_sample_once():
+    def causal(mel: torch.Tensor, finalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        keep = mel.shape[2] if finalize else mel.shape[2] - 8
+        speech = mel[0, 0, :keep].repeat_interleave(480).unsqueeze(0)
+        return speech, speech.unsqueeze(1)
+
+    mel = torch.arange(60.0).repeat(1, 80, 1)
+    state = V3VocoderState()
+    parts = [state.step(mel[:, :, :20], False, causal), state.step(mel[:, :, 20:], True, causal)]
+    assert torch.equal(torch.cat(parts, 1), causal(mel, True)[0])
+    assert parts[0].shape[1] == 12 * 480
