@@ -1,10 +1,14 @@
-"""Repetition-aware sampling (RAS, cosyvoice/utils/common.py ``ras_sampling``) with per-request generators.
+"""Repetition-aware sampling (RAS, cosyvoice/utils/common.py ``ras_sampling``), batched, per-request seeded.
 
 The reference semantics (spec 5.2): nucleus over the descending-sorted softmax keeps entry i iff the mass
-before it is < top_p and i < top_k (so the entry that crosses top_p is kept); one multinomial draw over the
-kept, unnormalised probabilities. If the drawn id occurs at least ``win_size * tau_r`` times in the last
+before it is < top_p and i < top_k (so the entry that crosses top_p is kept); one draw over the kept,
+unnormalised probabilities. If the drawn id occurs at least ``win_size * tau_r`` times in the last
 ``win_size`` generated ids, it is excluded (-inf) and one id is drawn from the softmax of the full
-vocabulary (the post-2026-02 reference, which no longer can re-draw the repeated id).
+vocabulary (the post-2026-02 reference, which can no longer re-draw the repeated id).
+
+Draws use inverse-CDF sampling with uniforms from each request's own CPU ``torch.Generator`` (two per
+step, whether or not the fallback fires), so a request's tokens depend only on its seed and its logits:
+not on the batch it shares, nor on the device, nor on the backend (native and vLLM call the same code).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class SamplerState:
     max_len: int
     stop_ids: frozenset[int]
     history: list[int] = field(default_factory=list)
-    fallbacks: int = 0  # how often RAS rejected a draw (for statistics and tests)
+    fallbacks: int = 0  # how often RAS rejected a draw (statistics and tests)
 
     @classmethod
     def seeded(cls, seed: int, min_len: int, max_len: int, stop_ids: Sequence[int]) -> SamplerState:
@@ -42,42 +46,55 @@ class SamplerState:
         return token in self.stop_ids or len(self.history) >= self.max_len
 
 
-def mask_stops(logp: torch.Tensor, state: SamplerState) -> torch.Tensor:
-    """Forbid every stop id before ``min_len`` tokens.
-
-    The reference HF path masks only index ``speech_token_size`` (v2 eos, but v3 *sos*), leaving v3's real
-    eos free; we mask all stop ids, as its vLLM path does (min_tokens).
-    """
-    if len(state.history) >= state.min_len:
-        return logp
-    out = logp.clone()
-    out[list(state.stop_ids)] = -math.inf
-    return out
-
-
 def nucleus_keep(sorted_probs: torch.Tensor, top_p: float, top_k: int) -> int:
-    """How many of the descending-sorted probabilities the nucleus keeps (>= 1)."""
+    """How many of the descending-sorted probabilities [K] the nucleus keeps (>= 1)."""
     mass_before = torch.cumsum(sorted_probs, 0) - sorted_probs
     return max(1, min(top_k, int((mass_before < top_p).sum())))
 
 
-def ras_sample(logp: torch.Tensor, state: SamplerState, cfg: SamplingConfig) -> int:
-    """Draw one id from a 1-D log-prob row (float32, CPU) and append it to the history."""
-    probs = logp.softmax(0)
-    sorted_probs, order = probs.sort(descending=True, stable=True)
-    keep = nucleus_keep(sorted_probs, cfg.top_p, cfg.top_k)
-    pick = int(order[torch.multinomial(sorted_probs[:keep], 1, True, generator=state.generator)])
-    window = state.history[-cfg.win_size :]
-    if window.count(pick) >= cfg.win_size * cfg.tau_r:
-        state.fallbacks += 1
-        masked = logp.clone()
-        masked[pick] = -math.inf
-        pick = int(torch.multinomial(masked.softmax(0), 1, True, generator=state.generator))
-    state.history.append(pick)
-    return pick
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index drawn from each row of non-negative ``weights`` [B, K] given uniforms ``u`` [B] in [0, 1)."""
+    cdf = weights.cumsum(-1)
+    target = u.unsqueeze(-1) * cdf[:, -1:]
+    return (cdf <= target).sum(-1).clamp(max=weights.shape[-1] - 1)
+
+
+def _mask_stops(logp: torch.Tensor, states: Sequence[SamplerState]) -> torch.Tensor:
+    """Forbid every stop id before ``min_len``.
+
+    The reference HF path masks only index ``speech_token_size`` (v2 eos, but v3 *sos*), leaving v3's real
+    eos free; we mask all stop ids, as its vLLM path does (min_tokens).
+    """
+    rows = [i for i, s in enumerate(states) if len(s.history) < s.min_len]
+    if not rows:
+        return logp
+    logp = logp.clone()
+    for i in rows:
+        logp[i, sorted(states[i].stop_ids)] = -math.inf
+    return logp
+
+
+def _window(states: Sequence[SamplerState], win: int, device: torch.device) -> torch.Tensor:
+    """The last ``win`` ids of every history, left-padded with -1: [B, win]."""
+    rows = [([-1] * win + s.history[-win:])[-win:] for s in states]
+    return torch.tensor(rows, device=device)
 
 
 def sample_step(logp: torch.Tensor, states: Sequence[SamplerState], cfg: SamplingConfig) -> list[int]:
-    """One decode step for a batch: ``logp`` [B, V] (any device) -> one id per request."""
-    rows = logp.float().cpu()
-    return [ras_sample(mask_stops(rows[i], s), s, cfg) for i, s in enumerate(states)]
+    """One RAS step for a batch: log-probs (or logits) [B, V] on any device -> one id per request."""
+    u = torch.stack([torch.rand(2, generator=s.generator) for s in states]).to(logp.device)  # [B, 2]
+    logp = _mask_stops(logp.float(), states)
+    probs = logp.softmax(-1)
+    top_p, top_i = probs.topk(min(cfg.top_k, probs.shape[-1]), dim=-1)  # sorted descending
+    keep = (top_p.cumsum(-1) - top_p) < cfg.top_p
+    keep[:, 0] = True
+    pick = top_i.gather(1, _inverse_cdf(top_p * keep, u[:, 0]).unsqueeze(1)).squeeze(1)  # [B]
+    repeats = (_window(states, cfg.win_size, logp.device) == pick.unsqueeze(1)).sum(1)
+    refuse = repeats >= cfg.win_size * cfg.tau_r
+    fallback = logp.scatter(1, pick.unsqueeze(1), -math.inf).softmax(-1)
+    redraw = _inverse_cdf(fallback, u[:, 1])
+    out = torch.where(refuse, redraw, pick).tolist()
+    for state, tok, fell in zip(states, out, refuse.tolist()):
+        state.history.append(tok)
+        state.fallbacks += int(fell)
+    return out
