@@ -142,3 +142,24 @@ def crossfade(fade_in: torch.Tensor, fade_out: torch.Tensor, window: torch.Tenso
 def stretch_mel(mel: torch.Tensor, speed: float) -> torch.Tensor:
     """Speed change by linear interpolation of the whole mel to floor(T / speed) frames (non-streaming)."""
     return torch.nn.functional.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+
+
+SILENT_TOKENS_V3 = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})  # FSQ silence / breath
+
+
+class SilenceFilter:
+    """v3 only (cli/model.py llm_job): keep at most 5 consecutive silent tokens for the flow.
+
+    The LM still conditions on every token; only the list handed to the flow is thinned, which shortens
+    long pauses. A non-silent token resets the run.
+    """
+
+    def __init__(self, silent: frozenset[int], max_run: int = 5):
+        self.silent, self.max_run, self.run = silent, max_run, 0
+
+    def keep(self, token: int) -> bool:
+        if token not in self.silent:
+            self.run = 0
+            return True
+        self.run += 1
+        return self.run <= self.max_run

@@ -86,3 +86,12 @@ def test_v3_emits_each_sample_once():
     parts = [state.step(mel[:, :, :20], False, causal), state.step(mel[:, :, 20:], True, causal)]
     assert torch.equal(torch.cat(parts, 1), causal(mel, True)[0])
     assert parts[0].shape[1] == 12 * 480
+
+
+def test_silence_filter_keeps_five_consecutive_silent_tokens():
+    from engine.streaming import SILENT_TOKENS_V3, SilenceFilter
+
+    f = SilenceFilter(SILENT_TOKENS_V3)
+    seq = [7] + [1] * 8 + [9] + [2] * 3
+    kept = [t for t in seq if f.keep(t)]
+    assert kept == [7] + [1] * 5 + [9] + [2] * 3

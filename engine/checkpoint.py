@@ -1,0 +1,132 @@
+"""Read a model directory in the released layout and load it strictly into our modules.
+
+Family from which yaml exists (cosyvoice2.yaml / cosyvoice3.yaml); the yaml is read as DATA
+(engine.yaml_data) and the Qwen geometry from CosyVoice-BlankEN/config.json, so sizes come from the files,
+not from constants. State dicts load with strict key AND shape matching; ``generator.`` is stripped from
+hift keys (GAN checkpoints), legacy ``weight_g``/``weight_v`` become ``parametrizations.weight.original0/1``
+and are then folded for inference. Master weights stay float32.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import ModelError
+from engine.hub import ModelDir, detect_family
+from engine.models.flow import Flow, build_flow
+from engine.models.hift import CausalHiFTGenerator, HiftConfig, HiFTGenerator, build_hift
+from engine.models.speech_lm import SpeechLM, SpeechLMConfig
+from engine.yaml_data import read_yaml, tag_of
+
+log = logging.getLogger(__name__)
+LM_CLASSES = {"cosyvoice2": "Qwen2LM", "cosyvoice3": "CosyVoice3LM"}
+
+
+def read_model_config(model_dir: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(family, yaml as data, Qwen config dict); checks the yaml's classes fit the family."""
+    family = detect_family(model_dir)
+    yaml_path = model_dir / f"{family}.yaml"
+    cfg = read_yaml(yaml_path, {"qwen_pretrain_path": str(model_dir / "CosyVoice-BlankEN")})
+    if tag_of(cfg.get("llm")) != LM_CLASSES[family]:
+        raise ModelError(f"{yaml_path}: llm is {tag_of(cfg.get('llm'))!r}, expected {LM_CLASSES[family]}")
+    qwen_path = model_dir / "CosyVoice-BlankEN" / "config.json"
+    try:
+        qwen = json.loads(qwen_path.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read the Qwen config {qwen_path}: {err}") from err
+    return family, cfg, qwen
+
+
+def build_modules(
+    family: str, cfg: dict[str, Any], qwen: dict[str, Any]
+) -> tuple[SpeechLM, Flow, HiFTGenerator | CausalHiFTGenerator]:
+    """Uninitialised modules at the sizes the files describe (use the meta device for structure only)."""
+    lm_cfg = SpeechLMConfig.from_qwen_config(family, qwen)
+    llm_size = cfg.get("llm_input_size")
+    if llm_size is not None and llm_size != lm_cfg.hidden_size:
+        raise ModelError(f"yaml llm_input_size {llm_size} != Qwen hidden_size {lm_cfg.hidden_size}")
+    return SpeechLM(lm_cfg), build_flow(cfg["flow"]), build_hift(HiftConfig.from_yaml(cfg["hift"]))
+
+
+def read_state(path: Path) -> dict[str, torch.Tensor]:
+    """A flat state dict from a released .pt file (weights only, memory-mapped)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (OSError, RuntimeError, EOFError) as err:
+        raise ModelError(f"cannot read {path}: {err}") from err
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"{path} is not a flat state dict of tensors")
+    return state
+
+
+def hift_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip ``generator.`` (as the reference does) and rename legacy weight-norm keys."""
+    out = {}
+    for key, value in state.items():
+        key = key.replace("generator.", "")
+        if key.endswith(".weight_g"):
+            key = key.removesuffix(".weight_g") + ".parametrizations.weight.original0"
+        elif key.endswith(".weight_v"):
+            key = key.removesuffix(".weight_v") + ".parametrizations.weight.original1"
+        out[key] = value
+    return out
+
+
+def load_strict(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """``load_state_dict(strict=True)`` with an error that names the file and every offending key."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or wrong:
+        raise ModelError(
+            f"{path} does not match the {type(module).__name__} its config describes:\n"
+            + _listing("missing keys", missing)
+            + _listing("unexpected keys", unexpected)
+            + _listing("shape mismatches", wrong)
+        )
+    module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+
+
+def _listing(title: str, items: list[str], most: int = 12) -> str:
+    if not items:
+        return ""
+    more = f" ... and {len(items) - most} more" if len(items) > most else ""
+    return f"  {title} ({len(items)}): {', '.join(items[:most])}{more}\n"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    family: str
+    model_dir: Path
+    device: torch.device
+    lm: SpeechLM
+    flow: Flow
+    hift: HiFTGenerator | CausalHiFTGenerator
+    qwen_config: dict[str, Any]
+
+
+def load_model(files: ModelDir, device: torch.device) -> LoadedModel:
+    """Build from the files' configs, load llm/flow/hift strictly, move to ``device``, eval mode."""
+    root = Path(files.root)
+    family, cfg, qwen = read_model_config(root)
+    lm, flow, hift = build_modules(family, cfg, qwen)
+    load_strict(lm, read_state(Path(files.llm)), Path(files.llm))
+    load_strict(flow, read_state(Path(files.flow)), Path(files.flow))
+    load_strict(hift, hift_keys(read_state(Path(files.hift))), Path(files.hift))
+    hift.fold_weight_norm()
+    for module in (lm, flow, hift):
+        module.to(device).eval()
+    log.info("loaded %s: llm %s, flow %s, hift %s", family, files.llm, files.flow, files.hift)
+    return LoadedModel(family, root, device, lm, flow, hift, qwen)
