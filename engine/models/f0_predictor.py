@@ -1,0 +1,82 @@
+"""HiFT F0 predictor (v2 ``ConvRNNF0Predictor``, v3 ``CausalConvRNNF0Predictor``).
+
+Both are 5 x (weight-normed Conv1d + ELU) -> Linear(cond, 1) -> |.|: mel [B, 80, T] -> f0 [B, T] in Hz.
+The causal one looks 3 frames right in its first conv (k=4) and left only in the others (k=3). Key names match
+the released hift.pt: ``f0_predictor.condnet.{0,2,4,6,8}.{bias,parametrizations.weight.original0/1}``,
+``f0_predictor.classifier.{weight,bias}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from engine.models.hift_layers import causal_conv, causal_padding, same_conv
+from engine.yaml_data import tag_of
+
+_TAGS = {"ConvRNNF0Predictor": False, "CausalConvRNNF0Predictor": True}
+
+
+@dataclass(frozen=True)
+class F0PredictorConfig:
+    """The yaml ``f0_predictor`` node; defaults are the released full-size values."""
+
+    causal: bool = False
+    num_class: int = 1
+    in_channels: int = 80
+    cond_channels: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("num_class", "in_channels", "cond_channels"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"F0PredictorConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.num_class != 1:
+            raise ValueError(
+                f"F0PredictorConfig.num_class must be 1 (f0 is one value per frame), got {self.num_class}"
+            )
+
+    @property
+    def look_ahead(self) -> int:
+        """Right-context mel frames the first conv consumes (3 for the causal predictor, 0 otherwise)."""
+        return causal_padding(4) if self.causal else 0
+
+    @classmethod
+    def from_yaml(cls, node: dict[str, Any]) -> F0PredictorConfig:
+        tag = tag_of(node)
+        if tag not in _TAGS:
+            raise ValueError(f"f0_predictor: unsupported class {tag!r} (expected one of {sorted(_TAGS)})")
+        unknown = set(node) - {"__tag__", "num_class", "in_channels", "cond_channels"}
+        if unknown:
+            raise ValueError(f"f0_predictor ({tag}): unknown keys {sorted(unknown)}")
+        kw = {k: int(node[k]) for k in ("num_class", "in_channels", "cond_channels") if k in node}
+        return cls(causal=_TAGS[tag], **kw)
+
+
+class F0Predictor(nn.Module):
+    """mel [B, C_in, T] -> f0 [B, T]; causal with ``finalize=False``: [B, T - 3] (last 3 frames = context)."""
+
+    def __init__(self, config: F0PredictorConfig) -> None:
+        super().__init__()
+        self.config = config
+        c, layers = config.cond_channels, []
+        for i in range(5):
+            cin = config.in_channels if i == 0 else c
+            if not config.causal:
+                conv = same_conv(cin, c, 3)
+            else:
+                conv = causal_conv(cin, c, 4, right=True) if i == 0 else causal_conv(cin, c, 3)
+            layers += [weight_norm(conv), nn.ELU()]
+        self.condnet = nn.Sequential(*layers)
+        self.classifier = nn.Linear(c, config.num_class)
+
+    def forward(self, mel: torch.Tensor, finalize: bool = True) -> torch.Tensor:
+        if not finalize and not self.config.causal:
+            raise ValueError("finalize=False needs the causal (v3) f0 predictor")
+        x = self.condnet[0](mel, pad=finalize)
+        for layer in list(self.condnet)[1:]:
+            x = layer(x)
+        return torch.abs(self.classifier(x.transpose(1, 2)).squeeze(-1))

@@ -1,0 +1,317 @@
+"""HiFT vocoder: v2 ``HiFTGenerator`` (fresh noise per call), v3 ``CausalHiFTGenerator`` (fixed noise).
+
+mel [B, 80, T] -> f0 [B, T] -> harmonic source [B, 1, T*480] -> STFT-domain fusion -> iSTFT -> speech
+[B, T*480] at 24 kHz (480 = prod(upsample_rates) * hop). Parameter names match the released hift.pt after the
+checkpoint loader strips ``generator.``; weight-normed convs use torch's parametrization API, so keys are
+``<name>.parametrizations.weight.original0/1`` (legacy ``weight_g``/``weight_v`` load through torch's hook).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
+
+from engine.models.f0_predictor import F0Predictor, F0PredictorConfig
+from engine.models.hift_layers import (
+    ResBlock,
+    SourceModule,
+    causal_conv,
+    same_conv,
+    source_downsamplers,
+    stage_channels,
+    upsamplers,
+)
+from engine.models.hift_noise import FULL_NOISE_SAMPLES, NUM_HARMONICS, HiftNoise, shared_noise
+from engine.yaml_data import tag_of
+
+# v2 streaming vocoder cache (CosyVoice2Model): the engine keeps the last 8 mel frames and 3840 source samples
+# of each chunk and passes the samples back as ``cache_source`` (spec 6.3).
+MEL_CACHE_FRAMES = 8
+SOURCE_CACHE_SAMPLES = MEL_CACHE_FRAMES * 480
+
+_TAGS = {"HiFTGenerator": False, "CausalHiFTGenerator": True}
+_TUPLES = ("upsample_rates", "upsample_kernel_sizes", "resblock_kernel_sizes", "source_resblock_kernel_sizes")
+_NESTED = ("resblock_dilation_sizes", "source_resblock_dilation_sizes")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"HiftConfig: {message}")
+
+
+@dataclass(frozen=True)
+class HiftConfig:
+    """The yaml ``hift`` node; defaults are the released CosyVoice2/3 full-size values (causal picks v3)."""
+
+    causal: bool = False
+    in_channels: int = 80
+    base_channels: int = 512
+    nb_harmonics: int = 8
+    sampling_rate: int = 24000
+    nsf_alpha: float = 0.1
+    nsf_sigma: float = 0.003
+    nsf_voiced_threshold: float = 10.0
+    upsample_rates: tuple[int, ...] = (8, 5, 3)
+    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
+    n_fft: int = 16
+    hop_len: int = 4
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
+    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    lrelu_slope: float = 0.1
+    audio_limit: float = 0.99
+    conv_pre_look_right: int = 4  # v3 only
+    f0_predictor: F0PredictorConfig = field(default_factory=F0PredictorConfig)
+    noise_max_samples: int = FULL_NOISE_SAMPLES  # v3 only, runtime (not in the yaml): 300 s at 24 kHz
+
+    def __post_init__(self) -> None:
+        n, f0, lists = len(self.upsample_rates), self.f0_predictor, self._per_stage_lists()
+        _require(f0.causal == self.causal, f"causal={self.causal} but f0_predictor.causal={f0.causal}")
+        _require(self.sampling_rate != 22050, "sampling_rate 22050 selects the v1 SineGen (not supported)")
+        _require(all(len(x) == n for x in lists), f"upsample/source-resblock lists need {n} entries each")
+        _require(
+            len(self.resblock_dilation_sizes) == len(self.resblock_kernel_sizes), "resblock lists differ"
+        )
+        _require(self.base_channels > 0 and self.base_channels % 2**n == 0, f"base_channels not k*{2**n}")
+        _require(self.in_channels == f0.in_channels, "in_channels != f0_predictor.in_channels")
+        _require(
+            not self.causal or (self.nb_harmonics + 1 == NUM_HARMONICS and self.conv_pre_look_right >= 1),
+            "causal needs nb_harmonics 8 (9-wide fixed noise) and conv_pre_look_right >= 1",
+        )
+        _require(
+            0 < self.noise_max_samples <= FULL_NOISE_SAMPLES, f"noise_max_samples > {FULL_NOISE_SAMPLES}"
+        )
+
+    def _per_stage_lists(self) -> tuple[tuple[Any, ...], ...]:
+        return (
+            self.upsample_kernel_sizes,
+            self.source_resblock_kernel_sizes,
+            self.source_resblock_dilation_sizes,
+        )
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Output samples per mel frame: prod(upsample_rates) * hop_len = 480."""
+        return math.prod(self.upsample_rates) * self.hop_len
+
+    @property
+    def withheld_frames(self) -> int:
+        """v3 ``finalize=False``: trailing mel frames with no output yet (3 f0 + 4 conv_pre + 1 iSTFT)."""
+        return self.f0_predictor.look_ahead + self.conv_pre_look_right + 1 if self.causal else 0
+
+    @classmethod
+    def from_yaml(cls, node: dict[str, Any]) -> HiftConfig:
+        tag = tag_of(node)
+        if tag not in _TAGS:
+            raise ValueError(f"hift: unsupported class {tag!r} (expected one of {sorted(_TAGS)})")
+        names = {f.name for f in fields(cls)} - {"causal", "n_fft", "hop_len", "noise_max_samples"}
+        unknown = set(node) - names - {"__tag__", "istft_params"}
+        if unknown:
+            raise ValueError(f"hift ({tag}): unknown keys {sorted(unknown)}")
+        kw: dict[str, Any] = {k: v for k, v in node.items() if k in names}
+        kw.update({k: tuple(kw[k]) for k in _TUPLES if k in kw})
+        kw.update({k: tuple(tuple(d) for d in kw[k]) for k in _NESTED if k in kw})
+        if "f0_predictor" in kw:
+            kw["f0_predictor"] = F0PredictorConfig.from_yaml(kw["f0_predictor"])
+        istft = node.get("istft_params", {})
+        kw.update({k: int(istft[k]) for k in ("n_fft", "hop_len") if k in istft})
+        return cls(causal=_TAGS[tag], **kw)
+
+
+class _HiftBase(nn.Module):
+    """Layers and the shared decode path; children registered in the reference order (state-dict order)."""
+
+    stft_window: torch.Tensor
+
+    def __init__(self, config: HiftConfig) -> None:
+        super().__init__()
+        c, base, causal = config, config.base_channels, config.causal
+        self.config = c
+        self.m_source = SourceModule(c)
+        if causal:  # kernel r+1 looking right pads exactly r frames (CausalConv1d 'right' rule)
+            self.conv_pre = weight_norm(
+                causal_conv(c.in_channels, base, c.conv_pre_look_right + 1, right=True)
+            )
+        else:
+            self.conv_pre = weight_norm(same_conv(c.in_channels, base, 7))
+        chans = stage_channels(c)
+        self.ups = upsamplers(c)
+        self.source_downs = source_downsamplers(c)
+        src = zip(chans, c.source_resblock_kernel_sizes, c.source_resblock_dilation_sizes)
+        self.source_resblocks = nn.ModuleList(ResBlock(ch, k, d, causal) for ch, k, d in src)
+        blocks = list(zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes))
+        self.resblocks = nn.ModuleList(ResBlock(ch, k, d, causal) for ch in chans for k, d in blocks)
+        spec_ch = c.n_fft + 2  # real || imag STFT bins
+        post = causal_conv(chans[-1], spec_ch, 7) if causal else same_conv(chans[-1], spec_ch, 7)
+        self.conv_post = weight_norm(post)
+        self.f0_predictor = F0Predictor(c.f0_predictor)
+        # scipy get_window('hann', n_fft, fftbins=True) == float64 periodic Hann rounded to float32
+        window = torch.hann_window(c.n_fft, periodic=True, dtype=torch.float64).to(torch.float32)
+        self.register_buffer("stft_window", window, persistent=False)
+
+    def fold_weight_norm(self) -> None:
+        """Bake g * v / ||v|| into plain ``weight`` tensors (call after loading: the keys change)."""
+        if self.config.causal:
+            self.f0_predictor.double()  # fold the f0 predictor in float64, the precision it runs in
+        for module in [m for m in self.modules() if parametrize.is_parametrized(m, "weight")]:
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+
+    def predict_f0(self, mel: torch.Tensor, finalize: bool = True) -> torch.Tensor:
+        """mel [B, 80, T] -> f0 [B, T] in Hz (v3 overrides: float64, ``finalize``)."""
+        return self.f0_predictor(mel, finalize)
+
+    def upsample_f0(self, f0: torch.Tensor) -> torch.Tensor:
+        """f0 [B, T] -> nearest x480 -> [B, T*480, 1]."""
+        return F.interpolate(
+            f0[:, None], scale_factor=self.config.samples_per_frame, mode="nearest"
+        ).transpose(1, 2)
+
+    def decode(self, mel: torch.Tensor, source: torch.Tensor, finalize: bool = True) -> torch.Tensor:
+        """mel [B, 80, T'] + source [B, 1, L] -> speech [B, samples] clamped to +-audio_limit."""
+        c, nk = self.config, len(self.config.resblock_kernel_sizes)
+        spec = torch.view_as_real(self._stft(source.squeeze(1)))  # [B, 9, F, 2]
+        spec = torch.cat([spec[..., 0], spec[..., 1]], dim=1)  # real || imag: [B, 18, F]
+        x = self.conv_pre(mel, pad=finalize)
+        if not finalize:  # conv_pre consumed its look-ahead frames: drop their STFT frames too
+            spec = spec[:, :, : -math.prod(c.upsample_rates) * c.conv_pre_look_right]
+        for i, up in enumerate(self.ups):
+            x = up(F.leaky_relu(x, c.lrelu_slope))
+            if i == len(self.ups) - 1:
+                x = F.pad(x, (1, 0), mode="reflect")
+            x = x + self.source_resblocks[i](self.source_downs[i](spec))
+            xs = self.resblocks[i * nk](x)
+            for j in range(1, nk):
+                xs += self.resblocks[i * nk + j](x)
+            x = xs / nk
+        x = self.conv_post(F.leaky_relu(x))  # default slope 0.01 here, as in the reference
+        half = c.n_fft // 2 + 1
+        speech = self._istft(torch.exp(x[:, :half]), torch.sin(x[:, half:]))
+        if not finalize:  # the last hop's overlap-add is incomplete without the next frames
+            speech = speech[:, : -c.samples_per_frame]
+        return torch.clamp(speech, -c.audio_limit, c.audio_limit)
+
+    def _stft(self, x: torch.Tensor) -> torch.Tensor:
+        n, hop = self.config.n_fft, self.config.hop_len
+        return torch.stft(x, n, hop, n, window=self.stft_window.to(x), return_complex=True)
+
+    def _istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        n, hop = self.config.n_fft, self.config.hop_len
+        magnitude = torch.clip(magnitude, max=1e2)
+        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+        return torch.istft(spec, n, hop, n, window=self.stft_window.to(magnitude))
+
+    def _check_mel(self, mel: torch.Tensor, min_frames: int) -> None:
+        if mel.dim() != 3 or mel.shape[1] != self.config.in_channels or mel.shape[2] < min_frames:
+            raise ValueError(
+                f"hift: mel must be [B, {self.config.in_channels}, T>={min_frames}], got {tuple(mel.shape)}"
+            )
+
+
+class HiFTGenerator(_HiftBase):
+    """v2 (CosyVoice2): non-causal convs, linear phase re-upsampling, fresh noise per call."""
+
+    def __init__(self, config: HiftConfig) -> None:
+        if config.causal:
+            raise ValueError("HiFTGenerator needs a non-causal HiftConfig (use CausalHiFTGenerator)")
+        super().__init__(config)
+
+    def inference(
+        self,
+        mel: torch.Tensor,
+        cache_source: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """mel [B, 80, T] -> (speech [B, T*480], source [B, 1, T*480]).
+
+        ``cache_source`` [B, 1, S] (S <= T*480, e.g. the previous chunk's last ``SOURCE_CACHE_SAMPLES``)
+        overwrites the first S source samples, so chunk seams keep a continuous excitation. Random draws, in
+        the reference order: rand(B, 9) initial phases, randn(B, L, 9) additive noise, randn(B, L, 1) for the
+        reference's discarded noise branch (drawn only to keep the stream aligned). ``generator`` (on the
+        mel's device) makes them per-request deterministic; None uses the global RNG like the reference.
+        """
+        self._check_mel(mel, 1)
+        cached = 0 if cache_source is None else cache_source.shape[-1]
+        if cache_source is not None and cached and (cache_source.dim() != 3 or cached > mel.shape[2] * 480):
+            raise ValueError(f"hift: cache_source must be [B, 1, S<=T*480], got {tuple(cache_source.shape)}")
+        with torch.inference_mode():
+            f0_up = self.upsample_f0(self.predict_f0(mel))
+            rand_ini = torch.rand(f0_up.shape[0], NUM_HARMONICS, generator=generator, device=f0_up.device)
+            rand_ini[:, 0] = 0  # the fundamental starts at phase 0
+            # randn_like on the sines, then on uv (the reference's discarded noise branch; keeps the stream)
+            source = self.m_source(
+                f0_up, rand_ini, lambda s: torch.empty_like(s).normal_(generator=generator)
+            )
+            torch.empty_like(f0_up).normal_(generator=generator)
+            if cached:
+                source[:, :, :cached] = cache_source
+            return self.decode(mel, source), source
+
+    forward = inference
+
+
+class CausalHiFTGenerator(_HiftBase):
+    """v3 (Fun-CosyVoice3): causal convs, float64 f0, ``SineGen2`` with nearest upsampling and fixed noise.
+
+    The noise buffers (``hift_noise``) are not in hift.pt; they are fetched lazily from the process-wide
+    cache on the first call (so meta/structure builds stay cheap), or injected with ``set_noise``.
+    """
+
+    def __init__(self, config: HiftConfig) -> None:
+        if not config.causal:
+            raise ValueError("CausalHiFTGenerator needs a causal HiftConfig (use HiFTGenerator)")
+        super().__init__(config)
+        self._noise: HiftNoise | None = None
+
+    def set_noise(self, noise: HiftNoise) -> None:
+        """Use these buffers instead of the shared recipe (e.g. a fixture prefix)."""
+        self._noise = noise
+
+    def noise_on(self, device: torch.device) -> HiftNoise:
+        if self._noise is None:
+            self._noise = shared_noise(self.config.f0_predictor, self.config.noise_max_samples, device)
+        elif self._noise.rand_ini.device != device:
+            self._noise = self._noise.to(device)
+        return self._noise
+
+    def predict_f0(self, mel: torch.Tensor, finalize: bool = True) -> torch.Tensor:
+        """mel [B, 80, T] -> float64 f0 [B, T] (finalize=False: [B, T-3]); the predictor runs in float64."""
+        if self.f0_predictor.classifier.weight.dtype != torch.float64:
+            with torch.inference_mode(False):  # keep the cast parameters ordinary (non-inference) tensors
+                self.f0_predictor.double()
+        return self.f0_predictor(mel.to(torch.float64), finalize)
+
+    def inference(self, mel: torch.Tensor, finalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """mel [B, 80, T] -> (speech, source [B, 1, T'*480]).
+
+        finalize=True: speech [B, T*480] (zero right padding). finalize=False: the last 3 frames are only f0
+        look-ahead, the next 4 only conv_pre look-ahead, and one more frame of iSTFT tail is withheld, so
+        speech is [B, (T-8)*480] and T' = T-3; re-running on a longer mel reproduces this prefix exactly.
+        """
+        c = self.config
+        self._check_mel(mel, 1 if finalize else c.withheld_frames)
+        noise, frames = (
+            self.noise_on(mel.device),
+            mel.shape[2] - (0 if finalize else c.f0_predictor.look_ahead),
+        )
+        if frames * c.samples_per_frame > noise.num_samples:
+            raise ValueError(f"hift: {frames} f0 frames exceed the {noise.num_samples}-sample noise buffer")
+        with torch.inference_mode():
+            f0_up = self.upsample_f0(self.predict_f0(mel, finalize).to(mel.dtype))
+            source = self.m_source(f0_up, noise.rand_ini, lambda s: noise.sine_waves[:, : s.shape[1]])
+            body = mel if finalize else mel[:, :, : -c.f0_predictor.look_ahead]
+            return self.decode(body, source, finalize), source
+
+    forward = inference
+
+
+def build_hift(config: HiftConfig) -> HiFTGenerator | CausalHiFTGenerator:
+    """The generator class the config's family uses (v2 non-causal, v3 causal)."""
+    return CausalHiFTGenerator(config) if config.causal else HiFTGenerator(config)

@@ -1,0 +1,194 @@
+"""HiFT vocoder: yaml config, strict hift.pt loading, parity with ref_hift.npz, full-size structure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.models.f0_predictor import F0PredictorConfig
+from engine.models.hift import (
+    SOURCE_CACHE_SAMPLES,
+    CausalHiFTGenerator,
+    HiftConfig,
+    HiFTGenerator,
+    build_hift,
+)
+from engine.models.hift_noise import HiftNoise
+from engine.yaml_data import read_yaml
+from tests.conftest import fixture_root, tiny_cases
+
+ATOL = 1e-4
+CASES = tiny_cases()
+NO_CASES = "no cosyvoice*/tiny fixtures (set COSYSTREAM_FIXTURES or place ../shared/fixtures)"
+pytestmark = pytest.mark.skipif(fixture_root() is None, reason=NO_CASES)
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.parent.name for p in paths]
+
+
+def _config(case: Path) -> HiftConfig:
+    return HiftConfig.from_yaml(read_yaml(case / f"{case.parent.name}_tiny.yaml")["hift"])
+
+
+def _loaded(case: Path) -> HiFTGenerator | CausalHiFTGenerator:
+    hift = build_hift(_config(case))
+    hift.load_state_dict(torch.load(case / "hift.pt", weights_only=True), strict=True)
+    if isinstance(hift, CausalHiFTGenerator):
+        hift.set_noise(_fixture_noise(case))
+    return hift.eval()
+
+
+def _fixture_noise(case: Path) -> HiftNoise:
+    z = np.load(case / "ref_hift_noise.npz")
+    return HiftNoise(*(torch.from_numpy(z[k]) for k in ("rand_ini", "sine_waves_prefix", "uv_prefix")))
+
+
+def _close(actual: torch.Tensor, ref: np.ndarray, name: str) -> None:
+    assert tuple(actual.shape) == ref.shape, f"{name}: shape {tuple(actual.shape)} != {ref.shape}"
+    err = np.abs(actual.detach().double().numpy() - ref.astype(np.float64)).max()
+    assert err <= ATOL, f"{name}: max abs error {err:.3g} > {ATOL}"
+
+
+def _v2_run(
+    hift: HiFTGenerator, z: np.lib.npyio.NpzFile, gen: torch.Generator | None
+) -> dict[str, torch.Tensor]:
+    speech, source = hift.inference(torch.from_numpy(z["mel"]), generator=gen)
+    cache = torch.from_numpy(z["call2_cache_source"])
+    speech2, source2 = hift.inference(torch.from_numpy(z["call2_mel"]), cache, generator=gen)
+    return {"speech": speech, "source": source, "call2_speech": speech2, "call2_source": source2}
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_config_from_tiny_yaml(case: Path) -> None:
+    cfg = _config(case)
+    assert cfg.causal == (case.parent.name == "cosyvoice3")
+    assert (cfg.base_channels, cfg.f0_predictor.cond_channels) == (64, 32)
+    assert cfg.samples_per_frame == 480
+    assert SOURCE_CACHE_SAMPLES == 8 * 480
+    assert cfg.withheld_frames == (8 if cfg.causal else 0)
+
+
+def test_config_defaults_and_validation() -> None:
+    cfg = HiftConfig()
+    assert (cfg.base_channels, cfg.f0_predictor.cond_channels, cfg.upsample_rates) == (512, 512, (8, 5, 3))
+    with pytest.raises(ValueError, match=r"f0_predictor\.causal"):
+        HiftConfig(causal=True)
+    with pytest.raises(ValueError, match="base_channels"):
+        HiftConfig(base_channels=100)
+    with pytest.raises(ValueError, match="unknown keys"):
+        HiftConfig.from_yaml({"__tag__": "new:x.HiFTGenerator", "bogus": 1})
+    with pytest.raises(ValueError, match="unsupported class"):
+        HiftConfig.from_yaml({"__tag__": "new:x.HiFiGANGenerator"})
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_tiny_parity(case: Path) -> None:
+    z = np.load(case / "ref_hift.npz")
+    hift = _loaded(case)
+    mel = torch.from_numpy(z["mel"])
+    if isinstance(hift, HiFTGenerator):
+        _close(hift.f0_predictor(mel), z["f0"], "f0")
+        torch.manual_seed(int(z["rng_seed"]))
+        for name, out in _v2_run(hift, z, None).items():
+            _close(out, z[name], name)
+    else:
+        _close(hift.predict_f0(mel), z["f0"], "f0")
+        _close(hift.predict_f0(mel, finalize=False), z["nonfinal_f0"], "nonfinal_f0")
+        for prefix, finalize in (("", True), ("nonfinal_", False)):
+            speech, source = hift.inference(mel, finalize=finalize)
+            _close(speech, z[prefix + "speech"], prefix + "speech")
+            _close(source, z[prefix + "source"], prefix + "source")
+        assert hift.f0_predictor.classifier.weight.dtype == torch.float64
+
+
+@pytest.mark.parametrize("case", tiny_cases("cosyvoice2"), ids=_ids(tiny_cases("cosyvoice2")))
+def test_v2_private_generator_matches_global_stream(case: Path) -> None:
+    z = np.load(case / "ref_hift.npz")
+    hift = _loaded(case)
+    assert isinstance(hift, HiFTGenerator)
+    before = torch.get_rng_state()
+    outs = _v2_run(hift, z, torch.Generator().manual_seed(int(z["rng_seed"])))
+    assert torch.equal(before, torch.get_rng_state()), "a private generator must not touch the global RNG"
+    for name, out in outs.items():
+        _close(out, z[name], name)
+    other, _ = hift.inference(torch.from_numpy(z["mel"]), generator=torch.Generator().manual_seed(7))
+    assert not torch.allclose(other, outs["speech"]), "the noise must depend on the generator"
+
+
+@pytest.mark.parametrize("case", tiny_cases("cosyvoice3"), ids=_ids(tiny_cases("cosyvoice3")))
+def test_v3_recipe_noise_and_streaming_prefix(case: Path) -> None:
+    z = np.load(case / "ref_hift.npz")
+    hift = build_hift(dataclasses.replace(_config(case), noise_max_samples=48000))
+    hift.load_state_dict(torch.load(case / "hift.pt", weights_only=True), strict=True)
+    mel = torch.from_numpy(z["mel"])
+    speech, _ = hift.inference(mel)  # noise from the Appendix A recipe, not the fixture
+    _close(speech, z["speech"], "speech (recipe noise)")
+    partial, _ = hift.inference(mel[:, :, :20], finalize=False)
+    assert partial.shape[1] == 12 * 480
+    assert torch.allclose(partial, speech[:, : partial.shape[1]], atol=ATOL), (
+        "streamed prefix must not change"
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_legacy_weight_g_v_keys_and_folding(case: Path) -> None:
+    state = torch.load(case / "hift.pt", weights_only=True)
+    legacy = {
+        k.replace("parametrizations.weight.original0", "weight_g").replace(
+            "parametrizations.weight.original1", "weight_v"
+        ): v
+        for k, v in state.items()
+    }
+    assert any(k.endswith("weight_g") for k in legacy)
+    hift = build_hift(_config(case))
+    hift.load_state_dict(legacy, strict=True)
+    reference = _loaded(case)
+    loaded = hift.state_dict()
+    for key, value in reference.state_dict().items():
+        assert torch.equal(loaded[key], value), key
+    mel = torch.from_numpy(np.load(case / "ref_hift.npz")["mel"])
+    before = _run_fixed(reference, mel)
+    reference.fold_weight_norm()
+    assert not any("parametrizations" in k for k in reference.state_dict())
+    assert torch.allclose(_run_fixed(reference, mel), before, atol=1e-5)
+
+
+def _run_fixed(hift: HiFTGenerator | CausalHiFTGenerator, mel: torch.Tensor) -> torch.Tensor:
+    if isinstance(hift, HiFTGenerator):
+        return hift.inference(mel, generator=torch.Generator().manual_seed(0))[0]
+    return hift.inference(mel)[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_bad_inputs_fail_loudly(case: Path) -> None:
+    hift = _loaded(case)
+    with pytest.raises(ValueError, match="mel must be"):
+        hift.inference(torch.zeros(1, 40, 10))
+    if isinstance(hift, CausalHiFTGenerator):
+        with pytest.raises(ValueError, match="mel must be"):
+            hift.inference(torch.zeros(1, 80, 7), finalize=False)
+        with pytest.raises(ValueError, match="noise buffer"):
+            hift.inference(torch.zeros(1, 80, 101))  # the fixture noise holds 48000 samples = 100 frames
+    else:
+        with pytest.raises(ValueError, match="cache_source"):
+            hift.inference(torch.zeros(1, 80, 2), torch.zeros(1, 1, 961))
+
+
+MANIFESTS = sorted(fixture_root().glob("cosyvoice*/manifest_hift.json")) if fixture_root() else []
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=[m.parent.name for m in MANIFESTS])
+def test_full_size_structure_matches_manifest(manifest: Path) -> None:
+    info = json.loads(manifest.read_text())
+    causal = info["class"].endswith(".CausalHiFTGenerator")
+    with torch.device("meta"):
+        hift = build_hift(HiftConfig(causal=causal, f0_predictor=F0PredictorConfig(causal=causal)))
+    got = [(k, list(v.shape)) for k, v in hift.state_dict().items()]
+    assert got == [(e["key"], e["shape"]) for e in info["keys"]]
+    assert sum(p.numel() for p in hift.parameters()) == info["num_parameters_unique"]
