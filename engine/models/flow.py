@@ -1,0 +1,371 @@
+"""Flow matching: speech tokens -> 80-bin mel for CosyVoice2 (``CausalMaskedDiffWithXvec``: conformer encoder
++ U-Net) and CosyVoice3 (``CausalMaskedDiffWithDiT``: pre-lookahead conv + DiT). Keys match the released
+``flow.pt`` (strict load); ``build_flow`` takes the yaml's ``flow`` node read as data.
+
+Call semantics (reference/cosyvoice-spec.md §6.5, §7): prompt tokens ‖ tokens -> 2 frames per token ->
+``mu``; ``cond`` holds the prompt mel; 10 Euler steps on a cosine schedule from a FIXED noise buffer,
+classifier-free guidance 0.7 as one batch [cond rows ‖ uncond rows]; the prompt frames are cut off.
+``finalize=False`` makes each row's last 3 tokens look-ahead context only. Rows may be right-padded; each
+row of a padded batch equals that row run alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.models.dit import DiT, DiTConfig
+from engine.models.flow_encoder import (
+    EncoderConfig,
+    PreLookaheadLayer,
+    UpsampleConformerEncoder,
+    expect_tag,
+    pad_mask,
+    yaml_field,
+)
+from engine.models.unet import CausalConditionalDecoder, UNetConfig
+from engine.yaml_data import tag_of
+
+MEL_DIM = 80  # the reference CFM hard-codes 80 mel channels
+
+
+def flow_noise(frames: int = 15000, seed: int = 0) -> Tensor:
+    """The reference's fixed z0: ``set_all_random_seed(0); torch.randn(1, 80, 15000)`` on CPU, drawn here
+    from a private generator so the global RNG is left alone. Position-locked: a call uses [:, :, :T]."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(1, MEL_DIM, frames, generator=gen, device="cpu")
+
+
+@dataclass(frozen=True)
+class CfmConfig:
+    """``CausalConditionalCFM`` inference settings. Defaults: every released yaml (n_timesteps is fixed at
+    10 by the reference's flow.inference, not by the yaml)."""
+
+    inference_cfg_rate: float = 0.7
+    t_scheduler: str = "cosine"
+    n_timesteps: int = 10
+    temperature: float = 1.0
+    noise_frames: int = 15000  # 300 s at 50 frames/s
+    noise_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.t_scheduler not in ("cosine", "linear"):
+            raise ValueError(f"t_scheduler must be 'cosine' or 'linear', got {self.t_scheduler!r}")
+        if self.n_timesteps < 1 or self.noise_frames < 1 or self.temperature <= 0:
+            raise ValueError(f"bad CfmConfig: {self}")
+
+    @classmethod
+    def from_yaml(cls, node: dict[str, Any]) -> CfmConfig:
+        expect_tag(node, "CausalConditionalCFM")
+        if int(yaml_field(node, "spk_emb_dim")) != MEL_DIM:
+            raise ValueError(f"flow yaml: decoder spk_emb_dim={node['spk_emb_dim']} (only {MEL_DIM})")
+        params = yaml_field(node, "cfm_params")
+        params = params.get("content", params)
+        if yaml_field(params, "solver") != "euler":
+            raise ValueError(f"flow yaml: cfm_params solver={params['solver']!r} unsupported (only 'euler')")
+        return cls(
+            inference_cfg_rate=float(yaml_field(params, "inference_cfg_rate")),
+            t_scheduler=str(yaml_field(params, "t_scheduler")),
+        )
+
+
+@dataclass(frozen=True)
+class CfmInputs:
+    """What the solver gets: mu/cond [B,80,T], mask [B,1,T], spks [B,80]; per-row prompt/total frames [B]."""
+
+    mu: Tensor
+    mask: Tensor
+    spks: Tensor
+    cond: Tensor
+    prompt_frames: Tensor
+    total_frames: Tensor
+
+
+class CausalCFM(nn.Module):
+    """Euler solver with CFG around an estimator(x, mask, mu, t, spks, cond, streaming) -> [B,80,T]."""
+
+    def __init__(self, cfg: CfmConfig, estimator: nn.Module) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.estimator = estimator
+        self.noise = flow_noise(cfg.noise_frames, cfg.noise_seed)  # plain attribute: not in flow.pt
+        self._noise_cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+
+    def initial_noise(self, frames: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+        if frames > self.noise.size(2):
+            raise ValueError(f"flow: {frames} frames exceed the {self.noise.size(2)}-frame noise buffer")
+        key = (device, dtype)
+        if key not in self._noise_cache:
+            self._noise_cache[key] = self.noise.to(device=device, dtype=dtype)
+        return self._noise_cache[key][:, :, :frames] * self.cfg.temperature
+
+    def t_span(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        t = torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=device, dtype=dtype)
+        return 1 - torch.cos(t * 0.5 * torch.pi) if self.cfg.t_scheduler == "cosine" else t
+
+    def forward(self, inputs: CfmInputs, streaming: bool) -> Tensor:
+        """-> mel [B,80,T] float32."""
+        mu, spks = inputs.mu, inputs.spks
+        b, frames = mu.size(0), mu.size(2)
+        x = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
+        span = self.t_span(mu.device, mu.dtype)
+        # Rows [0, b) are conditioned, rows [b, 2b) the unconditional twins (mu, spks, cond zeroed).
+        mask_in = torch.cat([inputs.mask, inputs.mask]).to(spks.dtype)
+        mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(spks.dtype)
+        spks_in = torch.cat([spks, torch.zeros_like(spks)])
+        cond_in = torch.cat([inputs.cond, torch.zeros_like(inputs.cond)]).to(spks.dtype)
+        t, dt = span[0:1], span[1] - span[0]
+        rate = self.cfg.inference_cfg_rate
+        for step in range(1, len(span)):
+            x_in = torch.cat([x, x]).to(spks.dtype)
+            v = self.estimator(x_in, mask_in, mu_in, t.expand(2 * b), spks_in, cond_in, streaming)
+            v_cond, v_uncond = v.split(b)
+            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
+            t = t + dt
+            if step < len(span) - 1:
+                dt = span[step + 1] - t  # against the accumulated t, as the reference does
+        return x.float()
+
+
+class _TokenFlow(nn.Module):
+    """Shared inference path; subclasses own the modules (in state-dict order) and ``_encode``."""
+
+    input_embedding: nn.Embedding
+    spk_embed_affine_layer: nn.Linear
+    decoder: CausalCFM
+    pre_lookahead_len: int
+    token_mel_ratio: int
+
+    def _encode(self, emb: Tensor, lens: Tensor, context_len: int, streaming: bool) -> Tensor:
+        """Token embeddings [B,T,C] -> mu frames [B, ratio*(T-context_len), 80]."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def prepare(
+        self,
+        token: Tensor,
+        token_len: Tensor,
+        prompt_token: Tensor,
+        prompt_token_len: Tensor,
+        prompt_feat: Tensor,
+        prompt_feat_len: Tensor,
+        embedding: Tensor,
+        streaming: bool,
+        finalize: bool,
+    ) -> CfmInputs:
+        """Everything before the solver (the reference's flow.inference up to ``self.decoder(...)``)."""
+        spks = self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        tokens, lens = _join_rows(prompt_token, prompt_token_len, token, token_len)
+        context_len = 0 if finalize else self.pre_lookahead_len
+        if int(lens.min()) <= context_len:
+            raise ValueError(
+                f"flow: every row needs more than {context_len} tokens, got lengths {lens.tolist()}"
+            )
+        valid = pad_mask(lens, tokens.size(1)).unsqueeze(-1).to(spks.dtype)
+        emb = self.input_embedding(torch.clamp(tokens, min=0)) * valid
+        mu = self._encode(emb, lens, context_len, streaming).transpose(1, 2).contiguous()
+        total = (lens - context_len) * self.token_mel_ratio
+        feat_len = prompt_feat_len.to(total.device)
+        if bool((feat_len > total).any()) or bool((feat_len > prompt_feat.size(1)).any()):
+            raise ValueError(f"flow: prompt_feat_len {feat_len.tolist()} exceeds the frames {total.tolist()}")
+        width = int(feat_len.max())
+        frames = pad_mask(feat_len, width).unsqueeze(-1).to(mu.dtype)
+        cond = torch.zeros_like(mu)
+        cond[:, :, :width] = (prompt_feat[:, :width].to(mu.dtype) * frames).transpose(1, 2)
+        mask = pad_mask(total, mu.size(2)).unsqueeze(1).to(mu.dtype)
+        return CfmInputs(mu, mask, spks, cond, feat_len, total)
+
+    @torch.inference_mode()
+    def inference(
+        self,
+        token: Tensor,
+        token_len: Tensor,
+        prompt_token: Tensor,
+        prompt_token_len: Tensor,
+        prompt_feat: Tensor,
+        prompt_feat_len: Tensor,
+        embedding: Tensor,
+        streaming: bool,
+        finalize: bool,
+    ) -> Tensor:
+        """-> generated mel [B,80,T_gen] float32, prompt frames cut; rows shorter than the longest are
+        zero-padded on the right (their lengths: ``mel_lengths``)."""
+        prompt = (prompt_token, prompt_token_len, prompt_feat, prompt_feat_len)
+        inputs = self.prepare(token, token_len, *prompt, embedding, streaming, finalize)
+        feat = self.decoder(inputs, streaming)
+        return _cut_rows(feat, inputs.prompt_frames, inputs.total_frames)
+
+    def mel_lengths(
+        self, token_len: Tensor, prompt_token_len: Tensor, prompt_feat_len: Tensor, finalize: bool
+    ) -> Tensor:
+        """Generated frames per row: ratio * (P + N - context) - prompt frames."""
+        context_len = 0 if finalize else self.pre_lookahead_len
+        return (prompt_token_len + token_len - context_len) * self.token_mel_ratio - prompt_feat_len
+
+
+def _join_rows(prompt: Tensor, prompt_len: Tensor, token: Tensor, token_len: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row prompt[:p] ‖ token[:n], right-padded with 0 -> ([B, max(p+n)], [B])."""
+    lens = (prompt_len + token_len).to(token.device)
+    if prompt.size(0) == 1 and int(prompt_len) == prompt.size(1) and int(token_len) == token.size(1):
+        return torch.cat([prompt, token], dim=1), lens
+    out = token.new_zeros(token.size(0), int(lens.max()))
+    for row, (p, n) in enumerate(zip(prompt_len.tolist(), token_len.tolist())):
+        out[row, :p], out[row, p : p + n] = prompt[row, :p], token[row, :n]
+    return out, lens
+
+
+def _cut_rows(feat: Tensor, start: Tensor, stop: Tensor) -> Tensor:
+    """feat [B,80,T] -> rows' frames [start, stop) moved to the front, zero-padded to the longest."""
+    if feat.size(0) == 1:
+        return feat[:, :, int(start) : int(stop)]
+    width = int((stop - start).max())
+    out = feat.new_zeros(feat.size(0), feat.size(1), width)
+    for row, (a, b) in enumerate(zip(start.tolist(), stop.tolist())):
+        out[row, :, : b - a] = feat[row, :, a:b]
+    return out
+
+
+@dataclass(frozen=True)
+class CosyVoice2FlowConfig:
+    """``CausalMaskedDiffWithXvec``. Defaults: the released CosyVoice2-0.5B flow (§2.6)."""
+
+    vocab_size: int = 6561
+    input_size: int = 512
+    output_size: int = MEL_DIM
+    spk_embed_dim: int = 192
+    token_mel_ratio: int = 2
+    pre_lookahead_len: int = 3
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    estimator: UNetConfig = field(default_factory=UNetConfig)
+    cfm: CfmConfig = field(default_factory=CfmConfig)
+
+    def __post_init__(self) -> None:
+        _check_common(self.output_size, self.vocab_size, self.spk_embed_dim, self.estimator.in_channels)
+        mine = (self.input_size, self.token_mel_ratio, self.pre_lookahead_len)
+        if mine != (self.encoder.input_size, self.encoder.up_stride, self.encoder.pre_lookahead_len):
+            raise ValueError(
+                f"flow (input_size, token_mel_ratio, pre_lookahead_len) {mine} vs {self.encoder}"
+            )
+
+    @classmethod
+    def from_yaml(cls, node: dict[str, Any]) -> CosyVoice2FlowConfig:
+        expect_tag(node, "CausalMaskedDiffWithXvec")
+        decoder = yaml_field(node, "decoder")
+        return cls(
+            **_top_fields(node),
+            encoder=EncoderConfig.from_yaml(yaml_field(node, "encoder")),
+            estimator=UNetConfig.from_yaml(yaml_field(decoder, "estimator")),
+            cfm=CfmConfig.from_yaml(decoder),
+        )
+
+
+@dataclass(frozen=True)
+class CosyVoice3FlowConfig:
+    """``CausalMaskedDiffWithDiT``. Defaults: the released Fun-CosyVoice3-0.5B flow (§2.7)."""
+
+    vocab_size: int = 6561
+    input_size: int = MEL_DIM
+    output_size: int = MEL_DIM
+    spk_embed_dim: int = 192
+    token_mel_ratio: int = 2
+    pre_lookahead_len: int = 3
+    pre_lookahead_channels: int = 1024
+    estimator: DiTConfig = field(default_factory=DiTConfig)
+    cfm: CfmConfig = field(default_factory=CfmConfig)
+
+    def __post_init__(self) -> None:
+        est = self.estimator
+        _check_common(
+            self.output_size, self.vocab_size, self.spk_embed_dim, 2 * est.mel_dim + est.mu_dim + est.spk_dim
+        )
+        if self.input_size != est.mu_dim or self.pre_lookahead_channels < 1 or self.token_mel_ratio < 1:
+            raise ValueError(f"bad CosyVoice3FlowConfig (mu = pre-lookahead output, input_size wide): {self}")
+
+    @classmethod
+    def from_yaml(cls, node: dict[str, Any]) -> CosyVoice3FlowConfig:
+        expect_tag(node, "CausalMaskedDiffWithDiT")
+        decoder, pre = yaml_field(node, "decoder"), yaml_field(node, "pre_lookahead_layer")
+        expect_tag(pre, "PreLookaheadLayer")
+        top = _top_fields(node)
+        pre_io = (int(yaml_field(pre, "in_channels")), int(yaml_field(pre, "pre_lookahead_len")))
+        if pre_io != (top["input_size"], top["pre_lookahead_len"]):
+            raise ValueError(f"flow yaml: pre_lookahead_layer {pre} disagrees with the flow node")
+        return cls(
+            **top,
+            pre_lookahead_channels=int(yaml_field(pre, "channels")),
+            estimator=DiTConfig.from_yaml(yaml_field(decoder, "estimator")),
+            cfm=CfmConfig.from_yaml(decoder),
+        )
+
+
+_TOP_KEYS = (
+    "vocab_size",
+    "input_size",
+    "output_size",
+    "spk_embed_dim",
+    "token_mel_ratio",
+    "pre_lookahead_len",
+)
+
+
+def _top_fields(node: dict[str, Any]) -> dict[str, int]:
+    return {k: int(yaml_field(node, k)) for k in _TOP_KEYS}
+
+
+def _check_common(output_size: int, vocab_size: int, spk_embed_dim: int, estimator_in: int) -> None:
+    if output_size != MEL_DIM:
+        raise ValueError(f"flow output_size must be {MEL_DIM} (the CFM hard-codes it), got {output_size}")
+    if vocab_size < 1 or spk_embed_dim < 1:
+        raise ValueError(f"vocab_size and spk_embed_dim must be >= 1, got {vocab_size}, {spk_embed_dim}")
+    if estimator_in != 4 * MEL_DIM:
+        raise ValueError(f"estimator input must be x ‖ mu ‖ spks ‖ cond = {4 * MEL_DIM}, got {estimator_in}")
+
+
+class CosyVoice2Flow(_TokenFlow):
+    def __init__(self, cfg: CosyVoice2FlowConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg = cfg or CosyVoice2FlowConfig()
+        self.pre_lookahead_len, self.token_mel_ratio = cfg.pre_lookahead_len, cfg.token_mel_ratio
+        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        self.encoder = UpsampleConformerEncoder(cfg.encoder)
+        self.encoder_proj = nn.Linear(cfg.encoder.output_size, cfg.output_size)
+        self.decoder = CausalCFM(cfg.cfm, CausalConditionalDecoder(cfg.estimator))
+
+    def _encode(self, emb: Tensor, lens: Tensor, context_len: int, streaming: bool) -> Tensor:
+        h, _ = self.encoder(emb, lens, context_len, streaming)
+        return self.encoder_proj(h)
+
+
+class CosyVoice3Flow(_TokenFlow):
+    def __init__(self, cfg: CosyVoice3FlowConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg = cfg or CosyVoice3FlowConfig()
+        self.pre_lookahead_len, self.token_mel_ratio = cfg.pre_lookahead_len, cfg.token_mel_ratio
+        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        self.pre_lookahead_layer = PreLookaheadLayer(
+            cfg.input_size, cfg.pre_lookahead_channels, cfg.pre_lookahead_len
+        )
+        self.decoder = CausalCFM(cfg.cfm, DiT(cfg.estimator))
+
+    def _encode(self, emb: Tensor, lens: Tensor, context_len: int, streaming: bool) -> Tensor:
+        h = self.pre_lookahead_layer(emb, lens)[:, : emb.size(1) - context_len]
+        return h.repeat_interleave(self.token_mel_ratio, dim=1)
+
+
+Flow = CosyVoice2Flow | CosyVoice3Flow
+
+
+def build_flow(node: dict[str, Any]) -> Flow:
+    """The yaml ``flow`` node (engine.yaml_data.read_yaml(...)["flow"]) -> an uninitialised flow module."""
+    tag = tag_of(node)
+    if tag == "CausalMaskedDiffWithXvec":
+        return CosyVoice2Flow(CosyVoice2FlowConfig.from_yaml(node))
+    if tag == "CausalMaskedDiffWithDiT":
+        return CosyVoice3Flow(CosyVoice3FlowConfig.from_yaml(node))
+    raise ValueError(f"flow yaml: unsupported flow class {node.get('__tag__')!r} (CosyVoice2/3 only)")

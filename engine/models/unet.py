@@ -1,0 +1,244 @@
+"""CosyVoice2 flow estimator: the causal 1-D U-Net ``CausalConditionalDecoder`` (CosyVoice + Matcha-TTS).
+Keys match the released ``flow.pt`` under ``decoder.estimator.``.
+
+One resolution level: down (resnet + transformers + causal conv), mid blocks, up (resnet on [x ‖ skip] +
+transformers + causal conv), final causal block, 1x1 projection. Inputs are stacked x ‖ mu ‖ spks ‖ cond
+(80 each). Convs are causal (left padding) and every conv input is multiplied by the mask, so a frame never
+depends on later frames except through attention. See reference/cosyvoice-spec.md §2.8 and pitfalls 20-23.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.models.flow_encoder import attention_mask, expect_tag, yaml_field
+
+
+def sinusoidal_embedding(t: Tensor, dim: int, scale: int = 1000) -> Tensor:
+    """Flow time t [B] in [0,1] -> [B, dim] = [sin ‖ cos] of scale*t at dim/2 log-spaced frequencies."""
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
+    emb = scale * t.unsqueeze(1) * freqs.unsqueeze(0)
+    return torch.cat((emb.sin(), emb.cos()), dim=-1)
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    """Defaults: the released CosyVoice2 estimator (§2.6, §2.8)."""
+
+    in_channels: int = 320
+    out_channels: int = 80
+    channels: tuple[int, ...] = (256,)
+    attention_head_dim: int = 64
+    n_blocks: int = 4
+    num_mid_blocks: int = 12
+    num_heads: int = 8
+    static_chunk_size: int = 50  # streaming attention chunk, frames
+
+    def __post_init__(self) -> None:
+        if len(self.channels) != 1:
+            # More levels would need the reference's strided (non-causal) Downsample1D; no release uses it.
+            raise ValueError(f"UNetConfig.channels must have one level, got {self.channels}")
+        for name in (
+            "in_channels",
+            "out_channels",
+            "attention_head_dim",
+            "n_blocks",
+            "num_heads",
+            "static_chunk_size",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"UNetConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_mid_blocks < 0 or self.channels[0] < 1:
+            raise ValueError(f"bad UNetConfig: {self}")
+
+    @classmethod
+    def from_yaml(cls, node: dict[str, Any]) -> UNetConfig:
+        expect_tag(node, "CausalConditionalDecoder")
+        if yaml_field(node, "act_fn") != "gelu":
+            raise ValueError(f"flow yaml: estimator act_fn={node['act_fn']!r} unsupported (only 'gelu')")
+        ints = (
+            "in_channels",
+            "out_channels",
+            "attention_head_dim",
+            "n_blocks",
+            "num_mid_blocks",
+            "num_heads",
+            "static_chunk_size",
+        )
+        channels = tuple(int(c) for c in yaml_field(node, "channels"))
+        return cls(channels=channels, **{k: int(yaml_field(node, k)) for k in ints})
+
+
+class CausalConv1d(nn.Conv1d):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int) -> None:
+        super().__init__(in_channels, out_channels, kernel_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+
+
+class Transpose(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.transpose(1, 2)
+
+
+class CausalBlock1D(nn.Module):
+    """Causal k3 conv -> LayerNorm over channels -> Mish, masked in and out (keys ``block.0``/``block.2``)."""
+
+    def __init__(self, dim: int, dim_out: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(
+            CausalConv1d(dim, dim_out, 3), Transpose(), nn.LayerNorm(dim_out), Transpose(), nn.Mish()
+        )
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.block(x * mask) * mask
+
+
+class CausalResnetBlock1D(nn.Module):
+    def __init__(self, dim: int, dim_out: int, time_emb_dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
+        self.block1 = CausalBlock1D(dim, dim_out)
+        self.block2 = CausalBlock1D(dim_out, dim_out)
+        self.res_conv = nn.Conv1d(dim, dim_out, 1)
+
+    def forward(self, x: Tensor, mask: Tensor, t: Tensor) -> Tensor:
+        h = self.block1(x, mask) + self.mlp(t).unsqueeze(-1)
+        return self.block2(h, mask) + self.res_conv(x * mask)
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, in_channels: int, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_channels, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+class SelfAttention(nn.Module):
+    """diffusers ``Attention``: q/k/v without bias, ``to_out.0`` with bias, additive mask bias."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        inner = heads * head_dim
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        """x [B,T,C], bias [B,1,T,T] (0 or -1e10) -> [B,T,C]."""
+        b = x.size(0)
+        q, k, v = (
+            p(x).view(b, -1, self.heads, self.head_dim).transpose(1, 2)
+            for p in (self.to_q, self.to_k, self.to_v)
+        )
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return self.to_out[0](out.transpose(1, 2).reshape(b, -1, self.heads * self.head_dim))
+
+
+class GeluProjection(nn.Module):
+    def __init__(self, dim: int, inner: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, inner)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(self.proj(x))  # exact erf GELU here; the DiT uses the tanh one
+
+
+class GeluFeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int = 4) -> None:
+        super().__init__()
+        # Index 1 is the reference's dropout; kept so the output layer stays at key ``net.2``.
+        self.net = nn.ModuleList([GeluProjection(dim, mult * dim), nn.Identity(), nn.Linear(mult * dim, dim)])
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.net:
+            x = layer(x)
+        return x
+
+
+class TransformerBlock(nn.Module):
+    """Matcha ``BasicTransformerBlock`` without cross attention: LN -> attn -> +, LN -> FF(x4, GELU) -> +."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn1 = SelfAttention(dim, heads, head_dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.ff = GeluFeedForward(dim)
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        x = self.attn1(self.norm1(x), bias) + x
+        return self.ff(self.norm3(x)) + x
+
+
+class CausalConditionalDecoder(nn.Module):
+    def __init__(self, cfg: UNetConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        ch, time_dim = cfg.channels[0], cfg.channels[0] * 4
+        self.time_mlp = TimestepEmbedding(cfg.in_channels, time_dim)
+        self.down_blocks = nn.ModuleList(
+            [self._level(cfg.in_channels, ch, time_dim, CausalConv1d(ch, ch, 3))]
+        )
+        self.mid_blocks = nn.ModuleList(self._level(ch, ch, time_dim) for _ in range(cfg.num_mid_blocks))
+        self.up_blocks = nn.ModuleList([self._level(2 * ch, ch, time_dim, CausalConv1d(ch, ch, 3))])
+        self.final_block = CausalBlock1D(ch, ch)
+        self.final_proj = nn.Conv1d(ch, cfg.out_channels, 1)
+
+    def _level(self, dim: int, dim_out: int, time_dim: int, conv: nn.Module | None = None) -> nn.ModuleList:
+        blocks = nn.ModuleList(
+            TransformerBlock(dim_out, self.cfg.num_heads, self.cfg.attention_head_dim)
+            for _ in range(self.cfg.n_blocks)
+        )
+        parts = [CausalResnetBlock1D(dim, dim_out, time_dim), blocks]
+        return nn.ModuleList([*parts, conv] if conv is not None else parts)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        streaming: bool = False,
+    ) -> Tensor:
+        """x, mu, cond [B,80,T]; mask [B,1,T]; t [B]; spks [B,80] -> velocity [B,80,T] (x mask)."""
+        temb = self.time_mlp(sinusoidal_embedding(t, self.cfg.in_channels).to(t.dtype))
+        x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(2)), cond], dim=1)
+        allowed = attention_mask(mask[:, 0].bool(), self.cfg.static_chunk_size if streaming else 0)
+        bias = ((1.0 - allowed.to(x.dtype)) * -1.0e10).unsqueeze(1)
+        down, up = self.down_blocks[0], self.up_blocks[0]
+        skip = self._stage(down, x, mask, temb, bias)
+        x = self._conv(down)(skip * mask)
+        for level in self.mid_blocks:
+            x = self._stage(level, x, mask, temb, bias)
+        x = self._stage(up, torch.cat([x[:, :, : skip.size(2)], skip], dim=1), mask, temb, bias)
+        x = self.final_block(self._conv(up)(x * mask), mask)
+        return self.final_proj(x * mask) * mask
+
+    @staticmethod
+    def _stage(level: nn.Module, x: Tensor, mask: Tensor, temb: Tensor, bias: Tensor) -> Tensor:
+        """A level's resnet then its transformer blocks (the level's conv, if any, is the caller's)."""
+        resnet, blocks, *_ = level.children()
+        h = resnet(x, mask, temb).transpose(1, 2).contiguous()
+        for block in blocks.children():
+            h = block(h, bias)
+        return h.transpose(1, 2).contiguous()
+
+    @staticmethod
+    def _conv(level: nn.Module) -> nn.Module:
+        return list(level.children())[2]

@@ -1,0 +1,182 @@
+"""Flow (tokens -> mel): golden parity with the official CausalMaskedDiffWithXvec / CausalMaskedDiffWithDiT,
+full-size key layout, the fixed noise buffer, padded batches, yaml validation."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.models.flow import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
+from engine.models.flow_encoder import attention_mask
+from engine.yaml_data import read_yaml
+from tests.conftest import fixture_root, tiny_cases
+
+CASES = tiny_cases()
+ROOT = fixture_root()
+FAMILIES = sorted(p.parent.name for p in ROOT.glob("cosyvoice*/manifest_flow.json")) if ROOT else []
+needs_fixtures = pytest.mark.skipif(not CASES, reason="golden fixtures (../shared/fixtures) not found")
+case_param = pytest.mark.parametrize("case", CASES, ids=[p.parent.name for p in CASES])
+FULL_SIZE = {"CausalMaskedDiffWithXvec": CosyVoice2Flow, "CausalMaskedDiffWithDiT": CosyVoice3Flow}
+
+
+def flow_node(case: Path) -> dict:
+    yamls = sorted(case.glob("*_tiny.yaml"))
+    assert len(yamls) == 1, f"{case}: expected one *_tiny.yaml, found {yamls}"
+    return read_yaml(yamls[0])["flow"]
+
+
+@functools.cache
+def load_tiny(case: Path) -> Flow:
+    flow = build_flow(flow_node(case))
+    flow.load_state_dict(torch.load(case / "flow.pt", weights_only=True), strict=True)
+    return flow.eval()
+
+
+@functools.cache
+def ref(case: Path) -> dict[str, torch.Tensor]:
+    with np.load(case / "ref_flow.npz") as z:
+        return {k: torch.from_numpy(z[k]) for k in z.files}
+
+
+def reference_args(r: dict[str, torch.Tensor], num_tokens: int | None = None) -> tuple[torch.Tensor, ...]:
+    token = r["token"].long()[:, :num_tokens]
+    prompt, feat = r["prompt_token"].long(), r["prompt_feat"]
+    lens = (torch.tensor([token.size(1)]), torch.tensor([prompt.size(1)]), torch.tensor([feat.size(1)]))
+    return token, lens[0], prompt, lens[1], feat, lens[2], r["embedding"]
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-4) -> None:
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=0)
+
+
+@needs_fixtures
+@case_param
+def test_cfm_inputs_match_reference(case: Path) -> None:
+    flow, r = load_tiny(case), ref(case)
+    inputs = flow.prepare(*reference_args(r), streaming=False, finalize=True)
+    close(inputs.mu, r["cfm_mu"])
+    close(inputs.spks, r["cfm_spks"])
+    close(inputs.cond, r["cfm_cond"])
+    assert inputs.mask.shape == (1, 1, r["cfm_mu"].shape[2]) and bool((inputs.mask == 1).all())
+    z0 = flow.decoder.initial_noise(r["cfm_mu"].shape[2], torch.device("cpu"), torch.float32)
+    close(z0, r["rand_noise_first_frames"], atol=0)
+
+
+@needs_fixtures
+@case_param
+def test_nonstreaming_mel_matches_reference(case: Path) -> None:
+    flow, r = load_tiny(case), ref(case)
+    mel = flow.inference(*reference_args(r), streaming=False, finalize=True)
+    assert mel.dtype == torch.float32
+    close(mel, r["mel_nonstream"])
+
+
+@needs_fixtures
+@case_param
+def test_first_streaming_chunk_matches_reference(case: Path) -> None:
+    flow, r = load_tiny(case), ref(case)
+    n = int(r["stream_chunk0_num_tokens"])
+    args = reference_args(r, n)
+    mel = flow.inference(*args, streaming=True, finalize=False)
+    close(mel, r["mel_stream_chunk0"])
+    expected_len = 2 * (r["prompt_token"].shape[1] + n - 3) - r["prompt_feat"].shape[1]
+    assert mel.shape[2] == expected_len == int(flow.mel_lengths(args[1], args[3], args[5], finalize=False))
+    # The chunk masks and the look-ahead split matter: full attention / finalize give other frames.
+    assert not torch.allclose(mel, flow.inference(*args, streaming=False, finalize=False), atol=1e-3)
+
+
+@pytest.mark.skipif(not FAMILIES, reason="golden fixtures (../shared/fixtures) not found")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_full_size_layout_matches_release_manifest(family: str) -> None:
+    assert ROOT is not None
+    manifest = json.loads((ROOT / family / "manifest_flow.json").read_text())
+    with torch.device("meta"):
+        flow = FULL_SIZE[manifest["class"].rsplit(".", 1)[-1]]()
+    keys = [(k, list(v.shape)) for k, v in flow.state_dict().items()]
+    assert keys == [(k["key"], k["shape"]) for k in manifest["keys"]]
+    assert sum(p.numel() for p in flow.parameters()) == manifest["num_parameters_unique"]
+
+
+@pytest.mark.skipif(not FAMILIES, reason="golden fixtures (../shared/fixtures) not found")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_noise_buffer_fingerprint_and_global_rng_untouched(family: str) -> None:
+    assert ROOT is not None
+    want = json.loads((ROOT / family / "full_size_inference_noise.json").read_text())[
+        "flow.decoder.rand_noise"
+    ]
+    before = torch.get_rng_state()
+    noise = flow_noise()
+    assert torch.equal(torch.get_rng_state(), before)
+    flat = noise.reshape(-1)
+    assert list(noise.shape) == want["shape"]
+    assert flat[: len(want["first"])].tolist() == want["first"]
+    assert flat[-len(want["last"]) :].tolist() == want["last"]
+    assert noise.double().sum().item() == pytest.approx(want["sum_f64"], abs=1e-6)
+    assert hashlib.sha256(noise.numpy().astype("<f4").tobytes()).hexdigest() == want["sha256_f32_bytes"]
+
+
+@needs_fixtures
+@case_param
+@pytest.mark.parametrize(("streaming", "finalize"), [(False, True), (True, False)])
+def test_padded_batch_equals_rows_alone(case: Path, streaming: bool, finalize: bool) -> None:
+    flow, gen = load_tiny(case), torch.Generator().manual_seed(7)
+    rows = [(7, 30, 13), (10, 43, 20)]  # (prompt tokens, tokens, prompt frames); row 0 is a VC-style mismatch
+    token, prompt, feat = (
+        torch.zeros(2, 43, dtype=torch.long),
+        torch.zeros(2, 10, dtype=torch.long),
+        torch.zeros(2, 24, 80),
+    )
+    for i, (p, n, f) in enumerate(rows):
+        token[i, :n], prompt[i, :p] = (
+            torch.randint(0, 6561, (n,), generator=gen),
+            torch.randint(0, 6561, (p,), generator=gen),
+        )
+        feat[i, :f] = torch.randn(f, 80, generator=gen)
+    emb = torch.randn(2, 192, generator=gen)
+    lens = [torch.tensor(c) for c in zip(*rows)]
+    mel = flow.inference(token, lens[1], prompt, lens[0], feat, lens[2], emb, streaming, finalize)
+    out_lens = flow.mel_lengths(lens[1], lens[0], lens[2], finalize)
+    assert mel.shape == (2, 80, int(out_lens.max()))
+    for i, (p, n, f) in enumerate(rows):
+        alone = flow.inference(
+            token[i : i + 1, :n],
+            torch.tensor([n]),
+            prompt[i : i + 1, :p],
+            torch.tensor([p]),
+            feat[i : i + 1, :f],
+            torch.tensor([f]),
+            emb[i : i + 1],
+            streaming,
+            finalize,
+        )
+        close(mel[i : i + 1, :, : int(out_lens[i])], alone, atol=1e-5)
+        assert not mel[i, :, int(out_lens[i]) :].any()
+
+
+def test_streaming_attention_mask_is_chunked_from_frame_zero() -> None:
+    valid = torch.tensor([[True] * 5 + [False]])
+    mask = attention_mask(valid, chunk=2)[0]
+    expected = torch.tensor([[j < (i // 2 + 1) * 2 and j < 5 for j in range(6)] for i in range(6)])
+    assert torch.equal(mask, expected)
+    assert torch.equal(attention_mask(valid)[0], valid.expand(6, 6))
+
+
+@needs_fixtures
+def test_yaml_errors_name_the_problem() -> None:
+    node = flow_node(CASES[0])
+    broken = {k: v for k, v in node.items() if k != "vocab_size"}
+    with pytest.raises(KeyError, match="vocab_size"):
+        build_flow(broken)
+    with pytest.raises(ValueError, match="unsupported flow class"):
+        build_flow({**node, "__tag__": "new:cosyvoice.flow.flow.MaskedDiffWithXvec"})
+    decoder = node["decoder"]
+    params = {**decoder["cfm_params"], "content": {**decoder["cfm_params"]["content"], "solver": "rk4"}}
+    with pytest.raises(ValueError, match="solver"):
+        build_flow({**node, "decoder": {**decoder, "cfm_params": params}})
