@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -83,7 +83,26 @@ class Audio:
         return resample(self.samples, self.sample_rate, sample_rate)
 
 
+# Anything a caller may hand over as audio: a path or encoded bytes; decoded ``Audio``; (samples, rate) as in
+# SynthesisRequest or Gradio's (rate, samples); or a bare array at the caller's default rate.
+AudioInput = Audio | str | os.PathLike[str] | bytes | tuple[Any, Any] | np.ndarray
+
+
 # ---------------------------------------------------------------------------------------------- decoding
+
+
+def as_audio(source: AudioInput, limits: AudioLimits = AudioLimits(), default_rate: int = 24000) -> Audio:
+    """Any ``AudioInput`` -> validated ``Audio`` (a bare array is taken to be at ``default_rate``)."""
+    if isinstance(source, Audio):
+        return source
+    if isinstance(source, tuple):
+        first, second = source
+        if isinstance(first, int | np.integer):  # Gradio's (rate, samples)
+            first, second = second, first
+        return decode_array(np.asarray(first), int(second), limits)
+    if isinstance(source, np.ndarray):
+        return decode_array(source, default_rate, limits)
+    return read_audio(source, limits)
 
 
 def load_audio(source: AudioSource, target_sr: int, limits: AudioLimits = AudioLimits()) -> np.ndarray:

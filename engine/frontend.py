@@ -21,7 +21,7 @@ import torch
 
 from engine import audio as audio_io
 from engine import device as device_mod
-from engine.audio import Audio, AudioLimits
+from engine.audio import AudioInput, AudioLimits
 from engine.errors import InvalidInput, ModelError, TooLarge
 
 if TYPE_CHECKING:
@@ -33,10 +33,6 @@ SPEECH_VOCAB = 6561  # v2/v3 speech token ids are in [0, 6561)
 EMBEDDING_DIM = 192  # CAM++ output
 MAX_PROMPT_S = 30.0  # the speech tokenizer's limit (the reference asserts it)
 PROMPT_FMAX = {"cosyvoice2": 8000.0, "cosyvoice3": None}  # yaml feat_extractor fmax; None = 12 kHz
-
-# A prompt given as: a path or encoded bytes; decoded ``Audio``; (samples, rate) as in SynthesisRequest or
-# Gradio's (rate, samples); or a bare array, taken to be 24 kHz.
-AudioInput = Audio | str | os.PathLike[str] | bytes | tuple[Any, Any] | np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,7 +114,7 @@ class Frontend:
         return cls(model.campplus, model.speech_tokenizer, model.family, device, **kwargs)
 
     def extract(self, source: AudioInput, trim: bool = True) -> PromptFeatures:
-        """Features of a prompt; ``trim=False`` keeps the untrimmed pair (the VC prompt, spec §3.7)."""
+        """Features of a prompt (a bare array is 24 kHz); ``trim=False``: untrimmed, for VC (spec §3.7)."""
         wav16, wav24 = self._decode(source)
         key = _content_hash(wav16, wav24)
         features = self._cached(key)
@@ -140,7 +136,7 @@ class Frontend:
     # ------------------------------------------------------------------------------------------ internals
 
     def _decode(self, source: AudioInput, need_24k: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        clip = _to_audio(source, self.limits)
+        clip = audio_io.as_audio(source, self.limits, audio_io.PROMPT_SAMPLE_RATE)
         if clip.duration_s > MAX_PROMPT_S:
             raise TooLarge(
                 f"prompt audio is {clip.duration_s:.1f} s; the speech tokenizer accepts at most 30 s"
@@ -196,19 +192,6 @@ class Frontend:
             self._cache.move_to_end(key)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-
-
-def _to_audio(source: AudioInput, limits: AudioLimits) -> Audio:
-    if isinstance(source, Audio):
-        return source
-    if isinstance(source, tuple):
-        first, second = source
-        if isinstance(first, int | np.integer):  # Gradio's (rate, samples)
-            first, second = second, first
-        return audio_io.decode_array(np.asarray(first), int(second), limits)
-    if isinstance(source, np.ndarray):
-        return audio_io.decode_array(source, audio_io.PROMPT_SAMPLE_RATE, limits)
-    return audio_io.read_audio(source, limits)
 
 
 def _content_hash(wav16: np.ndarray, wav24: np.ndarray) -> str:

@@ -1,0 +1,240 @@
+"""engine/voices.py: the saved-voice library on disk (atomic entries, safe names, damage, families)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from engine import voices as voices_mod
+from engine.audio import Audio
+from engine.errors import InvalidInput, NotFound
+from engine.frontend import PromptFeatures
+from engine.voices import VoiceLibrary
+
+
+def features(family: str = "cosyvoice3", n: int = 50, seed: int = 0) -> PromptFeatures:
+    rng = np.random.default_rng(seed)
+    return PromptFeatures(
+        speech_tokens=rng.integers(0, 6561, n),
+        speaker_embedding=rng.standard_normal(192),
+        prompt_mel=rng.standard_normal((2 * n, 80)),
+        num_samples=n * 960,
+        content_hash=f"hash{seed}",
+        family=family,
+        trimmed=True,
+    )
+
+
+def tone(seconds: float = 1.0, sr: int = 24000) -> np.ndarray:
+    return (0.3 * np.sin(2 * np.pi * 220 * np.arange(int(sr * seconds)) / sr)).astype(np.float32)
+
+
+def test_add_get_round_trip(tmp_path):
+    lib = VoiceLibrary(tmp_path, family="cosyvoice3")
+    feats = features()
+    voice = lib.add("Alice (calm)", feats, "You are a helpful assistant.<|endofprompt|>Hi.", preview=tone())
+    assert voice.id == "alice-calm" and voice.name == "Alice (calm)" and voice.family == "cosyvoice3"
+    assert voice.duration_s == pytest.approx(2.0) and voice.created_at > 0 and voice.compatible
+    got_voice, got = lib.get("alice-calm")
+    assert got_voice == voice
+    np.testing.assert_array_equal(got.speech_tokens, feats.speech_tokens)
+    np.testing.assert_array_equal(got.speaker_embedding, feats.speaker_embedding)
+    np.testing.assert_array_equal(got.prompt_mel, feats.prompt_mel)
+    assert (got.num_samples, got.content_hash, got.family, got.trimmed) == (
+        4800 * 10,
+        "hash0",
+        "cosyvoice3",
+        True,
+    )
+    assert sorted(os.listdir(tmp_path / "alice-calm")) == ["features.npz", "meta.json", "prompt.wav"]
+    wav, sr = sf.read(lib.preview_path("alice-calm"))
+    assert sr == 24000 and len(wav) == 24000
+
+
+def wav_file_bytes() -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    sf.write(buf, tone(), 24000, format="WAV")
+    return buf.getvalue()
+
+
+PREVIEWS = {
+    "wav bytes": wav_file_bytes,
+    "Audio": lambda: Audio(tone(), 24000),
+    "(samples, rate)": lambda: (tone(0.5, 48000), 48000),
+    "gradio (rate, int16)": lambda: (48000, np.full(100, 1000, np.int16)),
+    "24 kHz array": lambda: tone(0.5),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PREVIEWS))
+def test_preview_forms(tmp_path, kind):
+    lib = VoiceLibrary(tmp_path)
+    lib.add("v", features(), preview=PREVIEWS[kind]())
+    info = sf.info(lib.preview_path("v"))
+    assert info.format == "WAV" and info.subtype == "PCM_16" and info.frames > 0
+
+
+def test_no_preview(tmp_path):
+    lib = VoiceLibrary(tmp_path)
+    lib.add("v", features())
+    assert lib.preview_path("v") is None
+
+
+def test_list_sorted_and_unique_ids(tmp_path):
+    lib = VoiceLibrary(tmp_path)
+    for name in ("bob", "Alice", "bob", "Bob!", "张三", "李四"):
+        lib.add(name, features())
+    ids = [v.id for v in lib.list()]
+    names = [v.name for v in lib.list()]
+    assert names[:4] == ["Alice", "bob", "bob", "Bob!"]
+    assert {"alice", "bob", "bob-2", "bob-3"} <= set(ids) and len(set(ids)) == 6
+    cjk = [v.id for v in lib.list() if v.name in ("张三", "李四")]
+    assert all(i.startswith("voice-") for i in cjk) and cjk[0] != cjk[1]
+
+
+def test_delete_and_not_found(tmp_path):
+    lib = VoiceLibrary(tmp_path)
+    lib.add("carol", features())
+    lib.delete("carol")
+    assert lib.list() == [] and not (tmp_path / "carol").exists()
+    with pytest.raises(NotFound):
+        lib.get("carol")
+    with pytest.raises(NotFound):
+        lib.delete("carol")
+
+
+@pytest.mark.parametrize("name", ["", "   ", "a" * 65, "evil\x00name", "line\nbreak", "bell\x07"])
+def test_bad_names_rejected(tmp_path, name):
+    with pytest.raises(InvalidInput):
+        VoiceLibrary(tmp_path).add(name, features())
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/abs/path", "..", "a/../../b", "..\\..\\win"])
+def test_path_like_names_stay_inside(tmp_path, name):
+    root = tmp_path / "lib"
+    lib = VoiceLibrary(root)
+    voice = lib.add(name, features())
+    assert voice.name == name and (root / voice.id).is_dir()
+    assert "/" not in voice.id and "\\" not in voice.id and not voice.id.startswith(".")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lib"]
+    assert [v.id for v in lib.list()] == [voice.id]
+
+
+@pytest.mark.parametrize("bad_id", ["../etc", "/abs", "a/b", "", ".hidden", "UPPER", "x\x00"])
+def test_bad_ids_rejected(tmp_path, bad_id):
+    lib = VoiceLibrary(tmp_path)
+    for call in (lib.get, lib.delete, lib.preview_path):
+        with pytest.raises(InvalidInput, match="invalid voice id"):
+            call(bad_id)
+
+
+def test_damaged_entry_is_skipped_with_warning(tmp_path, caplog):
+    lib = VoiceLibrary(tmp_path)
+    lib.add("good", features())
+    lib.add("bad", features())
+    (tmp_path / "bad" / "meta.json").write_text("{not json")
+    lib.add("nofeat", features())
+    os.remove(tmp_path / "nofeat" / "features.npz")
+    (tmp_path / "stray-dir").mkdir()
+    (tmp_path / "note.txt").write_text("not a voice")
+    with caplog.at_level(logging.WARNING, logger="engine.voices"):
+        assert [v.id for v in lib.list()] == ["good"]
+    assert "bad" in caplog.text and "nofeat" in caplog.text
+    with pytest.raises(NotFound, match="damaged"):
+        lib.get("bad")
+    (tmp_path / "good" / "features.npz").write_bytes(b"garbage")
+    with pytest.raises(NotFound, match="damaged"):
+        lib.get("good")
+
+
+def test_other_family_is_listed_but_flagged(tmp_path):
+    VoiceLibrary(tmp_path, family="cosyvoice2").add("old", features("cosyvoice2"))
+    lib = VoiceLibrary(tmp_path, family="cosyvoice3")
+    lib.add("new", features("cosyvoice3"))
+    flags = {v.id: v.compatible for v in lib.list()}
+    assert flags == {"old": False, "new": True}
+    with pytest.raises(InvalidInput, match="cosyvoice2"):
+        lib.get("old")
+    assert VoiceLibrary(tmp_path).get("old")[1].family == "cosyvoice2"  # family None: accept all
+
+
+def test_family_must_match_features(tmp_path):
+    with pytest.raises(InvalidInput, match="extracted for cosyvoice3"):
+        VoiceLibrary(tmp_path).add("x", features("cosyvoice3"), family="cosyvoice2")
+
+
+def test_crash_during_add_leaves_nothing(tmp_path, monkeypatch):
+    lib = VoiceLibrary(tmp_path)
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(voices_mod, "_features_bytes", crash)
+    with pytest.raises(OSError, match="disk full"):
+        lib.add("dave", features())
+    assert os.listdir(tmp_path) == [] and lib.list() == []
+
+
+def test_leftovers_of_a_crash_are_ignored_then_swept(tmp_path):
+    lib = VoiceLibrary(tmp_path)
+    lib.add("erin", features())
+    half = tmp_path / ".tmp-abc123"
+    half.mkdir()
+    (half / "features.npz").write_bytes(b"partial")
+    (tmp_path / ".trash-frank-1234").mkdir()
+    assert [v.id for v in lib.list()] == ["erin"]
+    VoiceLibrary(tmp_path)  # a restart
+    assert sorted(os.listdir(tmp_path)) == ["erin"]
+
+
+def test_entry_files_are_written_atomically(tmp_path, monkeypatch):
+    """Every file goes through os.replace from a temporary name in the same directory."""
+    replaced = []
+    real_replace = os.replace
+
+    def spy(src, dst):
+        assert os.path.dirname(src) == os.path.dirname(dst)
+        replaced.append(os.path.basename(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(voices_mod.os, "replace", spy)
+    VoiceLibrary(tmp_path).add("gina", features(), preview=tone())
+    assert sorted(replaced) == ["features.npz", "meta.json", "prompt.wav"]
+    meta = json.loads((tmp_path / "gina" / "meta.json").read_text())
+    assert meta["name"] == "gina" and meta["content_hash"] == "hash0"
+
+
+def test_concurrent_adds_and_deletes(tmp_path):
+    lib = VoiceLibrary(tmp_path)
+    for i in range(4):
+        lib.add(f"keep {i}", features(seed=i))
+    barrier = threading.Barrier(8)
+
+    def add(i: int) -> str:
+        barrier.wait()
+        return lib.add("same name", features(seed=i)).id
+
+    def delete(i: int) -> None:
+        barrier.wait()
+        lib.delete(f"keep-{i}")
+
+    with ThreadPoolExecutor(8) as pool:
+        added = [pool.submit(add, i) for i in range(6)]
+        deleted = [pool.submit(delete, i) for i in range(2)]
+        ids = [f.result() for f in added]
+        for f in deleted:
+            f.result()
+    assert len(set(ids)) == 6
+    listed = {v.id for v in lib.list()}
+    assert listed == set(ids) | {"keep-2", "keep-3"}
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
