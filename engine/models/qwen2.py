@@ -13,9 +13,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 if TYPE_CHECKING:
     from engine.models.speech_lm import SpeechLMConfig
+
+# cuDNN attention (torch's first choice on Hopper) builds a graph per shape, and the key span changes every
+# decode step: ~2 ms of CPU per call. These backends have no per-shape setup; the list is ordered by priority.
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class KVCache:
@@ -55,60 +60,77 @@ class KVCache:
 
 
 class _CacheStep:
-    """One forward over T new positions per request: where they go and which keys each query sees."""
+    """One forward over T new positions per request: where they go and which keys each query sees.
+
+    One request (or no cache): new keys are written into the cache first and attention reads a view of it.
+    Several requests: their pasts are gathered once per forward into one padded tensor
+    [layers, 2, B, kv_heads, max_len, D], each layer attends to (that past ++ its new keys), and the new keys
+    are written back at the end: B copies per forward instead of B per layer. Query t of request b sees
+    past keys j < start_b and new keys t' <= t; its rotary position is start_b + t.
+    """
 
     def __init__(self, caches: Sequence[KVCache] | None, batch: int, steps: int, device: torch.device):
         self.caches, self.steps = caches, steps
         starts = [c.length for c in caches] if caches is not None else [0] * batch
-        if len(starts) != batch:
-            raise ValueError(f"{batch} sequences but {len(starts)} caches")
-        self.span = max(starts) + steps  # keys in the padded batch
+        if len(starts) != batch or (caches is not None and len({id(c) for c in caches}) != batch):
+            raise ValueError(f"{batch} sequences need {batch} distinct caches")
         start = torch.tensor(starts, device=device)
-        self.positions = start[:, None] + torch.arange(steps, device=device)  # [B, T] rotary positions
-        # SDPA's own causal flag suffices when every sequence starts at 0; one request alone sees all keys
-        # when it adds a single position. Otherwise query t of request b sees keys j <= start_b + t.
-        self.is_causal = max(starts) == 0 and steps > 1
+        new = torch.arange(steps, device=device)
+        self.positions = start[:, None] + new  # [B, T]
+        self.is_causal = max(starts) == 0 and steps > 1  # SDPA's own flag: no mask tensor needed
         self.mask: Tensor | None = None
-        if not self.is_causal and not (batch == 1 and steps == 1):
-            keys = torch.arange(self.span, device=device)
-            self.mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # [B, 1, T, span]
-        if caches is not None:
-            for c in caches:
-                c.reserve(self.span)
+        self.gathered: Tensor | None = None
+        self.fresh: list[Tensor] = []
+        for c in caches or ():
+            c.reserve(max(starts) + steps)  # gathering reads every cache up to the longest past
+        if caches is not None and batch > 1:
+            past = max(starts)
+            self.gathered = torch.stack([c.kv[:, :, :, :past] for c in caches], dim=2)
+            seen = torch.arange(past, device=device)[None, None, :] < start[:, None, None]  # [B, 1, past]
+            causal = new[None, :] <= new[:, None]  # [T, T]
+            self.mask = torch.cat((seen.expand(-1, steps, -1), causal.expand(batch, -1, -1)), -1)[:, None]
+        elif not self.is_causal and steps > 1:  # one request extending a non-empty cache by several
+            keys = torch.arange(starts[0] + steps, device=device)
+            self.mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # [1, 1, T, span]
 
     def keys_values(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v [B, kv_heads, T, D] of the new positions -> all keys/values [B, kv_heads, span, D]."""
+        """k, v [B, kv_heads, T, D] of the new positions -> the keys/values to attend [B, kv_heads, S, D]."""
         if self.caches is None:
             return k, v
-        new = torch.stack((k, v), dim=1)  # [B, 2, kv_heads, T, D]
-        for b, c in enumerate(self.caches):
-            c.kv[layer, :, :, c.length : c.length + self.steps] = new[b]
-        if len(self.caches) == 1:
-            kv = self.caches[0].kv[layer, :, :, : self.span].unsqueeze(0)  # a view, no copy
-        else:
-            kv = torch.stack([c.kv[layer, :, :, : self.span] for c in self.caches])
-        return kv[:, 0], kv[:, 1]
+        if self.gathered is not None:
+            self.fresh.append(torch.stack((k, v)))  # [2, B, kv_heads, T, D]
+            kv = torch.cat((self.gathered[layer], self.fresh[-1]), dim=3)
+            return kv[0], kv[1]
+        c = self.caches[0]
+        c.kv[layer, :, :, c.length : c.length + self.steps] = torch.stack((k[0], v[0]))
+        kv = c.kv[layer, :, :, : c.length + self.steps]  # a view, no copy
+        return kv[0][None], kv[1][None]
 
     def commit(self) -> None:
-        for c in self.caches or ():
+        """Write back gathered-mode keys/values and advance every cache by T."""
+        fresh = torch.stack(self.fresh) if self.fresh else None  # [layers, 2, B, kv_heads, T, D]
+        for b, c in enumerate(self.caches or ()):
+            if fresh is not None:
+                c.kv[:, :, :, c.length : c.length + self.steps] = fresh[:, :, b]
             c.length += self.steps
 
 
-def rotary(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos, sin [B, 1, T, head_dim] in float32 for integer positions [B, T] (HF default rope)."""
+def rotary(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos, sin [B, 1, T, head_dim] for integer positions [B, T] (HF default rope).
+
+    Angles are computed in float32 and then cast to the compute dtype, as HF does. ``sin`` comes back with
+    its first half negated so that rotate_half(x) * sin == roll(x, half) * sin (one kernel fewer per call).
+    """
     exponent = torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim
     inv_freq = 1.0 / (theta**exponent)
     freqs = positions.float()[..., None] * inv_freq  # [B, T, head_dim / 2]
-    angles = torch.cat((freqs, freqs), dim=-1)[:, None]
-    return angles.cos(), angles.sin()
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), -1)[:, None].to(dtype), torch.cat((-sin, sin), -1)[:, None].to(dtype)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Non-interleaved ("rotate_half") rotation of x [B, heads, T, D], computed in float32."""
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+def apply_rotary(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Non-interleaved ("rotate_half") rotation of x [B, heads, T, D]: x * cos + rotate_half(x) * sin."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class RMSNorm(nn.Module):
@@ -139,8 +161,11 @@ class Qwen2Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         keys, values = step.keys_values(layer, k, v)
+        if step.mask is not None:  # the fused kernels that take a mask do not take grouped heads
+            rep = self.heads // self.kv_heads
+            keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=step.mask, is_causal=step.is_causal, enable_gqa=True
+            q, keys, values, attn_mask=step.mask, is_causal=step.is_causal, enable_gqa=step.mask is None
         )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
@@ -182,10 +207,11 @@ class Qwen2Model(nn.Module):
     def forward(self, embeds: Tensor, caches: Sequence[KVCache] | None = None) -> Tensor:
         """embeds [B, T, H] -> hidden [B, T, H]; with caches, appends T positions to each of the B caches."""
         step = _CacheStep(caches, embeds.shape[0], embeds.shape[1], embeds.device)
-        rope = rotary(step.positions, self.head_dim, self.rope_theta)
+        rope = rotary(step.positions, self.head_dim, self.rope_theta, embeds.dtype)
         x = embeds
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, step, i)
+        with sdpa_kernel(_SDPA_BACKENDS, set_priority=True):  # once per forward: entering costs ~75 us
+            for i, layer in enumerate(self.layers):
+                x = layer(x, rope, step, i)
         step.commit()
         return self.norm(x)
 

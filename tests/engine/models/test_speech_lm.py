@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ def family_of(case: Path) -> str:
     return yamls[0].name.removesuffix("_tiny.yaml")
 
 
+@functools.cache  # read-only use: tests never change the weights
 def load_tiny(case: Path) -> SpeechLM:
     qwen = json.loads((case / "CosyVoice-BlankEN_config.json").read_text())
     model = SpeechLM(SpeechLMConfig.from_qwen_config(family_of(case), qwen))
