@@ -1,0 +1,52 @@
+"""What every API route needs: the engine, the limits, the key, the metrics (no module-level state)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from api.telemetry import Telemetry
+from engine.config import Limits
+from engine.metrics import ServerStats
+from engine.request import AudioChunk, SynthesisRequest
+
+
+class EngineLike(Protocol):
+    """The public surface of ``engine.engine.TTSEngine`` the API uses (``tests/fakes.py`` has it too).
+
+    Read-only properties and positional-only parameters, so plain attributes, properties and any
+    parameter names all satisfy it; the voice methods may also be coroutines (``api.voices.call``).
+    """
+
+    @property
+    def sample_rate(self) -> int: ...
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def stream(self, req: SynthesisRequest, /) -> AsyncIterator[AudioChunk]: ...
+
+    def abort(self, request_id: str, /) -> bool: ...
+
+    def stats(self) -> ServerStats: ...
+
+    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, /) -> Any: ...
+
+    def list_voices(self) -> Sequence[Any]: ...
+
+    def delete_voice(self, voice_id: str, /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    engine: EngineLike
+    limits: Limits
+    api_key: str | None
+    telemetry: Telemetry
