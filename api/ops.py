@@ -1,0 +1,79 @@
+"""Operations routes: ``/health`` (liveness), ``/ready`` (model loaded and warm), ``/metrics``
+(Prometheus), and OpenAI's ``/v1/models``. Probes and ``/metrics`` need no API key; ``/v1/models`` does."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from api.auth import require_key
+from api.context import ApiContext, EngineLike
+from api.errors import ApiError, retry_after
+from api.route import guarded_route
+from api.schemas import ModelCard, ModelList
+
+OPENAI_TTS_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted so stock clients work unchanged
+PROBE_BODY_CAP = 64 * 1024
+READY_RETRY_S = 5.0
+
+
+def model_ids(engine: EngineLike) -> list[str]:
+    """Names that select the loaded model: its id or path, that path's last part, its family."""
+    names = [engine.model_name, os.path.basename(engine.model_name.rstrip("/")), engine.family]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def check_model(name: str | None, engine: EngineLike) -> None:
+    """One model per server: any of its names (or an OpenAI TTS alias) is fine; anything else is a 404."""
+    if not name or name in model_ids(engine) or name in OPENAI_TTS_ALIASES:
+        return
+    known = ", ".join(model_ids(engine))
+    raise ApiError(
+        404, f"model {name!r} is not served here; use {known}", param="model", code="model_not_found"
+    )
+
+
+def model_card(engine: EngineLike, started: int) -> ModelCard:
+    return ModelCard(
+        id=engine.model_name,
+        created=started,
+        family=engine.family,
+        sample_rate=engine.sample_rate,
+        ready=bool(engine.ready),
+    )
+
+
+def routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter(route_class=guarded_route(ctx.telemetry, PROBE_BODY_CAP))
+    engine, started = ctx.engine, int(time.time())
+    auth = [Depends(require_key(ctx.api_key))]
+
+    @router.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get("/ready", response_model=None)
+    async def ready() -> JSONResponse:
+        if not engine.ready:
+            message = "the model is still loading or warming up"
+            raise ApiError(503, message, code="not_ready", headers=retry_after(READY_RETRY_S))
+        return JSONResponse({"status": "ready", "model": engine.model_name, "family": engine.family})
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/v1/models", dependencies=auth)
+    async def list_models() -> ModelList:
+        return ModelList(data=[model_card(engine, started)])
+
+    @router.get("/v1/models/{model_id:path}", dependencies=auth)
+    async def get_model(model_id: str) -> ModelCard:
+        check_model(model_id, engine)
+        return model_card(engine, started)
+
+    return router

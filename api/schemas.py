@@ -1,0 +1,124 @@
+"""Request and response bodies of the API (pydantic). Field names follow OpenAI's speech API; the
+extensions (``ref_audio``, ``ref_text``, ``language``, ``seed``, ``mode``, ``stream``, ``source_audio``)
+follow vLLM-Omni where it has the same idea."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.request import Mode
+
+ResponseFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
+StreamFormat = Literal["audio", "sse"]
+
+
+class VoiceRef(BaseModel):
+    """OpenAI's object form of a custom voice: ``{"id": "..."}``."""
+
+    id: str
+
+
+class SpeechRequest(BaseModel):
+    """``POST /v1/audio/speech``. Unknown fields are ignored, as OpenAI clients send newer ones."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    input: str
+    voice: str | VoiceRef | None = None  # a saved voice id; ``ref_audio`` wins when both are given
+    response_format: ResponseFormat = "wav"
+    speed: float = Field(1.0, ge=0.5, le=2.0)  # narrower than OpenAI's 0.25-4: the engine's range
+    # True: chunked bytes as produced; False: one file with exact sizes and RTF headers; None: per format
+    # (flac whole, as a streamed FLAC cannot carry its length and libsndfile refuses such files).
+    stream: bool | None = None
+    stream_format: StreamFormat = "audio"
+    instructions: str = ""  # instruct mode's style text (CosyVoice instruct2)
+    ref_audio: str | None = None  # base64 or data URL of the prompt speech
+    ref_text: str = ""  # transcript of ref_audio (zero-shot needs it)
+    source_audio: str | None = None  # base64 or data URL of the speech to convert (mode "vc")
+    language: str = "auto"
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    mode: Mode | None = None  # default: vc with source_audio, instruct with instructions, else zero_shot
+
+    def streams(self) -> bool:
+        if self.stream_format == "sse":
+            return True
+        return self.stream if self.stream is not None else self.response_format != "flac"
+
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+    def resolved_mode(self) -> Mode:
+        if self.mode is not None:
+            return self.mode
+        if self.source_audio:
+            return Mode.VC
+        return Mode.INSTRUCT if self.instructions.strip() else Mode.ZERO_SHOT
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    """Voice records may be dataclasses or mappings, depending on the engine."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+class VoiceInfo(BaseModel):
+    object: Literal["voice"] = "voice"
+    id: str
+    name: str
+    prompt_text: str = ""
+    duration_s: float | None = None
+    created_at: int | None = None  # unix seconds
+    family: str | None = None  # the model family the voice was saved for
+    compatible: bool = True  # False: saved for another family, not usable with the loaded model
+
+    @classmethod
+    def of(cls, voice: Any) -> VoiceInfo:
+        voice_id = str(_field(voice, "id"))
+        created = _field(voice, "created_at")
+        return cls(
+            id=voice_id,
+            name=str(_field(voice, "name", voice_id)),
+            prompt_text=str(_field(voice, "prompt_text", "") or ""),
+            duration_s=_field(voice, "duration_s"),
+            created_at=None if created is None else int(created),
+            family=_field(voice, "family"),
+            compatible=bool(_field(voice, "compatible", True)),
+        )
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VoiceInfo]
+    voices: list[str]  # vLLM-Omni's shape: the ids alone
+
+
+class VoiceCreated(BaseModel):
+    success: bool = True
+    voice: VoiceInfo
+
+
+class VoiceDeleted(BaseModel):
+    object: Literal["voice"] = "voice"
+    id: str
+    deleted: bool = True
+    success: bool = True
+
+
+class ModelCard(BaseModel):
+    object: Literal["model"] = "model"
+    id: str
+    created: int
+    owned_by: str = "cosystream"
+    family: str
+    sample_rate: int
+    ready: bool
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,367 @@
+"""``POST /v1/audio/speech``: OpenAI's speech API over ``engine.stream``.
+
+The first chunk is awaited before any header is sent, so a refusal (busy, not found, bad input) still gets
+its status code and the time to first audio can travel as a header. Then, by ``stream`` /
+``stream_format``: chunked bytes as produced, SSE events (base64 deltas + a final event with metrics), or
+one file with exact sizes and the RTF header.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import math
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import anyio
+import numpy as np
+from fastapi import APIRouter, Depends, Request, Response
+
+from api.auth import require_key
+from api.context import ApiContext, EngineLike
+from api.encode import MEDIA_TYPES, StreamEncoder, encode_audio, stream_encoder, supported_formats
+from api.errors import ApiError, from_engine, retry_after
+from api.ops import check_model
+from api.route import guarded_route
+from api.schemas import SpeechRequest
+from api.streaming import EngineStreamResponse
+from api.telemetry import Telemetry
+from engine.errors import EngineError, NotFound
+from engine.metrics import RequestMetrics
+from engine.request import AudioChunk, Mode, SynthesisRequest
+
+log = logging.getLogger(__name__)
+
+Prompt = tuple[np.ndarray, int]  # (float32 mono samples, sample rate Hz)
+NOT_READY_RETRY_S = 5.0
+
+
+def body_cap(ctx: ApiContext) -> int:
+    """Largest plausible speech body: two base64 audios, three texts at 6 JSON bytes a char, slack."""
+    b64 = 4 * math.ceil(ctx.limits.max_upload_bytes / 3)
+    return 2 * b64 + 3 * 6 * ctx.limits.max_text_chars + 64 * 1024
+
+
+def routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter(
+        route_class=guarded_route(ctx.telemetry, body_cap(ctx)),
+        dependencies=[Depends(require_key(ctx.api_key))],
+    )
+
+    @router.post("/v1/audio/speech", response_model=None)
+    async def create_speech(body: SpeechRequest, request: Request) -> Response:
+        return await speak(ctx, body, request)
+
+    return router
+
+
+async def speak(ctx: ApiContext, body: SpeechRequest, request: Request) -> Response:
+    check_ready(ctx.engine)
+    check_model(body.model, ctx.engine)
+    check_format(body.response_format)
+    req = await build_request(ctx, body)
+    # Built before the engine stream opens, so nothing between opening and responding can fail.
+    encoder = stream_encoder(body.response_format, ctx.engine.sample_rate) if body.streams() else None
+    try:
+        gen, first = await open_stream(ctx.engine, req)
+    except NotFound as err:  # the only thing a speech request names is its voice
+        param = "voice" if req.voice_id else None
+        raise ApiError(404, str(err), param=param, code="voice_not_found") from err
+    ctx.telemetry.first_audio(first.metrics)
+    if encoder is None:
+        return await whole_file(ctx, request, gen, first, body.response_format)
+    return stream_response(ctx, body, req.request_id, gen, first, encoder)
+
+
+def stream_response(
+    ctx: ApiContext,
+    body: SpeechRequest,
+    request_id: str,
+    gen: AsyncIterator[AudioChunk],
+    first: AudioChunk,
+    encoder: StreamEncoder,
+) -> EngineStreamResponse:
+    telemetry, sse = ctx.telemetry, body.stream_format == "sse"
+    headers = metric_headers(first.metrics, first.sample_rate, final=False)
+    if sse:
+        content: AsyncGenerator[Any, None] = sse_events(telemetry, gen, first, encoder)
+        headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    else:
+        content = audio_bytes(telemetry, gen, first, encoder)
+
+    def on_disconnect() -> None:
+        telemetry.disconnects.inc()
+        ctx.engine.abort(request_id)
+
+    return EngineStreamResponse(
+        content,
+        on_disconnect=on_disconnect,
+        on_start=telemetry.api_streams.inc,
+        on_end=telemetry.api_streams.dec,
+        media_type="text/event-stream" if sse else MEDIA_TYPES[body.response_format],
+        headers=headers,
+    )
+
+
+# ------------------------------------------------------------------------------------------- checks
+
+
+def check_ready(engine: EngineLike) -> None:
+    if not getattr(engine, "ready", True):
+        message = "the model is still loading or warming up; retry shortly"
+        raise ApiError(503, message, code="not_ready", headers=retry_after(NOT_READY_RETRY_S))
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in supported_formats():
+        have = ", ".join(supported_formats())
+        message = f"response_format {fmt!r} has no encoder on this server; available: {have}"
+        raise ApiError(422, message, param="response_format", code="unsupported_format")
+
+
+def check_length(text: str, param: str, max_chars: int) -> None:
+    if len(text) > max_chars:
+        message = f"{param} has {len(text)} characters; the limit is {max_chars}"
+        raise ApiError(413, message, param=param, code="text_too_long")
+
+
+# ------------------------------------------------------------------------------------ request building
+
+
+async def build_request(ctx: ApiContext, body: SpeechRequest) -> SynthesisRequest:
+    for param in ("input", "ref_text", "instructions"):
+        check_length(getattr(body, param), param, ctx.limits.max_text_chars)
+    mode = body.resolved_mode()
+    if mode != Mode.VC and not body.input.strip():
+        raise ApiError(422, "input is empty", param="input", code="empty_input")
+    check_mode_inputs(body, mode)  # before decoding: cheap refusals first
+    prompt = await decode_audio_field(body.ref_audio, "ref_audio", ctx) if body.ref_audio else None
+    source = await decode_audio_field(body.source_audio, "source_audio", ctx) if body.source_audio else None
+    try:
+        return SynthesisRequest(
+            text=body.input,
+            mode=mode,
+            prompt_audio=prompt,
+            voice_id=None if prompt is not None else (body.voice_id() or None),  # ref_audio wins
+            prompt_text=body.ref_text,
+            instruct_text=body.instructions,
+            source_audio=source,
+            language=body.language,
+            stream=body.streams(),
+            speed=body.speed,
+            seed=body.seed,
+        )
+    except ValueError as err:
+        raise ApiError(422, str(err), code="invalid_value") from err
+
+
+def check_mode_inputs(body: SpeechRequest, mode: Mode) -> None:
+    if mode == Mode.VC and not body.source_audio:
+        raise ApiError(422, "mode 'vc' needs source_audio", param="source_audio", code="missing_source")
+    if mode == Mode.ZERO_SHOT and body.ref_audio and not body.ref_text.strip():
+        message = (
+            "zero-shot cloning needs ref_text, the transcript of ref_audio (or use mode 'cross_lingual')"
+        )
+        raise ApiError(422, message, param="ref_text", code="missing_ref_text")
+    if mode == Mode.INSTRUCT and not body.instructions.strip():
+        raise ApiError(
+            422, "mode 'instruct' needs instructions", param="instructions", code="missing_instructions"
+        )
+
+
+def base64_payload(value: str, param: str, max_bytes: int) -> bytes:
+    """Bytes of a base64 string or ``data:`` URL, refusing oversize input BEFORE decoding it."""
+    if value.startswith(("http://", "https://", "file://")):
+        raise ApiError(400, f"{param} must be base64 or a data URL; URLs are not fetched", param=param)
+    if value.startswith("data:"):
+        head, sep, value = value.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise ApiError(400, f"{param} must be a base64 data URL (data:audio/...;base64,...)", param=param)
+    text = "".join(value.split())  # tolerate line-wrapped base64
+    if len(text) > 4 * math.ceil(max_bytes / 3):
+        message = f"{param} is over the upload limit of {max_bytes} bytes"
+        raise ApiError(413, message, param=param, code="upload_too_large")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ApiError(400, f"{param} is not valid base64", param=param, code="invalid_base64") from err
+    if not data:
+        raise ApiError(400, f"{param} is empty", param=param, code="invalid_base64")
+    return data
+
+
+def read_prompt(data: bytes, ctx: ApiContext, param: str) -> Prompt:
+    """Decode (in a worker thread: CPU) with the engine's own checks: size, duration, rate, silence."""
+    from engine.audio import AudioLimits, read_audio  # lazy: engine.audio imports torch
+
+    limits = AudioLimits.for_prompt(ctx.limits)
+    if param == "source_audio":  # speech to convert has no minimum length
+        limits = AudioLimits(max_seconds=ctx.limits.max_prompt_s, max_bytes=ctx.limits.max_upload_bytes)
+    try:
+        audio = read_audio(data, limits)
+    except EngineError as err:
+        mapped = from_engine(err)
+        mapped.param = param
+        raise mapped from err
+    return audio.samples, audio.sample_rate
+
+
+async def decode_audio_field(value: str, param: str, ctx: ApiContext) -> Prompt:
+    data = base64_payload(value, param, ctx.limits.max_upload_bytes)
+    return await anyio.to_thread.run_sync(read_prompt, data, ctx, param)
+
+
+# ------------------------------------------------------------------------------------------- streaming
+
+
+async def open_stream(
+    engine: EngineLike, req: SynthesisRequest
+) -> tuple[AsyncIterator[AudioChunk], AudioChunk]:
+    """Start the engine stream and wait for its first chunk (engine refusals surface here)."""
+    gen = engine.stream(req)
+    try:
+        first = await anext(gen)
+    except StopAsyncIteration:
+        raise ApiError(500, "the engine produced no audio", code="no_audio") from None
+    except BaseException:
+        await close(gen)
+        raise
+    return gen, first
+
+
+async def close(gen: AsyncIterator[AudioChunk]) -> None:
+    """Close the engine's stream now, so its ``finally:`` frees the request (async generators have
+    ``aclose``; any other async iterator has nothing to close)."""
+    aclose = getattr(gen, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def next_chunk(gen: AsyncIterator[AudioChunk]) -> AudioChunk | None:
+    """The next chunk, or None at the end. Pulled past ``is_last`` on purpose: the engine's generator
+    then runs its end-of-request code normally instead of being closed at its last ``yield``."""
+    return await anext(gen, None)
+
+
+async def audio_bytes(
+    telemetry: Telemetry, gen: AsyncIterator[AudioChunk], first: AudioChunk, encoder: StreamEncoder
+) -> AsyncGenerator[bytes, None]:
+    """Encoded bytes as chunks arrive. A mid-stream engine error is re-raised so the server cuts the
+    connection: a truncated chunked body tells the client, a clean end would not."""
+    chunk: AudioChunk | None = first
+    last = first
+    try:
+        while chunk is not None:
+            last = chunk
+            if data := encoder.feed(chunk.pcm):
+                yield data
+            chunk = await next_chunk(gen)
+        if tail := encoder.finish():
+            yield tail
+        telemetry.finished(last.metrics)
+    except EngineError:
+        telemetry.stream_errors.inc()
+        log.exception("request %s failed mid-stream", first.metrics.request_id)
+        raise
+    finally:
+        await close(gen)
+
+
+def sse_event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def delta(data: bytes) -> str:
+    return sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
+
+
+async def sse_events(
+    telemetry: Telemetry, gen: AsyncIterator[AudioChunk], first: AudioChunk, encoder: StreamEncoder
+) -> AsyncGenerator[str, None]:
+    """OpenAI's ``speech.audio.delta`` events, then ``speech.audio.done`` with usage and our metrics; a
+    mid-stream failure becomes an ``error`` event (the status line is long gone)."""
+    chunk: AudioChunk | None = first
+    last = first
+    try:
+        while chunk is not None:
+            last = chunk
+            if data := encoder.feed(chunk.pcm):
+                yield delta(data)
+            chunk = await next_chunk(gen)
+        if tail := encoder.finish():
+            yield delta(tail)
+        telemetry.finished(last.metrics)
+        yield sse_event(
+            {"type": "speech.audio.done", "usage": usage(last.metrics), "metrics": as_dict(last.metrics)}
+        )
+    except EngineError as err:
+        telemetry.stream_errors.inc()
+        log.warning("request %s failed mid-stream: %s", first.metrics.request_id, err)
+        yield sse_event({"type": "error", **from_engine(err).body()})
+    finally:
+        await close(gen)
+
+
+async def whole_file(
+    ctx: ApiContext, request: Request, gen: AsyncIterator[AudioChunk], first: AudioChunk, fmt: str
+) -> Response:
+    """Collect every chunk (stopping early if the client leaves), encode once, send with exact sizes."""
+    pieces, last = [first.pcm], first
+    try:
+        while (chunk := await next_chunk(gen)) is not None:
+            pieces.append(chunk.pcm)
+            last = chunk
+            if await request.is_disconnected():
+                ctx.telemetry.disconnects.inc()
+                ctx.engine.abort(first.metrics.request_id)
+                raise ApiError(499, "client closed the request", code="client_closed")
+    finally:
+        await close(gen)
+    ctx.telemetry.finished(last.metrics)
+    data = await anyio.to_thread.run_sync(encode_audio, np.concatenate(pieces), first.sample_rate, fmt)
+    headers = metric_headers(last.metrics, first.sample_rate, final=True)
+    return Response(data, media_type=MEDIA_TYPES[fmt], headers=headers)
+
+
+# -------------------------------------------------------------------------------------------- metrics
+
+
+def usage(metrics: RequestMetrics) -> dict[str, int]:
+    # OpenAI's usage shape; input tokens are not counted by the engine, output = speech tokens generated.
+    return {"input_tokens": 0, "output_tokens": metrics.lm_tokens, "total_tokens": metrics.lm_tokens}
+
+
+def as_dict(metrics: RequestMetrics) -> dict[str, Any]:
+    return {
+        "request_id": metrics.request_id,
+        "seed": metrics.seed,
+        "ttfa_ms": metrics.ttfa_ms,
+        "rtf": metrics.rtf,
+        "audio_s": metrics.audio_s,
+        "elapsed_ms": metrics.elapsed_ms,
+        "queue_wait_ms": metrics.queue_wait_ms,
+        "lm_tokens": metrics.lm_tokens,
+        "lm_tokens_per_s": metrics.lm_tokens_per_s,
+        "stage_ms": metrics.stage_ms,
+    }
+
+
+def metric_headers(metrics: RequestMetrics, sample_rate: int, final: bool) -> dict[str, str]:
+    """What is known when the headers leave: TTFA always (first chunk is in), RTF only for whole files."""
+    headers = {
+        "X-Request-Id": metrics.request_id,
+        "X-Seed": str(metrics.seed),
+        "X-Sample-Rate": str(sample_rate),
+        "X-Queue-Wait-Ms": f"{metrics.queue_wait_ms:.1f}",
+    }
+    if metrics.ttfa_ms is not None:
+        headers["X-TTFA-Ms"] = f"{metrics.ttfa_ms:.1f}"
+    if final:
+        headers["X-Audio-Seconds"] = f"{metrics.audio_s:.3f}"
+        headers["X-Elapsed-Ms"] = f"{metrics.elapsed_ms:.1f}"
+        if metrics.rtf is not None:
+            headers["X-RTF"] = f"{metrics.rtf:.4f}"
+    return headers

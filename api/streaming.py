@@ -1,0 +1,74 @@
+"""A streaming response that always closes its body generator, and tells the engine when the client left.
+
+Starlette's ``StreamingResponse`` stops iterating when the client disconnects but leaves the generator
+suspended (closed only whenever it is garbage-collected), so the engine would keep computing for nobody.
+Here the body generator is closed in ``finally:`` (its own ``finally:`` closes the engine stream, whose
+``finally:`` frees the request), and ``on_disconnect`` (``engine.abort``) runs first when the stream did
+not complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Callable, Mapping
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+
+
+class EngineStreamResponse(StreamingResponse):
+    def __init__(
+        self,
+        content: AsyncGenerator[bytes | str, None],
+        *,
+        on_disconnect: Callable[[], None],
+        on_start: Callable[[], None] = lambda: None,
+        on_end: Callable[[], None] = lambda: None,
+        media_type: str,
+        headers: Mapping[str, str] | None = None,
+    ):
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.generator = content
+        self.on_disconnect, self.on_start, self.on_end = on_disconnect, on_start, on_end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        completed, aborted = False, False
+        failure: Exception | None = None
+
+        def abort_once() -> None:
+            nonlocal aborted
+            if not aborted:
+                aborted = True
+                log.info("client left a stream before its end; aborting the request")
+                self.on_disconnect()
+
+        self.on_start()
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def pump() -> None:
+                    nonlocal completed, failure
+                    try:
+                        await self.stream_response(send)
+                        completed = True
+                    except OSError:  # ASGI >= 2.4 servers raise it from send() once the client is gone
+                        pass
+                    except Exception as exc:  # re-raised below, outside the task group's ExceptionGroup
+                        failure = exc
+                    group.cancel_scope.cancel()
+
+                group.start_soon(pump)
+                await self.listen_for_disconnect(receive)  # returns on http.disconnect; cancelled at the end
+                abort_once()  # before cancelling the pump, whose cancellation closes the engine stream
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):  # cleanup must run even when the server cancels us
+                if not completed and failure is None:
+                    abort_once()
+                await self.generator.aclose()
+                self.on_end()
+        if failure is not None:
+            raise failure

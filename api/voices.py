@@ -1,0 +1,106 @@
+"""``/v1/audio/voices``: list, create (multipart: audio + transcript) and delete saved voices.
+
+An upload is size-checked before it is read, decoded with the engine's own checks (so a bad file is a
+clear 4xx here), written to a temporary file and handed to ``engine.add_voice``, which stores what it
+needs (features, metadata) in its voice library; the temporary file is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi.responses import JSONResponse
+
+from api.auth import require_key
+from api.context import ApiContext
+from api.errors import ApiError
+from api.route import guarded_route
+from api.schemas import VoiceCreated, VoiceDeleted, VoiceInfo, VoiceList
+from api.speech import read_prompt
+
+MAX_NAME_CHARS = 64
+FORM_SLACK_BYTES = 64 * 1024  # multipart boundaries, headers and the text fields
+
+
+def routes(ctx: ApiContext) -> APIRouter:
+    cap = ctx.limits.max_upload_bytes + ctx.limits.max_text_chars * 4 + FORM_SLACK_BYTES
+    router = APIRouter(
+        route_class=guarded_route(ctx.telemetry, cap), dependencies=[Depends(require_key(ctx.api_key))]
+    )
+    engine = ctx.engine
+
+    @router.get("/v1/audio/voices")
+    async def list_voices() -> VoiceList:
+        voices = [VoiceInfo.of(v) for v in engine.list_voices()]
+        return VoiceList(data=voices, voices=[v.id for v in voices])
+
+    @router.get("/v1/audio/voices/{voice_id}")
+    async def get_voice(voice_id: str) -> VoiceInfo:
+        for voice in engine.list_voices():
+            if VoiceInfo.of(voice).id == voice_id:
+                return VoiceInfo.of(voice)
+        raise ApiError(404, f"no saved voice {voice_id!r}", param="voice_id", code="voice_not_found")
+
+    @router.post("/v1/audio/voices", status_code=201, response_model=None)
+    async def create_voice(
+        name: Annotated[str, Form()],
+        ref_text: Annotated[str, Form()] = "",
+        audio_sample: Annotated[UploadFile | None, File()] = None,
+        file: Annotated[UploadFile | None, File()] = None,  # the field name many clients use
+    ) -> JSONResponse:
+        upload = audio_sample or file
+        voice = await save_voice(ctx, name, ref_text, upload)
+        return JSONResponse(VoiceCreated(voice=VoiceInfo.of(voice)).model_dump(), status_code=201)
+
+    @router.delete("/v1/audio/voices/{voice_id}")
+    async def delete_voice(voice_id: str) -> VoiceDeleted:
+        await call(engine.delete_voice, voice_id)
+        return VoiceDeleted(id=voice_id)
+
+    return router
+
+
+async def call(fn: Any, *args: Any) -> Any:
+    """The engine's voice methods may be coroutines or plain (then blocking: run in a worker thread)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+def check_form(ctx: ApiContext, name: str, ref_text: str, upload: UploadFile | None) -> UploadFile:
+    if not name.strip() or len(name) > MAX_NAME_CHARS:
+        raise ApiError(
+            422, f"name must have 1-{MAX_NAME_CHARS} characters", param="name", code="invalid_name"
+        )
+    if not ref_text.strip():
+        message = "ref_text (the transcript of the audio) is required: zero-shot cloning needs it"
+        raise ApiError(422, message, param="ref_text", code="missing_ref_text")
+    if len(ref_text) > ctx.limits.max_text_chars:
+        raise ApiError(413, f"ref_text is over {ctx.limits.max_text_chars} characters", param="ref_text")
+    if upload is None:
+        raise ApiError(422, "audio_sample (a file) is required", param="audio_sample", code="missing_audio")
+    if upload.size is not None and upload.size > ctx.limits.max_upload_bytes:
+        message = f"audio_sample is over the upload limit of {ctx.limits.max_upload_bytes} bytes"
+        raise ApiError(413, message, param="audio_sample", code="upload_too_large")
+    return upload
+
+
+async def save_voice(ctx: ApiContext, name: str, ref_text: str, upload: UploadFile | None) -> Any:
+    upload = check_form(ctx, name, ref_text, upload)
+    data = await upload.read(ctx.limits.max_upload_bytes + 1)
+    if len(data) > ctx.limits.max_upload_bytes:
+        raise ApiError(
+            413, "audio_sample is over the upload limit", param="audio_sample", code="upload_too_large"
+        )
+    await anyio.to_thread.run_sync(read_prompt, data, ctx, "audio_sample")  # validate before storing
+    suffix = os.path.splitext(upload.filename or "")[1][:8] or ".wav"
+    with tempfile.TemporaryDirectory(prefix="cosystream-voice-") as tmp:
+        path = os.path.join(tmp, f"prompt{suffix}")
+        with open(path, "wb") as f:
+            f.write(data)
+        return await call(ctx.engine.add_voice, name.strip(), path, ref_text.strip())
