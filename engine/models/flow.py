@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.errors import TooLarge
 from engine.models.dit import DiT, DiTConfig
 from engine.models.flow_encoder import (
     EncoderConfig,
@@ -97,7 +98,8 @@ class CausalCFM(nn.Module):
 
     def initial_noise(self, frames: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         if frames > self.noise.size(2):
-            raise ValueError(f"flow: {frames} frames exceed the {self.noise.size(2)}-frame noise buffer")
+            limit = self.noise.size(2)
+            raise TooLarge(f"speech too long for one flow pass: {frames} mel frames, at most {limit} (300 s)")
         key = (device, dtype)
         if key not in self._noise_cache:
             self._noise_cache[key] = self.noise.to(device=device, dtype=dtype)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine.errors import TooLarge
 from engine.models.flow import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
 from engine.models.flow_encoder import attention_mask
 from engine.yaml_data import read_yaml
@@ -158,6 +159,14 @@ def test_padded_batch_equals_rows_alone(case: Path, streaming: bool, finalize: b
         )
         close(mel[i : i + 1, :, : int(out_lens[i])], alone, atol=1e-5)
         assert not mel[i, :, int(out_lens[i]) :].any()
+
+
+@needs_fixtures
+def test_sequences_past_the_noise_buffer_are_refused() -> None:
+    cfm = load_tiny(CASES[0]).decoder
+    assert cfm.initial_noise(cfm.noise.size(2), torch.device("cpu"), torch.float32).shape == cfm.noise.shape
+    with pytest.raises(TooLarge, match="300 s"):
+        cfm.initial_noise(cfm.noise.size(2) + 1, torch.device("cpu"), torch.float32)
 
 
 def test_streaming_attention_mask_is_chunked_from_frame_zero() -> None:
