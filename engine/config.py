@@ -1,4 +1,4 @@
-"""Engine configuration: frozen dataclasses validated in ``__post_init__``; defaults = released checkpoints."""
+"""Engine configuration: frozen dataclasses checked in ``__post_init__``; defaults = the released models."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ class EngineConfig:
     limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
-        checks = (("backend", BACKENDS), ("device", DEVICES), ("dtype", DTYPES), ("llm_variant", ("base", "rl")))
+        variants = ("base", "rl")
+        checks = (("backend", BACKENDS), ("device", DEVICES), ("dtype", DTYPES), ("llm_variant", variants))
         for name, allowed in checks:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

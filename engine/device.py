@@ -72,7 +72,7 @@ def onnx_providers(device: torch.device) -> list[str]:
     import onnxruntime
 
     available = onnxruntime.get_available_providers()
-    wanted = {"cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}.get(device.type)
+    wanted = {"cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}.get(device.type, "")
     return [wanted, "CPUExecutionProvider"] if wanted in available else ["CPUExecutionProvider"]
 
 

@@ -47,12 +47,17 @@ class SynthesisRequest:
     speed: float = 1.0
     seed: int | None = None
     text_frontend: bool = True
+    forced_tokens: int | None = (
+        None  # bench/tests: exactly this many speech tokens per segment (not in the API)
+    )
     request_id: str = field(default_factory=new_request_id)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
         if not 0.5 <= self.speed <= 2.0:
             raise ValueError(f"speed must be within [0.5, 2.0], got {self.speed}")
+        if self.forced_tokens is not None and not 1 <= self.forced_tokens <= 3000:
+            raise ValueError(f"forced_tokens must be within [1, 3000], got {self.forced_tokens}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be a non-negative 63-bit integer, got {self.seed}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,14 @@ import yaml
 TAG_KEY = "__tag__"
 ARGS_KEY = "__args__"
 _REF = re.compile(r"<([A-Za-z_][\w.]*)>")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.USub: operator.neg}
+_OPS: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.USub: operator.neg,
+}
 
 
 class _Ref(str):
@@ -82,9 +89,9 @@ def _resolve(value: Any, top: dict[str, Any], overrides: dict[str, Any]) -> Any:
 
 
 def read_yaml(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Parse a CosyVoice yaml into plain data; ``overrides`` replace top-level keys before ``!ref`` lookups."""
+    """Parse a CosyVoice yaml into plain data; ``overrides`` replace top-level keys before ``!ref``."""
     with open(path, encoding="utf-8") as f:
-        top = yaml.load(f, Loader=_Loader)  # noqa: S506 (our loader only builds plain data)
+        top = yaml.load(f, Loader=_Loader)  # our loader only builds plain data
     if not isinstance(top, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")
     top.update(overrides or {})

@@ -1,0 +1,146 @@
+"""Command line: synthesise to a wav file, manage saved voices.
+
+python -m engine synth --model DIR|ID --text "..." --prompt-wav p.wav --prompt-text "..." --out out.wav
+python -m engine voices add --model DIR|ID --name alice --prompt-wav p.wav --prompt-text "..."
+python -m engine voices list --model DIR|ID
+python -m engine voices rm --model DIR|ID alice
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import soundfile as sf
+
+from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.errors import EngineError
+from engine.request import Mode, SynthesisRequest
+
+log = logging.getLogger("engine")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    synth = sub.add_parser("synth", help="synthesise text (or convert speech) to a wav file")
+    _model_args(synth)
+    synth.add_argument("--text", default="")
+    synth.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.ZERO_SHOT.value)
+    synth.add_argument("--prompt-wav")
+    synth.add_argument("--prompt-text", default="")
+    synth.add_argument("--voice", help="a saved voice id instead of --prompt-wav")
+    synth.add_argument("--instruct", default="", help="instruct mode: how to speak")
+    synth.add_argument("--source-wav", help="vc mode: the speech to convert")
+    synth.add_argument("--language", default="auto")
+    synth.add_argument("--stream", action="store_true", help="stream chunk by chunk (prints each chunk)")
+    synth.add_argument("--speed", type=float, default=1.0)
+    synth.add_argument("--seed", type=int)
+    synth.add_argument("--out", required=True)
+    voices = sub.add_parser("voices", help="saved voices")
+    vsub = voices.add_subparsers(dest="action", required=True)
+    add = vsub.add_parser("add")
+    _model_args(add)
+    add.add_argument("--name", required=True)
+    add.add_argument("--prompt-wav", required=True)
+    add.add_argument("--prompt-text", required=True)
+    _model_args(vsub.add_parser("list"))
+    rm = vsub.add_parser("rm")
+    _model_args(rm)
+    rm.add_argument("voice_id")
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model directory, ModelScope id or Hugging Face id")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "npu"])
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "vllm"])
+    p.add_argument("--llm-variant", default="base", choices=["base", "rl"])
+    p.add_argument("--voices-dir")
+
+
+def _engine(args: argparse.Namespace):
+    from engine.engine import TTSEngine
+
+    cfg = EngineConfig(
+        model=args.model,
+        device=args.device,
+        backend=args.backend,
+        llm_variant=args.llm_variant,
+        voices_dir=args.voices_dir,
+    )
+    engine = TTSEngine.load(cfg)
+    engine.ready = True
+    return engine
+
+
+def _request(args: argparse.Namespace) -> SynthesisRequest:
+    return SynthesisRequest(
+        text=args.text,
+        mode=Mode(args.mode),
+        prompt_wav=args.prompt_wav,
+        prompt_text=args.prompt_text,
+        voice_id=args.voice,
+        instruct_text=args.instruct,
+        source_wav=args.source_wav,
+        language=args.language,
+        stream=args.stream,
+        speed=args.speed,
+        seed=args.seed,
+    )
+
+
+async def _synth(args: argparse.Namespace) -> None:
+    engine = _engine(args)
+    try:
+        parts = []
+        async for chunk in engine.stream(_request(args)):
+            parts.append(chunk.pcm)
+            if args.stream and chunk.pcm.size:
+                log.info("chunk %d: %.2f s of audio", chunk.index, chunk.seconds)
+            last = chunk
+        sf.write(args.out, np.concatenate(parts), engine.sample_rate)
+        m = last.metrics
+        summary = asdict(m) | {"rtf": m.rtf, "out": args.out}
+        print(json.dumps(summary, indent=2))  # the metrics are this command's output
+    finally:
+        engine.close()
+
+
+def _voices(args: argparse.Namespace) -> None:
+    engine = _engine(args)
+    try:
+        if args.action == "add":
+            voice = engine.add_voice(args.name, args.prompt_wav, args.prompt_text)
+            print(f"saved {voice.id} ({voice.duration_s:.1f} s)")
+        elif args.action == "list":
+            for v in engine.list_voices():
+                print(f"{v.id}\t{v.name}\t{v.family}\t{v.duration_s:.1f} s\t{v.prompt_text}")
+        else:
+            engine.delete_voice(args.voice_id)
+            print(f"deleted {args.voice_id}")
+    finally:
+        engine.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "synth":
+            asyncio.run(_synth(args))
+        else:
+            _voices(args)
+    except (EngineError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

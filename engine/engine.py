@@ -1,0 +1,345 @@
+"""TTSEngine: one resident model, many concurrent streaming requests.
+
+``stream(request)`` is the primitive: it validates, waits for a slot (bounded queue), computes the prompt
+features, then for each text segment decodes speech tokens on the LM backend and turns them into audio
+chunk by chunk on the token2wav worker. ``synthesize`` concatenates the stream. All per-request state lives
+in the generator's locals and the objects it owns; its ``finally`` aborts the LM request and frees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine import device as devices
+from engine.admission import Admission
+from engine.audio import AudioLimits
+from engine.checkpoint import LoadedModel, load_model
+from engine.config import EngineConfig
+from engine.errors import InvalidInput, NotReady, SynthesisFailed, TooLarge
+from engine.frontend import Frontend, PromptFeatures
+from engine.hub import resolve_model
+from engine.lm.backend import LMBackend, LMRequest
+from engine.lm.sampling import token_limits
+from engine.metrics import ServerStats, Stopwatch
+from engine.request import AudioChunk, Mode, SynthesisRequest
+from engine.streaming import SILENT_TOKENS_V3, SilenceFilter
+from engine.text import TextFrontend, instruct_presets, load_tokenizer
+from engine.token2wav import Token2Wav, Utterance
+from engine.voices import Voice, VoiceLibrary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Active:
+    """A running request, reachable by ``abort``; owned by its generator."""
+
+    request_id: str
+    cancelled: threading.Event = field(default_factory=threading.Event)  # set by abort(), any thread
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a request computes: LM segments (empty for vc) and the flow's prompt conditioning."""
+
+    segments: list[tuple[list[int], list[int], list[int]]]  # (text ids, prompt-text ids, prompt speech)
+    flow_prompt: PromptFeatures
+    source_tokens: list[int] | None = None  # vc: the speech to convert
+
+
+class TTSEngine:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        model: LoadedModel,
+        frontend: Frontend,
+        text: TextFrontend,
+        backend: LMBackend,
+        voices: VoiceLibrary,
+    ):
+        self.cfg, self.model, self.frontend, self.text = cfg, model, frontend, text
+        self.backend, self.voices = backend, voices
+        self.family, self.sample_rate = model.family, 24000
+        self.model_name = str(model.model_dir.name)
+        self.token2wav = Token2Wav(model.flow, model.hift, model.family, model.device, cfg.stream)
+        self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
+        self._active: set[_Active] = set()
+        self._counts = {"completed": 0, "failed": 0, "audio_s": 0.0, "tokens": 0}
+        self.ready = False
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def load(cls, cfg: EngineConfig, model_dir: str | Path | None = None) -> TTSEngine:
+        """Resolve/download the checkpoint, load it strictly onto the device, start the workers."""
+        files = resolve_model(str(model_dir or cfg.model), cfg.cache_dir, cfg.llm_variant)
+        dev = devices.resolve(cfg.device)
+        model = load_model(files, dev)
+        frontend = Frontend.from_model_dir(files, dev, limits=AudioLimits.for_prompt(cfg.limits))
+        text = TextFrontend(load_tokenizer(files.qwen, model.family))
+        backend = _backend(cfg, model, files)
+        cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
+        voices = VoiceLibrary(Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices", model.family)
+        log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
+        return cls(cfg, model, frontend, text, backend, voices)
+
+    async def warmup(self) -> None:
+        """One short synthesis so the first user does not pay for lazy initialisation."""
+        rng = np.random.default_rng(0)
+        prompt = (0.1 * rng.standard_normal(24000 * 3)).astype(np.float32), 24000
+        req = SynthesisRequest(text="Hello.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=0)
+        self.ready = True  # warmup itself goes through the normal path
+        async for _ in self.stream(req):
+            pass
+
+    def close(self) -> None:
+        self.ready = False
+        self.backend.close()
+        self.token2wav.close()
+
+    # ------------------------------------------------------------------ public surface
+    def instruct_presets(self) -> list[str]:
+        return [p.instruct for p in instruct_presets(self.family)]
+
+    def abort(self, request_id: str) -> bool:
+        for active in list(self._active):
+            if active.request_id == request_id:
+                active.cancelled.set()
+                return True
+        return False
+
+    def stats(self) -> ServerStats:
+        dev = self.model.device
+        return ServerStats(
+            active_streams=self.admission.active,
+            queued=self.admission.queued,
+            completed=int(self._counts["completed"]),
+            failed=int(self._counts["failed"]),
+            audio_s_total=float(self._counts["audio_s"]),
+            lm_tokens_total=int(self._counts["tokens"]),
+            device_memory_mb=devices.memory_mb(dev),
+            device=str(dev),
+        )
+
+    async def synthesize(self, req: SynthesisRequest) -> tuple[np.ndarray, AudioChunk]:
+        """The whole utterance: the concatenated stream and its last chunk (final metrics)."""
+        parts, last = [], None
+        async for chunk in self.stream(req):
+            parts.append(chunk.pcm)
+            last = chunk
+        assert last is not None
+        return np.concatenate(parts), last
+
+    async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        if not self.ready:
+            raise NotReady("the model is still loading", retry_after_s=5.0)
+        self._check(req)
+        seed = req.seed if req.seed is not None else random.randrange(2**31)
+        watch = Stopwatch(req.request_id, seed)
+        active = _Active(req.request_id)
+        self._active.add(active)
+        try:
+            await self.admission.acquire(self.cfg.limits.request_timeout_s)
+            try:
+                async for chunk in self._run(req, seed, watch, active):
+                    yield chunk
+            finally:
+                self.admission.release()
+            self._counts["completed"] += 1
+        except BaseException:
+            self._counts["failed"] += 1
+            raise
+        finally:
+            self._active.discard(active)
+            self._counts["audio_s"] += watch.audio_s
+            self._counts["tokens"] += watch.lm_tokens
+
+    # ------------------------------------------------------------------ one request
+    async def _run(
+        self, req: SynthesisRequest, seed: int, watch: Stopwatch, active: _Active
+    ) -> AsyncIterator[AudioChunk]:
+        watch.started()
+        t0 = time.perf_counter()
+        plan = await asyncio.to_thread(self._plan, req)
+        watch.add_stage("frontend", time.perf_counter() - t0)
+        index = 0
+        deadline = time.monotonic() + self.cfg.limits.request_timeout_s
+        async for pcm in self._audio(req, plan, seed, watch, active):
+            if time.monotonic() > deadline:
+                raise SynthesisFailed(f"request took longer than {self.cfg.limits.request_timeout_s:.0f} s")
+            watch.add_audio(len(pcm) / self.sample_rate)
+            yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot())
+            index += 1
+        if not active.cancelled.is_set():
+            yield AudioChunk(
+                np.zeros(0, np.float32), self.sample_rate, index, True, watch.snapshot(done=True)
+            )
+
+    async def _audio(
+        self, req: SynthesisRequest, plan: _Plan, seed: int, watch: Stopwatch, active: _Active
+    ) -> AsyncIterator[np.ndarray]:
+        stream = req.stream and req.speed == 1.0  # speed re-times a whole mel: applied per segment
+        if plan.source_tokens is not None:
+            utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed)
+            utt.tokens.extend(plan.source_tokens)
+            async for pcm in self._drain(utt, True, active, watch):
+                yield pcm
+            return
+        for i, (text_ids, prompt_ids, speech_ids) in enumerate(plan.segments):
+            utt = self.token2wav.utterance(plan.flow_prompt, seed + i, stream, req.speed)
+            async for pcm in self._segment(
+                req, utt, text_ids, prompt_ids, speech_ids, seed + i, watch, active
+            ):
+                yield pcm
+            if active.cancelled.is_set():
+                return
+
+    async def _segment(
+        self,
+        req: SynthesisRequest,
+        utt: Utterance,
+        text_ids: list[int],
+        prompt_ids: list[int],
+        speech_ids: list[int],
+        seed: int,
+        watch: Stopwatch,
+        active: _Active,
+    ) -> AsyncIterator[np.ndarray]:
+        lm = self.model.lm
+        with torch.inference_mode():
+            prefix = lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids))
+        min_len, max_len = token_limits(len(text_ids), self.cfg.sampling)
+        if req.forced_tokens is not None:  # fixed compute for benchmarks: no stop before, none after
+            min_len = max_len = req.forced_tokens
+        lm_req = LMRequest(
+            f"{req.request_id}:{seed}", prefix, seed, min_len, max_len, tuple(sorted(lm.config.stop_ids))
+        )
+        keep = SilenceFilter(SILENT_TOKENS_V3).keep if self.family == "cosyvoice3" else (lambda _t: True)
+        tokens = self.backend.generate(lm_req)
+        t_lm = time.perf_counter()
+        try:
+            async for tok in tokens:
+                watch.add_tokens(1)
+                if keep(tok):
+                    utt.tokens.append(tok)
+                if active.cancelled.is_set():
+                    return
+                async for pcm in self._drain(utt, False, active, watch):
+                    yield pcm
+        finally:
+            await tokens.aclose()  # type: ignore[attr-defined]
+            watch.add_stage("lm", time.perf_counter() - t_lm - sum(utt.stage_s.values()))
+        async for pcm in self._drain(utt, True, active, watch):
+            yield pcm
+
+    async def _drain(
+        self, utt: Utterance, lm_done: bool, active: _Active, watch: Stopwatch
+    ) -> AsyncIterator[np.ndarray]:
+        """Run every chunk the planner has ready."""
+        while not active.cancelled.is_set() and (job := utt.planner.next_job(len(utt.tokens), lm_done)):
+            if job.end == 0:
+                return
+            before = dict(utt.stage_s)
+            pcm = await self.token2wav.run(utt, job)
+            for stage in ("flow", "hift"):
+                watch.add_stage(stage, utt.stage_s[stage] - before[stage])
+            yield pcm
+
+    # ------------------------------------------------------------------ inputs
+    def _check(self, req: SynthesisRequest) -> None:
+        lim = self.cfg.limits
+        if req.mode != Mode.VC:
+            if not req.text or not req.text.strip():
+                raise InvalidInput("the text to speak is empty")
+            if len(req.text) > lim.max_text_chars:
+                raise TooLarge(f"the text has {len(req.text)} characters; the limit is {lim.max_text_chars}")
+            if any(ord(c) < 32 and c not in "\n\r\t" for c in req.text):
+                raise InvalidInput("the text contains control characters")
+        if req.mode == Mode.INSTRUCT and not req.instruct_text.strip():
+            raise InvalidInput("instruct mode needs an instruction (e.g. 'speak happily')")
+        if req.mode == Mode.VC and req.source_wav is None and req.source_audio is None:
+            raise InvalidInput("voice conversion needs the source speech to convert")
+        if req.voice_id is None and req.prompt_wav is None and req.prompt_audio is None:
+            raise InvalidInput("a voice is needed: upload or record 3-30 s of speech, or pick a saved voice")
+        if req.mode == Mode.ZERO_SHOT and req.voice_id is None and not req.prompt_text.strip():
+            raise InvalidInput("zero-shot cloning needs the transcript of the prompt audio")
+
+    def _prompt(self, req: SynthesisRequest, trim: bool) -> tuple[PromptFeatures, str]:
+        """The voice's features and transcript: a saved voice, or the request's prompt audio."""
+        if req.voice_id is not None and req.prompt_wav is None and req.prompt_audio is None:
+            voice, features = self.voices.get(req.voice_id)
+            self._check_voice_family(voice)
+            return features, voice.prompt_text
+        source = req.prompt_audio if req.prompt_audio is not None else req.prompt_wav
+        assert source is not None  # _check guarantees a voice
+        return self.frontend.extract(source, trim=trim), req.prompt_text
+
+    def _check_voice_family(self, voice: Voice) -> None:
+        if voice.family != self.family:
+            raise InvalidInput(
+                f"saved voice {voice.name!r} was made for {voice.family}; this server runs {self.family}"
+            )
+
+    def _plan(self, req: SynthesisRequest) -> _Plan:
+        if req.mode == Mode.VC:
+            prompt, _ = self._prompt(req, trim=False)
+            source = req.source_audio if req.source_audio is not None else req.source_wav
+            assert source is not None  # _check guarantees it
+            return _Plan([], prompt, list(self.frontend.speech_tokens(source)))
+        prompt, transcript = self._prompt(req, trim=True)
+        cross = req.mode == Mode.CROSS_LINGUAL
+        segments = self.text.prepare(req.text, req.language, req.text_frontend, cross_lingual=cross)
+        if not segments:
+            raise InvalidInput("the text has nothing to speak after normalisation")
+        prompt_ids: list[int] = []
+        speech: list[int] = []
+        if req.mode == Mode.ZERO_SHOT:
+            prompt_ids = self.text.tokenize(
+                self.text.prompt_text(transcript, req.language, req.text_frontend)
+            )
+            speech = [int(t) for t in prompt.speech_tokens]
+        elif req.mode == Mode.INSTRUCT:
+            prompt_ids = self.text.tokenize(self.text.instruct_text(req.instruct_text))
+        return _Plan([(self.text.tokenize(s), prompt_ids, speech) for s in segments], prompt)
+
+    # ------------------------------------------------------------------ voices
+    def add_voice(self, name: str, prompt_wav: str | tuple[np.ndarray, int], prompt_text: str) -> Voice:
+        if not prompt_text.strip():
+            raise InvalidInput("a saved voice needs the transcript of its prompt audio")
+        features = self.frontend.extract(prompt_wav, trim=True)
+        return self.voices.add(name, features, prompt_text.strip(), self.family, preview=prompt_wav)
+
+    def list_voices(self) -> list[Voice]:
+        return self.voices.list()
+
+    def delete_voice(self, voice_id: str) -> None:
+        self.voices.delete(voice_id)
+
+
+def _ids(ids: list[int]) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _backend(cfg: EngineConfig, model: LoadedModel, files) -> LMBackend:
+    """vLLM where it is installed and a GPU/NPU is present (or asked for), else the native loop."""
+    use_vllm = cfg.backend == "vllm" or (
+        cfg.backend == "auto" and devices.has_vllm() and devices.is_accelerator(model.device)
+    )
+    if use_vllm:
+        from engine.lm.vllm_backend import VLLMBackend, export_hf
+
+        cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
+        hf_dir = export_hf(model.lm, model.qwen_config, files.llm, cache)
+        return VLLMBackend(hf_dir, cfg.sampling, cfg.gpu_memory_utilization)
+    from engine.lm.native import NativeLM
+
+    return NativeLM(model.lm, cfg.sampling)

@@ -1,0 +1,39 @@
+"""The contract every speech-LM backend (native, vLLM) fulfils."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.lm.sampling import SamplerState
+
+
+@dataclass(frozen=True, eq=False)
+class LMRequest:
+    """One segment's decode: prefix embeddings [P, H] (float32, any device) and its sampling limits."""
+
+    request_id: str
+    prefix: torch.Tensor
+    seed: int
+    min_len: int
+    max_len: int
+    stop_ids: tuple[int, ...]
+
+    def sampler(self) -> SamplerState:
+        return SamplerState.seeded(self.seed, self.min_len, self.max_len, self.stop_ids)
+
+
+class LMBackend(Protocol):
+    name: str
+
+    def generate(self, req: LMRequest) -> AsyncIterator[int]:
+        """Speech-token ids as sampled (stop id excluded); closing the iterator aborts the request."""
+        ...
+
+    @property
+    def active(self) -> int: ...
+
+    def close(self) -> None: ...

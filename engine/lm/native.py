@@ -1,0 +1,132 @@
+"""Native PyTorch speech-LM backend: one decode thread that batches every active request's step.
+
+Requests join between steps (continuous batching): each step prefills the newcomers one by one, then runs
+ONE batched decode forward over all running requests (their KV caches have different lengths), samples
+each row with its own RAS state and hands the ids to the requests' asyncio queues. Per-request state (KV
+cache, sampler, output queue, abort flag) lives in the request's own ``_Sequence`` object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.config import SamplingConfig
+from engine.lm.backend import LMRequest
+from engine.lm.sampling import SamplerState, sample_step
+from engine.models.speech_lm import KVCache, SpeechLM
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+@dataclass(eq=False)
+class _Sequence:
+    req: LMRequest
+    sampler: SamplerState
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cache: KVCache | None = None
+    last: int = -1
+    aborted: bool = False
+
+    def emit(self, item: object) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+class NativeLM:
+    """Continuous-batching decode loop on one device; ``generate`` streams speech-token ids."""
+
+    name = "native"
+
+    def __init__(self, lm: SpeechLM, sampling: SamplingConfig, max_batch: int = 64):
+        self.lm, self.sampling, self.max_batch = lm, sampling, max_batch
+        weight = lm.speech_embedding.weight
+        self._device, self._dtype = weight.device, weight.dtype
+        self._pending: list[_Sequence] = []
+        self._running: list[_Sequence] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="native-lm", daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> int:
+        with self._cond:
+            return len(self._pending) + len(self._running)
+
+    async def generate(self, req: LMRequest) -> AsyncIterator[int]:
+        """Yield sampled ids (stop id excluded) until a stop id or max_len; closing the iterator aborts."""
+        seq = _Sequence(req, req.sampler(), asyncio.get_running_loop())
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the LM backend is closed")
+            self._pending.append(seq)
+            self._cond.notify()
+        try:
+            while (item := await seq.out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item  # type: ignore[misc]
+        finally:
+            seq.aborted = True  # the loop drops it before its next step
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._pending or self._running):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                room = self.max_batch - len(self._running)
+                new, self._pending = self._pending[:room], self._pending[room:]
+            with torch.inference_mode():
+                self._step(new)
+
+    def _step(self, new: list[_Sequence]) -> None:
+        self._running = [s for s in self._running if not s.aborted]
+        batch = [s for s in new if not s.aborted]
+        try:
+            for seq in batch:
+                seq.cache = self.lm.new_cache()
+                hidden = self.lm.prefill(seq.req.prefix.to(self._device, self._dtype), seq.cache)
+                self._sample([seq], hidden.unsqueeze(0))
+            self._running += [s for s in batch if not s.aborted]
+            if self._running:
+                self._decode(self._running)
+        except Exception as err:  # a failed forward fails the requests in it, not the loop
+            log.exception("LM step failed")
+            for seq in batch + self._running:
+                seq.emit(err)
+                seq.aborted = True
+            self._running = []
+
+    def _decode(self, running: list[_Sequence]) -> None:
+        ids = torch.tensor([s.last for s in running], device=self._device)
+        caches = [s.cache for s in running if s.cache is not None]
+        hidden = self.lm.decode(self.lm.speech_embeds(ids), caches)  # [B, H]
+        self._sample(running, hidden)
+        self._running = [s for s in running if not s.aborted]
+
+    def _sample(self, seqs: list[_Sequence], hidden: torch.Tensor) -> None:
+        logp = self.lm.logprobs(hidden)  # [B, V] float32
+        tokens = sample_step(logp, [s.sampler for s in seqs], self.sampling)
+        for seq, tok in zip(seqs, tokens):
+            sampler = seq.sampler
+            if tok not in sampler.stop_ids:
+                seq.emit(tok)
+            if sampler.finished(tok):
+                seq.emit(_END)
+                seq.aborted, seq.cache = True, None  # finished: leaves the batch, frees its KV cache
+            seq.last = tok

@@ -1,0 +1,81 @@
+"""token2wav through the engine's own path (planner + flow + vocoder state) against the reference's v3
+end-to-end arrays (fixtures ref_e2e.npz: the official CosyVoice3Model.tts VC path, stream and non-stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.make_model import write_onnx
+from bench.tiny_tokenizer import write_tiny_tokenizer
+from engine.checkpoint import load_model
+from engine.config import StreamConfig
+from engine.frontend import PromptFeatures
+from engine.hub import validate_model_dir
+from engine.token2wav import Token2Wav
+from tests.conftest import tiny_cases
+
+CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
+
+
+def model_dir_from_fixture(case: Path, out: Path) -> Path:
+    """The fixture's tiny files laid out as a released model directory."""
+    family = case.parent.name
+    out.mkdir()
+    shutil.copyfile(case / f"{family}_tiny.yaml", out / f"{family}.yaml")
+    for name in ("llm.pt", "flow.pt", "hift.pt"):
+        shutil.copyfile(case / name, out / name)
+    blank = out / "CosyVoice-BlankEN"
+    write_tiny_tokenizer(blank, family)
+    config = json.loads((case / "CosyVoice-BlankEN_config.json").read_text())
+    (blank / "config.json").write_text(json.dumps(config))
+    write_onnx(out, family)
+    return out
+
+
+async def run_all(
+    t2w: Token2Wav, features: PromptFeatures, tokens: list[int], stream: bool
+) -> list[np.ndarray]:
+    utt = t2w.utterance(features, seed=0, stream=stream)
+    utt.tokens.extend(tokens)
+    out = []
+    while (job := utt.planner.next_job(len(utt.tokens), lm_done=True)) is not None:
+        out.append(await t2w.run(utt, job))
+    return out
+
+
+@pytest.mark.skipif(
+    not CASES, reason="no fixture case with ref_e2e.npz (COSYSTREAM_FIXTURES or ../shared/fixtures)"
+)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.parent.name)
+def test_stream_and_non_stream_reproduce_the_reference(case, tmp_path):
+    family = case.parent.name
+    model = load_model(validate_model_dir(model_dir_from_fixture(case, tmp_path / "m")), torch.device("cpu"))
+    flow_in, ref = np.load(case / "ref_flow.npz"), np.load(case / "ref_e2e.npz")
+    features = PromptFeatures(
+        speech_tokens=flow_in["prompt_token"][0].astype(np.int32),
+        speaker_embedding=flow_in["embedding"][0],
+        prompt_mel=flow_in["prompt_feat"][0],
+        num_samples=flow_in["prompt_feat"].shape[1] * 480,
+        content_hash="fixture",
+        family=family,
+        trimmed=False,
+    )
+    tokens = flow_in["token"][0].tolist()
+    t2w = Token2Wav(model.flow, model.hift, family, model.device, StreamConfig())
+    try:
+        chunks = asyncio.run(run_all(t2w, features, tokens, stream=True))
+        whole = asyncio.run(run_all(t2w, features, tokens, stream=False))
+    finally:
+        t2w.close()
+    assert len(chunks) == int(ref["stream_num_chunks"])
+    for i, chunk in enumerate(chunks):
+        np.testing.assert_allclose(chunk, ref[f"stream_chunk{i}_speech"][0], atol=1e-4)
+    assert len(whole) == 1
+    np.testing.assert_allclose(whole[0], ref["nonstream_speech"][0], atol=1e-4)
