@@ -59,9 +59,10 @@ class Token2Wav:
         device: torch.device,
         stream_cfg: StreamConfig,
         flow_dtype: torch.dtype = torch.float32,
+        max_batch: int = 16,
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
-        self.stream_cfg, self.flow_dtype = stream_cfg, flow_dtype
+        self.stream_cfg, self.flow_dtype, self.max_batch = stream_cfg, flow_dtype, max_batch
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.pending = 0
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
@@ -93,26 +94,53 @@ class Token2Wav:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            self.pending -= 1
-            if job.future.cancelled():
-                continue  # its request went away while it waited
+        while (first := self._jobs.get()) is not None:
+            jobs, stop = self._take_more([first])
+            self.pending -= len(jobs)
+            live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
+            for finalize in (False, True):
+                group = [j for j in live if j.chunk.finalize == finalize]
+                for i in range(0, len(group), self.max_batch):
+                    self._run_batch(group[i : i + self.max_batch])
+            if stop:
+                return
+
+    def _take_more(self, jobs: list[_Job]) -> tuple[list[_Job], bool]:
+        """Everything already queued joins this round: flow runs once for all of them."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return jobs, False
+            if job is None:
+                return jobs, True
+            jobs.append(job)
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        try:
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                mels = self._flow([j.utt for j in jobs], [j.chunk for j in jobs])
+                share = (time.perf_counter() - t0) / len(jobs)
+        except Exception as err:  # the requests in it fail, the worker keeps serving
+            log.exception("flow batch of %d failed", len(jobs))
+            for job in jobs:
+                job.loop.call_soon_threadsafe(_resolve, job.future, None, err)
+            return
+        for job, mel in zip(jobs, mels):
+            job.utt.stage_s["flow"] += share
             try:
                 with torch.inference_mode():
-                    pcm = self._compute(job.utt, job.chunk)
+                    pcm = self._vocoder_step(job.utt, mel, job.chunk.finalize)
                 job.loop.call_soon_threadsafe(_resolve, job.future, pcm, None)
-            except Exception as err:  # the request fails, the worker keeps serving
-                log.exception("token2wav job failed")
+            except Exception as err:
+                log.exception("vocoder step failed")
                 job.loop.call_soon_threadsafe(_resolve, job.future, None, err)
 
-    def _compute(self, utt: Utterance, chunk: ChunkJob) -> np.ndarray:
+    def _vocoder_step(self, utt: Utterance, mel: torch.Tensor, finalize: bool) -> np.ndarray:
         t0 = time.perf_counter()
-        mel = self._flow(utt, chunk)[:, :, chunk.mel_start :]
-        t1 = time.perf_counter()
-        speech = self._vocode(utt, mel, chunk.finalize)
-        pcm = speech[0].float().cpu().numpy()
-        utt.stage_s["flow"] += t1 - t0
-        utt.stage_s["hift"] += time.perf_counter() - t1
+        pcm = self._vocode(utt, mel, finalize)[0].float().cpu().numpy()
+        utt.stage_s["hift"] += time.perf_counter() - t0
         if not np.isfinite(pcm).all():
             raise SynthesisFailed("the vocoder produced non-finite audio; this request was stopped")
         return pcm
@@ -130,20 +158,37 @@ class Token2Wav:
             return voc.step(mel, finalize, hift.inference, utt.speed)
         raise TypeError(f"vocoder state {type(voc).__name__} does not fit {type(hift).__name__}")
 
-    def _flow(self, utt: Utterance, chunk: ChunkJob) -> torch.Tensor:
-        tokens = torch.tensor(utt.tokens[: chunk.end], dtype=torch.long, device=self.device)[None]
-        p = utt.prompt_tokens
-        return self.flow.inference(
-            token=tokens,
-            token_len=torch.tensor([tokens.shape[1]], device=self.device),
-            prompt_token=p,
-            prompt_token_len=torch.tensor([p.shape[1]], device=self.device),
-            prompt_feat=utt.prompt_feat,
-            prompt_feat_len=torch.tensor([utt.prompt_feat.shape[1]], device=self.device),
-            embedding=utt.embedding,
-            streaming=chunk.streaming,
-            finalize=chunk.finalize,
+    def _flow(self, utts: list[Utterance], chunks: list[ChunkJob]) -> list[torch.Tensor]:
+        """One padded flow call for several requests' chunks (same ``finalize``) -> each one's new mel
+        [1, 80, frames]. Right padding is exact: masks hide it from attention and the convs are causal."""
+        dev = self.device
+        tokens = [torch.tensor(u.tokens[: c.end], dtype=torch.long) for u, c in zip(utts, chunks)]
+        token_len = torch.tensor([t.numel() for t in tokens], device=dev)
+        prompt_len = torch.tensor([u.prompt_tokens.shape[1] for u in utts], device=dev)
+        feat_len = torch.tensor([u.prompt_feat.shape[1] for u in utts], device=dev)
+        finalize = chunks[0].finalize
+        mel = self.flow.inference(
+            token=_stack([t[None] for t in tokens]).to(dev),
+            token_len=token_len,
+            prompt_token=_stack([u.prompt_tokens for u in utts]),
+            prompt_token_len=prompt_len,
+            prompt_feat=_stack([u.prompt_feat for u in utts]),
+            prompt_feat_len=feat_len,
+            embedding=torch.cat([u.embedding for u in utts]),
+            streaming=not finalize,
+            finalize=finalize,
         ).float()
+        frames = self.flow.mel_lengths(token_len, prompt_len, feat_len, finalize).tolist()
+        return [mel[i : i + 1, :, c.mel_start : n] for i, (c, n) in enumerate(zip(chunks, frames))]
+
+
+def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Right-pad [1, L_i, ...] rows along dim 1 and stack them: [B, max L, ...]."""
+    width = max(r.shape[1] for r in rows)
+    out = rows[0].new_zeros((len(rows), width, *rows[0].shape[2:]))
+    for i, r in enumerate(rows):
+        out[i, : r.shape[1]] = r[0]
+    return out
 
 
 def _resolve(future: asyncio.Future[np.ndarray], value: np.ndarray | None, err: BaseException | None) -> None:

@@ -104,11 +104,13 @@ def _fingerprint(llm_pt: Path) -> str:
     ).hexdigest()[:16]
 
 
-def export_hf(lm: torch.nn.Module, qwen_config: dict[str, Any], llm_pt: Path, cache_dir: Path) -> Path:
+def export_hf(
+    lm: torch.nn.Module, qwen_config: dict[str, Any], llm_pt: Path, cache_dir: Path, dtype: str = "bfloat16"
+) -> Path:
     """Write (once per llm.pt) the HF Qwen2 directory vLLM loads; returns it."""
     from safetensors.torch import save_file
 
-    out = cache_dir / f"vllm-{_fingerprint(llm_pt)}"
+    out = cache_dir / f"vllm-{_fingerprint(llm_pt)}-{dtype}"
     if (out / "model.safetensors").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -121,11 +123,9 @@ def export_hf(lm: torch.nn.Module, qwen_config: dict[str, Any], llm_pt: Path, ca
     bias = lm.llm_decoder.bias is not None
     if bias:
         tensors["lm_head.bias"] = lm.llm_decoder.bias
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in tensors.items()}
+    tensors = {k: v.detach().to(getattr(torch, dtype)).contiguous().cpu() for k, v in tensors.items()}
     config = dict(qwen_config, vocab_size=lm.speech_embedding.weight.shape[0], tie_word_embeddings=False)
-    config.update(
-        torch_dtype="bfloat16", architectures=["CosyVoice2ForCausalLM" if bias else "Qwen2ForCausalLM"]
-    )
+    config.update(torch_dtype=dtype, architectures=["CosyVoice2ForCausalLM" if bias else "Qwen2ForCausalLM"])
     config.pop("bos_token_id", None), config.pop("eos_token_id", None)
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -144,6 +144,7 @@ class VLLMBackend:
         sampling: SamplingConfig,
         gpu_memory_utilization: float,
         max_num_seqs: int = 128,
+        dtype: str = "bfloat16",
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -157,14 +158,14 @@ class VLLMBackend:
             model=str(model_dir),
             skip_tokenizer_init=True,
             enable_prompt_embeds=True,
-            dtype="bfloat16",
+            dtype=dtype,
             gpu_memory_utilization=gpu_memory_utilization,
             max_num_seqs=max_num_seqs,
             max_model_len=4096,
             logits_processors=[f"{__name__}:RASLogitsProcessor"],
         )
         self.engine = AsyncLLM.from_engine_args(args)
-        self.sampling = sampling
+        self.sampling, self.dtype = sampling, getattr(torch, dtype)
         self._active = 0
 
     @property
@@ -192,7 +193,7 @@ class VLLMBackend:
         )
 
     async def generate(self, req: LMRequest) -> AsyncIterator[int]:
-        prompt = {"prompt_embeds": req.prefix.detach().to("cpu", torch.bfloat16)}
+        prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
         self._active += 1
         finished = False
         try:
@@ -205,6 +206,25 @@ class VLLMBackend:
             self._active -= 1
             if not finished:
                 await self.engine.abort(req.request_id)
+
+    async def greedy(self, req: LMRequest) -> list[int]:
+        """Argmax decoding of exactly ``req.max_len`` tokens, stop ids masked by vLLM's own min_tokens (our
+        RAS processor leaves the row alone): the export/prompt-embeds parity check against the native LM."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            temperature=0.0,
+            min_tokens=req.max_len,
+            max_tokens=req.max_len,
+            stop_token_ids=list(req.stop_ids),
+            detokenize=False,
+        )
+        prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
+        final = None
+        async for out in self.engine.generate(prompt, params, req.request_id):
+            final = out
+        assert final is not None
+        return list(final.outputs[0].token_ids)
 
     def close(self) -> None:
         self.engine.shutdown()

@@ -79,3 +79,38 @@ def test_stream_and_non_stream_reproduce_the_reference(case, tmp_path):
         np.testing.assert_allclose(chunk, ref[f"stream_chunk{i}_speech"][0], atol=1e-4)
     assert len(whole) == 1
     np.testing.assert_allclose(whole[0], ref["nonstream_speech"][0], atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
+def test_batched_jobs_equal_the_same_jobs_alone(family, tmp_path):
+    from bench.make_model import build_model_dir
+
+    model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), torch.device("cpu"))
+    rng = np.random.default_rng(0)
+
+    def features(p: int) -> PromptFeatures:
+        return PromptFeatures(
+            speech_tokens=rng.integers(0, 6561, p).astype(np.int32),
+            speaker_embedding=rng.standard_normal(192).astype(np.float32),
+            prompt_mel=rng.standard_normal((2 * p, 80)).astype(np.float32),
+            num_samples=2 * p * 480,
+            content_hash=f"h{p}",
+            family=family,
+            trimmed=True,
+        )
+
+    cases = [(features(p), rng.integers(0, 6561, n).tolist()) for p, n in ((7, 60), (19, 45), (30, 80))]
+
+    async def together(t2w: Token2Wav) -> list[list[np.ndarray]]:
+        return await asyncio.gather(*(run_all(t2w, f, toks, stream=True) for f, toks in cases))
+
+    t2w = Token2Wav(model.flow, model.hift, family, model.device, StreamConfig())
+    try:
+        alone = [asyncio.run(run_all(t2w, f, toks, stream=True)) for f, toks in cases]
+        batched = asyncio.run(together(t2w))
+    finally:
+        t2w.close()
+    for a, b in zip(alone, batched):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(y, x, atol=1e-5)
