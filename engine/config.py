@@ -83,6 +83,8 @@ class EngineConfig:
     cache_dir: str | None = None
     voices_dir: str | None = None
     gpu_memory_utilization: float = 0.3
+    cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
+    flow_dtype: str = "float32"  # the flow solver's compute dtype on GPU: float32 | bfloat16
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)
@@ -95,5 +97,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not self.model:
             raise ValueError("model must name a directory or a hub id")
+        if self.flow_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"flow_dtype must be float32 or bfloat16, got {self.flow_dtype!r}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")

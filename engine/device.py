@@ -43,6 +43,12 @@ def default_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
     return torch.bfloat16 if is_accelerator(device) else torch.float32
 
 
+def configure(device: torch.device) -> None:
+    """Process-wide math settings for serving: TF32 matmuls on CUDA (cuDNN already uses TF32)."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -78,3 +84,38 @@ def onnx_providers(device: torch.device) -> list[str]:
 
 def has_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+def graphs_supported(device: torch.device) -> bool:
+    """Whole-call graph capture/replay: CUDA only (Ascend's aclgraph is not wired up here)."""
+    return device.type == "cuda"
+
+
+class CapturedCall:
+    """``fn`` recorded once on static tensors, replayed with new values copied into them (CUDA graphs).
+
+    ``fn`` must not synchronise with the host; its outputs are the returned static tensors.
+    """
+
+    def __init__(self, fn, inputs: tuple[torch.Tensor, ...], pool=None, warmup: int = 2):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):  # kernels pick their algorithms before capture
+                fn(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.output = fn(*inputs)
+        self.inputs = inputs
+
+    def __call__(self, *values: torch.Tensor) -> torch.Tensor:
+        for static, value in zip(self.inputs, values):
+            static.copy_(value)
+        self.graph.replay()
+        return self.output
+
+
+def graph_pool():
+    """A memory pool that several captured calls share (they never run at the same time)."""
+    return torch.cuda.graph_pool_handle()

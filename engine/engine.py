@@ -83,7 +83,13 @@ class TTSEngine:
         """Resolve/download the checkpoint, load it strictly onto the device, start the workers."""
         files = resolve_model(str(model_dir or cfg.model), cfg.cache_dir, cfg.llm_variant)
         dev = devices.resolve(cfg.device)
+        devices.configure(dev)
         model = load_model(files, dev)
+        if cfg.cuda_graphs and devices.graphs_supported(dev):
+            from engine.flow_graphs import GraphedCFM
+
+            graphed = GraphedCFM(model.flow.decoder, getattr(torch, cfg.flow_dtype))
+            model.flow.decoder = graphed  # type: ignore[assignment]  # same forward(inputs, streaming)
         frontend = Frontend.from_model_dir(files, dev, limits=AudioLimits.for_prompt(cfg.limits))
         text = TextFrontend(load_tokenizer(files.qwen, model.family))
         backend = _backend(cfg, model, files)

@@ -1,0 +1,107 @@
+"""The flow's 10-step CFM solve as replayed CUDA graphs, at bucketed shapes, optionally in bfloat16.
+
+Eager, one solve launches thousands of small kernels (10 steps x the estimator's layers) and the GPU idles
+between them; a captured graph replays them in one launch. Shapes are bucketed: batch to a power of two,
+frames up to a multiple of ``frame_bucket``. Padding is exact for the real rows and frames: padded frames
+are masked out of attention and every conv is causal (left context only), and padded rows are independent.
+Graphs are captured lazily on first use of a bucket (``warm`` can pre-capture) and kept in an LRU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+
+import torch
+from torch import Tensor, nn
+
+from engine import device as devices
+from engine.models.flow import CausalCFM, CfmInputs
+
+log = logging.getLogger(__name__)
+
+
+class GraphedCFM(nn.Module):
+    """Drop-in for ``flow.decoder``: same ``forward(inputs, streaming) -> mel [B, 80, T] float32``."""
+
+    def __init__(
+        self,
+        cfm: CausalCFM,
+        dtype: torch.dtype = torch.float32,
+        frame_bucket: int = 100,
+        max_graphs: int = 48,
+    ):
+        super().__init__()
+        self.cfm, self.dtype, self.frame_bucket, self.max_graphs = cfm, dtype, frame_bucket, max_graphs
+        self.estimator = cfm.estimator  # the same module; kept reachable for callers that read it
+        self._graphs: OrderedDict[tuple[int, int, bool], devices.CapturedCall] = OrderedDict()
+        self._pool = None
+
+    def bucket(self, batch: int, frames: int) -> tuple[int, int]:
+        return 2 ** math.ceil(math.log2(batch)), self.frame_bucket * math.ceil(frames / self.frame_bucket)
+
+    def forward(self, inputs: CfmInputs, streaming: bool) -> Tensor:
+        b, frames = inputs.mu.size(0), inputs.mu.size(2)
+        if frames > self.cfm.noise.size(2) - self.frame_bucket:
+            return self._eager(inputs, streaming)  # near the noise buffer's end: no padding room
+        bb, tt = self.bucket(b, frames)
+        call = self._graph(bb, tt, streaming, inputs.mu.device)
+        out = call(*_padded(inputs, bb, tt))
+        return out[:b, :, :frames].float()
+
+    def _eager(self, inputs: CfmInputs, streaming: bool) -> Tensor:
+        with torch.autocast(inputs.mu.device.type, self.dtype, enabled=self.dtype != torch.float32):
+            return self.cfm(inputs, streaming).float()
+
+    def _graph(self, batch: int, frames: int, streaming: bool, dev: torch.device) -> devices.CapturedCall:
+        key = (batch, frames, streaming)
+        call = self._graphs.get(key)
+        if call is None:
+            if self._pool is None:
+                self._pool = devices.graph_pool()
+            statics = _statics(batch, frames, dev)
+            call = devices.CapturedCall(self._solver(streaming), statics, self._pool)
+            log.info(
+                "captured the flow solver for batch %d x %d frames (streaming=%s)", batch, frames, streaming
+            )
+            self._graphs[key] = call
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(key)
+        return call
+
+    def _solver(self, streaming: bool):
+        low = self.dtype != torch.float32
+
+        def run(mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
+            frames = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
+            with torch.autocast(mu.device.type, self.dtype, enabled=low):
+                return self.cfm(CfmInputs(mu, mask, spks, cond, frames, frames), streaming).float()
+
+        return run
+
+    def warm(self, batches: tuple[int, ...], frames: tuple[int, ...], dev: torch.device) -> None:
+        """Capture these buckets now, before serving, for both masks."""
+        for b in batches:
+            for t in frames:
+                for streaming in (False, True):
+                    self._graph(*self.bucket(b, t), streaming, dev)
+
+
+def _statics(batch: int, frames: int, dev: torch.device) -> tuple[Tensor, ...]:
+    """float32 input buffers (autocast does the casting inside the graph): mu, mask, spks, cond."""
+    mu = torch.zeros(batch, 80, frames, device=dev)
+    mask = torch.zeros(batch, 1, frames, device=dev)
+    mask[:, :, :1] = 1  # padded rows keep one valid frame so no attention row is empty
+    return mu, mask, torch.zeros(batch, 80, device=dev), torch.zeros_like(mu)
+
+
+def _padded(inputs: CfmInputs, batch: int, frames: int) -> tuple[Tensor, ...]:
+    """The real rows/frames in the top-left corner of bucket-sized tensors; the rest zero (masked)."""
+    mu, mask, spks, cond = _statics(batch, frames, inputs.mu.device)
+    b, t = inputs.mu.size(0), inputs.mu.size(2)
+    mu[:b, :, :t], cond[:b, :, :t], spks[:b] = inputs.mu, inputs.cond, inputs.spks
+    mask[:b] = 0
+    mask[:b, :, :t] = inputs.mask
+    return mu, mask, spks, cond
