@@ -1,0 +1,146 @@
+"""Pure formatters: numbers reach the HTML, shapes are right, user text is escaped."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from engine.metrics import RequestMetrics, ServerStats
+from webui import views
+from webui.texts import Texts
+
+T = Texts("en")
+
+
+def metric(html: str, key: str) -> str:
+    """Text inside the element carrying ``data-metric=key`` (tags stripped)."""
+    m = re.search(rf'data-metric="{key}">(.*?)</(?:span|b)>', html)
+    assert m, f"no data-metric={key}"
+    return re.sub(r"<[^>]+>", " ", m.group(1)).strip()
+
+
+def test_pcm16_bytes_round_trips_and_clips() -> None:
+    pcm = np.array([0.0, 0.5, -0.5, 1.0, -1.0, 3.0, -3.0], dtype=np.float32)
+    out = np.frombuffer(views.pcm16_bytes(pcm), dtype="<i2")
+    assert out.tolist() == [0, 16384, -16384, 32767, -32767, 32767, -32767]
+    assert len(views.pcm16_bytes(np.zeros(5, np.float32))) == 10
+
+
+def test_metrics_html_shows_each_number() -> None:
+    m = RequestMetrics(
+        request_id="abcdef0123456789", seed=42, queue_wait_ms=12.4, ttfa_ms=87.6, elapsed_ms=1500.0,
+        audio_s=3.0, lm_tokens=75, lm_tokens_per_s=123.45, stage_ms={"lm": 30.0, "flow": 10.0},
+    )  # fmt: skip
+    html = views.metrics_html(m, T)
+    assert metric(html, "ttfa_server").startswith("88")
+    assert metric(html, "rtf") == "0.500"
+    assert metric(html, "tokens_s") == "123.5"
+    assert metric(html, "lm_tokens") == "75"
+    assert metric(html, "queue_wait").startswith("12")
+    assert metric(html, "audio_s").startswith("3.00")
+    assert metric(html, "seed") == "42"
+    assert metric(html, "request") == "abcdef01"
+    assert 'data-metric="ttfa_browser"' in html  # filled by the browser
+
+
+def test_metrics_html_without_a_request_shows_dashes() -> None:
+    html = views.metrics_html(None, T)
+    assert metric(html, "ttfa_server").startswith("—")
+    assert metric(html, "rtf") == "—"
+    assert metric(html, "seed") == "—"
+
+
+def test_stage_bar_widths_are_shares_of_the_total() -> None:
+    html = views.stage_bar_html({"lm": 30.0, "flow": 10.0}, T)
+    widths = [float(w) for w in re.findall(r"width:([\d.]+)%", html)]
+    assert widths == [0.0, 75.0, 25.0, 0.0]  # frontend, lm, flow, hift
+    assert metric(html, "stage_lm") == "30"
+    assert all(w == 0.0 for w in map(float, re.findall(r"width:([\d.]+)%", views.stage_bar_html({}, T))))
+
+
+def test_throughput_rates_are_audio_seconds_per_second() -> None:
+    samples = [(0.0, 0.0), (1.0, 2.0), (2.0, 2.0), (2.0, 5.0), (4.0, 6.0)]
+    assert views.throughput_rates(samples) == [2.0, 0.0, 0.0, 0.5]
+    assert views.throughput_rates([(0.0, 1.0)]) == []
+
+
+def test_sparkline_scales_to_its_maximum() -> None:
+    svg = views.sparkline_svg([0.0, 2.0, 1.0], width=100, height=50)
+    line = re.search(r'<polyline points="([^"]+)"', svg).group(1)
+    pts = [tuple(map(float, p.split(","))) for p in line.split()]
+    assert [x for x, _ in pts] == [0.0, 50.0, 100.0]
+    assert pts[1][1] == 2.0 and pts[0][1] == 48.0 and pts[2][1] == pytest.approx(25.0)
+    assert "<polyline" in views.sparkline_svg([])  # nothing sampled yet: a flat line, no error
+
+
+def test_server_html_shows_gauges_and_latest_rate() -> None:
+    stats = ServerStats(active_streams=3, queued=2, completed=9, device_memory_mb=1536.4, device="cuda:0")
+    html = views.server_html(stats, [0.5, 4.25], T)
+    assert (metric(html, "active"), metric(html, "queued"), metric(html, "completed")) == ("3", "2", "9")
+    assert metric(html, "memory").startswith("1,536") and "cuda:0" in html
+    assert metric(html, "throughput") == "4.25"
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "max_len", "expected"),
+    [
+        ("你好。世界！今天好吗？", "auto", 4, ["你好。", "世界！", "今天好吗？"]),
+        ("你好。世界！今天好吗？", "zh", 80, ["你好。世界！今天好吗？"]),
+        ("他说：“走吧。”然后走了", "zh", 5, ["他说：“走吧。”", "然后走了"]),
+        ("Hi there. How are you? Fine!", "en", 3, ["Hi there.", "How are you?", "Fine!"]),
+        ("Hi there. How are you? Fine!", "auto", 5, ["Hi there. How are you?", "Fine!"]),
+        ("  ", "auto", 80, []),
+        ("no marks at all", "en", 80, ["no marks at all"]),
+    ],
+)
+def test_split_text(text: str, lang: str, max_len: int, expected: list[str]) -> None:
+    segments = views.split_text(text, lang, max_len)
+    assert segments == expected
+    assert "".join(segments).replace(" ", "") == text.replace(" ", "")  # nothing lost
+
+
+def test_counter_marks_text_over_the_limit() -> None:
+    assert "cosy-over" not in views.counter_text("abc", 3, 1, T)
+    over = views.counter_text("abcd", 3, 1, T)
+    assert "cosy-over" in over and "4 / 3" in over
+
+
+def test_prompt_status_reports_duration_against_the_range() -> None:
+    assert "cosy-good" in views.prompt_status_html(5.0, 16000, 3.0, 30.0, T)
+    assert "16000 Hz" in views.prompt_status_html(5.0, 16000, 3.0, 30.0, T)
+    assert "too short" in views.prompt_status_html(2.0, 16000, 3.0, 30.0, T)
+    assert "too long" in views.prompt_status_html(31.0, 16000, 3.0, 30.0, T)
+    assert "cosy-bad" not in views.prompt_status_html(None, 0, 3.0, 30.0, T)
+
+
+def test_preset_choices_accept_strings_and_dicts() -> None:
+    presets = ["请用广东话表达。", {"label": "Fast", "instruct": "请用尽可能快地语速说一句话。"}]
+    assert views.preset_choices(presets) == [
+        ("请用广东话表达。", "请用广东话表达。"),
+        ("Fast", "请用尽可能快地语速说一句话。"),
+    ]
+
+
+def entry(rid: str, text: str, created_at: float, stopped: bool = False) -> views.HistoryEntry:
+    return views.HistoryEntry(
+        request_id=rid, created_at=created_at, mode="zero_shot", text=text, language="en", voice="upload",
+        speed=1.25, seed=7, stream=True, ttfa_ms=91.0, rtf=0.25, audio_s=2.5, stopped=stopped,
+    )  # fmt: skip
+
+
+def test_history_is_newest_first_escaped_with_downloads() -> None:
+    old, new = "a" * 32, "b" * 32
+    html = views.history_html([entry(old, "<b>old</b>", 1.0), entry(new, "new", 2.0, True)], T, {})
+    assert html.index(new) < html.index(old)
+    assert "<b>old</b>" not in html and "&lt;b&gt;old&lt;/b&gt;" in html
+    assert f'href="webui/audio/{new}.wav"' in html and f'href="webui/audio/{new}.mp3"' in html
+    assert "seed 7" in html and "×1.25" in html and "TTFA 91 ms" in html and "⏹" in html
+    assert "appear here" in views.history_html([], T, {})
+
+
+def test_header_banner_only_when_asked() -> None:
+    plain = views.header_html(T, {"model": "m<1>"})
+    assert "cosy-banner" not in plain and "m&lt;1&gt;" in plain
+    assert "RANDOM" in views.header_html(T, {}, T("banner_random"))

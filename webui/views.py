@@ -1,0 +1,250 @@
+"""Pure formatters: metrics, server gauges and history -> HTML; PCM -> bytes; text -> split preview.
+
+Nothing here touches Gradio or the engine's state: every function maps plain values to plain values, so the
+look of the studio is unit-testable. CSS classes (``cosy-*``) are styled in ``webui/static/studio.css``;
+``data-metric`` attributes name the numbers the browser test reads.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.metrics import STAGES, RequestMetrics, ServerStats
+from webui.texts import Texts
+
+# A sentence: the shortest run of text ending in a run of terminal marks (plus a closing quote) or at the end.
+SENTENCE = re.compile(r"\S.*?(?:[。！？；!?;.]+[”\"]?|$)", re.S)
+CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One finished (or stopped) generation of this session, with the settings that produced it."""
+
+    request_id: str
+    created_at: float
+    mode: str
+    text: str
+    language: str
+    voice: str
+    speed: float
+    seed: int
+    stream: bool
+    ttfa_ms: float | None
+    rtf: float | None
+    audio_s: float
+    stopped: bool = False
+
+
+def fmt_ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def fmt_num(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def pcm16_bytes(pcm: np.ndarray) -> bytes:
+    """float32 [-1, 1] mono -> little-endian int16 bytes (the live player's wire format)."""
+    scaled = np.clip(np.asarray(pcm, dtype=np.float32), -1.0, 1.0) * 32767.0
+    return np.round(scaled).astype("<i2").tobytes()
+
+
+def _tile(key: str, label: str, value: str, unit: str = "", hero: bool = False) -> str:
+    cls = "cosy-tile cosy-hero" if hero else "cosy-tile"
+    unit_html = f"<small>{unit}</small>" if unit else ""
+    return (
+        f'<div class="{cls}"><span class="cosy-k">{html.escape(label)}</span>'
+        f'<span class="cosy-v" data-metric="{key}">{value}{unit_html}</span></div>'
+    )
+
+
+def stage_bar_html(stage_ms: dict[str, float], t: Texts) -> str:
+    """A stacked bar of per-stage compute time; widths are shares of the stage total."""
+    total = sum(stage_ms.get(s, 0.0) for s in STAGES)
+    parts, legend = [], []
+    for i, stage in enumerate(STAGES):
+        ms = stage_ms.get(stage, 0.0)
+        share = 100.0 * ms / total if total > 0 else 0.0
+        parts.append(f'<span class="cosy-seg cosy-s{i}" style="width:{share:.1f}%"></span>')
+        legend.append(
+            f'<span class="cosy-leg"><i class="cosy-s{i}"></i>{stage} '
+            f'<b data-metric="stage_{stage}">{fmt_ms(ms)}</b></span>'
+        )
+    return (
+        f'<div class="cosy-stages"><div class="cosy-k">{html.escape(t("stages"))}</div>'
+        f'<div class="cosy-bar">{"".join(parts)}</div><div class="cosy-legend">{"".join(legend)}</div></div>'
+    )
+
+
+def metrics_html(m: RequestMetrics | None, t: Texts) -> str:
+    """The per-request metrics card; the browser TTFA tile is filled client-side (CSS variable)."""
+    m = m or RequestMetrics()
+    seed = str(m.seed) if m.request_id else "—"
+    tiles = [
+        _tile("ttfa_server", t("ttfa_server"), fmt_ms(m.ttfa_ms), "ms", hero=True),
+        '<div class="cosy-tile cosy-hero"><span class="cosy-k">'
+        f'{html.escape(t("ttfa_browser"))}</span><span class="cosy-v cosy-bttfa" data-metric="ttfa_browser">'
+        "</span></div>",
+        _tile("rtf", t("rtf"), fmt_num(m.rtf, 3)),
+        _tile("tokens_s", t("tokens_s"), fmt_num(m.lm_tokens_per_s, 1)),
+        _tile("lm_tokens", t("lm_tokens"), str(m.lm_tokens)),
+        _tile("queue_wait", t("queue_wait"), fmt_ms(m.queue_wait_ms), "ms"),
+        _tile("audio_s", t("audio_len"), fmt_num(m.audio_s), "s"),
+        _tile("elapsed", t("elapsed"), fmt_ms(m.elapsed_ms), "ms"),
+        _tile("seed", t("seed_used"), seed),
+        _tile("request", t("request_id"), html.escape(m.request_id[:8]) or "—"),
+    ]
+    return (
+        f'<div class="cosy-metrics"><div class="cosy-tiles">{"".join(tiles)}</div>'
+        f"{stage_bar_html(m.stage_ms, t)}</div>"
+    )
+
+
+def throughput_rates(samples: Sequence[tuple[float, float]]) -> list[float]:
+    """(time s, cumulative audio s) samples -> audio seconds produced per wall second between samples."""
+    rates = []
+    for (t0, a0), (t1, a1) in itertools.pairwise(samples):
+        rates.append(max(0.0, (a1 - a0) / (t1 - t0)) if t1 > t0 else 0.0)
+    return rates
+
+
+def sparkline_svg(values: Sequence[float], width: int = 260, height: int = 56) -> str:
+    """A filled line plot of ``values`` (oldest first) scaled to its own maximum; flat when all zero."""
+    if len(values) < 2:
+        values = [0.0, 0.0]
+    top = max(max(values), 1e-9)
+    step = width / (len(values) - 1)
+    pts = [f"{i * step:.1f},{height - 2 - (height - 4) * v / top:.1f}" for i, v in enumerate(values)]
+    line = " ".join(pts)
+    area = f"0,{height} {line} {width},{height}"
+    return (
+        f'<svg class="cosy-spark" viewBox="0 0 {width} {height}" preserveAspectRatio="none" '
+        f'width="100%" height="{height}"><polygon points="{area}" class="cosy-spark-fill"/>'
+        f'<polyline points="{line}" class="cosy-spark-line"/></svg>'
+    )
+
+
+def server_html(stats: ServerStats, rates: Sequence[float], t: Texts) -> str:
+    """The server panel: live gauges plus the throughput sparkline."""
+    now = rates[-1] if rates else 0.0
+    tiles = [
+        _tile("active", t("active"), str(stats.active_streams)),
+        _tile("queued", t("queued"), str(stats.queued)),
+        _tile("completed", t("completed"), str(stats.completed)),
+        _tile("memory", t("memory"), f"{stats.device_memory_mb:,.0f}", f"MB · {html.escape(stats.device)}"),
+    ]
+    return (
+        f'<div class="cosy-server"><div class="cosy-tiles cosy-tiles4">{"".join(tiles)}</div>'
+        f'<div class="cosy-k">{html.escape(t("throughput"))} <b data-metric="throughput">{now:.2f}</b></div>'
+        f"{sparkline_svg(list(rates))}</div>"
+    )
+
+
+def split_text(text: str, language: str = "auto", max_len: int = 80) -> list[str]:
+    """Preview of how the engine will cut ``text``: sentences merged up to ``max_len`` units.
+
+    Units are characters for CJK text and words for English (a stand-in for the engine's splitter, which
+    counts text tokens; see engine.text_split).
+    """
+    spaced = language == "en" or (language == "auto" and not CJK.search(text))
+
+    def length(s: str) -> int:
+        return len(s.split()) if spaced else len(s.strip())
+
+    joiner = " " if spaced else ""
+    segments: list[str] = []
+    for sentence in SENTENCE.findall(text.strip()):
+        if segments and length(segments[-1] + joiner + sentence) <= max_len:
+            segments[-1] += joiner + sentence
+        else:
+            segments.append(sentence)
+    return [s.strip() for s in segments if s.strip()]
+
+
+def counter_text(text: str, limit: int, segments: int, t: Texts) -> str:
+    over = " cosy-over" if len(text) > limit else ""
+    label = html.escape(t("counter", chars=len(text), limit=limit, segments=segments))
+    return f'<div class="cosy-counter{over}" data-metric="chars">{label}</div>'
+
+
+def split_preview_html(segments: Sequence[str]) -> str:
+    items = "".join(f"<li>{html.escape(s)}</li>" for s in segments)
+    return f'<ol class="cosy-split">{items}</ol>'
+
+
+def note_html(text: str, kind: str = "") -> str:
+    """A one-line note; ``kind`` is "", "good" or "bad" (colour)."""
+    cls = f"cosy-note cosy-{kind}" if kind else "cosy-note"
+    return f'<div class="{cls}">{html.escape(text)}</div>'
+
+
+def prompt_status_html(seconds: float | None, rate: int, min_s: float, max_s: float, t: Texts) -> str:
+    """One line under the prompt audio: its duration and whether it is inside [min_s, max_s]."""
+    if seconds is None:
+        return note_html(t("prompt_none"))
+    if seconds < min_s:
+        return note_html(t("prompt_short", seconds=seconds, min_s=min_s), "bad")
+    if seconds > max_s:
+        return note_html(t("prompt_long", seconds=seconds, max_s=max_s), "bad")
+    return note_html(t("prompt_ok", seconds=seconds, rate=rate), "good")
+
+
+def preset_choices(presets: Sequence[object]) -> list[tuple[str, str]]:
+    """Engine presets (plain strings, or dicts with ``label``/``instruct``) -> dropdown (label, value)."""
+    choices = []
+    for p in presets:
+        if isinstance(p, dict):
+            choices.append((str(p.get("label", p["instruct"])), str(p["instruct"])))
+        else:
+            choices.append((str(p), str(p)))
+    return choices
+
+
+def history_html(entries: Sequence[HistoryEntry], t: Texts, mode_label: dict[str, str]) -> str:
+    """Newest-first table of this session's generations with links to wav and mp3 downloads."""
+    if not entries:
+        return note_html(t("history_empty"))
+    head = "".join(f"<th>{html.escape(t(k))}</th>" for k in ("h_time", "h_mode", "h_text", "h_settings"))
+    head += f"<th>{html.escape(t('h_metrics'))}</th><th>{html.escape(t('h_files'))}</th>"
+    rows = [_history_row(e, mode_label) for e in reversed(entries)]
+    return f'<table class="cosy-history"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _history_row(e: HistoryEntry, mode_label: dict[str, str]) -> str:
+    text = e.text if len(e.text) <= 48 else e.text[:47] + "…"
+    stream = "stream" if e.stream else "offline"
+    settings = f"{e.language} · {e.voice} · ×{e.speed:g} · seed {e.seed} · {stream}"
+    flag = " ⏹" if e.stopped else ""
+    metrics = f"TTFA {fmt_ms(e.ttfa_ms)} ms · RTF {fmt_num(e.rtf, 3)} · {e.audio_s:.1f} s{flag}"
+    base = f"webui/audio/{e.request_id}"
+    links = f'<a href="{base}.wav" download>wav</a> · <a href="{base}.mp3" download>mp3</a>'
+    cells = (
+        time.strftime("%H:%M:%S", time.localtime(e.created_at)),
+        html.escape(mode_label.get(e.mode, e.mode)),
+        f'<span title="{html.escape(e.text)}">{html.escape(text)}</span>',
+        html.escape(settings),
+        html.escape(metrics),
+        links,
+    )
+    return "<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+
+def header_html(t: Texts, chips: dict[str, str], banner: str | None = None) -> str:
+    """Title, subtitle, model facts as chips (e.g. model, family, rate) and an optional warning banner."""
+    chip_html = "".join(
+        f'<span class="cosy-chip">{html.escape(k)} <b>{html.escape(v)}</b></span>' for k, v in chips.items()
+    )
+    top = (
+        f'<div class="cosy-header"><div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
+        f'<div class="cosy-sub">{html.escape(t("subtitle"))}</div></div>'
+        f'<div class="cosy-chips">{chip_html}</div></div>'
+    )
+    return top + (f'<div class="cosy-banner">⚠ {html.escape(banner)}</div>' if banner else "")
