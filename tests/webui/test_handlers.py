@@ -1,0 +1,277 @@
+"""Studio handlers against the fake engine: every mode, bad inputs -> gr.Error, Stop aborts the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+import pytest
+import soundfile as sf
+
+from engine.config import Limits
+from engine.errors import Busy
+from engine.metrics import ServerStats
+from engine.request import Mode, SynthesisRequest
+from tests.fakes import FakeEngine
+from tests.sounds import write_wav
+from webui.handlers import Studio
+from webui.stream_route import AudioStore, StreamHub
+from webui.texts import Texts
+
+RID = "0123456789abcdef0123456789abcdef"
+T = Texts("en")
+
+
+class RecordingEngine(FakeEngine):
+    """Remembers every request it was given."""
+
+    def __init__(self, **kw: Any):
+        super().__init__(**kw)
+        self.requests: list[SynthesisRequest] = []
+
+    async def stream(self, req: SynthesisRequest) -> AsyncIterator:  # type: ignore[override]
+        self.requests.append(req)
+        async for chunk in super().stream(req):
+            yield chunk
+
+
+@pytest.fixture
+def engine() -> RecordingEngine:
+    return RecordingEngine(n_chunks=3, chunk_s=0.2, delay_s=0.0)
+
+
+@pytest.fixture
+def studio(engine, tmp_path) -> Studio:
+    return Studio(engine, Limits(max_text_chars=50), T, StreamHub(), AudioStore(tmp_path / "store"))
+
+
+@pytest.fixture
+def prompt(tmp_path) -> str:
+    return str(write_wav(tmp_path / "prompt.wav", seconds=4.0))
+
+
+def ui(**over: Any) -> dict[str, Any]:
+    """Generate's inputs as the page sends them, zero-shot by default."""
+    values: dict[str, Any] = {
+        "mode": "zero_shot", "prompt_wav": None, "prompt_text": "hello there", "instruct_text": "",
+        "source_wav": None, "voice_id": None, "language": "auto", "text": "Say this.", "stream": True,
+        "speed": 1.0, "seed": -1, "rid": RID, "history": [],
+    }  # fmt: skip
+    values.update(over)
+    return values
+
+
+async def run(studio: Studio, **over: Any) -> list[tuple]:
+    return [out async for out in studio.generate(**ui(**over))]
+
+
+@pytest.mark.parametrize(
+    ("mode", "extra", "expect"),
+    [
+        ("zero_shot", {}, {"mode": Mode.ZERO_SHOT, "prompt_text": "hello there"}),
+        ("cross_lingual", {"prompt_text": ""}, {"mode": Mode.CROSS_LINGUAL, "prompt_text": ""}),
+        (
+            "instruct",
+            {"instruct_text": "用广东话表达。"},
+            {"mode": Mode.INSTRUCT, "instruct_text": "用广东话表达。"},
+        ),
+        ("vc", {"source_wav": "SOURCE", "text": ""}, {"mode": Mode.VC, "text": ""}),
+    ],
+)
+async def test_each_mode_streams_and_saves(studio, engine, prompt, tmp_path, mode, extra, expect) -> None:
+    if extra.get("source_wav") == "SOURCE":
+        extra["source_wav"] = str(write_wav(tmp_path / "source.wav", seconds=2.0, seed=1))
+    outs = await run(studio, mode=mode, prompt_wav=prompt, seed=11, **extra)
+    assert len(outs) == engine.n_chunks + 1  # one live update per chunk, then the file
+    req = engine.requests[-1]
+    assert req.request_id == RID and req.seed == 11 and req.prompt_wav == prompt
+    for key, value in expect.items():
+        assert getattr(req, key) == value, key
+    audio, metrics_html, status, history, history_html = outs[-1]
+    pcm, rate = sf.read(audio["value"])
+    assert rate == engine.sample_rate and len(pcm) == engine.n_chunks * int(0.2 * rate)
+    assert audio["autoplay"] is False  # the live player already played it
+    assert 'data-state="done"' in status and history[-1].mode == mode and RID in history_html
+    assert 'data-metric="rtf">' in metrics_html
+
+
+async def test_saved_voice_mode_sends_the_voice_id(studio, engine, prompt) -> None:
+    engine.add_voice("alice", prompt, "hello there")
+    await run(studio, mode="voice", voice_id="alice", prompt_wav=None)
+    req = engine.requests[-1]
+    assert (req.mode, req.voice_id, req.prompt_wav, req.prompt_text) == (Mode.ZERO_SHOT, "alice", None, "")
+
+
+async def test_live_pcm_matches_the_final_file(studio, prompt) -> None:
+    reader = asyncio.create_task(studio.hub.wait_open(RID, 5.0))
+    outs = await run(studio, prompt_wav=prompt)
+    assert await reader == 24000
+    live = b"".join([b async for b in studio.hub.read(RID)])
+    pcm, _ = sf.read(outs[-1][0]["value"], dtype="int16")
+    live_pcm = np.frombuffer(live, "<i2").astype(np.int32)
+    assert live_pcm.shape == pcm.shape and np.abs(live_pcm - pcm).max() <= 1  # 1 LSB: rounding modes
+
+
+async def test_streaming_off_publishes_nothing_and_autoplays(studio, prompt) -> None:
+    outs = await run(studio, prompt_wav=prompt, stream=False)
+    assert await studio.hub.wait_open(RID, 1.0) is None
+    assert outs[-1][0]["autoplay"] is True
+
+
+BAD_INPUTS = [
+    ({"prompt_wav": None}, "upload or record"),
+    ({"text": "   "}, "text is empty"),
+    ({"text": "x" * 51}, "51 characters; the limit is 50"),
+    ({"prompt_text": ""}, "needs the transcript"),
+    ({"mode": "instruct", "instruct_text": " "}, "needs an instruction"),
+    ({"mode": "vc", "text": ""}, "needs the source speech"),
+    ({"mode": "voice", "voice_id": None}, "Pick a saved voice"),
+    ({"mode": "voice", "voice_id": "ghost"}, "no saved voice 'ghost'"),  # the engine's NotFound
+    ({"speed": 3.0}, "speed must be within"),
+    ({"mode": "sing"}, "mode 'sing'"),
+]
+
+
+@pytest.mark.parametrize(("over", "message"), BAD_INPUTS)
+async def test_bad_inputs_raise_helpful_errors(studio, engine, prompt, over, message) -> None:
+    values = {"prompt_wav": prompt, **over}
+    with pytest.raises(gr.Error, match=message):
+        await run(studio, **values)
+    if await studio.hub.wait_open(RID, 1.0):  # the browser's player is released at once
+        assert [b async for b in studio.hub.read(RID)] == []  # (engine errors: opened, then ended)
+    assert not engine.active
+
+
+@pytest.mark.parametrize(("seconds", "message"), [(1.0, "too short"), (31.0, "too long")])
+async def test_prompt_duration_is_checked(studio, tmp_path, seconds, message) -> None:
+    path = str(write_wav(tmp_path / "p.wav", seconds=seconds, sr=16000))
+    with pytest.raises(gr.Error, match=message):
+        await run(studio, prompt_wav=path)
+
+
+async def test_unreadable_prompt(studio, tmp_path) -> None:
+    path = tmp_path / "junk.wav"
+    path.write_bytes(b"not audio at all" * 10)
+    with pytest.raises(gr.Error, match="could not be read"):
+        await run(studio, prompt_wav=str(path))
+
+
+async def test_engine_busy_becomes_a_busy_message(studio, engine, prompt, monkeypatch) -> None:
+    def busy(req: SynthesisRequest) -> None:
+        raise Busy("64 requests are waiting")
+
+    monkeypatch.setattr(engine, "check", busy)
+    with pytest.raises(gr.Error, match=r"server is busy \(64 requests are waiting\)"):
+        await run(studio, prompt_wav=prompt)
+
+
+async def test_stop_aborts_the_engine_and_keeps_the_partial_audio(prompt, tmp_path) -> None:
+    engine = FakeEngine(n_chunks=200, chunk_s=0.1, delay_s=0.01)
+    studio = Studio(engine, Limits(), T, StreamHub(), AudioStore(tmp_path))
+    gen = studio.generate(**ui(prompt_wav=prompt))
+    await gen.__anext__()
+    await gen.__anext__()
+    assert RID in engine.active
+    assert 'data-state="stop_sent"' in studio.stop(RID)
+    rest = [out async for out in gen]
+    assert engine.aborted == [RID] and not engine.active
+    audio, _, status, history, _ = rest[-1]
+    assert 'data-state="stopped"' in status and history[-1].stopped
+    assert 2 <= sf.info(audio["value"]).duration / 0.1 < 200
+
+
+async def test_closing_the_listener_mid_stream_aborts(prompt, tmp_path) -> None:
+    engine = FakeEngine(n_chunks=200, chunk_s=0.1, delay_s=0.01)
+    studio = Studio(engine, Limits(), T, StreamHub(), AudioStore(tmp_path))
+    gen = studio.generate(**ui(prompt_wav=prompt))
+    await gen.__anext__()
+    await gen.aclose()  # what Gradio does when the tab closes or the event is cancelled
+    assert engine.aborted == [RID] and not engine.active
+
+
+async def test_stop_while_queued_never_starts_the_engine(studio, engine, prompt) -> None:
+    studio.stop(RID)
+    outs = await run(studio, prompt_wav=prompt)
+    assert engine.requests == [] and 'data-state="stopped"' in outs[-1][2]
+    assert studio.stop("not-an-id")  # ignored, still answers
+
+
+async def test_history_accumulates_with_settings(studio, prompt) -> None:
+    history: list = []
+    for i, rid in enumerate(("a" * 32, "b" * 32)):
+        outs = await run(studio, prompt_wav=prompt, rid=rid, history=history, speed=1.5, seed=i)
+        history = outs[-1][3]
+    assert [h.request_id for h in history] == ["a" * 32, "b" * 32]
+    assert history[1].speed == 1.5 and history[1].seed == 1 and history[1].audio_s == pytest.approx(0.6)
+    assert studio.store.path("a" * 32, "mp3") is not None
+
+
+async def test_save_and_delete_voice(studio, engine, prompt) -> None:
+    dropdown, note = await studio.save_voice("  alice ", prompt, "hello there")
+    assert ("alice", "alice") in dropdown.choices and dropdown.value == "alice" and "alice" in note
+    assert engine.voices["alice"].prompt_text == "hello there"
+    with pytest.raises(gr.Error, match="name"):
+        await studio.save_voice(" ", prompt, "x")
+    with pytest.raises(gr.Error, match="upload or record"):
+        await studio.save_voice("bob", None, "x")
+    dropdown, _ = await studio.delete_voice("alice")
+    assert dropdown.choices == [] and "alice" not in engine.voices
+    with pytest.raises(gr.Error, match="no saved voice"):
+        await studio.delete_voice("alice")
+
+
+def test_prompt_info_and_text_info(studio, prompt) -> None:
+    assert "4.0 s" in studio.prompt_info(prompt) and "cosy-good" in studio.prompt_info(prompt)
+    assert "No prompt" in studio.prompt_info(None)
+    counter, split = studio.text_info("One. Two! " * 3, "en")
+    assert "30 / 50 characters · 1 segments" in counter and split.count("<li>") == 1
+    assert "cosy-over" in studio.text_info("x" * 51, "en")[0]
+
+
+@pytest.mark.parametrize("mode", ["zero_shot", "cross_lingual", "instruct", "vc", "voice"])
+def test_mode_changes_what_is_visible(studio, mode) -> None:
+    *boxes, note = studio.mode_changed(mode)
+    visible = dict(
+        zip(("prompt", "transcript", "voice", "instruct", "source", "text"), (b["visible"] for b in boxes))
+    )
+    assert visible == {
+        "prompt": mode != "voice", "transcript": mode == "zero_shot", "voice": mode == "voice",
+        "instruct": mode == "instruct", "source": mode == "vc", "text": mode != "vc",
+    }  # fmt: skip
+    assert html.escape(T(f"mode_help_{mode}")) in note
+
+
+def test_dice_and_presets() -> None:
+    seeds = {Studio.dice() for _ in range(20)}
+    assert len(seeds) > 1 and all(0 <= s < 2**31 for s in seeds)
+    assert Studio.pick_preset("请用广东话表达。") == "请用广东话表达。"
+
+
+class CountingEngine(FakeEngine):
+    audio_total = 0.0
+
+    def stats(self) -> ServerStats:
+        return ServerStats(active_streams=2, queued=1, audio_s_total=self.audio_total)
+
+
+def test_server_panel_tracks_throughput(tmp_path, monkeypatch) -> None:
+    engine = CountingEngine()
+    studio = Studio(engine, Limits(), T, StreamHub(), AudioStore(tmp_path))
+    clock = iter([0.0, 1.0, 1.2, 3.0])
+    monkeypatch.setattr("webui.handlers.time.monotonic", lambda: next(clock))
+    html = ""
+    for total in (0.0, 4.0, 9.0, 10.0):  # the 1.2 s sample is too soon and is skipped
+        engine.audio_total = total
+        html = studio.server_panel()
+    assert 'data-metric="active">2' in html and 'data-metric="queued">1' in html
+    assert 'data-metric="throughput">3.00' in html  # (10 - 4) audio s over 2 s
+
+
+def test_generate_inputs_are_the_engines_files(studio, prompt) -> None:
+    req = studio.build_request(**{k: v for k, v in ui(prompt_wav=prompt).items() if k != "history"})
+    assert Path(req.prompt_wav).exists() and req.seed is None and req.language == "auto"

@@ -1,0 +1,325 @@
+"""Thin UI handlers: UI values -> ``SynthesisRequest`` -> ``engine.stream`` -> UI updates.
+
+``Studio`` holds what the listeners share (engine, limits, labels, the live-PCM hub, the audio store); its
+methods are the listener functions ``layout.py`` wires up. Input checks that need only the UI's values
+happen here so a bad input fails before it queues for the GPU; everything else is the engine's to judge and
+comes back as an ``engine.errors`` exception, shown as ``gr.Error`` with the engine's message. This is the
+only module that raises ``gr.Error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, Protocol
+
+import gradio as gr
+import numpy as np
+import soundfile as sf
+
+from engine.config import Limits
+from engine.errors import Busy, EngineError
+from engine.metrics import RequestMetrics, ServerStats
+from engine.request import AudioChunk, Mode, SynthesisRequest, new_request_id
+from webui import views
+from webui.stream_route import RID, AudioStore, StreamHub
+from webui.texts import Texts
+
+log = logging.getLogger(__name__)
+
+UI_MODES = ("zero_shot", "cross_lingual", "instruct", "vc", "voice")  # "voice" = zero-shot with a saved voice
+PROMPT_MIN_S = 3.0  # shorter prompts clone poorly; the engine's own floor (Limits.min_prompt_s) is lower
+MAX_HISTORY = 50
+
+
+class Engine(Protocol):
+    """The part of ``engine.engine.TTSEngine`` the studio uses."""
+
+    sample_rate: int
+    model_name: str
+
+    def stream(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]: ...
+    def abort(self, request_id: str) -> bool: ...
+    def stats(self) -> ServerStats: ...
+    def instruct_presets(self) -> Sequence[Any]: ...
+    def add_voice(self, name: str, prompt_wav: str, prompt_text: str) -> Any: ...
+    def list_voices(self) -> Sequence[Any]: ...
+    def delete_voice(self, voice_id: str) -> Any: ...
+
+
+def user_error(message: str) -> gr.Error:
+    return gr.Error(message, print_exception=False)
+
+
+def audio_seconds(path: str) -> tuple[float, int]:
+    """(duration s, sample rate Hz) of an audio file; PyAV for what libsndfile cannot read (webm, m4a)."""
+    try:
+        info = sf.info(path)
+        return info.frames / info.samplerate, info.samplerate
+    except sf.LibsndfileError:
+        import av
+
+        with av.open(path) as container:
+            stream = container.streams.audio[0]
+            return float(container.duration or 0) / 1e6, int(stream.rate or 0)
+
+
+async def call_engine(fn: Any, *args: Any) -> Any:
+    """Await the engine's coroutine methods; run blocking ones (voice feature extraction) off the loop."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+class Studio:
+    def __init__(self, engine: Engine, limits: Limits, t: Texts, hub: StreamHub, store: AudioStore):
+        self.engine, self.limits, self.t, self.hub, self.store = engine, limits, t, hub, store
+        self.prompt_min_s = max(PROMPT_MIN_S, limits.min_prompt_s)
+        self.mode_labels = {m: t(f"mode_{m}") for m in UI_MODES}
+        self._samples: deque[tuple[float, float]] = deque(maxlen=90)  # (monotonic s, audio s total)
+        self._stopped: OrderedDict[str, None] = OrderedDict()  # request ids Stop was pressed for
+
+    # ---- input checks -------------------------------------------------------------------------------
+    def check_prompt(self, path: str | None) -> None:
+        if not path:
+            raise user_error(self.t("err_no_prompt"))
+        try:
+            seconds, _ = audio_seconds(path)
+        except Exception as err:  # any decoder failure is the user's file, not our bug
+            raise user_error(self.t("prompt_unreadable", error=type(err).__name__)) from err
+        if seconds < self.prompt_min_s:
+            raise user_error(self.t("prompt_short", seconds=seconds, min_s=self.prompt_min_s))
+        if seconds > self.limits.max_prompt_s:
+            raise user_error(self.t("prompt_long", seconds=seconds, max_s=self.limits.max_prompt_s))
+
+    def check_text(self, text: str) -> None:
+        if not text:
+            raise user_error(self.t("err_no_text"))
+        if len(text) > self.limits.max_text_chars:
+            raise user_error(self.t("err_text_long", chars=len(text), limit=self.limits.max_text_chars))
+
+    def build_request(
+        self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
+        voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
+        rid: str,
+    ) -> SynthesisRequest:  # fmt: skip
+        """Validate the UI values for ``mode`` and build the engine request (``gr.Error`` on a bad input)."""
+        text, prompt_text, instruct_text = (
+            (text or "").strip(),
+            (prompt_text or "").strip(),
+            instruct_text or "",
+        )
+        if mode not in UI_MODES:
+            raise user_error(self.t("err_bad_setting", error=f"mode {mode!r}"))
+        if mode != "vc":
+            self.check_text(text)
+        if mode == "voice" and not voice_id:
+            raise user_error(self.t("err_no_voice"))
+        if mode != "voice":
+            self.check_prompt(prompt_wav)
+        if mode == "zero_shot" and not prompt_text:
+            raise user_error(self.t("err_no_prompt_text"))
+        if mode == "instruct" and not instruct_text.strip():
+            raise user_error(self.t("err_no_instruct"))
+        if mode == "vc" and not source_wav:
+            raise user_error(self.t("err_no_source"))
+        try:
+            return SynthesisRequest(
+                text="" if mode == "vc" else text,
+                mode=Mode.ZERO_SHOT if mode == "voice" else Mode(mode),
+                prompt_wav=None if mode == "voice" else prompt_wav,
+                voice_id=voice_id if mode == "voice" else None,
+                prompt_text=prompt_text if mode == "zero_shot" else "",
+                instruct_text=instruct_text.strip() if mode == "instruct" else "",
+                source_wav=source_wav if mode == "vc" else None,
+                language=language or "auto",
+                stream=bool(stream),
+                speed=float(speed),
+                seed=None if seed is None or seed < 0 else int(seed),
+                request_id=rid,
+            )
+        except ValueError as err:
+            raise user_error(self.t("err_bad_setting", error=err)) from err
+
+    def engine_error(self, err: EngineError) -> gr.Error:
+        if isinstance(err, Busy):
+            return user_error(self.t("err_busy", error=str(err)))
+        return user_error(str(err))
+
+    # ---- generate / stop -----------------------------------------------------------------------------
+    async def generate(
+        self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
+        voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
+        rid: str, history: list[views.HistoryEntry],
+    ) -> AsyncIterator[tuple[Any, ...]]:  # fmt: skip
+        """Yields (final audio, metrics html, status html, history, history html) per chunk, then the file.
+
+        ``rid`` is drawn by the browser at click time so its live player can ask for the PCM before this
+        handler runs; with streaming on every chunk's PCM is published to the hub under that id.
+        """
+        rid = rid if RID.match(rid or "") else new_request_id()
+        try:  # the browser's player is waiting on rid: a bad input must close it too
+            req = self.build_request(
+                mode, prompt_wav, prompt_text, instruct_text, source_wav, voice_id, language, text, stream,
+                speed, seed, rid,
+            )  # fmt: skip
+        except gr.Error:
+            self.hub.close(rid)
+            raise
+        parts: list[np.ndarray] = []
+        last: AudioChunk | None = None
+        if rid in self._stopped:  # Stop came while this event waited in Gradio's queue
+            self.hub.close(rid)
+            yield self.finish(req, parts, last, history)
+            return
+        if req.stream:
+            self.hub.open(rid, self.engine.sample_rate)
+        chunks = self.engine.stream(req)
+        try:
+            async for chunk in chunks:
+                parts.append(chunk.pcm)
+                last = chunk
+                if req.stream:
+                    self.hub.publish(rid, views.pcm16_bytes(chunk.pcm))
+                running = self.status("running", audio=chunk.metrics.audio_s)
+                yield gr.skip(), views.metrics_html(chunk.metrics, self.t), running, gr.skip(), gr.skip()
+        except EngineError as err:
+            raise self.engine_error(err) from err
+        finally:
+            self.hub.close(rid)
+            if last is None or not last.is_last:
+                self.engine.abort(rid)  # closed mid-stream (tab closed, event cancelled): free the engine
+            await chunks.aclose()
+        yield self.finish(req, parts, last, history)
+
+    def finish(
+        self, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
+        history: list[views.HistoryEntry],
+    ) -> tuple[Any, ...]:  # fmt: skip
+        """The final update: the whole file (not autoplayed when the live player already played it)."""
+        metrics = last.metrics if last is not None else RequestMetrics(request_id=req.request_id)
+        stopped = last is None or not last.is_last
+        if not parts or sum(len(p) for p in parts) == 0:
+            return (
+                None,
+                views.metrics_html(metrics, self.t),
+                self.status("stopped", audio=0.0),
+                history,
+                gr.skip(),
+            )
+        path = self.store.save(req.request_id, np.concatenate(parts), self.engine.sample_rate)
+        entry = self.history_entry(req, metrics, stopped)
+        history = [*(history or []), entry][-MAX_HISTORY:]
+        status = self.status("stopped", audio=metrics.audio_s) if stopped else self.status(
+            "done", audio=metrics.audio_s, seed=metrics.seed
+        )  # fmt: skip
+        audio = gr.update(value=str(path), autoplay=not req.stream)
+        return (audio, views.metrics_html(metrics, self.t), status, history, self.history_view(history))
+
+    def history_entry(self, req: SynthesisRequest, m: RequestMetrics, stopped: bool) -> views.HistoryEntry:
+        voice = req.voice_id or ("upload" if req.prompt_wav else "—")
+        mode = "voice" if req.voice_id else str(req.mode)
+        return views.HistoryEntry(
+            request_id=req.request_id, created_at=time.time(), mode=mode, text=req.text,
+            language=req.language, voice=voice, speed=req.speed, seed=m.seed, stream=req.stream,
+            ttfa_ms=m.ttfa_ms, rtf=m.rtf, audio_s=m.audio_s, stopped=stopped,
+        )  # fmt: skip
+
+    def stop(self, rid: str) -> str:
+        """Abort the engine request: its stream ends, and ``generate`` keeps the audio made so far.
+
+        Not Gradio's ``cancels``, which would only drop the listener (and the partial audio); a request still
+        waiting in Gradio's queue is remembered and ends as soon as it starts.
+        """
+        if RID.match(rid or ""):
+            self._stopped[rid] = None
+            while len(self._stopped) > 1024:
+                self._stopped.popitem(last=False)
+            self.engine.abort(rid)
+            self.hub.close(rid)
+        return self.status("stop_sent")
+
+    def status(self, state: str, **fields: Any) -> str:
+        return f'<div class="cosy-status" data-state="{state}">{self.t(f"status_{state}", **fields)}</div>'
+
+    def history_view(self, history: list[views.HistoryEntry]) -> str:
+        return views.history_html(history or [], self.t, self.mode_labels)
+
+    # ---- small listeners -----------------------------------------------------------------------------
+    def prompt_info(self, path: str | None) -> str:
+        if not path:
+            return views.prompt_status_html(None, 0, self.prompt_min_s, self.limits.max_prompt_s, self.t)
+        try:
+            seconds, rate = audio_seconds(path)
+        except Exception as err:  # shown as a note; Generate raises the same as gr.Error
+            return views.note_html(self.t("prompt_unreadable", error=type(err).__name__), "bad")
+        return views.prompt_status_html(seconds, rate, self.prompt_min_s, self.limits.max_prompt_s, self.t)
+
+    def text_info(self, text: str, language: str) -> tuple[str, str]:
+        """Character counter and split preview (views.split_text; the engine's splitter should back it)."""
+        segments = views.split_text(text or "", language)
+        limit = self.limits.max_text_chars
+        return views.counter_text(text or "", limit, len(segments), self.t), views.split_preview_html(
+            segments
+        )
+
+    def mode_changed(self, mode: str) -> tuple[Any, ...]:
+        """Visibility of (prompt group, transcript, voice group, instruct group, source, text group, help)."""
+        show = {
+            "prompt": mode != "voice", "transcript": mode == "zero_shot", "voice": mode == "voice",
+            "instruct": mode == "instruct", "source": mode == "vc", "text": mode != "vc",
+        }  # fmt: skip
+        updates = tuple(gr.update(visible=v) for v in show.values())
+        return (*updates, views.note_html(self.t(f"mode_help_{mode}")))
+
+    @staticmethod
+    def dice() -> int:
+        return random.randrange(2**31)
+
+    @staticmethod
+    def pick_preset(preset: str | None) -> Any:
+        return preset if preset else gr.skip()
+
+    # ---- saved voices --------------------------------------------------------------------------------
+    async def voice_choices(self) -> list[tuple[str, str]]:
+        voices = await call_engine(self.engine.list_voices)
+        return [(str(v.name), str(v.id)) for v in voices]
+
+    async def voice_dropdown(self) -> Any:
+        return gr.Dropdown(choices=await self.voice_choices())
+
+    async def save_voice(self, name: str, prompt_wav: str | None, prompt_text: str) -> tuple[Any, str]:
+        name = (name or "").strip()
+        if not name:
+            raise user_error(self.t("err_no_voice_name"))
+        self.check_prompt(prompt_wav)
+        try:
+            voice = await call_engine(self.engine.add_voice, name, prompt_wav, (prompt_text or "").strip())
+        except EngineError as err:
+            raise self.engine_error(err) from err
+        choices = await self.voice_choices()
+        note = views.note_html(self.t("saved_as", name=voice.name), "good")
+        return gr.Dropdown(choices=choices, value=str(voice.id)), note
+
+    async def delete_voice(self, voice_id: str | None) -> tuple[Any, str]:
+        if not voice_id:
+            raise user_error(self.t("err_no_voice"))
+        try:
+            await call_engine(self.engine.delete_voice, voice_id)
+        except EngineError as err:
+            raise self.engine_error(err) from err
+        note = views.note_html(self.t("deleted", name=voice_id))
+        return gr.Dropdown(choices=await self.voice_choices(), value=None), note
+
+    # ---- server panel --------------------------------------------------------------------------------
+    def server_panel(self) -> str:
+        stats = self.engine.stats()
+        now = time.monotonic()
+        if not self._samples or now - self._samples[-1][0] >= 0.5:
+            self._samples.append((now, stats.audio_s_total))
+        return views.server_html(stats, views.throughput_rates(list(self._samples)), self.t)
