@@ -1,0 +1,54 @@
+"""build_demo wires the studio: labels per UI language, one GPU concurrency group, a bounded queue."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.config import Limits
+from tests.fakes import FakeEngine
+from webui.layout import GPU, build_demo, page_options
+
+
+def listeners(demo) -> dict[str, object]:
+    return {getattr(f.fn, "__name__", ""): f for f in demo.fns.values()}
+
+
+@pytest.mark.parametrize(("lang", "label"), [("zh", "生成"), ("en", "Generate")])
+def test_labels_follow_the_ui_language(lang, label) -> None:
+    config = json.dumps(build_demo(FakeEngine(), lang).get_config_file(), ensure_ascii=False, default=str)
+    assert f'"value": "{label}"' in config
+
+
+def test_gpu_work_shares_one_concurrency_group_and_the_queue_is_bounded() -> None:
+    demo = build_demo(FakeEngine(), "en", Limits(max_concurrency=3, max_queue=7))
+    fns = listeners(demo)
+    for name in ("generate", "save_voice"):
+        assert (fns[name].concurrency_id, fns[name].concurrency_limit, fns[name].queue) == (GPU, 3, True)
+    for name in ("stop", "text_info", "server_panel", "mode_changed", "prompt_info", "dice"):
+        assert fns[name].queue is False, name  # UI-only work never waits behind the GPU
+    assert demo._queue.max_size == 7
+
+
+def test_generate_hook_hands_the_request_id_to_the_handler() -> None:
+    gen = listeners(build_demo(FakeEngine(), "en"))["generate"]
+    names = [getattr(c, "elem_id", None) for c in gen.inputs]
+    assert len(gen.inputs) == 13 and "slice(0, 13)" in gen.js and "args[11] = rid" in gen.js
+    assert "cosy-prompt" in names and "cosy-text" in names
+    assert "if (args[8]) p.start(rid)" in gen.js  # input 8 is the Stream checkbox
+
+
+def test_random_weights_banner_and_presets() -> None:
+    engine = FakeEngine()
+    config = json.dumps(
+        build_demo(engine, "en", random_weights=True).get_config_file(), ensure_ascii=False, default=str
+    )
+    assert "RANDOM weights" in config and engine.instruct_presets()[0] in config
+    assert "RANDOM weights" not in json.dumps(build_demo(engine, "en").get_config_file(), default=str)
+
+
+def test_page_options_carry_the_player_and_styles() -> None:
+    opts = page_options()
+    assert "window.cosyPlayer" in opts["head"] and opts["head"].startswith("<script>")
+    assert ".cosy-tile" in opts["css"] and opts["theme"] is not None

@@ -1,0 +1,57 @@
+"""The WebAudio live player: its script (``static/player.js``), its card, and the listeners' js hooks.
+
+The player reads ``webui/pcm/{rid}`` (``stream_route.py``). The hooks run in the browser before the Python
+listener: Generate's draws the request id, starts the player inside the click (so audio may play), and
+hands the id to the handler in place of the hidden ``rid`` input; Stop's silences the player at once and
+sends the current id to ``Studio.stop``.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from webui.texts import Texts
+
+STATIC = Path(__file__).parent / "static"
+LIVE_STATES = ("idle", "waiting", "streaming", "playing", "done", "stopped", "error")
+
+
+def head_html() -> str:
+    """``<script>`` with the player, for ``gr.mount_gradio_app(head=...)``."""
+    return f"<script>\n{(STATIC / 'player.js').read_text(encoding='utf-8')}\n</script>"
+
+
+def css() -> str:
+    return (STATIC / "studio.css").read_text(encoding="utf-8")
+
+
+def card_html(t: Texts) -> str:
+    """Static markup the script fills in (``data-live`` fields); state labels ride on data attributes."""
+    labels = " ".join(f'data-label-{s}="{html.escape(t(f"live_{s}"))}"' for s in LIVE_STATES)
+    fields = "".join(
+        f'<div><span class="cosy-k">{html.escape(t(f"live_{key}"))}</span>'
+        f'<span class="cosy-live-v" data-live="{key}">—</span></div>'
+        for key in ("first", "received", "underruns")
+    )
+    return (
+        f'<div id="cosy-live" class="cosy-live" data-state="idle" {labels}>'
+        f'<div class="cosy-live-head"><span class="cosy-dot"></span><b>{html.escape(t("live"))}</b>'
+        f'<span class="cosy-live-state" data-live="state">{html.escape(t("live_idle"))}</span></div>'
+        f'<canvas class="cosy-wave"></canvas><div class="cosy-live-fields">{fields}</div></div>'
+    )
+
+
+def generate_js(n_inputs: int, stream_index: int, rid_index: int) -> str:
+    """Generate's hook. Gradio passes inputs then outputs and sends back what we return as the inputs."""
+    n = n_inputs
+    return (
+        f"(...args) => {{ const p = window.cosyPlayer; if (!p) return args.slice(0, {n});"
+        f" const rid = p.newRid(); args[{rid_index}] = rid;"
+        f" if (args[{stream_index}]) p.start(rid); else p.idle(rid); return args.slice(0, {n}); }}"
+    )
+
+
+STOP_JS = (
+    "(rid) => { const p = window.cosyPlayer; if (!p) return [rid]; const r = p.rid; p.stop(); return [r]; }"
+)

@@ -1,0 +1,198 @@
+// CosyStream live player: plays a request's PCM with WebAudio while it is generated.
+//
+// Gradio's streamed gr.Audio buffers seconds before it plays, so the Generate button's js hook draws the
+// request id, calls cosyPlayer.start(rid) and passes the id to the handler; the handler publishes every
+// chunk to GET webui/pcm/<rid> (raw little-endian int16 mono, rate in X-Sample-Rate). Buffers are scheduled
+// back to back on one AudioContext; "first sound" is the moment the first audible sample reaches the
+// output, measured from the click with performance.now() (AudioContext.getOutputTimestamp maps the
+// context clock to it). window.cosyPlayer.stats exposes the numbers (the browser test reads them).
+(() => {
+  "use strict";
+  const PREBUFFER_S = 0.06; // gathered before the first buffer starts: absorbs network jitter
+  const LEAD_S = 0.01; // scheduling margin ahead of the output clock
+  const AUDIBLE = 1e-3; // |sample| above this counts as sound (-60 dBFS)
+  const PEAK_BINS = 180; // bars in the live waveform
+
+  const S = { rid: "", ctx: null, ctrl: null, nextAt: 0, pending: [], pendingN: 0, sources: [], peaks: [] };
+  let stats = fresh("");
+
+  function fresh(rid) {
+    return {
+      rid, state: "idle", clickAt: performance.now(), sampleRate: 0, bytes: 0, samples: 0, reads: 0,
+      scheduledS: 0, playedS: 0, underruns: 0, firstSoundMs: null, error: null,
+    };
+  }
+
+  function newRid() {
+    const b = crypto.getRandomValues(new Uint8Array(16)); // works outside secure contexts too
+    return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+  }
+
+  function context() {
+    if (!S.ctx) S.ctx = new (window.AudioContext || window.webkitAudioContext)({ latencyHint: "interactive" });
+    if (S.ctx.state === "suspended") S.ctx.resume(); // allowed: we are inside the click's handler
+    return S.ctx;
+  }
+
+  function toPerf(ctx, when) {
+    // performance.now() time at which context time `when` is heard.
+    const ts = ctx.getOutputTimestamp ? ctx.getOutputTimestamp() : null;
+    if (ts && ts.performanceTime > 0) return ts.performanceTime + (when - ts.contextTime) * 1000;
+    return performance.now() + (when - ctx.currentTime + (ctx.outputLatency || ctx.baseLatency || 0)) * 1000;
+  }
+
+  function setBrowserTtfa(text) {
+    // The metrics card is re-rendered by the server on every chunk; a CSS variable survives that.
+    document.documentElement.style.setProperty("--cosy-bttfa", JSON.stringify(text));
+  }
+
+  function start(rid) {
+    stop();
+    const ctx = context();
+    S.rid = rid; S.nextAt = 0; S.pending = []; S.pendingN = 0; S.sources = []; S.peaks = [];
+    stats = fresh(rid);
+    stats.state = "waiting";
+    setBrowserTtfa("…");
+    render();
+    const ctrl = (S.ctrl = new AbortController());
+    const url = new URL("webui/pcm/" + rid, document.baseURI);
+    fetch(url, { signal: ctrl.signal, cache: "no-store" })
+      .then((resp) => pump(resp, rid, ctx))
+      .catch((err) => {
+        if (err.name === "AbortError" || S.rid !== rid) return;
+        stats.state = "error"; stats.error = String(err); render();
+      });
+  }
+
+  function idle(rid) {
+    // Streaming is off: remember the id (Stop needs it) and show no live numbers.
+    stop();
+    S.rid = rid; stats = fresh(rid);
+    setBrowserTtfa("—");
+    render();
+  }
+
+  async function pump(resp, rid, ctx) {
+    if (resp.status !== 200) { stats.state = "idle"; setBrowserTtfa("—"); render(); return; }
+    stats.sampleRate = Number(resp.headers.get("X-Sample-Rate"));
+    stats.state = "streaming";
+    const reader = resp.body.getReader();
+    let carry = null; // a read may end inside a 2-byte sample
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done || S.rid !== rid) break;
+      let bytes = value;
+      if (carry) { bytes = new Uint8Array(carry.length + value.length); bytes.set(carry); bytes.set(value, carry.length); }
+      const n = bytes.length >> 1;
+      carry = bytes.length & 1 ? bytes.slice(-1) : null;
+      const view = new DataView(bytes.buffer, bytes.byteOffset, n * 2);
+      const pcm = new Float32Array(n);
+      for (let i = 0; i < n; i++) pcm[i] = view.getInt16(2 * i, true) / 32768;
+      stats.bytes += value.length; stats.samples += n; stats.reads += 1;
+      feed(pcm, ctx, false);
+      addPeaks(pcm);
+      render();
+    }
+    if (S.rid !== rid) return;
+    feed(new Float32Array(0), ctx, true);
+    if (stats.state === "streaming") stats.state = "playing";
+    const left = Math.max(0, S.nextAt - ctx.currentTime);
+    setTimeout(() => { if (S.rid === rid && stats.state === "playing") { stats.state = "done"; render(); } }, left * 1000);
+    if (stats.firstSoundMs === null) setBrowserTtfa("—");
+    render();
+  }
+
+  function feed(pcm, ctx, final) {
+    if (pcm.length) { S.pending.push(pcm); S.pendingN += pcm.length; }
+    const waiting = S.nextAt === 0 && S.pendingN < PREBUFFER_S * stats.sampleRate;
+    if (!S.pendingN || (waiting && !final)) return;
+    const all = new Float32Array(S.pendingN);
+    let off = 0;
+    for (const p of S.pending) { all.set(p, off); off += p.length; }
+    S.pending = []; S.pendingN = 0;
+    schedule(all, ctx);
+  }
+
+  function schedule(pcm, ctx) {
+    const sr = stats.sampleRate;
+    const buf = ctx.createBuffer(1, pcm.length, sr);
+    buf.copyToChannel(pcm, 0);
+    const src = ctx.createBufferSource();
+    src.buffer = buf;
+    src.connect(ctx.destination);
+    let at = S.nextAt;
+    const earliest = ctx.currentTime + LEAD_S;
+    if (at < earliest) { if (at > 0) stats.underruns += 1; at = earliest; }
+    src.onended = () => { if (S.sources.includes(src)) { stats.playedS += buf.duration; render(); } };
+    src.start(at);
+    S.sources.push(src);
+    S.nextAt = at + buf.duration;
+    stats.scheduledS += buf.duration;
+    if (stats.firstSoundMs === null) markFirstSound(pcm, ctx, at, sr);
+  }
+
+  function markFirstSound(pcm, ctx, at, sr) {
+    const i = pcm.findIndex((x) => Math.abs(x) > AUDIBLE);
+    if (i < 0) return;
+    const heardAt = toPerf(ctx, at + i / sr);
+    stats.firstSoundMs = heardAt - stats.clickAt;
+    const rid = S.rid;
+    setTimeout(() => {
+      if (S.rid !== rid) return;
+      setBrowserTtfa(Math.round(stats.firstSoundMs) + " ms");
+      render();
+    }, Math.max(0, heardAt - performance.now()));
+  }
+
+  function stop() {
+    if (S.ctrl) S.ctrl.abort();
+    S.ctrl = null;
+    const sources = S.sources;
+    S.sources = [];
+    for (const src of sources) { try { src.stop(); } catch (e) { /* never started */ } }
+    if (stats.state === "waiting" || stats.state === "streaming" || stats.state === "playing") stats.state = "stopped";
+    render();
+  }
+
+  function addPeaks(pcm) {
+    const step = Math.max(1, Math.round(stats.sampleRate * 0.02)); // one bar per 20 ms
+    for (let i = 0; i < pcm.length; i += step) {
+      let peak = 0;
+      for (let j = i; j < Math.min(i + step, pcm.length); j++) peak = Math.max(peak, Math.abs(pcm[j]));
+      S.peaks.push(peak);
+    }
+    if (S.peaks.length > PEAK_BINS) S.peaks = S.peaks.slice(-PEAK_BINS);
+  }
+
+  function render() {
+    const root = document.getElementById("cosy-live");
+    if (!root) return;
+    root.dataset.state = stats.state;
+    const set = (key, text) => { const el = root.querySelector(`[data-live="${key}"]`); if (el) el.textContent = text; };
+    set("state", root.dataset["label" + stats.state[0].toUpperCase() + stats.state.slice(1)] || stats.state);
+    set("first", stats.firstSoundMs === null ? "—" : Math.round(stats.firstSoundMs) + " ms");
+    set("received", stats.sampleRate ? (stats.samples / stats.sampleRate).toFixed(1) + " s" : "—");
+    set("underruns", String(stats.underruns));
+    drawWave(root.querySelector("canvas"));
+  }
+
+  function drawWave(canvas) {
+    if (!canvas) return;
+    const w = (canvas.width = canvas.clientWidth * devicePixelRatio);
+    const h = (canvas.height = canvas.clientHeight * devicePixelRatio);
+    const g = canvas.getContext("2d");
+    g.clearRect(0, 0, w, h);
+    g.fillStyle = getComputedStyle(canvas).color;
+    const bw = w / PEAK_BINS;
+    S.peaks.forEach((p, i) => {
+      const bh = Math.max(1, Math.min(1, p * 1.8) * h);
+      g.fillRect(i * bw, (h - bh) / 2, Math.max(1, bw - 1), bh);
+    });
+  }
+
+  window.cosyPlayer = {
+    newRid, start, idle, stop,
+    get rid() { return S.rid; },
+    get stats() { return { ...stats }; },
+  };
+})();
