@@ -1,0 +1,157 @@
+"""CosyStream server: ``python app.py`` serves the Gradio studio at / and the HTTP API on one uvicorn server.
+
+Flags become an ``EngineConfig``; the engine is built once (``build_engine``) and shared by the UI and the
+API. Nothing heavy is imported at module level: torch, gradio and the engine load inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import secrets
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine.config import BACKENDS, DEFAULT_MODEL, DEVICES, EngineConfig, Limits
+from webui.texts import UI_LANGS
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+log = logging.getLogger("cosystream")
+
+DEMO_TINY = "demo-tiny"  # the engine builds a tiny random-weight model offline; the UI says it is noise
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="cosystream", description="Streaming CosyVoice2/3 studio and speech API."
+    )
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL,
+        help=f"local model dir, ModelScope / Hugging Face id, or '{DEMO_TINY}' (offline, random weights)",
+    )  # fmt: skip
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument(
+        "--backend", choices=BACKENDS, default="auto", help="speech LM backend (auto: vllm on GPU)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--share", action="store_true", help="also open a public Gradio share link")
+    p.add_argument(
+        "--max-concurrency", type=_positive_int, default=Limits.max_concurrency,
+        help="requests computing at once (engine slots and the UI's GPU queue)",
+    )  # fmt: skip
+    p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
+    p.add_argument(
+        "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
+    )
+    return p.parse_args(argv)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    limits = Limits(max_concurrency=args.max_concurrency)
+    return EngineConfig(model=args.model, device=args.device, backend=args.backend, limits=limits)
+
+
+def build_engine(cfg: EngineConfig) -> Any:
+    """Load the checkpoint (downloading it on first use) and return the resident engine."""
+    from engine.engine import TTSEngine  # torch and the models load here, not at import
+
+    return TTSEngine.load(cfg)
+
+
+def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | None) -> bool:
+    """Add the OpenAI-style API (``api.app.mount_api``) when that package is present; before the UI mount."""
+    try:
+        from api.app import mount_api as mount
+    except ModuleNotFoundError as err:
+        if err.name not in ("api", "api.app"):
+            raise
+        log.warning("api/ is not available (%s): serving the UI only", err)
+        return False
+    mount(app, engine, limits, api_key)
+    return True
+
+
+def create_app(
+    engine: Any,
+    *,
+    ui_lang: str = "zh",
+    limits: Limits | None = None,
+    api_key: str | None = None,
+    random_weights: bool = False,
+) -> FastAPI:
+    """One FastAPI app: the API, the studio's PCM / download routes, then the Gradio UI at "/" (last,
+    because a mount at "/" catches every path registered after it)."""
+    import gradio as gr
+    from fastapi import FastAPI
+
+    from webui import stream_route
+    from webui.layout import build_demo, page_options
+
+    limits = limits or Limits()
+    hub, store = stream_route.StreamHub(), stream_route.AudioStore()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not engine.ready:  # the engine serves only once warm; warm it on the server's event loop
+            await engine.warmup()
+        try:
+            yield
+        finally:
+            store.cleanup()
+            close = getattr(engine, "close", None)  # test fakes have nothing to release
+            if close is not None:
+                close()
+
+    app = FastAPI(title="CosyStream", lifespan=lifespan)
+    mount_api(app, engine, limits, api_key)
+    app.include_router(stream_route.router(hub, store, open_timeout_s=limits.request_timeout_s))
+    demo = build_demo(engine, ui_lang, limits, hub=hub, store=store, random_weights=random_weights)
+    return gr.mount_gradio_app(app, demo, path="/", **page_options())
+
+
+def open_share_link(host: str, port: int) -> None:
+    """A public *.gradio.live tunnel to this server (needs internet; failures are logged, not fatal)."""
+    from gradio import networking
+
+    def run() -> None:
+        try:
+            local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            url = networking.setup_tunnel(local, port, secrets.token_urlsafe(32), None, None)
+            log.info("public share link: %s", url)
+        except Exception as err:  # the tunnel is optional: the local server keeps running
+            log.error("could not open a share link: %s", err)
+
+    threading.Thread(target=run, name="share-tunnel", daemon=True).start()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = engine_config(args)
+    engine = build_engine(cfg)
+    app = create_app(
+        engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
+        random_weights=cfg.model == DEMO_TINY,
+    )  # fmt: skip
+    if args.share:
+        open_share_link(args.host, args.port)
+    import uvicorn
+
+    log.info("CosyStream on http://%s:%d (model %s)", args.host, args.port, cfg.model)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""CLI flags -> EngineConfig; the app mounts the UI and the studio routes around an injected engine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import httpx
+import pytest
+
+import app
+from engine.config import DEFAULT_MODEL, EngineConfig, Limits
+from tests.fakes import FakeEngine
+
+
+def test_defaults() -> None:
+    args = app.parse_args([])
+    assert (args.model, args.host, args.port, args.ui_lang, args.share) == (
+        DEFAULT_MODEL, "127.0.0.1", 7860, "zh", False,
+    )  # fmt: skip
+    assert app.engine_config(args) == EngineConfig()
+
+
+def test_flags_reach_the_engine_config() -> None:
+    args = app.parse_args(
+        ["--model", "demo-tiny", "--device", "cpu", "--backend", "native", "--max-concurrency", "4",
+         "--ui-lang", "en", "--port", "9000", "--api-key", "k"]
+    )  # fmt: skip
+    cfg = app.engine_config(args)
+    assert (cfg.model, cfg.device, cfg.backend) == ("demo-tiny", "cpu", "native")
+    assert cfg.limits == Limits(max_concurrency=4)
+    assert (args.ui_lang, args.port, args.api_key) == ("en", 9000, "k")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--device", "tpu"], ["--backend", "trt"], ["--max-concurrency", "0"], ["--ui-lang", "fr"]]
+)
+def test_bad_flags_exit_with_usage(argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        app.parse_args(argv)
+    assert exc.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
+def test_import_is_light() -> None:
+    code = textwrap.dedent(
+        """
+        import sys, app
+        heavy = [m for m in ("torch", "gradio", "engine.engine", "uvicorn", "fastapi") if m in sys.modules]
+        print(heavy)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_build_engine_imports_the_engine_lazily(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "engine.engine", None)  # "not importable": proves the import is inside
+    with pytest.raises(ModuleNotFoundError):
+        app.build_engine(EngineConfig())
+
+
+def test_mount_api_is_optional(monkeypatch, caplog) -> None:
+    from fastapi import FastAPI
+
+    monkeypatch.setitem(sys.modules, "api.app", None)
+    assert app.mount_api(FastAPI(), FakeEngine(), Limits(), None) is False
+    assert "serving the UI only" in caplog.text
+
+
+async def test_app_serves_the_ui_and_studio_routes() -> None:
+    fastapi_app = app.create_app(FakeEngine(), ui_lang="en", random_weights=True)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fastapi_app), base_url="http://t") as c:
+        page = await c.get("/")
+        assert page.status_code == 200 and "CosyStream" in page.text
+        # the studio's routes answer (not Gradio's catch-all mount at "/", which would 404 differently)
+        assert (await c.get("/webui/pcm/not-an-id")).json() == {"detail": "unknown stream"}
+        missing = await c.get("/webui/audio/" + "a" * 32 + ".wav")
+        assert missing.status_code == 404 and "history" in missing.json()["detail"]
