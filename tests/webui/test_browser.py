@@ -1,0 +1,175 @@
+"""The studio end to end in headless Chromium: upload, Generate with streaming, audio plays, metrics show
+numbers, Stop aborts the engine mid-stream, a missing prompt shows its error.
+
+The app is ``app.create_app`` around a slow fake engine on 127.0.0.1 (a later switch: ``--model demo-tiny``).
+Writes ``test-output/webui-studio.png`` and ``test-output/webui-latency.json`` (click -> first sound in the
+browser vs the server's time to first audio).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import app
+from engine.metrics import ServerStats
+from engine.request import SynthesisRequest
+from tests.fakes import FakeEngine
+from tests.sounds import write_wav
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "test-output"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+if not Path(CHROMIUM).exists():
+    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
+
+
+class BrowserEngine(FakeEngine):
+    """40 chunks of 0.2 s, one per 80 ms (RTF 0.4): long enough to press Stop mid-stream."""
+
+    def __init__(self) -> None:
+        super().__init__(n_chunks=40, chunk_s=0.2, delay_s=0.08)
+        self.audio_total = 0.0
+
+    async def stream(self, req: SynthesisRequest) -> AsyncIterator:  # type: ignore[override]
+        async for chunk in super().stream(req):
+            self.audio_total += chunk.seconds
+            yield chunk
+
+    def stats(self) -> ServerStats:
+        return ServerStats(
+            active_streams=len(self.active), completed=self.completed, audio_s_total=self.audio_total
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, BrowserEngine]]:
+    import uvicorn
+
+    engine = BrowserEngine()
+    port = free_port()
+    fastapi_app = app.create_app(engine, ui_lang="en", random_weights=True)
+    config = uvicorn.Config(fastapi_app, "127.0.0.1", port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the app did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/", engine
+    srv.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        args = ["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, server) -> Iterator[Any]:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(server[0])
+    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=30_000)
+    yield page
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def prompt_wav(tmp_path_factory) -> str:
+    return str(write_wav(tmp_path_factory.mktemp("browser") / "prompt.wav", seconds=4.0))
+
+
+def fill_request(page: Any, prompt: str | None, text: str = "Hello there. This is a streaming test!") -> None:
+    if prompt:
+        page.locator("#cosy-prompt input[type=file]").set_input_files(prompt)
+        page.locator(".cosy-note.cosy-good").wait_for(timeout=10_000)  # duration checked: "4.0 s ... ok"
+        page.locator("#cosy-transcript textarea").fill("this is the prompt")
+    page.locator("#cosy-text textarea").fill(text)
+
+
+def player(page: Any) -> dict[str, Any]:
+    return page.evaluate("window.cosyPlayer.stats")
+
+
+def metric(page: Any, key: str) -> float:
+    text = page.locator(f'[data-metric="{key}"]').first.inner_text()
+    number = re.match(r"[\d,.]+", text.strip())
+    assert number, f"{key} shows {text!r}, not a number"
+    return float(number.group().replace(",", ""))
+
+
+def test_missing_prompt_shows_the_error(page) -> None:
+    fill_request(page, None)
+    page.locator("#cosy-generate").click()
+    page.get_by_text("A prompt voice is needed").first.wait_for(timeout=10_000)
+    page.wait_for_function("window.cosyPlayer.stats.state === 'idle'", timeout=5_000)  # player released
+
+
+def test_streams_plays_and_shows_metrics(page, server, prompt_wav) -> None:
+    engine = server[1]
+    fill_request(page, prompt_wav)
+    page.locator("#cosy-generate").click()
+    page.wait_for_function("window.cosyPlayer.stats.playedS > 0.3", timeout=15_000)
+    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=15_000)
+    live = player(page)
+    expected_samples = engine.n_chunks * int(engine.chunk_s * engine.sample_rate)
+    assert live["sampleRate"] == engine.sample_rate and live["samples"] == expected_samples
+    assert live["bytes"] == 2 * expected_samples and live["firstSoundMs"] > 0
+    server_ttfa, browser_ttfa = metric(page, "ttfa_server"), live["firstSoundMs"]
+    assert metric(page, "rtf") > 0 and metric(page, "audio_s") == pytest.approx(8.0)
+    assert metric(page, "tokens_s") > 0 and metric(page, "lm_tokens") == 200
+    page.wait_for_function(
+        "getComputedStyle(document.documentElement).getPropertyValue('--cosy-bttfa').includes('ms')"
+    )
+    wav = page.locator('.cosy-history a[href$=".wav"]').first.get_attribute("href")
+    download = page.request.get(server[0] + wav)
+    assert download.status == 200 and download.headers["content-type"] == "audio/wav"
+    mp3 = page.request.get(server[0] + wav.replace(".wav", ".mp3"))
+    assert mp3.status == 200 and len(mp3.body()) > 1000
+    page.wait_for_function("window.cosyPlayer.stats.playedS > 1.0")  # keeps playing after the server is done
+    OUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUT / "webui-studio.png"), full_page=True)
+    numbers = {"server_ttfa_ms": server_ttfa, "click_to_first_sound_ms": round(browser_ttfa, 1)}
+    numbers["browser_overhead_ms"] = round(browser_ttfa - server_ttfa, 1)
+    numbers["underruns"] = live["underruns"]
+    (OUT / "webui-latency.json").write_text(json.dumps(numbers, indent=2))
+    print(f"\nserver TTFA {server_ttfa:.0f} ms; click -> first sound in the browser {browser_ttfa:.0f} ms")
+
+
+def test_stop_aborts_the_engine_mid_stream(page, server, prompt_wav) -> None:
+    engine = server[1]
+    fill_request(page, prompt_wav)
+    page.locator("#cosy-generate").click()
+    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=15_000)
+    rid = player(page)["rid"]
+    page.locator("#cosy-stop").click()
+    page.locator('.cosy-status[data-state="stopped"]').wait_for(timeout=10_000)
+    assert rid in engine.aborted and rid not in engine.active
+    live = player(page)
+    assert live["state"] == "stopped" and 0 < live["samples"] < engine.n_chunks * 4800
+    time.sleep(0.3)
+    assert player(page)["samples"] == live["samples"]  # nothing more arrives
