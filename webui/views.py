@@ -134,7 +134,7 @@ def sparkline_svg(values: Sequence[float], width: int = 260, height: int = 56) -
 
 def server_html(stats: ServerStats, rates: Sequence[float], t: Texts) -> str:
     """The server panel: live gauges plus the throughput sparkline."""
-    now = rates[-1] if rates else 0.0
+    now, peak = (rates[-1], max(rates)) if rates else (0.0, 0.0)
     tiles = [
         _tile("active", t("active"), str(stats.active_streams)),
         _tile("queued", t("queued"), str(stats.queued)),
@@ -143,7 +143,8 @@ def server_html(stats: ServerStats, rates: Sequence[float], t: Texts) -> str:
     ]
     return (
         f'<div class="cosy-server"><div class="cosy-tiles cosy-tiles4">{"".join(tiles)}</div>'
-        f'<div class="cosy-k">{html.escape(t("throughput"))} <b data-metric="throughput">{now:.2f}</b></div>'
+        f'<div class="cosy-k">{html.escape(t("throughput"))} <b data-metric="throughput">{now:.2f}</b>'
+        f' · {html.escape(t("peak"))} <b data-metric="throughput_peak">{peak:.2f}</b></div>'
         f"{sparkline_svg(list(rates))}</div>"
     )
 

@@ -80,7 +80,8 @@ def test_server_html_shows_gauges_and_latest_rate() -> None:
     html = views.server_html(stats, [0.5, 4.25], T)
     assert (metric(html, "active"), metric(html, "queued"), metric(html, "completed")) == ("3", "2", "9")
     assert metric(html, "memory").startswith("1,536") and "cuda:0" in html
-    assert metric(html, "throughput") == "4.25"
+    assert metric(html, "throughput") == "4.25" and metric(html, "throughput_peak") == "4.25"
+    assert metric(views.server_html(stats, [5.0, 1.0], T), "throughput_peak") == "5.00"
 
 
 @pytest.mark.parametrize(

@@ -13,13 +13,16 @@
   const AUDIBLE = 1e-3; // |sample| above this counts as sound (-60 dBFS)
   const PEAK_BINS = 180; // bars in the live waveform
 
-  const S = { rid: "", ctx: null, ctrl: null, nextAt: 0, pending: [], pendingN: 0, sources: [], peaks: [] };
+  const S = { rid: "", ctx: null, ctrl: null, nextAt: 0, pending: [], pendingN: 0, sources: [], peaks: [], top: 0 };
   let stats = fresh("");
 
   function fresh(rid) {
     return {
       rid, state: "idle", clickAt: performance.now(), sampleRate: 0, bytes: 0, samples: 0, reads: 0,
-      scheduledS: 0, playedS: 0, underruns: 0, firstSoundMs: null, error: null,
+      scheduledS: 0, playedS: 0, underruns: 0, error: null,
+      firstByteMs: null, // click -> first PCM bytes read (server + network side)
+      firstPlayMs: null, // click -> first sample reaches the output, audible or not
+      firstSoundMs: null, // click -> first sample above -60 dBFS reaches the output
     };
   }
 
@@ -49,7 +52,7 @@
   function start(rid) {
     stop();
     const ctx = context();
-    S.rid = rid; S.nextAt = 0; S.pending = []; S.pendingN = 0; S.sources = []; S.peaks = [];
+    S.rid = rid; S.nextAt = 0; S.pending = []; S.pendingN = 0; S.sources = []; S.peaks = []; S.top = 0;
     stats = fresh(rid);
     stats.state = "waiting";
     setBrowserTtfa("…");
@@ -88,6 +91,7 @@
       const view = new DataView(bytes.buffer, bytes.byteOffset, n * 2);
       const pcm = new Float32Array(n);
       for (let i = 0; i < n; i++) pcm[i] = view.getInt16(2 * i, true) / 32768;
+      if (stats.firstByteMs === null) stats.firstByteMs = performance.now() - stats.clickAt;
       stats.bytes += value.length; stats.samples += n; stats.reads += 1;
       feed(pcm, ctx, false);
       addPeaks(pcm);
@@ -128,6 +132,7 @@
     S.sources.push(src);
     S.nextAt = at + buf.duration;
     stats.scheduledS += buf.duration;
+    if (stats.firstPlayMs === null) stats.firstPlayMs = toPerf(ctx, at) - stats.clickAt;
     if (stats.firstSoundMs === null) markFirstSound(pcm, ctx, at, sr);
   }
 
@@ -160,6 +165,7 @@
       let peak = 0;
       for (let j = i; j < Math.min(i + step, pcm.length); j++) peak = Math.max(peak, Math.abs(pcm[j]));
       S.peaks.push(peak);
+      S.top = Math.max(S.top || 0, peak);
     }
     if (S.peaks.length > PEAK_BINS) S.peaks = S.peaks.slice(-PEAK_BINS);
   }
@@ -185,10 +191,13 @@
     g.fillStyle = getComputedStyle(canvas).color;
     const bw = w / PEAK_BINS;
     S.peaks.forEach((p, i) => {
-      const bh = Math.max(1, Math.min(1, p * 1.8) * h);
+      const bh = Math.max(1, (p / Math.max(S.top || 0, 0.01)) * h * 0.9); // auto-gain, floor at -40 dBFS
       g.fillRect(i * bw, (h - bh) / 2, Math.max(1, bw - 1), bh);
     });
   }
+
+  // Start the audio output at the page's first gesture, so Generate does not pay for the device spin-up.
+  document.addEventListener("pointerdown", () => context(), { once: true, capture: true });
 
   window.cosyPlayer = {
     newRid, start, idle, stop,
