@@ -1,0 +1,246 @@
+"""``python -m bench``: sweep concurrency x modes with fixed-length requests; write JSON, markdown, a plot.
+
+    python -m bench --random-full v3 --concurrency 1,4,16,64,128 --modes stream,offline --tokens 250 \\
+        --baseline --out bench-results/v3 --hardware "1x NVIDIA H200"
+    python -m bench --random-tiny v2 --concurrency 1,2 --tokens 60 --out /tmp/bench   # CPU smoke run
+    python -m bench --url http://127.0.0.1:7860 --concurrency 1,4 --out /tmp/http     # a running server
+
+Random-weight model directories are built once into ``<cache-dir>/bench/<family>-<size>`` and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt_audio, run_level
+from bench.report import write_report
+
+log = logging.getLogger("bench")
+FAMILIES = {"v2": "cosyvoice2", "v3": "cosyvoice3"}
+MODES = ("stream", "offline")
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1, got {text!r}")
+    return values
+
+
+def mode_list(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"modes are a comma-separated subset of {MODES}, got {text!r}")
+    return modes
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", help="a model directory or hub id (real or random weights)")
+    src.add_argument(
+        "--random-full", choices=sorted(FAMILIES), help="full-size random weights, released layout"
+    )
+    src.add_argument("--random-tiny", choices=sorted(FAMILIES), help="tiny random weights (CPU smoke runs)")
+    p.add_argument("--url", help="drive a running server's HTTP API instead of an in-process engine")
+    p.add_argument("--concurrency", type=int_list, default=[1, 4, 16], help="levels, e.g. 1,4,16,64,128")
+    p.add_argument("--modes", type=mode_list, default=list(MODES), help="stream,offline or one of them")
+    p.add_argument("--tokens", type=int, default=250, help="speech tokens per request (25 = 1 s of audio)")
+    p.add_argument("--requests", type=int, default=0, help="requests per level (at least the concurrency)")
+    p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
+    p.add_argument("--baseline", action="store_true", help="also run the reference-style baseline")
+    p.add_argument("--baseline-max-concurrency", type=int, default=4, help="it serialises: keep it small")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"))
+    p.add_argument("--backend", default="auto", choices=("auto", "native", "vllm"))
+    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cosystream"))
+    p.add_argument("--warmup", type=int, default=1, help="untimed bench requests per mode before measuring")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--hardware", default="", help="hardware line for the report (default: this host's CPU)")
+    p.add_argument("--api-key", default=None, help="bearer key for --url")
+    p.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
+    args = p.parse_args(argv)
+    if not (args.url or args.model or args.random_full or args.random_tiny):
+        p.error("name a model (--model, --random-full, --random-tiny) or a server (--url)")
+    if args.url and args.baseline:
+        p.error("the baseline runs in-process: run it without --url")
+    if not 1 <= args.tokens <= 3000:
+        p.error(f"--tokens must be within [1, 3000], got {args.tokens}")
+    return args
+
+
+# ------------------------------------------------------------------------------------------- the model
+
+
+def random_model(family: str, size: str, cache_dir: str | Path) -> Path:
+    """A random-weight model directory, built once (atomically: a half-written one is never reused)."""
+    from bench.make_model import build_model_dir
+
+    target = Path(cache_dir) / "bench" / f"{family}-{size}"
+    if (target / ".complete").is_file():
+        return target
+    staging = target.with_name(target.name + f".partial-{os.getpid()}")
+    log.info("building a %s %s random-weight model in %s (once)", size, family, target)
+    build_model_dir(staging, family, size)
+    (staging / ".complete").write_text("built by python -m bench\n")
+    staging.rename(target)
+    return target
+
+
+def model_source(args: argparse.Namespace) -> str:
+    if args.random_full:
+        return str(random_model(FAMILIES[args.random_full], "full", args.cache_dir))
+    if args.random_tiny:
+        return str(random_model(FAMILIES[args.random_tiny], "tiny", args.cache_dir))
+    return str(args.model)
+
+
+def load_engine(args: argparse.Namespace) -> Any:
+    from engine.config import EngineConfig, Limits
+    from engine.engine import TTSEngine
+
+    most = max(args.concurrency)
+    cfg = EngineConfig(
+        model=model_source(args),
+        device=args.device,
+        backend=args.backend,
+        cache_dir=args.cache_dir,
+        voices_dir=str(Path(args.cache_dir) / "bench" / "voices"),
+        limits=Limits(max_concurrency=most, max_queue=most),
+    )
+    return TTSEngine.load(cfg)
+
+
+# ------------------------------------------------------------------------------------------- the runs
+
+
+async def sweep(target: Target, args: argparse.Namespace, levels: Sequence[int]) -> list[Level]:
+    prompt = prompt_audio()
+    out = []
+    for mode in args.modes:
+        workload = Workload(tokens=args.tokens, stream=mode == "stream")
+        if args.warmup:
+            await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
+        for c in levels:
+            level = await run_level(target, workload, c, max(args.requests, c), prompt, args.seed)
+            log.info(_line(level))
+            _check_length(level, args.tokens)
+            out.append(level)
+    return out
+
+
+def _check_length(level: Level, tokens: int) -> None:
+    """Warn when requests did not get the forced length (a server that ignores ``forced_tokens``)."""
+    want = tokens / 25.0
+    got = [r.audio_s for r in level.per_request if r.ok and abs(r.audio_s - want) > 0.05 * want]
+    if got:
+        log.warning(
+            "%d of %d requests returned %.2f-%.2f s of audio instead of the forced %.2f s: compute is not "
+            "fixed (does the server honour forced_tokens?)",
+            len(got), level.requests, min(got), max(got), want,
+        )  # fmt: skip
+
+
+def _line(lv: Level) -> str:
+    def f(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    return (
+        f"{lv.system} {lv.mode} c={lv.concurrency}: TTFA p50 {f(lv.ttfa_ms['p50'], '.0f')} ms "
+        f"p95 {f(lv.ttfa_ms['p95'], '.0f')} ms, RTF p50 {f(lv.rtf['p50'], '.3f')}, "
+        f"underrun streams {lv.underrun_requests}, {lv.audio_s_per_s:.2f} audio s/s, failed {lv.failed}"
+    )
+
+
+async def run_engine(args: argparse.Namespace) -> tuple[list[Level], dict[str, str]]:
+    engine = load_engine(args)
+    try:
+        await engine.warmup()
+        levels = await sweep(EngineTarget(engine), args, args.concurrency)
+        if args.baseline:
+            from bench.baseline import ReferenceStyle
+
+            small = [c for c in args.concurrency if c <= args.baseline_max_concurrency]
+            levels += await sweep(ReferenceStyle(engine), args, small)
+        info = {"model": f"{engine.model_name} ({engine.family})", "device": str(engine.model.device)}
+        return levels, info | {"backend": engine.backend.name}
+    finally:
+        engine.close()
+
+
+async def run_http(args: argparse.Namespace) -> tuple[list[Level], dict[str, str]]:
+    target = HttpTarget(args.url, max(args.concurrency), args.api_key)
+    try:
+        levels = await sweep(target, args, args.concurrency)
+    finally:
+        await target.aclose()
+    return levels, {"model": args.url, "device": "server", "backend": "server"}
+
+
+def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, str]) -> dict[str, Any]:
+    return info | {
+        "command": "python -m bench " + shlex.join(argv),
+        "hardware": args.hardware or host_hardware(),
+        "tokens": args.tokens,
+        "git": git_commit(),
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+    }
+
+
+def host_hardware() -> str:
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [
+            ln.split(":", 1)[1].strip()
+            for ln in cpuinfo.read_text().splitlines()
+            if ln.startswith("model name")
+        ]
+        name = names[0] if names else name
+    return f"{name}, {os.cpu_count()} CPU threads"
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    levels, info = asyncio.run(run_http(args) if args.url else run_engine(args))
+    result = {"meta": meta(args, argv, info), "levels": [asdict(lv) for lv in levels]}
+    paths = write_report(result, args.out)
+    for kind, path in paths.items():
+        log.info("%s: %s", kind, path)
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""The load generator: fixed-length requests at a fixed concurrency, timed from the client's side.
+
+A *target* runs one ``SynthesisRequest`` and reports what it sees to a ``Recorder``: when the request left
+the queue and when each piece of audio arrived. Targets: ``EngineTarget`` (``TTSEngine.stream``
+in-process), ``HttpTarget`` (``POST /v1/audio/speech`` streaming raw pcm) and, in ``bench.baseline``, the
+reference-style path. ``run_level`` drives one target closed-loop: ``concurrency`` workers each send their
+next request as soon as the previous one ends, until ``requests`` are done.
+
+Definitions (all measured by the client; seconds of audio at 24 kHz):
+- queue wait: submit -> the request starts computing (engine metrics; the X-Queue-Wait-Ms header over HTTP);
+- TTFA: submit -> first non-empty audio arrives (includes the queue wait);
+- RTF: (last audio arrival - submit) / audio seconds: what the client waits per second of audio, queue
+  included (the engine's own ``RequestMetrics.rtf`` leaves the queue out; with as many engine slots as
+  streams, as the bench sets them, the two agree);
+- underrun: a player starts at the first chunk's arrival and plays without gaps; a chunk is late when it
+  arrives after everything delivered before it has finished playing; the player then stalls until the chunk
+  arrives (the stall adds to underrun seconds) and resumes from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+import math
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.request import Mode, SynthesisRequest
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+# One sentence so the text frontend makes exactly one segment: forced_tokens then fixes the whole length.
+TEXT = "CosyStream measures streaming speech synthesis at a fixed length"
+TRANSCRIPT = "This is the transcript of the prompt voice"
+
+
+def prompt_audio(seconds: float = 3.5, sr: int = SAMPLE_RATE, f0: float = 130.0) -> np.ndarray:
+    """A voiced stand-in prompt, float32 mono: 6 harmonics of a gliding f0 under a 4 Hz syllable envelope."""
+    t = np.arange(int(seconds * sr)) / sr
+    pitch = f0 * (1.0 + 0.06 * np.sin(2 * np.pi * 0.5 * t))
+    phase = 2 * np.pi * np.cumsum(pitch) / sr
+    voice = sum(np.sin(k * phase) / k for k in range(1, 7))
+    syllables = np.sin(np.pi * 4.0 * t) ** 2  # 4 syllables/s, silent between them
+    noise = np.random.default_rng(0).standard_normal(t.size)
+    return (0.25 * voice * syllables + 0.005 * noise).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every request of a run asks for; ``tokens`` speech tokens = tokens / 25 s of audio."""
+
+    tokens: int = 250
+    stream: bool = True
+    mode: Mode = Mode.ZERO_SHOT
+    text: str = TEXT
+    transcript: str = TRANSCRIPT
+
+    def request(self, seed: int, prompt: np.ndarray) -> SynthesisRequest:
+        return SynthesisRequest(
+            text=self.text,
+            mode=self.mode,
+            prompt_audio=(prompt, SAMPLE_RATE),
+            prompt_text=self.transcript,
+            stream=self.stream,
+            seed=seed,
+            forced_tokens=self.tokens,
+        )
+
+
+# --------------------------------------------------------------------------------------------- math
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between order statistics (numpy's default)."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be within [0, 100], got {q}")
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def distribution(values: Sequence[float]) -> dict[str, float | None]:
+    """p50/p95/p99/mean/max of a sample (None everywhere when it is empty)."""
+    return {
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "p99": percentile(values, 99),
+        "mean": sum(values) / len(values) if values else None,
+        "max": max(values) if values else None,
+    }
+
+
+def underruns(arrivals: Sequence[tuple[float, float]]) -> tuple[int, float]:
+    """(late chunks, stalled seconds) for arrivals [(arrival s, audio s)] in arrival order.
+
+    The player starts with the first non-empty chunk; ``played_until`` is when the audio delivered so far
+    finishes playing. A chunk arriving later than that is an underrun: playback stalls until it arrives.
+    """
+    played_until: float | None = None
+    count, stalled = 0, 0.0
+    for t, seconds in arrivals:
+        if seconds <= 0:
+            continue  # the end-of-stream marker carries no audio
+        if played_until is None:
+            played_until = t
+        elif t > played_until:
+            count, stalled, played_until = count + 1, stalled + t - played_until, t
+        played_until += seconds
+    return count, stalled
+
+
+# ----------------------------------------------------------------------------------------- recording
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One request as the client saw it; times in ms, audio in s; ``error`` set when it failed."""
+
+    index: int
+    error: str | None
+    queue_wait_ms: float | None
+    ttfa_ms: float | None
+    rtf: float | None
+    audio_s: float
+    total_ms: float
+    chunks: int
+    underruns: int
+    underrun_s: float
+    stage_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Recorder:
+    """The client-side clock of one request; ``chunk`` may be called from another thread."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self.t_submit = clock()
+        self.queue_wait_s: float | None = None
+        self.arrivals: list[tuple[float, float]] = []  # (s since submit, audio s)
+        self.stage_ms: dict[str, float] = {}
+
+    def started(self, queue_wait_s: float | None = None) -> None:
+        """The request began computing ``queue_wait_s`` after submit (default: now)."""
+        if self.queue_wait_s is None:
+            self.queue_wait_s = self._clock() - self.t_submit if queue_wait_s is None else queue_wait_s
+
+    def chunk(self, seconds: float) -> None:
+        self.arrivals.append((self._clock() - self.t_submit, seconds))
+
+    def result(self, index: int, error: str | None = None) -> RequestResult:
+        audio = [(t, s) for t, s in self.arrivals if s > 0]
+        audio_s = sum(s for _, s in audio)
+        end = audio[-1][0] if audio else self._clock() - self.t_submit
+        count, stalled = underruns(audio)
+        return RequestResult(
+            index=index,
+            error=error,
+            queue_wait_ms=None if self.queue_wait_s is None else self.queue_wait_s * 1000.0,
+            ttfa_ms=audio[0][0] * 1000.0 if audio else None,
+            rtf=end / audio_s if audio_s > 0 else None,
+            audio_s=audio_s,
+            total_ms=end * 1000.0,
+            chunks=len(audio),
+            underruns=count,
+            underrun_s=stalled,
+            stage_ms=dict(self.stage_ms),
+        )
+
+
+# -------------------------------------------------------------------------------------------- targets
+
+
+class Target(Protocol):
+    name: str
+
+    async def run(self, req: SynthesisRequest, rec: Recorder) -> None: ...
+
+    def peak_memory_mb(self) -> float | None: ...
+
+
+class EngineTarget:
+    """``TTSEngine.stream`` in this process (the engine's own queue and batching)."""
+
+    name = "cosystream"
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    async def run(self, req: SynthesisRequest, rec: Recorder) -> None:
+        async for chunk in self.engine.stream(req):
+            rec.started(chunk.metrics.queue_wait_ms / 1000.0)
+            rec.chunk(chunk.seconds)
+            if chunk.is_last:
+                rec.stage_ms = dict(chunk.metrics.stage_ms)
+
+    def peak_memory_mb(self) -> float | None:
+        from engine import device as devices
+
+        return devices.peak_memory_mb(self.engine.model.device)
+
+
+def wav_base64(samples: np.ndarray, sr: int = SAMPLE_RATE) -> str:
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, samples, sr, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class HttpTarget:
+    """``POST {url}/v1/audio/speech`` with ``response_format=pcm`` (s16le), timed per received piece.
+
+    ``forced_tokens`` is sent as an extension field; a server that ignores it synthesises the text's own
+    length, which the results show as a different ``audio_s``.
+    """
+
+    name = "cosystream-http"
+
+    def __init__(self, url: str, max_connections: int, api_key: str | None = None):
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.url = url.rstrip("/") + "/v1/audio/speech"
+        self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0), headers=headers)
+        self._prompt_b64: dict[int, str] = {}
+
+    def body(self, req: SynthesisRequest) -> dict[str, Any]:
+        assert req.prompt_audio is not None, "the bench always sends its prompt audio"
+        samples, sr = req.prompt_audio
+        key = id(samples)
+        if key not in self._prompt_b64:
+            self._prompt_b64 = {key: wav_base64(samples, sr)}
+        return {
+            "input": req.text,
+            "mode": str(req.mode),
+            "ref_audio": self._prompt_b64[key],
+            "ref_text": req.prompt_text,
+            "response_format": "pcm",
+            "stream": req.stream,
+            "seed": req.seed,
+            "forced_tokens": req.forced_tokens,
+        }
+
+    async def run(self, req: SynthesisRequest, rec: Recorder) -> None:
+        async with self.client.stream("POST", self.url, json=self.body(req)) as resp:
+            if resp.status_code != 200:
+                detail = (await resp.aread()).decode("utf-8", "replace")[:300]
+                raise RuntimeError(f"HTTP {resp.status_code}: {detail}")
+            wait_ms = resp.headers.get("X-Queue-Wait-Ms")
+            rec.started(float(wait_ms) / 1000.0 if wait_ms is not None else None)
+            rate = int(resp.headers.get("X-Sample-Rate", SAMPLE_RATE))
+            async for data in resp.aiter_raw():
+                rec.chunk(len(data) / 2 / rate)  # s16le mono: 2 bytes a sample
+
+    def peak_memory_mb(self) -> float | None:
+        return None  # the server's device is not visible from here
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+# ------------------------------------------------------------------------------------------ one level
+
+
+@dataclass(frozen=True)
+class Level:
+    """One (system, mode, concurrency) run: its distributions and totals; JSON-ready via ``asdict``."""
+
+    system: str
+    mode: str
+    concurrency: int
+    requests: int
+    failed: int
+    wall_s: float
+    audio_s: float
+    audio_s_per_s: float
+    ttfa_ms: dict[str, float | None]
+    rtf: dict[str, float | None]
+    queue_wait_ms: dict[str, float | None]
+    underrun_requests: int
+    underruns: int
+    underrun_s: float
+    peak_device_memory_mb: float | None
+    host_peak_rss_mb: float
+    stage_ms_mean: dict[str, float]
+    errors: list[str]
+    per_request: list[RequestResult]
+
+
+async def _one(target: Target, req: SynthesisRequest, index: int) -> RequestResult:
+    rec = Recorder()
+    try:
+        await target.run(req, rec)
+    except Exception as err:  # a failed request is a data point, not the end of the run
+        log.warning("request %d failed: %s: %s", index, type(err).__name__, err)
+        return rec.result(index, f"{type(err).__name__}: {err}")
+    return rec.result(index)
+
+
+async def run_level(
+    target: Target, workload: Workload, concurrency: int, requests: int, prompt: np.ndarray, seed: int = 0
+) -> Level:
+    """``requests`` requests through ``concurrency`` closed-loop workers; request i uses seed ``seed + i``."""
+    if concurrency < 1 or requests < 1:
+        raise ValueError(f"need concurrency >= 1 and requests >= 1, got {concurrency} and {requests}")
+    pending = iter(range(requests))  # shared by the workers: each takes the next index when it is free
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        for i in pending:
+            results.append(await _one(target, workload.request(seed + i, prompt), i))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    mode = "stream" if workload.stream else "offline"
+    return summarize(target, mode, concurrency, sorted(results, key=lambda r: r.index), wall)
+
+
+def summarize(
+    target: Target, mode: str, concurrency: int, results: list[RequestResult], wall_s: float
+) -> Level:
+    ok = [r for r in results if r.ok]
+    audio = sum(r.audio_s for r in ok)
+    stages = sorted({k for r in ok for k in r.stage_ms})
+    return Level(
+        system=target.name,
+        mode=mode,
+        concurrency=concurrency,
+        requests=len(results),
+        failed=len(results) - len(ok),
+        wall_s=wall_s,
+        audio_s=audio,
+        audio_s_per_s=audio / wall_s if wall_s > 0 else 0.0,
+        ttfa_ms=distribution([r.ttfa_ms for r in ok if r.ttfa_ms is not None]),
+        rtf=distribution([r.rtf for r in ok if r.rtf is not None]),
+        queue_wait_ms=distribution([r.queue_wait_ms for r in ok if r.queue_wait_ms is not None]),
+        underrun_requests=sum(1 for r in ok if r.underruns),
+        underruns=sum(r.underruns for r in ok),
+        underrun_s=sum(r.underrun_s for r in ok),
+        peak_device_memory_mb=target.peak_memory_mb(),
+        host_peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,  # Linux: KiB
+        stage_ms_mean={k: sum(r.stage_ms.get(k, 0.0) for r in ok) / len(ok) for k in stages},
+        errors=sorted({r.error for r in results if r.error is not None}),
+        per_request=results,
+    )

@@ -1,0 +1,171 @@
+"""Bench results -> results.json, results.md (tables) and results.png (TTFA and RTF vs concurrency).
+
+Everything here works on the JSON form (``{"meta": {...}, "levels": [...]}``), so a saved run can be
+re-rendered anywhere: ``python -m bench.report DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Result = dict[str, Any]
+COLUMNS = (
+    "streams", "requests", "failed", "TTFA p50 ms", "TTFA p95 ms", "TTFA p99 ms", "RTF p50", "RTF p95",
+    "RTF p99", "queue p95 ms", "underrun streams", "underrun s", "audio s/s", "peak dev MiB",
+)  # fmt: skip
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _row(level: Result) -> list[str]:
+    t, r, q = level["ttfa_ms"], level["rtf"], level["queue_wait_ms"]
+    return [
+        str(level["concurrency"]), str(level["requests"]), str(level["failed"]),
+        _num(t["p50"], 0), _num(t["p95"], 0), _num(t["p99"], 0),
+        _num(r["p50"], 3), _num(r["p95"], 3), _num(r["p99"], 3),
+        _num(q["p95"], 0), f"{level['underrun_requests']}/{level['requests'] - level['failed']}",
+        _num(level["underrun_s"], 2), _num(level["audio_s_per_s"], 2),
+        _num(level["peak_device_memory_mb"], 0),
+    ]  # fmt: skip
+
+
+def table(header: Sequence[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def groups(result: Result) -> dict[tuple[str, str], list[Result]]:
+    """Levels by (system, mode), in run order, each sorted by concurrency."""
+    out: dict[tuple[str, str], list[Result]] = {}
+    for level in result["levels"]:
+        out.setdefault((level["system"], level["mode"]), []).append(level)
+    return {k: sorted(v, key=lambda lv: lv["concurrency"]) for k, v in out.items()}
+
+
+def realtime_streams(levels: list[Result]) -> int:
+    """The largest concurrency whose streams all finished with no underrun (0: none did)."""
+    held = [lv["concurrency"] for lv in levels if lv["failed"] == 0 and lv["underrun_requests"] == 0]
+    return max(held, default=0)
+
+
+def ratio_rows(result: Result) -> list[list[str]]:
+    """Per mode and concurrency, how many times better cosystream is: baseline / cosystream for TTFA p50,
+    TTFA p95 and RTF p50; cosystream / baseline for audio seconds per second. Below 1x: worse."""
+    by = groups(result)
+    rows = []
+    for (system, mode), base in by.items():
+        if system != "baseline":
+            continue
+        ours = {lv["concurrency"]: lv for lv in by.get(("cosystream", mode), [])}
+        for b in base:
+            if (o := ours.get(b["concurrency"])) is not None:
+                rows.append([mode, str(b["concurrency"]), *_ratios(b, o)])
+    return rows
+
+
+def _ratios(base: Result, ours: Result) -> list[str]:
+    def div(a: float | None, b: float | None) -> str:
+        return "-" if a is None or not b else f"{a / b:.1f}x"
+
+    return [
+        div(base["ttfa_ms"]["p50"], ours["ttfa_ms"]["p50"]),
+        div(base["ttfa_ms"]["p95"], ours["ttfa_ms"]["p95"]),
+        div(base["rtf"]["p50"], ours["rtf"]["p50"]),
+        div(ours["audio_s_per_s"], base["audio_s_per_s"]),
+    ]
+
+
+def markdown(result: Result) -> str:
+    meta = result["meta"]
+    parts = [
+        f"# Bench: {meta['model']}",
+        f"- hardware: {meta['hardware']}; device {meta['device']}; LM backend {meta['backend']}",
+        f"- {meta['tokens']} speech tokens per request ({meta['tokens'] / 25:.1f} s of audio); "
+        f"command: `{meta['command']}`",
+    ]
+    for (system, mode), levels in groups(result).items():
+        parts += [f"\n## {system} · {mode}\n", table(COLUMNS, [_row(lv) for lv in levels])]
+        if mode == "stream":
+            parts.append(f"\nStreams held in real time (no underrun, no failure): {realtime_streams(levels)}")
+    if rows := ratio_rows(result):
+        header = ("mode", "streams", "TTFA p50 ×", "TTFA p95 ×", "RTF p50 ×", "audio s/s ×")
+        note = "\n(times better than the reference-style baseline; below 1x is worse)"
+        parts += ["\n## Ratio to the reference-style baseline\n", table(header, rows), note]
+    return "\n".join(parts) + "\n"
+
+
+def plot(result: Result, path: Path) -> bool:
+    """TTFA and RTF (p50 solid, p95 dashed) vs concurrency, one row per mode; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning(
+            "matplotlib is not installed: no plot (pip install matplotlib; then python -m bench.report)"
+        )
+        return False
+    by = groups(result)
+    modes = list(dict.fromkeys(mode for _, mode in by))  # in run order
+    fig, axes = plt.subplots(len(modes), 2, figsize=(11, 3.6 * len(modes)), squeeze=False)
+    for row, mode in enumerate(modes):
+        for col, (key, label) in enumerate((("ttfa_ms", "time to first audio (ms)"), ("rtf", "RTF"))):
+            _panel(axes[row][col], {s: lv for (s, m), lv in by.items() if m == mode}, key, f"{label}, {mode}")
+    fig.suptitle(f"{result['meta']['model']} on {result['meta']['hardware']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _panel(ax: Any, systems: dict[str, list[Result]], key: str, title: str) -> None:
+    ticks: set[int] = set()
+    for n, (system, levels) in enumerate(sorted(systems.items())):
+        xs = [lv["concurrency"] for lv in levels]
+        ticks.update(xs)
+        for pct, style in (("p50", "-o"), ("p95", "--s")):
+            ys = [float("nan") if lv[key][pct] is None else lv[key][pct] for lv in levels]
+            ax.plot(xs, ys, style, color=f"C{n}", label=f"{system} {pct}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])
+    ax.set_xlabel("concurrent streams")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def write_report(result: Result, out: str | Path) -> dict[str, Path]:
+    """Write results.json, results.md and (with matplotlib) results.png into ``out``; returns the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "markdown": out / "results.md", "plot": out / "results.png"}
+    paths["json"].write_text(json.dumps(result, indent=1))
+    paths["markdown"].write_text(markdown(result))
+    if not plot(result, paths["plot"]):
+        del paths["plot"]
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Re-render results.md and results.png from a results.json.")
+    parser.add_argument("results", help="path of a results.json written by python -m bench")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    path = Path(args.results)
+    result = json.loads(path.read_text())
+    for kind, written in write_report(result, path.parent).items():
+        log.info("%s: %s", kind, written)
+
+
+if __name__ == "__main__":
+    main()

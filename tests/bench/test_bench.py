@@ -1,0 +1,173 @@
+"""The bench harness on a tiny random-weight model (CPU, seconds): CLI end to end, HTTP target, baseline,
+and the accounting (percentiles, underruns, client-side timing) on synthetic inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.__main__ import main, random_model
+from bench.baseline import ReferenceStyle
+from bench.load import (
+    HttpTarget,
+    Recorder,
+    Workload,
+    percentile,
+    prompt_audio,
+    run_level,
+    underruns,
+)
+from bench.report import markdown
+from engine.config import EngineConfig, Limits
+from engine.engine import TTSEngine
+
+TOKENS = 60  # streamed: a first chunk at 25 + pad + 3 tokens (pad 13 for the 3.5 s prompt), then the final
+CLI_TOKENS = 30  # one chunk either way: keeps the CLI sweep (12 requests) short
+
+
+# ------------------------------------------------------------------------------------------- the math
+
+
+def test_percentile_interpolates_between_order_statistics():
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([4.0, 1.0, 3.0, 2.0], 95) == pytest.approx(3.85)  # 1 + (n-1) * 0.95
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0 and percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
+    sample = list(np.random.default_rng(0).exponential(size=37))
+    for q in (1, 50, 95, 99):
+        assert percentile(sample, q) == pytest.approx(float(np.percentile(sample, q)))
+    with pytest.raises(ValueError, match="within"):
+        percentile([1.0], 101)
+
+
+def test_underruns_count_stalls_of_a_player_that_waits_and_resumes():
+    on_time = [(0.0, 1.0), (0.5, 1.0), (1.9, 1.0), (2.99, 1.0)]
+    assert underruns(on_time) == (0, 0.0)
+    count, stalled = underruns([(0.0, 1.0), (1.5, 1.0), (2.4, 1.0)])  # 2nd is 0.5 s late, 3rd then on time
+    assert count == 1 and stalled == pytest.approx(0.5)
+    count, stalled = underruns([(0.0, 0.5), (1.0, 0.5), (2.0, 0.5)])  # the clock restarts after each stall
+    assert count == 2 and stalled == pytest.approx(1.0)
+    count, _ = underruns([(0.0, 1.0), (0.2, 0.0), (9.0, 0.0)])  # empty end markers are not audio
+    assert count == 0
+    assert underruns([(3.0, 1.0), (3.9, 1.0)]) == (0, 0.0)  # playback starts at the first arrival
+
+
+def test_recorder_times_a_request_from_the_client_side():
+    ticks = iter([10.0, 10.2, 10.5, 11.0, 11.5, 11.6])
+    rec = Recorder(clock=lambda: next(ticks))  # submit at 10.0
+    rec.started()  # 10.2: 200 ms in the queue
+    rec.chunk(0.4)  # 10.5: first audio
+    rec.chunk(1.0)  # 11.0: the first 0.4 s ran out at 10.9 -> 0.1 s stall
+    rec.chunk(0.0)  # 11.5: end marker
+    res = rec.result(3)
+    assert res.ok and res.index == 3 and res.chunks == 2
+    assert res.queue_wait_ms == pytest.approx(200.0) and res.ttfa_ms == pytest.approx(500.0)
+    assert res.audio_s == pytest.approx(1.4) and res.rtf == pytest.approx(1.0 / 1.4)  # queue included
+    assert res.underruns == 1 and res.underrun_s == pytest.approx(0.1)
+
+
+# ------------------------------------------------------------------------------------ tiny model runs
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bench-cache")
+    random_model("cosyvoice2", "tiny", root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def engine(cache):
+    model = random_model("cosyvoice2", "tiny", cache)  # reused: built once by the cache fixture
+    cfg = EngineConfig(
+        model=str(model), device="cpu", backend="native", voices_dir=str(cache / "voices"), limits=Limits()
+    )
+    eng = TTSEngine.load(cfg)
+    eng.ready = True
+    yield eng
+    eng.close()
+
+
+def test_cli_sweeps_both_modes_and_writes_json_markdown_and_plot(cache, tmp_path):
+    out = tmp_path / "out"
+    argv = [
+        "--random-tiny",
+        "v2",
+        "--cache-dir",
+        str(cache),
+        "--concurrency",
+        "1,2",
+        "--tokens",
+        str(CLI_TOKENS),
+    ]
+    paths = main([*argv, "--modes", "stream,offline", "--out", str(out), "--warmup", "0", "--baseline"])
+    result = json.loads(paths["json"].read_text())
+    assert result["meta"]["tokens"] == CLI_TOKENS and result["meta"]["device"] == "cpu"
+    got = {(lv["system"], lv["mode"], lv["concurrency"]) for lv in result["levels"]}
+    want = {(s, m, c) for s in ("cosystream", "baseline") for m in ("stream", "offline") for c in (1, 2)}
+    assert got == want
+    for lv in result["levels"]:
+        check_level(lv)
+    md = paths["markdown"].read_text()
+    assert md == markdown(result) and "## cosystream · stream" in md and "Ratio to the reference" in md
+    assert md.count("| 2 | 2 | 0 |") == 4  # one c=2 row per system x mode, no failures
+    assert paths["plot"].stat().st_size > 10_000 and paths["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+def check_level(lv: dict) -> None:
+    c, audio = lv["concurrency"], CLI_TOKENS / 25.0  # v2 keeps every token: 30 tokens = 1.2 s
+    assert lv["requests"] == c and lv["failed"] == 0 and lv["errors"] == []
+    assert lv["audio_s"] == pytest.approx(c * audio)
+    assert lv["audio_s_per_s"] == pytest.approx(lv["audio_s"] / lv["wall_s"])
+    t, r = lv["ttfa_ms"], lv["rtf"]
+    assert 0 < t["p50"] <= t["p95"] <= t["p99"] <= t["max"] <= lv["wall_s"] * 1000
+    assert 0 < r["p50"] <= r["p95"] <= r["p99"]
+    assert lv["underruns"] >= lv["underrun_requests"] and lv["underrun_s"] >= 0
+    assert lv["peak_device_memory_mb"] == 0.0 and lv["host_peak_rss_mb"] > 0
+    for req in lv["per_request"]:
+        assert req["audio_s"] == pytest.approx(audio) and req["queue_wait_ms"] >= 0
+        assert req["chunks"] == 1 and req["underruns"] == 0  # too short for a second chunk
+    if lv["system"] == "cosystream":
+        assert lv["stage_ms_mean"]["flow"] > 0 and lv["stage_ms_mean"]["hift"] > 0
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "offline"])
+async def test_baseline_computes_the_same_audio_as_the_engine(engine, stream):
+    """Same weights, sampler, seeds and chunk schedule: the reference-style path must match sample for
+    sample, so the ratios compare the serving strategy and nothing else."""
+    req = Workload(tokens=TOKENS, stream=stream).request(seed=7, prompt=prompt_audio())
+    ours, _ = await engine.synthesize(req)
+    pieces: list[np.ndarray] = []
+    ReferenceStyle(engine, poll_s=0.01).synthesize(req, pieces.append)
+    assert len(pieces) == (2 if stream else 1)
+    np.testing.assert_allclose(np.concatenate(pieces), ours, atol=1e-5)
+
+
+async def test_baseline_serves_one_request_at_a_time(engine):
+    target = ReferenceStyle(engine, poll_s=0.01)
+    level = await run_level(target, Workload(tokens=30, stream=False), 2, 2, prompt_audio())
+    first, second = sorted(level.per_request, key=lambda r: r.queue_wait_ms or 0.0)
+    assert level.failed == 0 and first.queue_wait_ms == pytest.approx(0.0, abs=50.0)
+    assert second.queue_wait_ms is not None and second.queue_wait_ms >= 0.8 * first.total_ms
+
+
+async def test_http_target_streams_pcm_from_a_live_server(engine):
+    from api.app import build_api
+    from tests.api.support import live_server
+
+    with live_server(build_api(engine, Limits(), api_key="")) as url:
+        target = HttpTarget(url, max_connections=2)
+        try:
+            workload = Workload(tokens=TOKENS, text="Hi there.")  # the API has no forced length: short text
+            level = await run_level(target, workload, 2, 2, prompt_audio())
+        finally:
+            await target.aclose()
+    assert level.system == "cosystream-http" and level.failed == 0, level.errors
+    assert level.peak_device_memory_mb is None
+    for req in level.per_request:
+        assert req.audio_s > 0 and req.audio_s * 24000 == pytest.approx(round(req.audio_s * 24000))
+        assert req.queue_wait_ms is not None and req.ttfa_ms is not None and req.rtf is not None
+        assert 0 <= req.queue_wait_ms <= req.ttfa_ms <= req.total_ms
