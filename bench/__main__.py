@@ -73,6 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hardware", default="", help="hardware line for the report (default: this host's CPU)")
     p.add_argument("--api-key", default=None, help="bearer key for --url")
     p.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
+    p.add_argument("--flow-dtype", default="float32", choices=("float32", "bfloat16"), help="GPU flow solver")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     args = p.parse_args(argv)
     if not (args.url or args.model or args.random_full or args.random_tiny):
         p.error("name a model (--model, --random-full, --random-tiny) or a server (--url)")
@@ -121,6 +123,8 @@ def load_engine(args: argparse.Namespace) -> Any:
         cache_dir=args.cache_dir,
         voices_dir=str(Path(args.cache_dir) / "bench" / "voices"),
         limits=Limits(max_concurrency=most, max_queue=most),
+        flow_dtype=args.flow_dtype,
+        cuda_graphs=not args.no_cuda_graphs,
     )
     return TTSEngine.load(cfg)
 
@@ -136,6 +140,8 @@ async def sweep(target: Target, args: argparse.Namespace, levels: Sequence[int])
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
         for c in levels:
+            if args.warmup and c > 1:  # the same shapes once untimed (CUDA graphs capture per batch bucket)
+                await run_level(target, workload, c, c, prompt, seed=10**6)
             level = await run_level(target, workload, c, max(args.requests, c), prompt, args.seed)
             log.info(_line(level))
             _check_length(level, args.tokens)
