@@ -12,6 +12,7 @@ import logging
 import secrets
 import threading
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import BACKENDS, DEFAULT_MODEL, DEVICES, EngineConfig, Limits
@@ -64,10 +65,20 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def build_engine(cfg: EngineConfig) -> Any:
-    """Load the checkpoint (downloading it on first use) and return the resident engine."""
+    """Load the checkpoint (downloading it on first use) and return the resident engine.
+
+    ``demo-tiny`` writes a tiny random-weight model in the released layout first (offline, seconds), so the
+    whole stack runs on a fresh CPU machine; its audio is noise and the UI says so.
+    """
     from engine.engine import TTSEngine  # torch and the models load here, not at import
 
-    return TTSEngine.load(cfg)
+    if cfg.model != DEMO_TINY:
+        return TTSEngine.load(cfg)
+    from bench.make_model import build_model_dir
+
+    root = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream") / DEMO_TINY
+    log.info("building the %s model (random weights) in %s", DEMO_TINY, root)
+    return TTSEngine.load(cfg, model_dir=build_model_dir(root, "cosyvoice3", "tiny"))
 
 
 def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | None) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -58,6 +60,28 @@ def test_build_engine_imports_the_engine_lazily(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "engine.engine", None)  # "not importable": proves the import is inside
     with pytest.raises(ModuleNotFoundError):
         app.build_engine(EngineConfig())
+
+
+class FakeTTSEngine:
+    loads: ClassVar[list[tuple]] = []
+
+    @classmethod
+    def load(cls, cfg, model_dir=None):
+        cls.loads.append((cfg.model, model_dir))
+        return cls()
+
+
+def test_demo_tiny_builds_a_random_model_offline(monkeypatch, tmp_path) -> None:
+    built: list[tuple] = []
+    monkeypatch.setitem(sys.modules, "engine.engine", types.SimpleNamespace(TTSEngine=FakeTTSEngine))
+    monkeypatch.setattr(
+        "bench.make_model.build_model_dir", lambda out, family, size: built.append((out, family, size)) or out
+    )
+    FakeTTSEngine.loads.clear()
+    app.build_engine(EngineConfig(model="demo-tiny", cache_dir=str(tmp_path)))
+    app.build_engine(EngineConfig(model="/models/cv3"))
+    assert built == [(tmp_path / "demo-tiny", "cosyvoice3", "tiny")]
+    assert FakeTTSEngine.loads == [("demo-tiny", tmp_path / "demo-tiny"), ("/models/cv3", None)]
 
 
 def test_mount_api_is_optional(monkeypatch, caplog) -> None:
