@@ -1,12 +1,14 @@
 """The speech LM on vLLM (CUDA; vllm-ascend on NPU): the ONLY module that imports vllm.
 
-* ``export_hf``: the loaded ``SpeechLM`` as a Hugging Face Qwen2 directory vLLM can serve: embed_tokens :=
-  speech_embedding, lm_head := llm_decoder, vocab = the speech vocabulary, bf16. v2's decoder has a bias,
-  which vLLM's Qwen2 head lacks, so v2 uses ``CosyVoice2ForCausalLM`` (registered by "module:Class" string
-  inside ``register()``, so nothing touches CUDA at import). Re-exported only when llm.pt changes.
-* ``RASLogitsProcessor``: samples each request's row with the SAME batched RAS code as the native backend
-  (engine.lm.sampling, seeded per request) and forces that id (all other logits -inf; requests run greedy).
-  Stop ids are masked before min_len there too, so vLLM's own min_tokens is not used.
+* ``export_hf``: the loaded ``SpeechLM`` as a stock Hugging Face Qwen2 directory vLLM can serve:
+  embed_tokens := speech_embedding, lm_head := llm_decoder (no bias), vocab = the speech vocabulary, bf16.
+  v2's decoder bias is saved beside it and added by our logits processor: AsyncLLM's engine core runs in
+  a spawned process where a model class registered at run time in this process is unknown, while the
+  processor is imported there by its "module:Class" name, so this keeps v2 exact with no plugin install.
+  Re-exported only when llm.pt changes (path, size, mtime).
+* ``RASLogitsProcessor``: adds the bias, then samples each request's row with the SAME batched RAS code as
+  the native backend (engine.lm.sampling, seeded per request) and forces that id (all other logits -inf;
+  requests run greedy). Stop ids are masked before min_len there too, so vLLM's min_tokens is not used.
 * ``VLLMBackend``: AsyncLLM with prompt embeddings and delta outputs; ``generate`` streams ids; closing the
   iterator aborts the vLLM request.
 Untested in CI (no vLLM there); exercised by tests marked ``gpu`` and by bench/ on an H200.
@@ -25,9 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import vllm
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from engine.config import SamplingConfig
@@ -37,30 +36,16 @@ from engine.lm.sampling import SamplerState, sample_step
 log = logging.getLogger(__name__)
 EXPORT_VERSION = 1
 _ARGS = "cosystream"  # key of our per-request data in SamplingParams.extra_args
-
-
-class CosyVoice2ForCausalLM(Qwen2ForCausalLM):
-    """vLLM's Qwen2 with a biased lm_head (v2 ``llm_decoder`` has a bias)."""
-
-    def __init__(self, *, vllm_config: Any, prefix: str = ""):
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        cfg = self.config
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, bias=True, prefix=f"{prefix}lm_head")
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states, self.lm_head.bias)
-
-
-def register() -> None:
-    """Make the v2 class known to vLLM (lazily, by string: safe in spawned workers)."""
-    vllm.ModelRegistry.register_model("CosyVoice2ForCausalLM", f"{__name__}:CosyVoice2ForCausalLM")
+BIAS_FILE = "cosystream_lm_head_bias.pt"  # v2 llm_decoder.bias, beside the exported weights
 
 
 class RASLogitsProcessor(LogitsProcessor):
     """Per-request RAS in vLLM's persistent batch; state is keyed by batch row as vLLM's API dictates."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
-        self.rows: dict[int, tuple[SamplerState, SamplingConfig]] = {}
+        self.rows: dict[int, tuple[SamplerState, SamplingConfig, bool]] = {}
+        bias = Path(vllm_config.model_config.model) / BIAS_FILE
+        self.bias = torch.load(bias, weights_only=True).float().to(device) if bias.is_file() else None
 
     def is_argmax_invariant(self) -> bool:
         return False  # it decides the token, greedy or not
@@ -76,7 +61,7 @@ class RASLogitsProcessor(LogitsProcessor):
                 self.rows.pop(index, None)
                 continue
             state = SamplerState.seeded(args["seed"], args["min_len"], args["max_len"], args["stop_ids"])
-            self.rows[index] = (state, SamplingConfig(**args["sampling"]))
+            self.rows[index] = (state, SamplingConfig(**args["sampling"]), bool(args.get("greedy")))
         for a, b, direction in batch_update.moved:
             moved_a, moved_b = self.rows.pop(a, None), self.rows.pop(b, None)
             if moved_a is not None:
@@ -85,16 +70,35 @@ class RASLogitsProcessor(LogitsProcessor):
                 self.rows[a] = moved_b
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None:
+            logits += self.bias  # [B, V] fp32: the v2 decoder bias vLLM's Qwen2 head lacks
         if not self.rows:
             return logits
         index = sorted(self.rows)
-        cfg = self.rows[index[0]][1]
-        picks = sample_step(logits[index], [self.rows[i][0] for i in index], cfg)
-        rows = torch.tensor(index, device=logits.device)
+        picks = [0] * len(index)
+        sampled = [i for i, row in enumerate(index) if not self.rows[row][2]]
+        if sampled:
+            rows = [index[i] for i in sampled]
+            drawn = sample_step(logits[rows], [self.rows[r][0] for r in rows], self.rows[rows[0]][1])
+            for i, tok in zip(sampled, drawn):
+                picks[i] = tok
+        for i, row in enumerate(index):
+            if self.rows[row][2]:
+                picks[i] = _greedy(logits[row], self.rows[row][0])
         forced = torch.full((len(index), logits.shape[1]), -float("inf"), device=logits.device)
         forced[torch.arange(len(index)), torch.tensor(picks, device=logits.device)] = 0.0
-        logits[rows] = forced
+        logits[torch.tensor(index, device=logits.device)] = forced
         return logits
+
+
+def _greedy(row: torch.Tensor, state: SamplerState) -> int:
+    """Argmax with stop ids masked before min_len (the parity check's decoding)."""
+    row = row.clone()
+    if len(state.history) < state.min_len:
+        row[sorted(state.stop_ids)] = -float("inf")
+    pick = int(row.argmax())
+    state.history.append(pick)
+    return pick
 
 
 def _fingerprint(llm_pt: Path) -> str:
@@ -120,12 +124,12 @@ def export_hf(
             tensors["model." + key.removeprefix("llm.model.model.")] = value
     tensors["model.embed_tokens.weight"] = lm.speech_embedding.weight
     tensors["lm_head.weight"] = lm.llm_decoder.weight
-    bias = lm.llm_decoder.bias is not None
-    if bias:
-        tensors["lm_head.bias"] = lm.llm_decoder.bias
+    bias = lm.llm_decoder.bias
+    if bias is not None:
+        torch.save(bias.detach().float().cpu().clone(), out / BIAS_FILE)
     tensors = {k: v.detach().to(getattr(torch, dtype)).contiguous().cpu() for k, v in tensors.items()}
     config = dict(qwen_config, vocab_size=lm.speech_embedding.weight.shape[0], tie_word_embeddings=False)
-    config.update(torch_dtype=dtype, architectures=["CosyVoice2ForCausalLM" if bias else "Qwen2ForCausalLM"])
+    config.update(torch_dtype=dtype, architectures=["Qwen2ForCausalLM"])
     config.pop("bos_token_id", None), config.pop("eos_token_id", None)
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -149,7 +153,6 @@ class VLLMBackend:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        register()
         repo = str(Path(__file__).resolve().parents[2])  # engine core processes import this module by name
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
         if repo not in sys.path:
@@ -172,7 +175,7 @@ class VLLMBackend:
     def active(self) -> int:
         return self._active
 
-    def _params(self, req: LMRequest) -> Any:
+    def _params(self, req: LMRequest, greedy: bool = False) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -182,6 +185,7 @@ class VLLMBackend:
             "max_len": req.max_len,
             "stop_ids": list(req.stop_ids),
             "sampling": dataclasses.asdict(self.sampling),
+            "greedy": greedy,
         }
         return SamplingParams(
             temperature=0.0,
@@ -208,23 +212,14 @@ class VLLMBackend:
                 await self.engine.abort(req.request_id)
 
     async def greedy(self, req: LMRequest) -> list[int]:
-        """Argmax decoding of exactly ``req.max_len`` tokens, stop ids masked by vLLM's own min_tokens (our
-        RAS processor leaves the row alone): the export/prompt-embeds parity check against the native LM."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(
-            temperature=0.0,
-            min_tokens=req.max_len,
-            max_tokens=req.max_len,
-            stop_token_ids=list(req.stop_ids),
-            detokenize=False,
-        )
+        """Argmax decoding through our processor (bias added, stop ids masked before min_len): the
+        export/prompt-embeds parity check against the native LM."""
+        params = self._params(req, greedy=True)
         prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
-        final = None
+        tokens: list[int] = []
         async for out in self.engine.generate(prompt, params, req.request_id):
-            final = out
-        assert final is not None
-        return list(final.outputs[0].token_ids)
+            tokens.extend(out.outputs[0].token_ids)
+        return tokens
 
     def close(self) -> None:
         self.engine.shutdown()
