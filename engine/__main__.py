@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -23,6 +24,8 @@ from engine.errors import EngineError
 from engine.request import Mode, SynthesisRequest
 
 log = logging.getLogger("engine")
+
+OUT_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")  # what soundfile writes, chosen by the file name
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,11 +98,22 @@ def _request(args: argparse.Namespace) -> SynthesisRequest:
     )
 
 
+def _check_out(path: str) -> None:
+    """Refuse an unwritable --out before the model loads, not after the synthesis."""
+    out = Path(path)
+    if out.suffix.lower() not in OUT_SUFFIXES:
+        raise ValueError(f"--out {path!r}: the file name must end in {', '.join(OUT_SUFFIXES)}")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {path!r}: the directory {str(out.parent)!r} does not exist")
+
+
 async def _synth(args: argparse.Namespace) -> None:
+    req = _request(args)  # bad flags fail here, before the model loads
+    _check_out(args.out)
     engine = _engine(args)
     try:
         parts = []
-        async for chunk in engine.stream(_request(args)):
+        async for chunk in engine.stream(req):
             parts.append(chunk.pcm)
             if args.stream and chunk.pcm.size:
                 log.info("chunk %d: %.2f s of audio", chunk.index, chunk.seconds)
@@ -136,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(_synth(args))
         else:
             _voices(args)
-    except (EngineError, ValueError) as err:
+    except (EngineError, ValueError, OSError, sf.LibsndfileError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

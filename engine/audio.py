@@ -219,7 +219,8 @@ def _read_pyav(data: str | io.BytesIO, limits: AudioLimits) -> tuple[np.ndarray,
                 raise _too_long(declared, limits)
             chunks = list(_decode_frames(container, stream, limits, rate))
     except av.error.FFmpegError as err:
-        raise InvalidInput(f"not a readable audio file (unknown format or corrupt data): {err}") from err
+        reason = err.strerror or type(err).__name__  # str(err) carries an errno and a '<none>' file name
+        raise InvalidInput(f"not a readable audio file (unknown format or corrupt data): {reason}") from err
     if not chunks:
         raise InvalidInput("the audio contains no samples")
     return np.concatenate(chunks, axis=0), rate
