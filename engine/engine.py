@@ -113,6 +113,10 @@ class TTSEngine:
         self.token2wav.close()
 
     # ------------------------------------------------------------------ public surface
+    def split_preview(self, text: str, language: str = "auto") -> list[str]:
+        """The normalised segments ``stream`` would speak one after another (for the UI's preview)."""
+        return self.text.prepare(text, language) if text.strip() else []
+
     def instruct_presets(self) -> list[str]:
         return [p.instruct for p in instruct_presets(self.family)]
 

@@ -261,8 +261,12 @@ class Studio:
         return views.prompt_status_html(seconds, rate, self.prompt_min_s, self.limits.max_prompt_s, self.t)
 
     def text_info(self, text: str, language: str) -> tuple[str, str]:
-        """Character counter and split preview (views.split_text; the engine's splitter should back it)."""
-        segments = views.split_text(text or "", language)
+        """Character counter and split preview: the engine's own normalised segments when it offers them."""
+        preview = getattr(self.engine, "split_preview", None)
+        try:
+            segments = preview(text or "", language) if preview else views.split_text(text or "", language)
+        except EngineError:  # e.g. an unknown language: the preview stays empty, Generate explains
+            segments = []
         limit = self.limits.max_text_chars
         return views.counter_text(text or "", limit, len(segments), self.t), views.split_preview_html(
             segments

@@ -172,3 +172,9 @@ async def test_bad_inputs_get_clear_errors(engine, tmp_path, case, error, messag
         await collect(engine, req(engine, **kw))
     assert engine.admission.active == 0
     assert pcm(await collect(engine, req(engine))).size > 0  # still serving
+
+
+def test_split_preview_shows_the_normalised_segments(engine):
+    segments = engine.split_preview("I have 2 apples. " * 30, "en")
+    assert len(segments) > 1 and all("two" in s for s in segments) and "2" not in "".join(segments)
+    assert engine.split_preview("   ") == []
