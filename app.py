@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import secrets
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -38,10 +39,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="cosystream", description="Streaming CosyVoice2/3 studio and speech API."
     )
     p.add_argument(
-        "--model", default=DEFAULT_MODEL,
+        "--model", default=os.environ.get("COSYSTREAM_MODEL", DEFAULT_MODEL),
         help=f"local model dir, ModelScope / Hugging Face id, or '{DEMO_TINY}' (offline, random weights)",
     )  # fmt: skip
-    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--device", choices=DEVICES, default=os.environ.get("COSYSTREAM_DEVICE", "auto"))
     p.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="speech LM backend (auto: vllm on GPU)"
     )

@@ -101,3 +101,16 @@ async def test_app_serves_the_ui_and_studio_routes() -> None:
         assert (await c.get("/webui/pcm/not-an-id")).json() == {"detail": "unknown stream"}
         missing = await c.get("/webui/audio/" + "a" * 32 + ".wav")
         assert missing.status_code == 404 and "history" in missing.json()["detail"]
+
+
+def test_model_and_device_defaults_come_from_the_environment(monkeypatch):
+    # Docker and Hugging Face Spaces set these instead of flags
+    monkeypatch.setenv("COSYSTREAM_MODEL", "iic/CosyVoice2-0.5B")
+    monkeypatch.setenv("COSYSTREAM_DEVICE", "cpu")
+    import importlib
+
+    import app
+
+    importlib.reload(app)
+    args = app.parse_args([])
+    assert args.model == "iic/CosyVoice2-0.5B" and args.device == "cpu"
