@@ -13,6 +13,7 @@ not on the batch it shares, nor on the device, nor on the backend (native and vL
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,18 +61,28 @@ def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def _mask_stops(logp: torch.Tensor, states: Sequence[SamplerState]) -> torch.Tensor:
-    """Forbid every stop id before ``min_len``.
+    """Forbid every stop id before ``min_len`` (one masked_fill for the whole batch).
 
     The reference HF path masks only index ``speech_token_size`` (v2 eos, but v3 *sos*), leaving v3's real
     eos free; we mask all stop ids, as its vLLM path does (min_tokens).
     """
-    rows = [i for i, s in enumerate(states) if len(s.history) < s.min_len]
-    if not rows:
+    early = [len(s.history) < s.min_len for s in states]
+    if not any(early):
         return logp
-    logp = logp.clone()
-    for i in rows:
-        logp[i, sorted(states[i].stop_ids)] = -math.inf
-    return logp
+    vocab = logp.shape[-1]
+    if all(s.stop_ids == states[0].stop_ids for s in states):  # the usual case: one model, one stop set
+        stops = torch.tensor(early)[:, None] & _stop_row(states[0].stop_ids, vocab)[None]
+    else:
+        stops = torch.stack([_stop_row(s.stop_ids, vocab) & e for s, e in zip(states, early)])
+    return logp.masked_fill(stops.to(logp.device, non_blocking=True), -math.inf)
+
+
+@functools.lru_cache(maxsize=16)
+def _stop_row(stop_ids: frozenset[int], vocab: int) -> torch.Tensor:
+    """[vocab] bool, True at the stop ids (built once per stop set)."""
+    row = torch.zeros(vocab, dtype=torch.bool)
+    row[sorted(i for i in stop_ids if i < vocab)] = True
+    return row
 
 
 def _window(states: Sequence[SamplerState], win: int, device: torch.device) -> torch.Tensor:
@@ -93,8 +104,8 @@ def sample_step(logp: torch.Tensor, states: Sequence[SamplerState], cfg: Samplin
     refuse = repeats >= cfg.win_size * cfg.tau_r
     fallback = logp.scatter(1, pick.unsqueeze(1), -math.inf).softmax(-1)
     redraw = _inverse_cdf(fallback, u[:, 1])
-    out = torch.where(refuse, redraw, pick).tolist()
-    for state, tok, fell in zip(states, out, refuse.tolist()):
+    out, fell_back = torch.stack([torch.where(refuse, redraw, pick), refuse.long()]).tolist()  # one sync
+    for state, tok, fell in zip(states, out, fell_back):
         state.history.append(tok)
         state.fallbacks += int(fell)
     return out
