@@ -91,21 +91,104 @@ def _window(states: Sequence[SamplerState], win: int, device: torch.device) -> t
     return torch.tensor(rows, device=device)
 
 
-def sample_step(logp: torch.Tensor, states: Sequence[SamplerState], cfg: SamplingConfig) -> list[int]:
-    """One RAS step for a batch: log-probs (or logits) [B, V] on any device -> one id per request."""
-    u = torch.stack([torch.rand(2, generator=s.generator) for s in states]).to(logp.device)  # [B, 2]
-    logp = _mask_stops(logp.float(), states)
+def ras_core(
+    logp: torch.Tensor, u: torch.Tensor, window: torch.Tensor, cfg: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RAS draw as pure tensor math (no host sync), shared by every backend.
+
+    logp [B, V] with forbidden ids at -inf; u [B, 2] uniforms (nucleus draw, fallback draw); window [B, W]
+    the last generated ids (-1 = empty; order does not matter) -> (ids [B], refused [B] bool).
+    """
     probs = logp.softmax(-1)
     top_p, top_i = probs.topk(min(cfg.top_k, probs.shape[-1]), dim=-1)  # sorted descending
     keep = (top_p.cumsum(-1) - top_p) < cfg.top_p
     keep[:, 0] = True
     pick = top_i.gather(1, _inverse_cdf(top_p * keep, u[:, 0]).unsqueeze(1)).squeeze(1)  # [B]
-    repeats = (_window(states, cfg.win_size, logp.device) == pick.unsqueeze(1)).sum(1)
-    refuse = repeats >= cfg.win_size * cfg.tau_r
+    refuse = (window == pick.unsqueeze(1)).sum(1) >= cfg.win_size * cfg.tau_r
     fallback = logp.scatter(1, pick.unsqueeze(1), -math.inf).softmax(-1)
-    redraw = _inverse_cdf(fallback, u[:, 1])
-    out, fell_back = torch.stack([torch.where(refuse, redraw, pick), refuse.long()]).tolist()  # one sync
+    return torch.where(refuse, _inverse_cdf(fallback, u[:, 1]), pick), refuse
+
+
+def sample_step(logp: torch.Tensor, states: Sequence[SamplerState], cfg: SamplingConfig) -> list[int]:
+    """One RAS step for a batch: log-probs (or logits) [B, V] on any device -> one id per request."""
+    u = torch.stack([torch.rand(2, generator=s.generator) for s in states]).to(logp.device)  # [B, 2]
+    logp = _mask_stops(logp.float(), states)
+    ids, refused = ras_core(logp, u, _window(states, cfg.win_size, logp.device), cfg)
+    out, fell_back = torch.stack([ids, refused.long()]).tolist()  # the step's one host sync
     for state, tok, fell in zip(states, out, fell_back):
         state.history.append(tok)
         state.fallbacks += int(fell)
     return out
+
+
+class DeviceRAS:
+    """RAS for a persistent batch (vLLM's) with every request's state on the device: no host sync per step.
+
+    Row r holds one request: its uniforms for every step (drawn up front from its own seeded generator, the
+    same stream ``SamplerState`` draws two at a time, so both give the same ids for the same logits), a ring
+    buffer of its last ``win_size`` ids, its step count and minimum length, its stop ids, a greedy flag.
+    """
+
+    def __init__(
+        self, vocab: int, device: torch.device, cfg: SamplingConfig, rows: int = 256, steps: int = 4096
+    ):
+        self.cfg, self.vocab, self.steps = cfg, vocab, steps
+        self.uniforms = torch.zeros(rows, steps, 2, device=device)
+        self.window = torch.full((rows, cfg.win_size), -1, dtype=torch.long, device=device)
+        self.count = torch.zeros(rows, dtype=torch.long, device=device)
+        self.min_len = torch.zeros(rows, dtype=torch.long, device=device)
+        self.stops = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
+        self.active = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.greedy = torch.zeros(rows, dtype=torch.bool, device=device)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [self.uniforms, self.window, self.count, self.min_len, self.stops, self.active, self.greedy]
+
+    def add(
+        self,
+        row: int,
+        seed: int,
+        min_len: int,
+        stop_ids: Sequence[int],
+        greedy: bool,
+        history: Sequence[int] = (),
+    ) -> None:
+        """A request enters batch row ``row`` (``history``: ids it already generated, after preemption)."""
+        gen = torch.Generator().manual_seed(seed)
+        self.uniforms[row] = torch.rand(self.steps, 2, generator=gen)
+        recent = list(history)[-self.cfg.win_size :]
+        ring = torch.full((self.cfg.win_size,), -1, dtype=torch.long)
+        for i, tok in enumerate(recent, start=len(history) - len(recent)):
+            ring[i % self.cfg.win_size] = tok
+        self.window[row] = ring
+        self.count[row], self.min_len[row] = len(history), min_len
+        self.stops[row] = _stop_row(frozenset(stop_ids), self.vocab)
+        self.active[row], self.greedy[row] = True, greedy
+
+    def remove(self, row: int) -> None:
+        self.active[row] = False
+
+    def move(self, src: int, dst: int, swap: bool) -> None:
+        for t in self._tensors():
+            if swap:
+                t[[src, dst]] = t[[dst, src]]
+            else:
+                t[dst] = t[src]
+        if not swap:
+            self.active[src] = False
+
+    def step(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] of batch rows 0..B-1 -> logits whose active rows allow exactly the sampled id."""
+        b = logits.shape[0]
+        act, count = self.active[:b], self.count[:b]
+        early = (count < self.min_len[:b]).unsqueeze(1) & self.stops[:b]
+        logp = logits.float().masked_fill(early, -math.inf)
+        u = self.uniforms[:b].gather(1, count.clamp(max=self.steps - 1).view(b, 1, 1).expand(b, 1, 2))[:, 0]
+        ids, _ = ras_core(logp, u, self.window[:b], self.cfg)
+        ids = torch.where(self.greedy[:b], logp.argmax(-1), ids)
+        slot = (count % self.cfg.win_size).unsqueeze(1)
+        old = self.window[:b].gather(1, slot).squeeze(1)
+        self.window[:b].scatter_(1, slot, torch.where(act, ids, old).unsqueeze(1))
+        self.count[:b] += act.long()
+        forced = torch.full_like(logits, -math.inf).scatter_(1, ids.unsqueeze(1), 0.0)
+        return torch.where(act.unsqueeze(1), forced, logits)

@@ -31,7 +31,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from engine.config import SamplingConfig
 from engine.lm.backend import LMRequest
-from engine.lm.sampling import SamplerState, sample_step
+from engine.lm.sampling import DeviceRAS
 
 log = logging.getLogger(__name__)
 EXPORT_VERSION = 1
@@ -40,10 +40,13 @@ BIAS_FILE = "cosystream_lm_head_bias.pt"  # v2 llm_decoder.bias, beside the expo
 
 
 class RASLogitsProcessor(LogitsProcessor):
-    """Per-request RAS in vLLM's persistent batch; state is keyed by batch row as vLLM's API dictates."""
+    """Per-request RAS in vLLM's persistent batch, its state on the GPU (``DeviceRAS``: no host sync)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
-        self.rows: dict[int, tuple[SamplerState, SamplingConfig, bool]] = {}
+        self.device = device
+        self.rows = vllm_config.scheduler_config.max_num_seqs
+        self.steps = vllm_config.model_config.max_model_len
+        self.ras: DeviceRAS | None = None  # built on the first request (it carries the sampling config)
         bias = Path(vllm_config.model_config.model) / BIAS_FILE
         self.bias = torch.load(bias, weights_only=True).float().to(device) if bias.is_file() else None
 
@@ -54,51 +57,30 @@ class RASLogitsProcessor(LogitsProcessor):
         if batch_update is None:
             return
         for index in batch_update.removed:
-            self.rows.pop(index, None)
-        for index, params, _, _ in batch_update.added:
-            args = (params.extra_args or {}).get(_ARGS)
-            if args is None:
-                self.rows.pop(index, None)
-                continue
-            state = SamplerState.seeded(args["seed"], args["min_len"], args["max_len"], args["stop_ids"])
-            self.rows[index] = (state, SamplingConfig(**args["sampling"]), bool(args.get("greedy")))
+            if self.ras is not None:
+                self.ras.remove(index)
+        for index, params, _, output_ids in batch_update.added:
+            self._add(index, (params.extra_args or {}).get(_ARGS), output_ids)
         for a, b, direction in batch_update.moved:
-            moved_a, moved_b = self.rows.pop(a, None), self.rows.pop(b, None)
-            if moved_a is not None:
-                self.rows[b] = moved_a
-            if direction == MoveDirectionality.SWAP and moved_b is not None:
-                self.rows[a] = moved_b
+            if self.ras is not None:
+                self.ras.move(a, b, swap=direction == MoveDirectionality.SWAP)
+
+    def _add(self, index: int, args: dict[str, Any] | None, output_ids: list[int]) -> None:
+        if args is None:  # not one of ours: leave the row alone
+            if self.ras is not None:
+                self.ras.remove(index)
+            return
+        if self.ras is None:
+            vocab = self.bias.numel() if self.bias is not None else args["vocab"]
+            self.ras = DeviceRAS(
+                vocab, self.device, SamplingConfig(**args["sampling"]), self.rows, self.steps
+            )
+        self.ras.add(index, args["seed"], args["min_len"], args["stop_ids"], bool(args["greedy"]), output_ids)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.bias is not None:
             logits += self.bias  # [B, V] fp32: the v2 decoder bias vLLM's Qwen2 head lacks
-        if not self.rows:
-            return logits
-        index = sorted(self.rows)
-        picks = [0] * len(index)
-        sampled = [i for i, row in enumerate(index) if not self.rows[row][2]]
-        if sampled:
-            rows = [index[i] for i in sampled]
-            drawn = sample_step(logits[rows], [self.rows[r][0] for r in rows], self.rows[rows[0]][1])
-            for i, tok in zip(sampled, drawn):
-                picks[i] = tok
-        for i, row in enumerate(index):
-            if self.rows[row][2]:
-                picks[i] = _greedy(logits[row], self.rows[row][0])
-        forced = torch.full((len(index), logits.shape[1]), -float("inf"), device=logits.device)
-        forced[torch.arange(len(index)), torch.tensor(picks, device=logits.device)] = 0.0
-        logits[torch.tensor(index, device=logits.device)] = forced
-        return logits
-
-
-def _greedy(row: torch.Tensor, state: SamplerState) -> int:
-    """Argmax with stop ids masked before min_len (the parity check's decoding)."""
-    row = row.clone()
-    if len(state.history) < state.min_len:
-        row[sorted(state.stop_ids)] = -float("inf")
-    pick = int(row.argmax())
-    state.history.append(pick)
-    return pick
+        return logits if self.ras is None else self.ras.step(logits)
 
 
 def _fingerprint(llm_pt: Path) -> str:
@@ -169,6 +151,7 @@ class VLLMBackend:
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.sampling, self.dtype = sampling, getattr(torch, dtype)
+        self.vocab = int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
         self._active = 0
 
     @property
@@ -186,6 +169,7 @@ class VLLMBackend:
             "stop_ids": list(req.stop_ids),
             "sampling": dataclasses.asdict(self.sampling),
             "greedy": greedy,
+            "vocab": self.vocab,
         }
         return SamplingParams(
             temperature=0.0,

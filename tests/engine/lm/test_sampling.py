@@ -101,3 +101,65 @@ def test_finished_on_stop_or_max_len():
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         SamplingConfig(**bad)
+
+
+def _peaky_logits(steps: int, batch: int, vocab: int = 40) -> list[torch.Tensor]:
+    """Logit rows concentrated on few ids, so draws repeat and the RAS fallback fires often."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(batch, vocab, generator=g) * 4 for _ in range(steps)]
+
+
+def _forced_ids(forced: torch.Tensor) -> list[int]:
+    assert ((forced == 0).sum(1) == 1).all() and (forced.isinf().sum(1) == forced.shape[1] - 1).all()
+    return forced.argmax(1).tolist()
+
+
+def test_device_ras_draws_the_same_ids_as_the_host_sampler():
+    from engine.lm.sampling import DeviceRAS
+
+    seeds, stops, min_len = [11, 12, 13], [0, 1], 5
+    host = [SamplerState.seeded(s, min_len, 1000, stops) for s in seeds]
+    dev = DeviceRAS(40, torch.device("cpu"), CFG, rows=4, steps=64)
+    for row, s in enumerate(seeds):
+        dev.add(row, s, min_len, stops, greedy=False)
+    for logits in _peaky_logits(40, 3):
+        want = sample_step(logits, host, CFG)
+        assert _forced_ids(dev.step(logits.clone())) == want
+    assert sum(h.fallbacks for h in host) > 0  # the fallback path was exercised
+    assert all(0 not in h.history[:min_len] and 1 not in h.history[:min_len] for h in host)
+
+
+def test_device_ras_rows_survive_moves_and_preemption():
+    from engine.lm.sampling import DeviceRAS
+
+    logits = _peaky_logits(30, 2)
+    ref = DeviceRAS(40, torch.device("cpu"), CFG, rows=4, steps=64)
+    ref.add(0, 5, 0, [], False)
+    ref.add(1, 6, 0, [], False)
+    want = [_forced_ids(ref.step(x.clone())) for x in logits]
+
+    dev = DeviceRAS(40, torch.device("cpu"), CFG, rows=4, steps=64)
+    dev.add(0, 5, 0, [], False)
+    dev.add(1, 6, 0, [], False)
+    got = [_forced_ids(dev.step(x.clone())) for x in logits[:10]]
+    dev.move(0, 1, swap=True)  # vLLM swaps the two requests' rows: their logits swap too
+    got += [_forced_ids(dev.step(x.flip(0).clone()))[::-1] for x in logits[10:20]]
+    dev.move(1, 0, swap=True)
+    history = [g[0] for g in got]  # request 0 is preempted and resumes with the ids it already has
+    dev.remove(0)
+    dev.add(0, 5, 0, [], False, history=history)
+    got += [_forced_ids(dev.step(x.clone())) for x in logits[20:]]
+    assert got == want
+
+
+def test_device_ras_leaves_other_rows_alone_and_honours_greedy():
+    from engine.lm.sampling import DeviceRAS
+
+    dev = DeviceRAS(40, torch.device("cpu"), CFG, rows=4, steps=8)
+    dev.add(1, 0, 3, [7], greedy=True)
+    logits = torch.zeros(3, 40)
+    logits[:, 7] = 10.0
+    logits[:, 9] = 5.0
+    out = dev.step(logits.clone())
+    assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])
+    assert _forced_ids(out[1:2]) == [9]  # argmax with the stop id 7 masked before min_len
