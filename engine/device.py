@@ -49,6 +49,18 @@ def configure(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
+def empty_cache(device: torch.device) -> None:
+    """Give cached, unused device memory back (after an out-of-memory error)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "npu":
+        torch.npu.empty_cache()  # type: ignore[attr-defined]
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

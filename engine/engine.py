@@ -13,6 +13,7 @@ import logging
 import random
 import threading
 import time
+import unicodedata
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,8 +273,10 @@ class TTSEngine:
                 raise InvalidInput("the text to speak is empty")
             if len(req.text) > lim.max_text_chars:
                 raise TooLarge(f"the text has {len(req.text)} characters; the limit is {lim.max_text_chars}")
-            if any(ord(c) < 32 and c not in "\n\r\t" for c in req.text):
+            if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in req.text):
                 raise InvalidInput("the text contains control characters")
+            if any(unicodedata.category(c) == "Cs" for c in req.text):
+                raise InvalidInput("the text is not valid Unicode (it has lone surrogate characters)")
         if req.mode == Mode.INSTRUCT and not req.instruct_text.strip():
             raise InvalidInput("instruct mode needs an instruction (e.g. 'speak happily')")
         if req.mode == Mode.VC and req.source_wav is None and req.source_audio is None:

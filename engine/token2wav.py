@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine import device as devices
 from engine.config import StreamConfig
 from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
@@ -122,20 +123,33 @@ class Token2Wav:
                 t0 = time.perf_counter()
                 mels = self._flow([j.utt for j in jobs], [j.chunk for j in jobs])
                 share = (time.perf_counter() - t0) / len(jobs)
-        except Exception as err:  # the requests in it fail, the worker keeps serving
-            log.exception("flow batch of %d failed", len(jobs))
-            for job in jobs:
-                job.loop.call_soon_threadsafe(_resolve, job.future, None, err)
+        except Exception as err:  # the worker keeps serving; only the request at fault fails
+            if len(jobs) > 1:  # find it: run the batch's requests one by one
+                log.warning("flow batch of %d failed (%s); retrying its requests one by one", len(jobs), err)
+                for job in jobs:
+                    self._run_batch([job])
+                return
+            log.exception("flow failed")
+            _deliver(jobs[0], None, self._failure(err))
             return
         for job, mel in zip(jobs, mels):
             job.utt.stage_s["flow"] += share
             try:
                 with torch.inference_mode():
                     pcm = self._vocoder_step(job.utt, mel, job.chunk.finalize)
-                job.loop.call_soon_threadsafe(_resolve, job.future, pcm, None)
+                _deliver(job, pcm, None)
             except Exception as err:
                 log.exception("vocoder step failed")
-                job.loop.call_soon_threadsafe(_resolve, job.future, None, err)
+                _deliver(job, None, self._failure(err))
+
+    def _failure(self, err: Exception) -> Exception:
+        """Out-of-memory becomes a clear SynthesisFailed (and the device cache is emptied)."""
+        if not devices.is_out_of_memory(err):
+            return err
+        devices.empty_cache(self.device)
+        return SynthesisFailed(
+            "the device ran out of memory for this request; try a shorter text or again later"
+        )
 
     def _vocoder_step(self, utt: Utterance, mel: torch.Tensor, finalize: bool) -> np.ndarray:
         t0 = time.perf_counter()
@@ -189,6 +203,14 @@ def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : r.shape[1]] = r[0]
     return out
+
+
+def _deliver(job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:
+    """Hand a result to the request's event loop; a loop that is gone means the request is gone too."""
+    try:
+        job.loop.call_soon_threadsafe(_resolve, job.future, value, err)
+    except RuntimeError:  # its event loop was closed
+        log.warning("dropped a result: its request's event loop is closed")
 
 
 def _resolve(future: asyncio.Future[np.ndarray], value: np.ndarray | None, err: BaseException | None) -> None:

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import device as devices
 from engine.config import SamplingConfig
+from engine.errors import SynthesisFailed
 from engine.lm.backend import LMRequest
 from engine.lm.sampling import SamplerState, sample_step
 from engine.models.speech_lm import KVCache, SpeechLM
@@ -36,7 +38,10 @@ class _Sequence:
     aborted: bool = False
 
     def emit(self, item: object) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # the caller's event loop is closed: nobody is listening any more
+            self.aborted, self.cache = True, None
 
 
 class NativeLM:
@@ -91,26 +96,45 @@ class NativeLM:
                     return
                 room = self.max_batch - len(self._running)
                 new, self._pending = self._pending[:room], self._pending[room:]
-            with torch.inference_mode():
-                self._step(new)
+            try:
+                with torch.inference_mode():
+                    self._step(new)
+            except Exception:  # never let the decode thread die: later requests would wait forever
+                log.exception("LM loop step failed")
 
     def _step(self, new: list[_Sequence]) -> None:
         self._running = [s for s in self._running if not s.aborted]
-        batch = [s for s in new if not s.aborted]
+        for seq in new:  # one by one: a failing prefill fails only its own request
+            if not seq.aborted:
+                self._start(seq)
+        self._running += [s for s in new if not s.aborted]
+        if not self._running:
+            return
         try:
-            for seq in batch:
-                seq.cache = self.lm.new_cache()
-                hidden = self.lm.prefill(seq.req.prefix.to(self._device, self._dtype), seq.cache)
-                self._sample([seq], hidden.unsqueeze(0))
-            self._running += [s for s in batch if not s.aborted]
-            if self._running:
-                self._decode(self._running)
-        except Exception as err:  # a failed forward fails the requests in it, not the loop
-            log.exception("LM step failed")
-            for seq in batch + self._running:
-                seq.emit(err)
-                seq.aborted = True
+            self._decode(self._running)
+        except Exception as err:  # a failed batched step fails the requests in it, not the loop
+            log.exception("LM decode step failed")
+            self._fail(self._running, err)
             self._running = []
+
+    def _start(self, seq: _Sequence) -> None:
+        try:
+            seq.cache = self.lm.new_cache()
+            hidden = self.lm.prefill(seq.req.prefix.to(self._device, self._dtype), seq.cache)
+            self._sample([seq], hidden.unsqueeze(0))
+        except Exception as err:
+            log.exception("LM prefill failed for request %s", seq.req.request_id)
+            self._fail([seq], err)
+
+    def _fail(self, seqs: list[_Sequence], err: Exception) -> None:
+        if devices.is_out_of_memory(err):
+            devices.empty_cache(self._device)
+            err = SynthesisFailed(
+                "the device ran out of memory for this request; try a shorter text or again later"
+            )
+        for seq in seqs:
+            seq.emit(err)
+            seq.aborted, seq.cache = True, None
 
     def _decode(self, running: list[_Sequence]) -> None:
         ids = torch.tensor([s.last for s in running], device=self._device)

@@ -3,8 +3,7 @@ tiny engine: each gets a clear error (its message is asserted) or, where the inp
 (clipped, 192 kHz, 8 channels, a header lying about its length), valid audio; and after each case a good
 request through the same entry point succeeds with nothing left running.
 
-One table-driven test per entry point. Cases marked ``xfail(strict=True)`` are engine bugs reported to the
-engine's owner with their fix; they start passing (and must lose the mark) once it lands.
+One table-driven test per entry point.
 """
 
 from __future__ import annotations
@@ -57,8 +56,6 @@ HUGE = "x" * (LIMITS.max_text_chars + 1)
 HUGE_MSG = f"{LIMITS.max_text_chars + 1} characters; the limit is {LIMITS.max_text_chars}"
 # Engine bugs found by this suite (see the report): C1 controls pass the control-character check, and a lone
 # surrogate reaches the text normaliser, which raises a TypeError instead of a clear InvalidInput.
-C1_BUG = pytest.mark.xfail(strict=True, reason="engine _check: refuse Unicode category Cc (C1 controls too)")
-SURROGATE_BUG = pytest.mark.xfail(strict=True, reason="engine _check: refuse lone surrogates (Cs)")
 
 # Expected outcome of each bad prompt file at the engine (and CLI): (error class, message) or OK.
 AUDIO_EXPECT: dict[str, Any] = {
@@ -168,12 +165,8 @@ ENGINE_CASES = [
     EngineCase("huge_text", synth(text=HUGE), (TooLarge, HUGE_MSG)),
     EngineCase("binary_text", synth(text="\x00\x01\x02\xff\xfe"), (InvalidInput, "control characters")),
     EngineCase("escape_sequence_text", synth(text="Hi \x1b[31m red"), (InvalidInput, "control characters")),
-    EngineCase(
-        "c1_control_text", synth(text="Hi \x85\x9b there"), (InvalidInput, "control characters"), (C1_BUG,)
-    ),
-    EngineCase(
-        "lone_surrogate_text", synth(text="Hi \ud800 there"), (InvalidInput, "Unicode"), (SURROGATE_BUG,)
-    ),
+    EngineCase("c1_control_text", synth(text="Hi \x85\x9b there"), (InvalidInput, "control characters")),
+    EngineCase("lone_surrogate_text", synth(text="Hi \ud800 there"), (InvalidInput, "Unicode")),
     EngineCase("nothing_to_speak", synth(text="...!!!"), (InvalidInput, "nothing to speak")),
     EngineCase("unknown_mode", synth(mode="sing"), (ValueError, "'sing' is not a valid Mode")),
     EngineCase(
@@ -316,14 +309,8 @@ HTTP_CASES = [
     HttpCase("huge_input", speech(input=HUGE), 413, f"input has {HUGE_MSG}"),
     HttpCase("binary_input", speech(input="\x00\x01\x02\xff\xfe"), 422, "control characters"),
     HttpCase("escape_sequence_input", speech(input="Hi \x1b[31m red"), 422, "control characters"),
-    HttpCase("c1_control_input", speech(input="Hi \x85\x9b there"), 422, "control characters", (C1_BUG,)),
-    HttpCase(
-        "lone_surrogate_input",
-        speech(input="Hi \ud800 there"),
-        422,
-        "Unicode",
-        (SURROGATE_BUG,),
-    ),
+    HttpCase("c1_control_input", speech(input="Hi \x85\x9b there"), 422, "control characters"),
+    HttpCase("lone_surrogate_input", speech(input="Hi \ud800 there"), 422, "Unicode"),
     HttpCase("nothing_to_speak", speech(input="...!!!"), 422, "nothing to speak"),
     HttpCase("missing_input", speech(input=None), 422, "input: Field required"),
     HttpCase("huge_instructions", speech(mode="instruct", instructions=HUGE), 413, "instructions has"),
@@ -473,8 +460,8 @@ UI_CASES = [
     UiCase("huge_text", "generate", {"text": HUGE}, "501 characters; the limit is 500"),
     UiCase("binary_text", "generate", {"text": "\x00\x01\x02\xff\xfe"}, "control characters"),
     UiCase("escape_sequence_text", "generate", {"text": "Hi \x1b[31m red"}, "control characters"),
-    UiCase("c1_control_text", "generate", {"text": "Hi \x85\x9b there"}, "control characters", (C1_BUG,)),
-    UiCase("lone_surrogate_text", "generate", {"text": "Hi \ud800 there"}, "Unicode", (SURROGATE_BUG,)),
+    UiCase("c1_control_text", "generate", {"text": "Hi \x85\x9b there"}, "control characters"),
+    UiCase("lone_surrogate_text", "generate", {"text": "Hi \ud800 there"}, "Unicode"),
     UiCase("unknown_mode", "generate", {"mode": "sing"}, "Invalid setting: mode 'sing'"),
     UiCase("speed_out_of_range", "generate", {"speed": 9.0}, "Invalid setting: speed must be within"),
     UiCase("no_prompt", "generate", {"prompt_wav": None}, "A prompt voice is needed"),
@@ -570,9 +557,7 @@ CLI_CASES = [
     CliCase(
         "binary_text", synth_args("--text", "\x01\x02\x7f\xfe"), "error: the text contains control characters"
     ),
-    CliCase(
-        "lone_surrogate_text", synth_args("--text", "Hi \udcff there"), "error: .*Unicode", (SURROGATE_BUG,)
-    ),
+    CliCase("lone_surrogate_text", synth_args("--text", "Hi \udcff there"), "error: .*Unicode"),
     CliCase("unknown_mode", synth_args("--mode", "sing"), "argument --mode: invalid choice: 'sing'"),
     CliCase("speed_out_of_range", synth_args("--speed", "9"), r"error: speed must be within \[0.5, 2.0\]"),
     CliCase(

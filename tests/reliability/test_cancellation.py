@@ -272,13 +272,12 @@ def poison_lm(engine: TTSEngine, monkeypatch, longest: int) -> None:
     monkeypatch.setattr(lm, "prefill", prefill)
 
 
-# The flow and the LM run several requests in one batch; a failure of that batch currently fails every
-# request in it (reported with the fix: re-run the failed batch's requests one by one).
-BLAST = "a failed batch fails every request in it; fix: re-run its requests one by one"
+# The flow and the LM run several requests in one batch; a failure there must fail only the request at
+# fault (token2wav re-runs a failed batch's requests one by one; the LM prefills requests one by one).
 FAULT_SITES = [
     pytest.param("vocoder", id="vocoder"),
-    pytest.param("flow", id="flow", marks=pytest.mark.xfail(strict=True, reason=f"token2wav: {BLAST}")),
-    pytest.param("lm", id="lm", marks=pytest.mark.xfail(strict=True, reason=f"native LM: {BLAST}")),
+    pytest.param("flow", id="flow"),
+    pytest.param("lm", id="lm"),
 ]
 
 
@@ -318,11 +317,6 @@ async def test_a_request_that_raises_never_leaves_others_stuck(engine, prompt, t
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(
-    strict=True,
-    reason="native LM: emitting to a closed event loop raises in the decode thread, which dies; fix: "
-    "emit() catches RuntimeError and drops the sequence, _loop() survives any exception",
-)
 def test_engine_survives_a_closed_client_loop(model_dir, prompt, tmp_path):
     """A caller's event loop closes while its request decodes (an embedding app or a test harness that
     does not close its generators). The engine must drop that request and keep serving the others; a

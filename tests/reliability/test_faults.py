@@ -137,11 +137,6 @@ async def test_out_of_memory_fails_only_that_request(engine, prompt, odd_prompt,
     await assert_serves(engine, prompt)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: torch.OutOfMemoryError reaches callers raw (HTTP 'internal server error', UI generic "
-    "error); fix: map it to SynthesisFailed with a clear message (and empty the device cache)",
-)
 async def test_out_of_memory_is_a_clear_synthesis_failure(engine, odd_prompt, odd_tokens, monkeypatch):
     oom_flow_once(engine, monkeypatch, odd_tokens)
     with pytest.raises(SynthesisFailed, match=r"out of (device )?memory"):
