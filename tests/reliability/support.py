@@ -101,15 +101,6 @@ async def wait_idle(engine: TTSEngine, timeout_s: float = 3.0) -> bool:
     return True
 
 
-def rss_mb() -> float:
-    """Resident set size of this process in MiB (Linux /proc)."""
-    import resource
-
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * resource.getpagesize() / 2**20
-
-
 # ----------------------------------------------------------------------------------------------- bad audio
 
 

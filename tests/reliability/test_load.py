@@ -26,6 +26,7 @@ import pytest
 import soundfile as sf
 
 from app import create_app
+from bench.soak import rss_mb
 from tests.api.support import live_server
 from tests.reliability.support import (
     LIMITS,
@@ -34,7 +35,6 @@ from tests.reliability.support import (
     check_pcm,
     good_wav,
     idle_state,
-    rss_mb,
     wait_idle,
 )
 
@@ -46,7 +46,8 @@ TOKENS = 40  # speech tokens per request: 1.6 s of audio
 MAX_TRIES = 30  # 429 retries per request (each waits Retry-After, 1 s)
 DEADLINE_S = 60.0
 # Measured +15-18 MiB (allocator caches, warm thread pools). This catches leaks of >= ~1.3 MiB a request
-# (a KV cache, a mel buffer); smaller ones hide in the noise, which the exact counters above do not.
+# (a KV cache, a mel buffer); smaller ones hide in the noise (leaked requests themselves are caught
+# exactly by the counters checked at the end).
 RSS_GROWTH_MB = 64.0
 
 

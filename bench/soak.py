@@ -1,0 +1,325 @@
+"""Soak: a steady load of concurrent streams through one in-process ``TTSEngine`` for a fixed time, with
+process RSS and device memory sampled at a fixed interval; the question is whether memory stays flat and
+requests keep succeeding over a long run.
+
+python -m bench.soak --model DIR --streams 32 --minutes 30 --out DIR
+
+Every stream sends its next fixed-length request (``forced_tokens``, one fixed text, the stand-in prompt
+of ``bench.load``) as soon as the previous one ends; no new request starts after ``--minutes``. Writes
+``soak.json`` (summary + every memory sample + every request) and ``soak.md`` to ``--out``. Exit status 1
+when any request failed or memory was not flat (see ``memory_trend``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import resource
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.load import Workload, distribution, prompt_audio
+from engine.request import Mode
+
+log = logging.getLogger("bench.soak")
+
+# Memory counts as flat when the trend of the second half of the run, extended over the whole run, adds
+# less than this (MiB) or this fraction of the starting level, whichever is larger.
+FLAT_MB, FLAT_FRACTION = 64.0, 0.02
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    streams: int = 32
+    minutes: float = 30.0
+    tokens: int = 250  # speech tokens per request = 10 s of audio
+    sample_s: float = 10.0  # memory sampling interval
+    mode: Mode = Mode.ZERO_SHOT  # the prompt's speech tokens in the LM prefix, as voice cloning runs
+
+    def __post_init__(self) -> None:
+        if self.streams < 1 or self.tokens < 1:
+            raise ValueError(f"streams and tokens must be >= 1, got {self.streams}, {self.tokens}")
+        if self.minutes <= 0 or self.sample_s <= 0:
+            raise ValueError(f"minutes and sample_s must be > 0, got {self.minutes}, {self.sample_s}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One memory reading: seconds since the start, MiB, and the engine's gauges at that moment."""
+
+    t_s: float
+    rss_mb: float
+    device_mb: float
+    device_peak_mb: float
+    active: int
+    queued: int
+    completed: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as its stream saw it; ``ttfa_ms`` is submit -> first audio, ``error`` set on failure."""
+
+    stream: int
+    start_s: float
+    elapsed_s: float
+    audio_s: float
+    ttfa_ms: float | None
+    error: str | None = None
+
+
+@dataclass
+class SoakRun:
+    config: SoakConfig
+    samples: list[Sample] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+def rss_mb() -> float:
+    """Resident set size of this process now, in MiB (Linux /proc; peak RSS where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def sample(engine: Any, t0: float) -> Sample:
+    from engine import device as devices
+
+    stats, dev = engine.stats(), engine.model.device
+    return Sample(
+        t_s=time.monotonic() - t0,
+        rss_mb=rss_mb(),
+        device_mb=devices.memory_mb(dev),
+        device_peak_mb=devices.peak_memory_mb(dev),
+        active=stats.active_streams,
+        queued=stats.queued,
+        completed=stats.completed,
+        failed=stats.failed,
+    )
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+async def one_request(
+    engine: Any, workload: Workload, seed: int, prompt: np.ndarray
+) -> tuple[float, float | None]:
+    """(audio seconds, client-side TTFA ms) of one streamed request; raises what the engine raised."""
+    t0, ttfa, audio = time.perf_counter(), None, 0.0
+    async for chunk in engine.stream(workload.request(seed, prompt)):
+        if chunk.pcm.size and ttfa is None:
+            ttfa = (time.perf_counter() - t0) * 1000.0
+        audio += chunk.seconds
+    return audio, ttfa
+
+
+async def stream_worker(engine: Any, run: SoakRun, index: int, t0: float, deadline: float) -> None:
+    workload = Workload(tokens=run.config.tokens, mode=run.config.mode)
+    prompt = prompt_audio()
+    seed = index * 1_000_000
+    while time.monotonic() < deadline:
+        start = time.monotonic()
+        try:
+            audio, ttfa = await one_request(engine, workload, seed, prompt)
+            error = None
+        except Exception as err:  # a soak counts every failure and keeps the load on
+            audio, ttfa, error = 0.0, None, f"{type(err).__name__}: {err}"
+            log.warning("stream %d: request failed: %s", index, error)
+        run.requests.append(Request(index, start - t0, time.monotonic() - start, audio, ttfa, error))
+        seed += 1
+
+
+async def sampler(engine: Any, run: SoakRun, t0: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        s = sample(engine, t0)
+        run.samples.append(s)
+        done = sum(r.error is None for r in run.requests)
+        log.info(
+            "t=%5.0f s  requests %d ok / %d failed  RSS %.0f MiB  device %.0f MiB (peak %.0f)  active %d",
+            s.t_s, done, len(run.requests) - done, s.rss_mb, s.device_mb, s.device_peak_mb, s.active,
+        )  # fmt: skip
+        with contextlib.suppress(TimeoutError):  # the interval passed: sample again
+            await asyncio.wait_for(stop.wait(), run.config.sample_s)
+
+
+async def soak(engine: Any, cfg: SoakConfig) -> SoakRun:
+    """Run the steady load; the engine must be loaded and warm (``engine.warmup()``)."""
+    run, t0 = SoakRun(cfg), time.monotonic()
+    deadline, stop = t0 + cfg.minutes * 60.0, asyncio.Event()
+    watch = asyncio.create_task(sampler(engine, run, t0, stop))
+    await asyncio.gather(*(stream_worker(engine, run, i, t0, deadline) for i in range(cfg.streams)))
+    stop.set()
+    await watch
+    run.samples.append(sample(engine, t0))  # the end state, once every stream has finished
+    run.duration_s = time.monotonic() - t0
+    return run
+
+
+# --------------------------------------------------------------------------------------------- summary
+
+
+def slope_per_min(ts: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Least-squares slope of ys over ts (seconds), in units per minute; None with fewer than 2 points."""
+    if len(ts) < 2 or max(ts) == min(ts):
+        return None
+    return float(np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)[0] * 60.0)
+
+
+def memory_trend(ts: Sequence[float], ys: Sequence[float], duration_s: float) -> dict[str, Any]:
+    """min/max/first/last, slope over the whole run and over its second half (after warm-up effects),
+    and ``flat``: the late slope extended over the run adds less than max(FLAT_MB, FLAT_FRACTION x first)."""
+    if not ys:
+        return {"flat": None}
+    late = [i for i, t in enumerate(ts) if t >= ts[-1] / 2]
+    late_slope = slope_per_min([ts[i] for i in late], [ys[i] for i in late])
+    projected = abs(late_slope or 0.0) * duration_s / 60.0
+    return {
+        "first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys),
+        "slope_mb_per_min": slope_per_min(ts, ys), "late_slope_mb_per_min": late_slope,
+        "projected_growth_mb": projected, "flat": projected < max(FLAT_MB, FLAT_FRACTION * ys[0]),
+    }  # fmt: skip
+
+
+def summarize(run: SoakRun) -> dict[str, Any]:
+    ok = [r for r in run.requests if r.error is None]
+    audio_s = sum(r.audio_s for r in ok)
+    ts = [s.t_s for s in run.samples]
+    return {
+        "config": asdict(run.config),
+        "duration_s": run.duration_s,
+        "requests": len(run.requests),
+        "completed": len(ok),
+        "errors": len(run.requests) - len(ok),
+        "error_kinds": dict(Counter((r.error or "").split(":")[0] for r in run.requests if r.error)),
+        "ttfa_ms": distribution([r.ttfa_ms for r in ok if r.ttfa_ms is not None]),
+        "rtf": distribution([r.elapsed_s / r.audio_s for r in ok if r.audio_s > 0]),
+        "audio_s_total": audio_s,
+        "audio_s_per_s": audio_s / run.duration_s if run.duration_s > 0 else None,
+        "rss_mb": memory_trend(ts, [s.rss_mb for s in run.samples], run.duration_s),
+        "device_mb": memory_trend(ts, [s.device_mb for s in run.samples], run.duration_s),
+        "device_peak_mb": max((s.device_peak_mb for s in run.samples), default=0.0),
+        "end_state": asdict(run.samples[-1]) if run.samples else None,
+    }
+
+
+def passed(summary: dict[str, Any]) -> bool:
+    flat = [summary[k]["flat"] for k in ("rss_mb", "device_mb")]
+    return summary["errors"] == 0 and summary["completed"] > 0 and all(f is not False for f in flat)
+
+
+def markdown(summary: dict[str, Any], device: str, model: str) -> str:
+    cfg, ttfa, rtf = summary["config"], summary["ttfa_ms"], summary["rtf"]
+    verdict = "PASS" if passed(summary) else "FAIL"
+
+    def num(x: float | None, fmt: str = ".1f") -> str:
+        return "-" if x is None else format(x, fmt)
+
+    lines = [
+        f"# Soak: {cfg['streams']} streams for {cfg['minutes']:g} min",
+        "",
+        f"Model `{model}` on `{device}`; {cfg['tokens']} speech tokens per request ({cfg['tokens'] / 25:g} s "
+        f"of audio), memory sampled every {cfg['sample_s']:g} s. Result: **{verdict}**.",
+        "",
+        "| requests | completed | errors | TTFA p50 / p95 / max (ms) | RTF p50 / p95 | audio s per s |",
+        "|---|---|---|---|---|---|",
+        f"| {summary['requests']} | {summary['completed']} | {summary['errors']} "
+        f"| {num(ttfa['p50'], '.0f')} / {num(ttfa['p95'], '.0f')} / {num(ttfa['max'], '.0f')} "
+        f"| {num(rtf['p50'], '.3f')} / {num(rtf['p95'], '.3f')} | {num(summary['audio_s_per_s'], '.2f')} |",
+        "",
+        "| memory (MiB) | first | min | max | last | slope /min | late slope /min | flat |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, label in (("rss_mb", "process RSS"), ("device_mb", "device (torch)")):
+        m = summary[key]
+        if m.get("flat") is None:
+            continue
+        slopes = f"{num(m['slope_mb_per_min'], '.2f')} | {num(m['late_slope_mb_per_min'], '.2f')}"
+        levels = f"{num(m['first'])} | {num(m['min'])} | {num(m['max'])} | {num(m['last'])}"
+        lines.append(f"| {label} | {levels} | {slopes} | {m['flat']} |")
+    lines += ["", f"Device peak (torch): {summary['device_peak_mb']:.0f} MiB."]
+    if summary["error_kinds"]:
+        lines += ["", "Errors: " + ", ".join(f"{k} x{n}" for k, n in summary["error_kinds"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run: SoakRun, out: Path, device: str, model: str) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(run)
+    data = {
+        "summary": summary,
+        "device": device,
+        "model": model,
+        "samples": [asdict(s) for s in run.samples],
+        "requests": [asdict(r) for r in run.requests],
+    }
+    (out / "soak.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / "soak.md").write_text(markdown(summary, device, model))
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="model directory (or hub id)")
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--tokens", type=int, default=250, help="speech tokens per request (25 = 1 s of audio)")
+    p.add_argument("--sample-s", type=float, default=10.0, help="memory sampling interval")
+    p.add_argument("--mode", default="zero_shot", choices=["zero_shot", "cross_lingual"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "npu"])
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "vllm"])
+    p.add_argument("--out", required=True, help="directory for soak.json and soak.md")
+    return p.parse_args(argv)
+
+
+def load_engine(args: argparse.Namespace, cfg: SoakConfig) -> Any:
+    from engine.config import EngineConfig, Limits
+    from engine.engine import TTSEngine
+
+    limits = Limits(max_concurrency=cfg.streams, max_queue=cfg.streams)  # every stream computes at once
+    return TTSEngine.load(
+        EngineConfig(model=args.model, device=args.device, backend=args.backend, limits=limits)
+    )
+
+
+async def run_cli(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
+    engine = load_engine(args, cfg)
+    try:
+        await engine.warmup()
+        run = await soak(engine, cfg)
+        return write_report(run, Path(args.out), str(engine.model.device), str(args.model))
+    finally:
+        engine.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = SoakConfig(args.streams, args.minutes, args.tokens, args.sample_s, Mode(args.mode))
+    summary = asyncio.run(run_cli(args, cfg))
+    log.info(
+        "%d requests, %d errors, TTFA p50 %s ms, RSS flat %s, device flat %s; report in %s",
+        summary["requests"], summary["errors"], summary["ttfa_ms"]["p50"], summary["rss_mb"]["flat"],
+        summary["device_mb"]["flat"], args.out,
+    )  # fmt: skip
+    return 0 if passed(summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""bench/soak.py: a short CPU smoke of the soak CLI on a tiny model, the memory-trend verdict, and error
+accounting against an engine that fails some requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from bench import soak
+from bench.make_model import build_model_dir
+from engine.errors import SynthesisFailed
+from engine.metrics import RequestMetrics, ServerStats
+from engine.request import AudioChunk, SynthesisRequest
+
+
+def test_cpu_smoke_writes_a_passing_report(tmp_path):
+    model = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    out = tmp_path / "soak"
+    argv = ["--model", str(model), "--streams", "4", "--minutes", "0.2", "--tokens", "30", "--sample-s", "2"]
+    assert soak.main([*argv, "--device", "cpu", "--backend", "native", "--out", str(out)]) == 0
+    data = json.loads((out / "soak.json").read_text())
+    summary = data["summary"]
+    assert summary["requests"] == summary["completed"] > 4 and summary["errors"] == 0
+    assert 0 < summary["ttfa_ms"]["p50"] <= summary["ttfa_ms"]["p95"] <= summary["ttfa_ms"]["max"]
+    assert summary["audio_s_total"] == pytest.approx(sum(r["audio_s"] for r in data["requests"]))
+    assert {r["stream"] for r in data["requests"]} == {0, 1, 2, 3}
+    assert len(data["samples"]) >= 6  # every 2 s over 12 s, plus the end state
+    assert summary["rss_mb"]["flat"] and summary["rss_mb"]["first"] > 0
+    end = summary["end_state"]
+    assert (end["active"], end["queued"], end["failed"]) == (0, 0, 0)
+    assert end["completed"] == summary["requests"] + 1  # + the warm-up request
+    assert max(r["start_s"] for r in data["requests"]) < 0.2 * 60  # none started after the deadline
+    report = (out / "soak.md").read_text()
+    assert "# Soak: 4 streams for 0.2 min" in report and "**PASS**" in report and "process RSS" in report
+
+
+@pytest.mark.parametrize(
+    ("mb_per_min", "flat"), [(0.0, True), (1.0, True), (3.0, False), (-3.0, False)], ids=str
+)
+def test_memory_trend_verdict(mb_per_min, flat):
+    """30 min sampled every 10 s from 1000 MiB: flat while the late trend adds < max(64 MiB, 2 %)."""
+    ts = np.arange(0, 1801, 10.0)
+    noise = np.random.default_rng(0).normal(0, 2.0, ts.size)
+    trend = soak.memory_trend(list(ts), list(1000 + mb_per_min * ts / 60 + noise), 1800.0)
+    assert trend["late_slope_mb_per_min"] == pytest.approx(mb_per_min, abs=0.2)
+    assert trend["slope_mb_per_min"] == pytest.approx(mb_per_min, abs=0.2)
+    assert trend["flat"] is flat
+
+
+def test_growth_that_stops_after_warm_up_is_flat():
+    ts = list(np.arange(0, 1801, 10.0))
+    ys = [1000 + min(t, 300) / 3 for t in ts]  # +100 MiB in the first 5 min, then level
+    trend = soak.memory_trend(ts, ys, 1800.0)
+    assert trend["flat"] and trend["late_slope_mb_per_min"] == pytest.approx(0.0, abs=1e-9)
+    assert (trend["first"], trend["max"]) == (1000, 1100)
+
+
+class FlakyEngine:
+    """Every third request fails mid-stream; the rest stream two chunks of 0.1 s."""
+
+    model = SimpleNamespace(device=torch.device("cpu"))  # what soak reads of ``TTSEngine.model``
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def stats(self) -> ServerStats:
+        return ServerStats()
+
+    async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        self.calls += 1
+        fail = self.calls % 3 == 0
+        for i in range(2):
+            await asyncio.sleep(0.01)
+            if fail and i == 1:
+                raise SynthesisFailed("the vocoder produced non-finite audio; this request was stopped")
+            yield AudioChunk(np.zeros(2400, np.float32), 24000, i, i == 1, RequestMetrics())
+
+
+async def test_failed_requests_are_counted_and_fail_the_soak(tmp_path):
+    run = await soak.soak(FlakyEngine(), soak.SoakConfig(streams=2, minutes=0.01, tokens=5, sample_s=0.2))
+    summary = soak.write_report(run, tmp_path, "cpu", "fake")
+    assert summary["requests"] > 6 and summary["errors"] == summary["requests"] // 3
+    assert summary["error_kinds"] == {"SynthesisFailed": summary["errors"]}
+    assert summary["audio_s_total"] == pytest.approx(0.2 * summary["completed"])
+    assert not soak.passed(summary)
+    assert (
+        "**FAIL**" in (tmp_path / "soak.md").read_text()
+        and "SynthesisFailed x" in (tmp_path / "soak.md").read_text()
+    )
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="streams and tokens"):
+        soak.SoakConfig(streams=0)
+    with pytest.raises(ValueError, match="minutes and sample_s"):
+        soak.SoakConfig(minutes=0)
