@@ -1,0 +1,146 @@
+"""The real thing in headless Chromium: ``python app.py --model demo-tiny`` (a tiny random-weight model
+built offline, the native engine on CPU) on 127.0.0.1. Upload a generated prompt, Generate with streaming:
+audio arrives and plays, the metrics show numbers; Stop aborts mid-stream (the engine's active streams
+return to 0); a missing prompt shows its error. Writes ``test-output/webui-demo-tiny.png`` and
+``test-output/webui-demo-latency.json`` (click -> first sound vs the server's time to first audio).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.webui.test_browser import (
+    CHROMIUM,
+    OUT,
+    REPO,
+    fill_request,
+    free_port,
+    metric,
+    player,
+    playwright_api,
+)
+
+pytestmark = pytest.mark.browser
+LONG_TEXT = " ".join(f"This is sentence number {i} of a long demo text." for i in range(1, 40))
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def active_streams(base: str) -> float:
+    line = next(x for x in get(base + "metrics").splitlines() if x.startswith("cosystream_active_streams "))
+    return float(line.split()[1])
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> Iterator[str]:
+    home = tmp_path_factory.mktemp("home")  # the demo model and voices are built under $HOME/.cache
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "app.py",
+        "--model",
+        "demo-tiny",
+        "--device",
+        "cpu",
+        "--backend",
+        "native",
+        "--port",
+        str(port),
+        "--ui-lang",
+        "en",
+    ]
+    log = (home / "app.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=os.environ | {"HOME": str(home)}, stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 180
+    while True:
+        assert proc.poll() is None, (home / "app.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "app.py --model demo-tiny did not become ready"
+        try:
+            if json.loads(get(base + "ready")).get("status") == "ready":
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    yield base
+    proc.terminate()
+    proc.wait(20)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        args = ["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, demo) -> Iterator[Any]:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(demo)
+    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=60_000)
+    yield page
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def prompt_wav(tmp_path_factory) -> str:
+    from tests.sounds import write_wav
+
+    return str(write_wav(tmp_path_factory.mktemp("demo") / "prompt.wav", seconds=4.0))
+
+
+def test_demo_banner_and_missing_prompt_error(page) -> None:
+    page.get_by_text("RANDOM weights").first.wait_for(timeout=10_000)
+    fill_request(page, None)
+    page.locator("#cosy-generate").click()
+    page.get_by_text("A prompt voice is needed").first.wait_for(timeout=10_000)
+
+
+def test_demo_streams_plays_and_shows_metrics(page, prompt_wav) -> None:
+    fill_request(page, prompt_wav, "Hello there. This is the real engine speaking, streaming as it goes.")
+    page.locator("#cosy-generate").click()
+    page.wait_for_function("window.cosyPlayer.stats.playedS > 0.2", timeout=60_000)
+    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=120_000)
+    live = player(page)
+    assert live["sampleRate"] == 24000 and live["samples"] > 24000 // 2
+    server_ttfa = metric(page, "ttfa_server")
+    assert server_ttfa > 0 and metric(page, "rtf") > 0 and metric(page, "lm_tokens") > 0
+    assert metric(page, "audio_s") == pytest.approx(live["samples"] / 24000, abs=0.05)
+    OUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUT / "webui-demo-tiny.png"), full_page=True)
+    numbers = {"server_ttfa_ms": server_ttfa, "click_to_first_sound_ms": round(live["firstSoundMs"], 1)}
+    numbers["browser_overhead_ms"] = round(live["firstSoundMs"] - server_ttfa, 1)
+    (OUT / "webui-demo-latency.json").write_text(json.dumps(numbers, indent=2))
+    print(
+        f"\ndemo-tiny: server TTFA {server_ttfa:.0f} ms; click -> first sound {live['firstSoundMs']:.0f} ms"
+    )
+
+
+def test_demo_stop_aborts_the_engine_request(page, demo, prompt_wav) -> None:
+    fill_request(page, prompt_wav, LONG_TEXT)
+    page.locator("#cosy-generate").click()
+    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=60_000)
+    page.locator("#cosy-stop").click()
+    page.locator('.cosy-status[data-state="stopped"]').wait_for(timeout=20_000)
+    deadline = time.monotonic() + 10
+    while active_streams(demo) != 0:
+        assert time.monotonic() < deadline, "the engine kept computing after Stop"
+        time.sleep(0.2)
+    samples = player(page)["samples"]
+    time.sleep(0.5)
+    assert player(page)["samples"] == samples  # nothing more arrives
