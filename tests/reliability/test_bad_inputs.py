@@ -54,8 +54,6 @@ from webui.texts import Texts
 OK = "ok"  # the input is unusual but valid: the request must produce valid audio
 HUGE = "x" * (LIMITS.max_text_chars + 1)
 HUGE_MSG = f"{LIMITS.max_text_chars + 1} characters; the limit is {LIMITS.max_text_chars}"
-# Engine bugs found by this suite (see the report): C1 controls pass the control-character check, and a lone
-# surrogate reaches the text normaliser, which raises a TypeError instead of a clear InvalidInput.
 
 # Expected outcome of each bad prompt file at the engine (and CLI): (error class, message) or OK.
 AUDIO_EXPECT: dict[str, Any] = {

@@ -316,7 +316,6 @@ async def test_a_request_that_raises_never_leaves_others_stuck(engine, prompt, t
 # ============================================================================= the LM thread survives
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_engine_survives_a_closed_client_loop(model_dir, prompt, tmp_path):
     """A caller's event loop closes while its request decodes (an embedding app or a test harness that
     does not close its generators). The engine must drop that request and keep serving the others; a
