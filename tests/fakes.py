@@ -49,8 +49,15 @@ class FakeEngine:
             raise InvalidInput("text is empty")
         if req.voice_id is not None and req.voice_id not in self.voices:
             raise NotFound(f"no saved voice {req.voice_id!r}")
-        if req.mode != Mode.VC and req.voice_id is None and req.prompt_wav is None and req.prompt_audio is None:
-            raise InvalidInput("a prompt voice is needed: upload or record 3-30 s of speech, or pick a saved voice")
+        if (
+            req.mode != Mode.VC
+            and req.voice_id is None
+            and req.prompt_wav is None
+            and req.prompt_audio is None
+        ):
+            raise InvalidInput(
+                "a prompt voice is needed: upload or record 3-30 s of speech, or pick a saved voice"
+            )
 
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         self.check(req)
