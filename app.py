@@ -53,6 +53,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--max-concurrency", type=_positive_int, default=Limits.max_concurrency,
         help="requests computing at once (engine slots and the UI's GPU queue)",
     )  # fmt: skip
+    p.add_argument("--max-queue", type=int, default=Limits.max_queue, help="requests waiting for a slot")
+    p.add_argument("--max-text-chars", type=_positive_int, default=Limits.max_text_chars)
+    p.add_argument("--max-upload-mb", type=float, default=Limits.max_upload_bytes / 2**20)
+    p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
+    p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
     p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
     p.add_argument(
         "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
@@ -61,7 +66,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    limits = Limits(max_concurrency=args.max_concurrency)
+    limits = Limits(
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        max_text_chars=args.max_text_chars,
+        max_upload_bytes=int(args.max_upload_mb * 2**20),
+        max_prompt_s=args.max_prompt_s,
+        request_timeout_s=args.request_timeout_s,
+    )
     return EngineConfig(model=args.model, device=args.device, backend=args.backend, limits=limits)
 
 
@@ -130,7 +142,9 @@ def create_app(
     mount_api(app, engine, limits, api_key)
     app.include_router(stream_route.router(hub, store, open_timeout_s=limits.request_timeout_s))
     demo = build_demo(engine, ui_lang, limits, hub=hub, store=store, random_weights=random_weights)
-    return gr.mount_gradio_app(app, demo, path="/", **page_options())
+    # uploads over the limit are refused before they are written to disk
+    options = page_options() | {"max_file_size": limits.max_upload_bytes}
+    return gr.mount_gradio_app(app, demo, path="/", **options)
 
 
 def open_share_link(host: str, port: int) -> None:

@@ -75,7 +75,7 @@ class TTSEngine:
         self.token2wav = Token2Wav(model.flow, model.hift, model.family, model.device, cfg.stream)
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()
-        self._counts = {"completed": 0, "failed": 0, "audio_s": 0.0, "tokens": 0}
+        self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
 
     # ------------------------------------------------------------------ construction
@@ -135,6 +135,7 @@ class TTSEngine:
             queued=self.admission.queued,
             completed=int(self._counts["completed"]),
             failed=int(self._counts["failed"]),
+            cancelled=int(self._counts["cancelled"]),
             audio_s_total=float(self._counts["audio_s"]),
             lm_tokens_total=int(self._counts["tokens"]),
             device_memory_mb=devices.memory_mb(dev),
@@ -161,11 +162,15 @@ class TTSEngine:
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
             try:
-                async for chunk in self._run(req, seed, watch, active):
-                    yield chunk
+                if not active.cancelled.is_set():  # aborted while it waited in line: nothing to compute
+                    async for chunk in self._run(req, seed, watch, active):
+                        yield chunk
             finally:
                 self.admission.release()
-            self._counts["completed"] += 1
+            self._counts["cancelled" if active.cancelled.is_set() else "completed"] += 1
+        except (GeneratorExit, asyncio.CancelledError):  # the caller went away: not a failure
+            self._counts["cancelled"] += 1
+            raise
         except BaseException:
             self._counts["failed"] += 1
             raise
@@ -267,16 +272,12 @@ class TTSEngine:
 
     # ------------------------------------------------------------------ inputs
     def _check(self, req: SynthesisRequest) -> None:
-        lim = self.cfg.limits
         if req.mode != Mode.VC:
             if not req.text or not req.text.strip():
                 raise InvalidInput("the text to speak is empty")
-            if len(req.text) > lim.max_text_chars:
-                raise TooLarge(f"the text has {len(req.text)} characters; the limit is {lim.max_text_chars}")
-            if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in req.text):
-                raise InvalidInput("the text contains control characters")
-            if any(unicodedata.category(c) == "Cs" for c in req.text):
-                raise InvalidInput("the text is not valid Unicode (it has lone surrogate characters)")
+            self._check_text("the text", req.text)
+        self._check_text("the prompt transcript", req.prompt_text)
+        self._check_text("the instruction", req.instruct_text)
         if req.mode == Mode.INSTRUCT and not req.instruct_text.strip():
             raise InvalidInput("instruct mode needs an instruction (e.g. 'speak happily')")
         if req.mode == Mode.VC and req.source_wav is None and req.source_audio is None:
@@ -285,6 +286,16 @@ class TTSEngine:
             raise InvalidInput("a voice is needed: upload or record 3-30 s of speech, or pick a saved voice")
         if req.mode == Mode.ZERO_SHOT and req.voice_id is None and not req.prompt_text.strip():
             raise InvalidInput("zero-shot cloning needs the transcript of the prompt audio")
+
+    def _check_text(self, what: str, text: str) -> None:
+        """Length, control characters and lone surrogates (they break the normaliser and tokenizer)."""
+        limit = self.cfg.limits.max_text_chars
+        if len(text) > limit:
+            raise TooLarge(f"{what} has {len(text)} characters; the limit is {limit}")
+        if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in text):
+            raise InvalidInput(f"{what} contains control characters")
+        if any(unicodedata.category(c) == "Cs" for c in text):
+            raise InvalidInput(f"{what} is not valid Unicode (it has lone surrogate characters)")
 
     def _prompt(self, req: SynthesisRequest, trim: bool) -> tuple[PromptFeatures, str]:
         """The voice's features and transcript: a saved voice, or the request's prompt audio."""

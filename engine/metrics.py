@@ -91,6 +91,7 @@ class ServerStats:
     queued: int = 0
     completed: int = 0
     failed: int = 0
+    cancelled: int = 0  # aborted, stopped or disconnected by the caller
     audio_s_total: float = 0.0
     lm_tokens_total: int = 0
     device_memory_mb: float = 0.0

@@ -114,3 +114,27 @@ def test_model_and_device_defaults_come_from_the_environment(monkeypatch):
     importlib.reload(app)
     args = app.parse_args([])
     assert args.model == "iic/CosyVoice2-0.5B" and args.device == "cpu"
+
+
+def test_every_limit_has_a_flag():
+    import app
+
+    args = app.parse_args(
+        [
+            "--max-queue",
+            "3",
+            "--max-text-chars",
+            "500",
+            "--max-upload-mb",
+            "2",
+            "--max-prompt-s",
+            "20",
+            "--request-timeout-s",
+            "60",
+            "--max-concurrency",
+            "2",
+        ]
+    )
+    limits = app.engine_config(args).limits
+    assert (limits.max_queue, limits.max_text_chars, limits.max_upload_bytes) == (3, 500, 2 * 2**20)
+    assert (limits.max_prompt_s, limits.request_timeout_s, limits.max_concurrency) == (20, 60, 2)

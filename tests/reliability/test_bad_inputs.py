@@ -55,10 +55,7 @@ OK = "ok"  # the input is unusual but valid: the request must produce valid audi
 HUGE = "x" * (LIMITS.max_text_chars + 1)
 HUGE_MSG = f"{LIMITS.max_text_chars + 1} characters; the limit is {LIMITS.max_text_chars}"
 
-# The engine checks the text to speak, not yet the prompt transcript or the instruction: control characters
-# and lone surrogates pass (the latter crash the normaliser/tokenizer with a TypeError), and so does any
-# length. Fix: the same checks (Cc, Cs, max_text_chars) on prompt_text and instruct_text.
-AUX_TEXT_BUG = pytest.mark.xfail(strict=True, reason="engine _check: check prompt_text/instruct_text too")
+# The prompt transcript and the instruction get the same checks as the text (length, Cc, Cs).
 ZS, INS = {"mode": Mode.ZERO_SHOT}, {"mode": Mode.INSTRUCT}
 
 # Expected outcome of each bad prompt file at the engine (and CLI): (error class, message) or OK.
@@ -173,7 +170,7 @@ ENGINE_CASES = [
     EngineCase("lone_surrogate_text", synth(text="Hi \ud800 there"), (InvalidInput, "Unicode")),
     EngineCase("nothing_to_speak", synth(text="...!!!"), (InvalidInput, "nothing to speak")),
     *(
-        EngineCase(f"{field}_{kind}", synth(**(mode | {field: value})), expect, (AUX_TEXT_BUG,))
+        EngineCase(f"{field}_{kind}", synth(**(mode | {field: value})), expect)
         for field, mode in (("prompt_text", ZS), ("instruct_text", INS))
         for kind, value, expect in (
             ("control", "Say \x00\x1b it", (InvalidInput, "control characters")),
@@ -333,14 +330,12 @@ HTTP_CASES = [
         speech(mode="zero_shot", ref_text="Say \ud800 it"),
         422,
         "Unicode",
-        (AUX_TEXT_BUG,),
     ),
     HttpCase(
         "control_instructions",
         speech(mode="instruct", instructions="Say \x00 it"),
         422,
         "control characters",
-        (AUX_TEXT_BUG,),
     ),
     HttpCase("unknown_model", speech(model="gpt-9"), 404, "model 'gpt-9' is not served here"),
     HttpCase("unknown_language", speech(language="klingon"), 422, "unknown language 'klingon'"),
@@ -499,14 +494,12 @@ UI_CASES = [
         "generate",
         {"mode": "zero_shot", "prompt_text": "Say \ud800 it"},
         "Unicode",
-        (AUX_TEXT_BUG,),
     ),
     UiCase(
         "control_instruction",
         "generate",
         {"mode": "instruct", "instruct_text": "Say \x00 it"},
         "control characters",
-        (AUX_TEXT_BUG,),
     ),
     UiCase("speed_out_of_range", "generate", {"speed": 9.0}, "Invalid setting: speed must be within"),
     UiCase("no_prompt", "generate", {"prompt_wav": None}, "A prompt voice is needed"),
