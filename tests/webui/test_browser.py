@@ -80,15 +80,6 @@ def server() -> Iterator[tuple[str, BrowserEngine]]:
     thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        args = ["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture
 def page(browser, server) -> Iterator[Any]:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})

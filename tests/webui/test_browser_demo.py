@@ -19,14 +19,12 @@ from typing import Any
 import pytest
 
 from tests.webui.test_browser import (
-    CHROMIUM,
     OUT,
     REPO,
     fill_request,
     free_port,
     metric,
     player,
-    playwright_api,
 )
 
 pytestmark = pytest.mark.browser
@@ -77,15 +75,6 @@ def demo(tmp_path_factory) -> Iterator[str]:
     yield base
     proc.terminate()
     proc.wait(20)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        args = ["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture
