@@ -46,6 +46,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--backend", choices=BACKENDS, default="auto", help="speech LM backend (auto: vllm on GPU)"
     )
+    p.add_argument(
+        "--llm-variant", choices=("base", "rl"), default="base", help="rl: use llm.rl.pt if present"
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link")
@@ -74,7 +77,13 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_prompt_s=args.max_prompt_s,
         request_timeout_s=args.request_timeout_s,
     )
-    return EngineConfig(model=args.model, device=args.device, backend=args.backend, limits=limits)
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        backend=args.backend,
+        llm_variant=args.llm_variant,
+        limits=limits,
+    )
 
 
 def build_engine(cfg: EngineConfig) -> Any:
