@@ -13,7 +13,6 @@ import logging
 import random
 import threading
 import time
-import unicodedata
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,13 @@ from engine.admission import Admission
 from engine.audio import AudioLimits
 from engine.checkpoint import LoadedModel, load_model
 from engine.config import EngineConfig
-from engine.errors import InvalidInput, NotReady, SynthesisFailed, TooLarge
-from engine.frontend import Frontend, PromptFeatures
+from engine.errors import InvalidInput, NotReady, SynthesisFailed
+from engine.frontend import Frontend
 from engine.hub import resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
+from engine.plan import Plan, Planner
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import SILENT_TOKENS_V3, SilenceFilter
 from engine.text import TextFrontend, instruct_presets, load_tokenizer
@@ -49,15 +49,6 @@ class _Active:
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by abort(), any thread
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What a request computes: LM segments (empty for vc) and the flow's prompt conditioning."""
-
-    segments: list[tuple[list[int], list[int], list[int]]]  # (text ids, prompt-text ids, prompt speech)
-    flow_prompt: PromptFeatures
-    source_tokens: list[int] | None = None  # vc: the speech to convert
-
-
 class TTSEngine:
     def __init__(
         self,
@@ -72,6 +63,7 @@ class TTSEngine:
         self.backend, self.voices = backend, voices
         self.family, self.sample_rate = model.family, 24000
         self.model_name = str(model.model_dir.name)
+        self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
         self.token2wav = Token2Wav(model.flow, model.hift, model.family, model.device, cfg.stream)
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()
@@ -154,7 +146,7 @@ class TTSEngine:
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         if not self.ready:
             raise NotReady("the model is still loading", retry_after_s=5.0)
-        self._check(req)
+        self.planner.check(req)
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         watch = Stopwatch(req.request_id, seed)
         active = _Active(req.request_id)
@@ -185,7 +177,7 @@ class TTSEngine:
     ) -> AsyncIterator[AudioChunk]:
         watch.started()
         t0 = time.perf_counter()
-        plan = await asyncio.to_thread(self._plan, req)
+        plan = await asyncio.to_thread(self.planner.plan, req)
         watch.add_stage("frontend", time.perf_counter() - t0)
         index = 0
         deadline = time.monotonic() + self.cfg.limits.request_timeout_s
@@ -201,7 +193,7 @@ class TTSEngine:
             )
 
     async def _audio(
-        self, req: SynthesisRequest, plan: _Plan, seed: int, watch: Stopwatch, active: _Active
+        self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
     ) -> AsyncIterator[np.ndarray]:
         stream = req.stream and req.speed == 1.0  # speed re-times a whole mel: applied per segment
         if plan.source_tokens is not None:
@@ -269,71 +261,6 @@ class TTSEngine:
             for stage in ("flow", "hift"):
                 watch.add_stage(stage, utt.stage_s[stage] - before[stage])
             yield pcm
-
-    # ------------------------------------------------------------------ inputs
-    def _check(self, req: SynthesisRequest) -> None:
-        if req.mode != Mode.VC:
-            if not req.text or not req.text.strip():
-                raise InvalidInput("the text to speak is empty")
-            self._check_text("the text", req.text)
-        self._check_text("the prompt transcript", req.prompt_text)
-        self._check_text("the instruction", req.instruct_text)
-        if req.mode == Mode.INSTRUCT and not req.instruct_text.strip():
-            raise InvalidInput("instruct mode needs an instruction (e.g. 'speak happily')")
-        if req.mode == Mode.VC and req.source_wav is None and req.source_audio is None:
-            raise InvalidInput("voice conversion needs the source speech to convert")
-        if req.voice_id is None and req.prompt_wav is None and req.prompt_audio is None:
-            raise InvalidInput("a voice is needed: upload or record 3-30 s of speech, or pick a saved voice")
-        if req.mode == Mode.ZERO_SHOT and req.voice_id is None and not req.prompt_text.strip():
-            raise InvalidInput("zero-shot cloning needs the transcript of the prompt audio")
-
-    def _check_text(self, what: str, text: str) -> None:
-        """Length, control characters and lone surrogates (they break the normaliser and tokenizer)."""
-        limit = self.cfg.limits.max_text_chars
-        if len(text) > limit:
-            raise TooLarge(f"{what} has {len(text)} characters; the limit is {limit}")
-        if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in text):
-            raise InvalidInput(f"{what} contains control characters")
-        if any(unicodedata.category(c) == "Cs" for c in text):
-            raise InvalidInput(f"{what} is not valid Unicode (it has lone surrogate characters)")
-
-    def _prompt(self, req: SynthesisRequest, trim: bool) -> tuple[PromptFeatures, str]:
-        """The voice's features and transcript: a saved voice, or the request's prompt audio."""
-        if req.voice_id is not None and req.prompt_wav is None and req.prompt_audio is None:
-            voice, features = self.voices.get(req.voice_id)
-            self._check_voice_family(voice)
-            return features, voice.prompt_text
-        source = req.prompt_audio if req.prompt_audio is not None else req.prompt_wav
-        assert source is not None  # _check guarantees a voice
-        return self.frontend.extract(source, trim=trim), req.prompt_text
-
-    def _check_voice_family(self, voice: Voice) -> None:
-        if voice.family != self.family:
-            raise InvalidInput(
-                f"saved voice {voice.name!r} was made for {voice.family}; this server runs {self.family}"
-            )
-
-    def _plan(self, req: SynthesisRequest) -> _Plan:
-        if req.mode == Mode.VC:
-            prompt, _ = self._prompt(req, trim=False)
-            source = req.source_audio if req.source_audio is not None else req.source_wav
-            assert source is not None  # _check guarantees it
-            return _Plan([], prompt, list(self.frontend.speech_tokens(source)))
-        prompt, transcript = self._prompt(req, trim=True)
-        cross = req.mode == Mode.CROSS_LINGUAL
-        segments = self.text.prepare(req.text, req.language, req.text_frontend, cross_lingual=cross)
-        if not segments:
-            raise InvalidInput("the text has nothing to speak after normalisation")
-        prompt_ids: list[int] = []
-        speech: list[int] = []
-        if req.mode == Mode.ZERO_SHOT:
-            prompt_ids = self.text.tokenize(
-                self.text.prompt_text(transcript, req.language, req.text_frontend)
-            )
-            speech = [int(t) for t in prompt.speech_tokens]
-        elif req.mode == Mode.INSTRUCT:
-            prompt_ids = self.text.tokenize(self.text.instruct_text(req.instruct_text))
-        return _Plan([(self.text.tokenize(s), prompt_ids, speech) for s in segments], prompt)
 
     # ------------------------------------------------------------------ voices
     def add_voice(self, name: str, prompt_wav: str | tuple[np.ndarray, int], prompt_text: str) -> Voice:
