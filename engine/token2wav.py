@@ -59,11 +59,10 @@ class Token2Wav:
         family: str,
         device: torch.device,
         stream_cfg: StreamConfig,
-        flow_dtype: torch.dtype = torch.float32,
         max_batch: int = 16,
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
-        self.stream_cfg, self.flow_dtype, self.max_batch = stream_cfg, flow_dtype, max_batch
+        self.stream_cfg, self.max_batch = stream_cfg, max_batch
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.pending = 0
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)

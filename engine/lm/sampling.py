@@ -47,10 +47,12 @@ class SamplerState:
         return token in self.stop_ids or len(self.history) >= self.max_len
 
 
-def nucleus_keep(sorted_probs: torch.Tensor, top_p: float, top_k: int) -> int:
-    """How many of the descending-sorted probabilities [K] the nucleus keeps (>= 1)."""
-    mass_before = torch.cumsum(sorted_probs, 0) - sorted_probs
-    return max(1, min(top_k, int((mass_before < top_p).sum())))
+def nucleus_mask(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Which of the descending-sorted probabilities [..., K] the nucleus keeps: the mass before an entry
+    is < top_p (so the entry that crosses top_p is kept), and always the first."""
+    keep = (sorted_probs.cumsum(-1) - sorted_probs) < top_p
+    keep[..., 0] = True
+    return keep
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -100,9 +102,8 @@ def ras_core(
     the last generated ids (-1 = empty; order does not matter) -> (ids [B], refused [B] bool).
     """
     probs = logp.softmax(-1)
-    top_p, top_i = probs.topk(min(cfg.top_k, probs.shape[-1]), dim=-1)  # sorted descending
-    keep = (top_p.cumsum(-1) - top_p) < cfg.top_p
-    keep[:, 0] = True
+    top_p, top_i = probs.topk(min(cfg.top_k, probs.shape[-1]), dim=-1)  # sorted descending: top_k cap
+    keep = nucleus_mask(top_p, cfg.top_p)
     pick = top_i.gather(1, _inverse_cdf(top_p * keep, u[:, 0]).unsqueeze(1)).squeeze(1)  # [B]
     refuse = (window == pick.unsqueeze(1)).sum(1) >= cfg.win_size * cfg.tau_r
     fallback = logp.scatter(1, pick.unsqueeze(1), -math.inf).softmax(-1)

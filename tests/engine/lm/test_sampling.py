@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.config import SamplingConfig
-from engine.lm.sampling import SamplerState, nucleus_keep, sample_step, token_limits
+from engine.lm.sampling import SamplerState, nucleus_mask, sample_step, token_limits
 
 CFG = SamplingConfig()
 
@@ -19,9 +19,9 @@ def draw(lp: torch.Tensor, state: SamplerState, cfg: SamplingConfig = CFG) -> in
 
 def test_nucleus_keeps_the_entry_that_crosses_top_p():
     # 0.5 + 0.25 = 0.75 < 0.8, so the third entry (which crosses 0.8) is kept too, the fourth is not.
-    assert nucleus_keep(torch.tensor([0.5, 0.25, 0.15, 0.1]), 0.8, 25) == 3
-    assert nucleus_keep(torch.tensor([0.9, 0.1]), 0.8, 25) == 1
-    assert nucleus_keep(torch.full((100,), 0.01), 0.8, 25) == 25
+    assert nucleus_mask(torch.tensor([0.5, 0.25, 0.15, 0.1]), 0.8).tolist() == [True, True, True, False]
+    assert nucleus_mask(torch.tensor([0.9, 0.1]), 0.8).tolist() == [True, False]
+    assert int(nucleus_mask(torch.full((100,), 0.01), 0.8).sum()) == 80  # top_k caps it at 25 (below)
 
 
 def test_token_limits_follow_ratios():
