@@ -1,0 +1,42 @@
+"""Configuration validation: defaults are the released checkpoints' values; bad values fail at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig, Limits, SamplingConfig, StreamConfig
+from engine.request import Mode, SynthesisRequest
+
+
+def test_defaults_are_the_released_values():
+    s, st = SamplingConfig(), StreamConfig()
+    assert (s.top_p, s.top_k, s.win_size, s.tau_r) == (0.8, 25, 10, 0.1)
+    assert (s.min_token_text_ratio, s.max_token_text_ratio) == (2.0, 20.0)
+    assert (st.token_hop, st.max_token_hop, st.lookahead, st.mel_cache_frames, st.source_cache_samples) == (
+        25, 100, 3, 8, 3840,
+    )  # fmt: skip
+    assert EngineConfig().model == "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: EngineConfig(backend="tensorrt"), "backend"),
+        (lambda: EngineConfig(device="tpu"), "device"),
+        (lambda: EngineConfig(flow_dtype="float16"), "flow_dtype"),
+        (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),
+        (lambda: StreamConfig(token_hop=0), "token_hop"),
+        (lambda: Limits(max_prompt_s=40), "30"),
+        (lambda: Limits(max_concurrency=0), "max_concurrency"),
+        (lambda: SynthesisRequest(text="x", speed=3.0), "speed"),
+        (lambda: SynthesisRequest(text="x", seed=-1), "seed"),
+        (lambda: SynthesisRequest(text="x", mode="sing"), "sing"),
+    ],
+)
+def test_bad_values_are_refused(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_request_mode_accepts_strings():
+    assert SynthesisRequest(text="x", mode="vc").mode is Mode.VC

@@ -1,0 +1,30 @@
+"""Stopwatch snapshots with a fake clock: queue wait, time to first audio, RTF, tokens/s, stages."""
+
+from __future__ import annotations
+
+from engine.metrics import Stopwatch
+
+
+def test_snapshot_figures_follow_the_clock():
+    now = [10.0]
+    watch = Stopwatch("r1", seed=7, clock=lambda: now[0])
+    now[0] = 10.5
+    watch.started()  # 0.5 s in the queue
+    now[0] = 10.6
+    watch.add_tokens(10)
+    now[0] = 10.8
+    watch.add_audio(0.0)  # an empty chunk is not the first audio
+    now[0] = 11.0
+    watch.add_audio(2.0)
+    watch.add_stage("flow", 0.25)
+    watch.add_tokens(40)
+    m = watch.snapshot(done=True)
+    assert m.queue_wait_ms == 500.0 and m.ttfa_ms == 1000.0
+    assert m.elapsed_ms == 500.0 and m.rtf == 0.25 and m.audio_s == 2.0
+    assert m.lm_tokens == 50 and round(m.lm_tokens_per_s) == 125 and m.stage_ms["flow"] == 250.0
+    assert m.done and m.seed == 7 and m.request_id == "r1"
+
+
+def test_no_audio_no_rtf():
+    m = Stopwatch("r", 0, clock=lambda: 1.0).snapshot()
+    assert m.rtf is None and m.ttfa_ms is None
