@@ -246,22 +246,34 @@ async def next_chunk(gen: AsyncIterator[AudioChunk]) -> AudioChunk | None:
     return await anext(gen, None)
 
 
+class Encoded:
+    """An engine stream's encoded bytes as chunks arrive, then the encoder's tail. ``last`` is the latest
+    chunk seen: once iteration ends, its metrics are the request's final ones."""
+
+    def __init__(self, gen: AsyncIterator[AudioChunk], first: AudioChunk, encoder: StreamEncoder):
+        self.gen, self.last, self.encoder = gen, first, encoder
+
+    async def __aiter__(self) -> AsyncGenerator[bytes, None]:
+        chunk: AudioChunk | None = self.last
+        while chunk is not None:
+            self.last = chunk
+            if data := self.encoder.feed(chunk.pcm):
+                yield data
+            chunk = await next_chunk(self.gen)
+        if tail := self.encoder.finish():
+            yield tail
+
+
 async def audio_bytes(
     telemetry: Telemetry, gen: AsyncIterator[AudioChunk], first: AudioChunk, encoder: StreamEncoder
 ) -> AsyncGenerator[bytes, None]:
     """Encoded bytes as chunks arrive. A mid-stream engine error is re-raised so the server cuts the
     connection: a truncated chunked body tells the client, a clean end would not."""
-    chunk: AudioChunk | None = first
-    last = first
+    stream = Encoded(gen, first, encoder)
     try:
-        while chunk is not None:
-            last = chunk
-            if data := encoder.feed(chunk.pcm):
-                yield data
-            chunk = await next_chunk(gen)
-        if tail := encoder.finish():
-            yield tail
-        telemetry.finished(last.metrics)
+        async for data in stream:
+            yield data
+        telemetry.finished(stream.last.metrics)
     except EngineError:
         telemetry.stream_errors.inc()
         log.exception("request %s failed mid-stream", first.metrics.request_id)
@@ -283,16 +295,11 @@ async def sse_events(
 ) -> AsyncGenerator[str, None]:
     """OpenAI's ``speech.audio.delta`` events, then ``speech.audio.done`` with usage and our metrics; a
     mid-stream failure becomes an ``error`` event (the status line is long gone)."""
-    chunk: AudioChunk | None = first
-    last = first
+    stream = Encoded(gen, first, encoder)
     try:
-        while chunk is not None:
-            last = chunk
-            if data := encoder.feed(chunk.pcm):
-                yield delta(data)
-            chunk = await next_chunk(gen)
-        if tail := encoder.finish():
-            yield delta(tail)
+        async for data in stream:
+            yield delta(data)
+        last = stream.last
         telemetry.finished(last.metrics)
         yield sse_event(
             {"type": "speech.audio.done", "usage": usage(last.metrics), "metrics": as_dict(last.metrics)}
