@@ -4,7 +4,7 @@ Eager, one solve launches thousands of small kernels (10 steps x the estimator's
 between them; a captured graph replays them in one launch. Shapes are bucketed: batch to a power of two,
 frames up to a multiple of ``frame_bucket``. Padding is exact for the real rows and frames: padded frames
 are masked out of attention and every conv is causal (left context only), and padded rows are independent.
-Graphs are captured lazily on first use of a bucket (``warm`` can pre-capture) and kept in an LRU.
+Graphs are captured lazily on first use of a bucket and kept in an LRU.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ class GraphedCFM(nn.Module):
     ):
         super().__init__()
         self.cfm, self.dtype, self.frame_bucket, self.max_graphs = cfm, dtype, frame_bucket, max_graphs
-        self.estimator = cfm.estimator  # the same module; kept reachable for callers that read it
         self._graphs: OrderedDict[tuple[int, int, bool], devices.CapturedCall] = OrderedDict()
         self._pool = None
 
@@ -80,13 +79,6 @@ class GraphedCFM(nn.Module):
                 return self.cfm(CfmInputs(mu, mask, spks, cond, frames, frames), streaming).float()
 
         return run
-
-    def warm(self, batches: tuple[int, ...], frames: tuple[int, ...], dev: torch.device) -> None:
-        """Capture these buckets now, before serving, for both masks."""
-        for b in batches:
-            for t in frames:
-                for streaming in (False, True):
-                    self._graph(*self.bucket(b, t), streaming, dev)
 
 
 def _statics(batch: int, frames: int, dev: torch.device) -> tuple[Tensor, ...]:

@@ -52,6 +52,17 @@ def attention_mask(valid: Tensor, chunk: int = 0) -> Tensor:
     return keys & visible[None]
 
 
+# EncoderConfig fields read from the yaml's encoder node (the rest are hard-coded in the reference).
+_YAML_INTS = (
+    "input_size",
+    "output_size",
+    "attention_heads",
+    "linear_units",
+    "num_blocks",
+    "static_chunk_size",
+)
+
+
 @dataclass(frozen=True)
 class EncoderConfig:
     """``UpsampleConformerEncoder`` geometry. Defaults: the released CosyVoice2 flow (§2.6)."""
@@ -67,17 +78,7 @@ class EncoderConfig:
     up_stride: int = 2  # hard-coded in the reference
 
     def __post_init__(self) -> None:
-        for name in (
-            "input_size",
-            "output_size",
-            "attention_heads",
-            "linear_units",
-            "num_blocks",
-            "static_chunk_size",
-            "num_up_blocks",
-            "pre_lookahead_len",
-            "up_stride",
-        ):
+        for name in (*_YAML_INTS, "num_up_blocks", "pre_lookahead_len", "up_stride"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EncoderConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.output_size % self.attention_heads:
@@ -102,15 +103,7 @@ class EncoderConfig:
                 raise ValueError(f"flow yaml: encoder {key}={node[key]!r} unsupported (only {supported!r})")
         if node.get("activation_type", "swish") != "swish":
             raise ValueError(f"flow yaml: encoder activation_type={node['activation_type']!r} unsupported")
-        names = (
-            "input_size",
-            "output_size",
-            "attention_heads",
-            "linear_units",
-            "num_blocks",
-            "static_chunk_size",
-        )
-        return cls(**{k: int(yaml_field(node, k)) for k in names})
+        return cls(**{k: int(yaml_field(node, k)) for k in _YAML_INTS})
 
 
 def rel_position_table(size: int, d_model: int, device: torch.device, dtype: torch.dtype) -> Tensor:
