@@ -27,7 +27,7 @@ from engine.checkpoint import LoadedModel, load_model
 from engine.config import EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
 from engine.frontend import Frontend
-from engine.hub import resolve_model
+from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
@@ -280,7 +280,7 @@ def _ids(ids: list[int]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _backend(cfg: EngineConfig, model: LoadedModel, files) -> LMBackend:
+def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBackend:
     """vLLM where it is installed and a GPU/NPU is present (or asked for), else the native loop."""
     use_vllm = cfg.backend == "vllm" or (
         cfg.backend == "auto" and devices.has_vllm() and devices.is_accelerator(model.device)
