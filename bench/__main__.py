@@ -75,9 +75,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
     p.add_argument("--flow-dtype", default="float32", choices=("float32", "bfloat16"), help="GPU flow solver")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
+    p.add_argument(
+        "--graph-warmup-s", type=float, default=15.0, help="mel seconds of flow graphs to pre-capture"
+    )
+    p.add_argument(
+        "--profile-dir", help="after the sweep, profile one streaming wave at 1 and at max concurrency"
+    )
     args = p.parse_args(argv)
     if not (args.url or args.model or args.random_full or args.random_tiny):
         p.error("name a model (--model, --random-full, --random-tiny) or a server (--url)")
+    if args.url and args.profile_dir:
+        p.error("--profile-dir profiles the in-process engine: run it without --url")
     if args.url and args.baseline:
         p.error("the baseline runs in-process: run it without --url")
     if not 1 <= args.tokens <= 3000:
@@ -125,6 +133,7 @@ def load_engine(args: argparse.Namespace) -> Any:
         limits=Limits(max_concurrency=most, max_queue=most),
         flow_dtype=args.flow_dtype,
         cuda_graphs=not args.no_cuda_graphs,
+        graph_warmup_s=args.graph_warmup_s,
     )
     return TTSEngine.load(cfg)
 
@@ -177,6 +186,8 @@ async def run_engine(args: argparse.Namespace) -> tuple[list[Level], dict[str, s
     try:
         await engine.warmup()
         levels = await sweep(EngineTarget(engine), args, args.concurrency)
+        if args.profile_dir:
+            await profile_levels(EngineTarget(engine), args)
         if args.baseline:
             from bench.baseline import ReferenceStyle
 
@@ -186,6 +197,14 @@ async def run_engine(args: argparse.Namespace) -> tuple[list[Level], dict[str, s
         return levels, info | {"backend": engine.backend.name}
     finally:
         engine.close()
+
+
+async def profile_levels(target: Target, args: argparse.Namespace) -> None:
+    from bench.profile import profile_level
+
+    workload = Workload(tokens=args.tokens, stream=True)
+    for c in sorted({1, max(args.concurrency)}):
+        await profile_level(target, workload, c, prompt_audio(), Path(args.profile_dir))
 
 
 async def run_http(args: argparse.Namespace) -> tuple[list[Level], dict[str, str]]:

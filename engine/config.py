@@ -85,6 +85,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.3
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     flow_dtype: str = "float32"  # the flow solver's compute dtype on GPU: float32 | bfloat16
+    graph_warmup_s: float = 15.0  # load captures the flow graphs for mel up to this long (prompt + speech)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)
@@ -99,5 +100,7 @@ class EngineConfig:
             raise ValueError("model must name a directory or a hub id")
         if self.flow_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"flow_dtype must be float32 or bfloat16, got {self.flow_dtype!r}")
+        if not 0.0 <= self.graph_warmup_s <= 300.0:
+            raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")

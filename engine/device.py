@@ -106,7 +106,8 @@ def graphs_supported(device: torch.device) -> bool:
 class CapturedCall:
     """``fn`` recorded once on static tensors, replayed with new values copied into them (CUDA graphs).
 
-    ``fn`` must not synchronise with the host; its outputs are the returned static tensors.
+    ``fn`` must not synchronise with the host. A call returns a copy of the static output: callers keep
+    results across calls (a request's mel history), and the next replay rewrites the static tensor.
     """
 
     def __init__(self, fn, inputs: tuple[torch.Tensor, ...], pool=None, warmup: int = 2):
@@ -125,7 +126,7 @@ class CapturedCall:
         for static, value in zip(self.inputs, values):
             static.copy_(value)
         self.graph.replay()
-        return self.output
+        return self.output.clone()
 
 
 def graph_pool():

@@ -26,6 +26,7 @@ from engine.audio import AudioLimits
 from engine.checkpoint import LoadedModel, load_model
 from engine.config import EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
+from engine.flow_graphs import GraphedCFM
 from engine.frontend import Frontend
 from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
@@ -33,8 +34,9 @@ from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
 from engine.plan import Plan, Planner
 from engine.request import AudioChunk, Mode, SynthesisRequest
-from engine.streaming import SILENT_TOKENS_V3, SilenceFilter
+from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.text import TextFrontend, instruct_presets, load_tokenizer
+from engine.token2wav import MAX_BATCH as TOKEN2WAV_MAX_BATCH
 from engine.token2wav import Token2Wav, Utterance
 from engine.voices import Voice, VoiceLibrary
 
@@ -79,10 +81,9 @@ class TTSEngine:
         devices.configure(dev)
         model = load_model(files, dev)
         if cfg.cuda_graphs and devices.graphs_supported(dev):
-            from engine.flow_graphs import GraphedCFM
-
             graphed = GraphedCFM(model.flow.decoder, getattr(torch, cfg.flow_dtype))
             model.flow.decoder = graphed  # type: ignore[assignment]  # same forward(inputs, streaming)
+            _precapture(graphed, cfg, dev)
         frontend = Frontend.from_model_dir(files, dev, limits=AudioLimits.for_prompt(cfg.limits))
         text = TextFrontend(load_tokenizer(files.qwen, model.family))
         backend = _backend(cfg, model, files)
@@ -294,3 +295,14 @@ def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBacken
     from engine.lm.native import NativeLM
 
     return NativeLM(model.lm, cfg.sampling)
+
+
+def _precapture(graphed: GraphedCFM, cfg: EngineConfig, dev: torch.device) -> None:
+    """Record the flow graphs a request can meet (batch up to the token2wav batch, mel up to
+    ``graph_warmup_s``) now, while nothing runs, so no request waits for a capture."""
+    if cfg.graph_warmup_s <= 0:
+        return
+    t0 = time.perf_counter()
+    batch = min(cfg.limits.max_concurrency, TOKEN2WAV_MAX_BATCH)
+    n = graphed.precapture(batch, int(cfg.graph_warmup_s * MEL_FRAMES_PER_S), dev)
+    log.info("captured %d flow graphs in %.1f s", n, time.perf_counter() - t0)

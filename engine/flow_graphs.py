@@ -4,7 +4,8 @@ Eager, one solve launches thousands of small kernels (10 steps x the estimator's
 between them; a captured graph replays them in one launch. Shapes are bucketed: batch to a power of two,
 frames up to a multiple of ``frame_bucket``. Padding is exact for the real rows and frames: padded frames
 are masked out of attention and every conv is causal (left context only), and padded rows are independent.
-Graphs are captured lazily on first use of a bucket and kept in an LRU.
+Graphs are captured lazily on first use of a bucket and kept in an LRU; ``precapture`` records every bucket
+up to a batch and length before serving (the engine's warmup), so no request pays for a capture.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import OrderedDict
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from engine import device as devices
 from engine.models.flow import CausalCFM, CfmInputs
@@ -46,8 +48,24 @@ class GraphedCFM(nn.Module):
             return self._eager(inputs, streaming)  # near the noise buffer's end: no padding room
         bb, tt = self.bucket(b, frames)
         call = self._graph(bb, tt, streaming, inputs.mu.device)
-        out = call(*_padded(inputs, bb, tt))
+        with record_function("t2w.flow.solver"):
+            out = call(*_padded(inputs, bb, tt))
         return out[:b, :, :frames].float()
+
+    def precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
+        """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are."""
+        max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
+        top_batch, top_frames = self.bucket(max_batch, max(max_frames, 1))
+        keys = [
+            (2**i, frames, streaming)
+            for i in range(int(math.log2(top_batch)) + 1)
+            for frames in range(self.frame_bucket, top_frames + 1, self.frame_bucket)
+            for streaming in (True, False)
+        ]
+        self.max_graphs = max(self.max_graphs, len(keys))
+        for batch, frames, streaming in keys:
+            self._graph(batch, frames, streaming, device)
+        return len(keys)
 
     def _eager(self, inputs: CfmInputs, streaming: bool) -> Tensor:
         with torch.autocast(inputs.mu.device.type, self.dtype, enabled=self.dtype != torch.float32):

@@ -20,6 +20,7 @@ from engine.config import StreamConfig
 
 TOKEN_MEL_RATIO = 2  # mel frames per speech token (25 Hz tokens, 50 Hz mel)
 SAMPLES_PER_FRAME = 480  # 24 kHz / 50 Hz
+MEL_FRAMES_PER_S = 24000 // SAMPLES_PER_FRAME
 
 
 @dataclass(frozen=True)
@@ -120,11 +121,20 @@ class V3VocoderState:
         self.emitted = 0  # samples already returned
 
     def step(self, mel: torch.Tensor, finalize: bool, hift: Hift3, speed: float = 1.0) -> torch.Tensor:
-        self.mel = mel if self.mel is None else torch.cat([self.mel, mel], dim=2)
-        full = self.mel
+        full = self.extended(mel)
+        vocode = full
         if finalize and speed != 1.0 and self.emitted == 0:
-            full = stretch_mel(full, speed)
-        speech, _ = hift(full, finalize)
+            vocode = stretch_mel(full, speed)
+        speech, _ = hift(vocode, finalize)
+        return self.commit(full, speech)
+
+    def extended(self, mel: torch.Tensor) -> torch.Tensor:
+        """All mel so far with the new frames [1, 80, T] appended; the state is unchanged until ``commit``."""
+        return mel if self.mel is None else torch.cat([self.mel, mel], dim=2)
+
+    def commit(self, full: torch.Tensor, speech: torch.Tensor) -> torch.Tensor:
+        """Keep ``full`` as the history; of ``speech`` [1, S] (HiFT over it) return what was not sent yet."""
+        self.mel = full
         new = speech[:, self.emitted :]
         self.emitted += new.shape[1]
         return new

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.profiler import record_function  # labels for bench.profile; near free when off
 
 from engine import device as devices
 from engine.config import StreamConfig
@@ -26,6 +27,7 @@ from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
 from engine.streaming import ChunkJob, ChunkPlanner, V2VocoderState, V3VocoderState
 
 log = logging.getLogger(__name__)
+MAX_BATCH = 16  # chunks per flow call (and per HiFT call): the graph buckets go up to this batch
 
 
 @dataclass(eq=False)
@@ -59,7 +61,7 @@ class Token2Wav:
         family: str,
         device: torch.device,
         stream_cfg: StreamConfig,
-        max_batch: int = 16,
+        max_batch: int = MAX_BATCH,
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
         self.stream_cfg, self.max_batch = stream_cfg, max_batch
@@ -120,7 +122,8 @@ class Token2Wav:
         try:
             with torch.inference_mode():
                 t0 = time.perf_counter()
-                mels = self._flow([j.utt for j in jobs], [j.chunk for j in jobs])
+                with record_function("t2w.flow"):
+                    mels = self._flow([j.utt for j in jobs], [j.chunk for j in jobs])
                 share = (time.perf_counter() - t0) / len(jobs)
         except Exception as err:  # the worker keeps serving; only the request at fault fails
             if len(jobs) > 1:  # find it: run the batch's requests one by one
@@ -131,8 +134,18 @@ class Token2Wav:
             log.exception("flow failed")
             _deliver(jobs[0], None, self._failure(err))
             return
-        for job, mel in zip(jobs, mels):
+        for job in jobs:
             job.utt.stage_s["flow"] += share
+        if self._batchable(jobs):
+            try:
+                with record_function("t2w.hift.batch"):
+                    self._vocode_together(jobs, mels)
+                return
+            except Exception as err:  # find the request at fault: one by one below
+                log.warning(
+                    "vocoder batch of %d failed (%s); retrying its requests one by one", len(jobs), err
+                )
+        for job, mel in zip(jobs, mels):
             try:
                 with torch.inference_mode():
                     pcm = self._vocoder_step(job.utt, mel, job.chunk.finalize)
@@ -140,6 +153,48 @@ class Token2Wav:
             except Exception as err:
                 log.exception("vocoder step failed")
                 _deliver(job, None, self._failure(err))
+
+    def _batchable(self, jobs: list[_Job]) -> bool:
+        """v3's causal HiFT on non-final chunks: right zero padding cannot change a row's emitted prefix
+        (the same property that lets each chunk re-vocode all mel so far), so rows run as one batch.
+        v2 draws fresh noise per request from its own generator and finalize calls use full padding: alone."""
+        return len(jobs) > 1 and isinstance(self.hift, CausalHiFTGenerator) and not jobs[0].chunk.finalize
+
+    def _vocode_together(self, jobs: list[_Job], mels: list[torch.Tensor]) -> None:
+        """One HiFT call for all rows; a row whose audio is not finite fails alone. States change only
+        after every row's audio is on the host, so a failure leaves them as they were for the retry."""
+        t0, cfg = time.perf_counter(), self.hift.config
+        states = [_v3_state(j.utt) for j in jobs]
+        with torch.inference_mode():
+            fulls = [st.extended(m) for st, m in zip(states, mels)]
+            width = max(f.shape[2] for f in fulls)
+            speech = self._vocode_batch(
+                [j.utt for j in jobs], torch.cat([_right_pad(f, width) for f in fulls])
+            )
+            # row i's real audio: (T_i - withheld) frames x 480 samples; the rest came from padding
+            ends = [(f.shape[2] - cfg.withheld_frames) * cfg.samples_per_frame for f in fulls]
+            rows = [speech[i : i + 1, :end] for i, end in enumerate(ends)]
+            pcms = [r[0, st.emitted :].float().cpu().numpy() for st, r in zip(states, rows)]
+        for st, full, row in zip(states, fulls, rows):
+            st.commit(full, row)
+        share = (time.perf_counter() - t0) / len(jobs)
+        for job, pcm in zip(jobs, pcms):
+            job.utt.stage_s["hift"] += share
+            if np.isfinite(pcm).all():
+                _deliver(job, pcm, None)
+            else:
+                _deliver(
+                    job,
+                    None,
+                    SynthesisFailed("the vocoder produced non-finite audio; this request was stopped"),
+                )
+
+    def _vocode_batch(self, utts: list[Utterance], mel: torch.Tensor) -> torch.Tensor:
+        """Non-final causal HiFT over right-padded rows (``utts``: their owners, row by row):
+        mel [B, 80, T] -> speech [B, (T - withheld) * 480]."""
+        if not isinstance(self.hift, CausalHiFTGenerator):
+            raise TypeError("batched vocoding needs the causal (v3) HiFT")
+        return self.hift.inference(mel, False)[0]
 
     def _failure(self, err: Exception) -> Exception:
         """Out-of-memory becomes a clear SynthesisFailed (and the device cache is emptied)."""
@@ -152,7 +207,8 @@ class Token2Wav:
 
     def _vocoder_step(self, utt: Utterance, mel: torch.Tensor, finalize: bool) -> np.ndarray:
         t0 = time.perf_counter()
-        pcm = self._vocode(utt, mel, finalize)[0].float().cpu().numpy()
+        with record_function("t2w.hift"):
+            pcm = self._vocode(utt, mel, finalize)[0].float().cpu().numpy()
         utt.stage_s["hift"] += time.perf_counter() - t0
         if not np.isfinite(pcm).all():
             raise SynthesisFailed("the vocoder produced non-finite audio; this request was stopped")
@@ -193,6 +249,17 @@ class Token2Wav:
         ).float()
         frames = self.flow.mel_lengths(token_len, prompt_len, feat_len, finalize).tolist()
         return [mel[i : i + 1, :, c.mel_start : n] for i, (c, n) in enumerate(zip(chunks, frames))]
+
+
+def _v3_state(utt: Utterance) -> V3VocoderState:
+    if not isinstance(utt.vocoder, V3VocoderState):
+        raise TypeError(f"expected a v3 vocoder state, got {type(utt.vocoder).__name__}")
+    return utt.vocoder
+
+
+def _right_pad(mel: torch.Tensor, frames: int) -> torch.Tensor:
+    """[1, 80, T] -> [1, 80, frames] with zero frames after T."""
+    return torch.nn.functional.pad(mel, (0, frames - mel.shape[2]))
 
 
 def _stack(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -171,3 +171,27 @@ async def test_http_target_streams_pcm_from_a_live_server(engine):
         assert req.audio_s > 0 and req.audio_s * 24000 == pytest.approx(round(req.audio_s * 24000))
         assert req.queue_wait_ms is not None and req.ttfa_ms is not None and req.rtf is not None
         assert 0 <= req.queue_wait_ms <= req.ttfa_ms <= req.total_ms
+
+
+def test_profile_dir_writes_a_stage_and_operator_summary_per_streaming_level(cache, tmp_path):
+    argv = ["--random-tiny", "v2", "--cache-dir", str(cache), "--concurrency", "1,2", "--tokens"]
+    prof = tmp_path / "prof"
+    main(
+        [
+            *argv,
+            str(CLI_TOKENS),
+            "--modes",
+            "stream",
+            "--out",
+            str(tmp_path / "o"),
+            "--profile-dir",
+            str(prof),
+        ]
+    )
+    assert sorted(p.name for p in prof.iterdir()) == ["profile_c1.md", "profile_c2.md"]
+    text = (prof / "profile_c2.md").read_text()
+    assert text.startswith("# Profile: 2 streams, 2 requests, stream")
+    stages = {row.split(" | ")[0].strip("| "): row for row in text.splitlines() if row.startswith("| t2w.")}
+    assert {"t2w.flow", "t2w.hift"} <= set(stages)  # v2 vocodes request by request
+    assert int(stages["t2w.flow"].split(" | ")[1]) >= 1
+    assert "## Top operators by self host time" in text and "aten::" in text

@@ -105,12 +105,50 @@ def test_batched_jobs_equal_the_same_jobs_alone(family, tmp_path):
         return await asyncio.gather(*(run_all(t2w, f, toks, stream=True) for f, toks in cases))
 
     t2w = Token2Wav(model.flow, model.hift, family, model.device, StreamConfig())
+    hift_rows: list[int] = []
+    real_batch = t2w._vocode_batch
+
+    def spy(utts, mel):
+        hift_rows.append(len(utts))
+        return real_batch(utts, mel)
+
+    t2w._vocode_batch = spy  # type: ignore[method-assign]
     try:
         alone = [asyncio.run(run_all(t2w, f, toks, stream=True)) for f, toks in cases]
+        assert not hift_rows  # one request at a time: nothing to batch
         batched = asyncio.run(together(t2w))
     finally:
         t2w.close()
+    if family == "cosyvoice3":  # v3's causal HiFT vocodes concurrent non-final chunks together
+        assert max(hift_rows) > 1
+    else:
+        assert not hift_rows
     for a, b in zip(alone, batched):
         assert len(a) == len(b)
         for x, y in zip(a, b):
             np.testing.assert_allclose(y, x, atol=1e-5)
+
+
+def test_v3_right_padding_leaves_each_rows_emitted_audio_unchanged(tmp_path):
+    """The property batched vocoding rests on: a non-final causal HiFT call over a zero-padded row
+    emits exactly what the row alone emits, chunk after chunk."""
+    from bench.make_model import build_model_dir
+    from engine.streaming import V3VocoderState
+    from engine.token2wav import _right_pad
+
+    hift = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    ).hift
+    g = torch.Generator().manual_seed(0)
+    chunks = [[torch.randn(1, 80, n, generator=g) for n in sizes] for sizes in ((56, 50), (90, 50), (30, 80))]
+    alone, padded = [V3VocoderState() for _ in chunks], [V3VocoderState() for _ in chunks]
+    withheld = hift.config.withheld_frames * hift.config.samples_per_frame
+    for step in range(2):
+        want = [st.step(c[step], False, hift.inference) for st, c in zip(alone, chunks)]
+        fulls = [st.extended(c[step]) for st, c in zip(padded, chunks)]
+        width = max(f.shape[2] for f in fulls) + 17
+        speech = hift.inference(torch.cat([_right_pad(f, width) for f in fulls]), False)[0]
+        for i, (st, full) in enumerate(zip(padded, fulls)):
+            got = st.commit(full, speech[i : i + 1, : full.shape[2] * 480 - withheld])
+            assert got.shape == want[i].shape
+            torch.testing.assert_close(got, want[i], atol=1e-5, rtol=0)

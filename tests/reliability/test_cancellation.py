@@ -215,7 +215,15 @@ def poison_vocoder(engine: TTSEngine, monkeypatch, tokens: int) -> None:
             raise Poison("vocoder failed for this request")
         return real(utt, mel, finalize)
 
+    real_batch = engine.token2wav._vocode_batch
+
+    def vocode_batch(utts, mel):  # v3 rows vocoded together: the batch fails, then each runs alone
+        if any(marked(u, tokens) for u in utts):
+            raise Poison("vocoder failed for this request")
+        return real_batch(utts, mel)
+
     monkeypatch.setattr(engine.token2wav, "_vocode", vocode)
+    monkeypatch.setattr(engine.token2wav, "_vocode_batch", vocode_batch)
 
 
 def poison_flow(engine: TTSEngine, monkeypatch, tokens: int) -> None:

@@ -69,7 +69,19 @@ def nan_vocoder(engine: TTSEngine, monkeypatch, tokens: int, from_chunk: int = 0
                 return torch.full_like(out, float("nan"))
         return out
 
+    real_batch = engine.token2wav._vocode_batch
+
+    def vocode_batch(utts, mel):  # v3 rows vocoded together: the marked row turns NaN
+        out = real_batch(utts, mel)
+        for row, utt in enumerate(utts):
+            if is_marked(utt, tokens):
+                calls["n"] += 1
+                if calls["n"] > from_chunk:
+                    out[row] = float("nan")
+        return out
+
     monkeypatch.setattr(engine.token2wav, "_vocode", vocode)
+    monkeypatch.setattr(engine.token2wav, "_vocode_batch", vocode_batch)
 
 
 def nan_flow(engine: TTSEngine, monkeypatch, tokens: int) -> None:
