@@ -79,7 +79,7 @@ class GraphedCFM(nn.Module):
                 self._pool = devices.graph_pool()
             statics = _statics(batch, frames, dev)
             call = devices.CapturedCall(self._solver(streaming), statics, self._pool)
-            log.info(
+            log.debug(
                 "captured the flow solver for batch %d x %d frames (streaming=%s)", batch, frames, streaming
             )
             self._graphs[key] = call
