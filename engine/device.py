@@ -110,8 +110,10 @@ class CapturedCall:
     results across calls (a request's mel history), and the next replay rewrites the static tensor.
     """
 
-    def __init__(self, fn, inputs: tuple[torch.Tensor, ...], pool=None, warmup: int = 2):
-        stream = torch.cuda.Stream()
+    def __init__(self, fn, inputs: tuple[torch.Tensor, ...], pool=None, warmup: int = 2, stream=None):
+        # Pass one side stream for many captures: the caching allocator keeps freed blocks per stream, so
+        # a fresh stream per capture strands each warmup's activations (80 captures filled an H200).
+        stream = stream if stream is not None else torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):  # kernels pick their algorithms before capture
@@ -127,6 +129,11 @@ class CapturedCall:
             static.copy_(value)
         self.graph.replay()
         return self.output.clone()
+
+
+def capture_stream():
+    """A side stream for warming up and capturing graphs (share it between captures)."""
+    return torch.cuda.Stream()
 
 
 def graph_pool():

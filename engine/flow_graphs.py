@@ -37,7 +37,7 @@ class GraphedCFM(nn.Module):
         super().__init__()
         self.cfm, self.dtype, self.frame_bucket, self.max_graphs = cfm, dtype, frame_bucket, max_graphs
         self._graphs: OrderedDict[tuple[int, int, bool], devices.CapturedCall] = OrderedDict()
-        self._pool = None
+        self._pool = self._stream = None  # created on the first capture (CUDA only)
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int]:
         return 2 ** math.ceil(math.log2(batch)), self.frame_bucket * math.ceil(frames / self.frame_bucket)
@@ -65,6 +65,7 @@ class GraphedCFM(nn.Module):
         self.max_graphs = max(self.max_graphs, len(keys))
         for batch, frames, streaming in keys:
             self._graph(batch, frames, streaming, device)
+        devices.empty_cache(device)  # the warmup runs' activations
         return len(keys)
 
     def _eager(self, inputs: CfmInputs, streaming: bool) -> Tensor:
@@ -76,9 +77,9 @@ class GraphedCFM(nn.Module):
         call = self._graphs.get(key)
         if call is None:
             if self._pool is None:
-                self._pool = devices.graph_pool()
+                self._pool, self._stream = devices.graph_pool(), devices.capture_stream()
             statics = _statics(batch, frames, dev)
-            call = devices.CapturedCall(self._solver(streaming), statics, self._pool)
+            call = devices.CapturedCall(self._solver(streaming), statics, self._pool, stream=self._stream)
             log.debug(
                 "captured the flow solver for batch %d x %d frames (streaming=%s)", batch, frames, streaming
             )
