@@ -63,8 +63,9 @@ class GraphedCFM(nn.Module):
             for streaming in (True, False)
         ]
         self.max_graphs = max(self.max_graphs, len(keys))
-        for batch, frames, streaming in keys:
-            self._graph(batch, frames, streaming, device)
+        with torch.inference_mode():  # as in serving: outside it every captured output kept its autograd
+            for batch, frames, streaming in keys:  # graph alive (the H200 filled up after ~70 captures)
+                self._graph(batch, frames, streaming, device)
         devices.empty_cache(device)  # the warmup runs' activations
         return len(keys)
 

@@ -74,6 +74,7 @@ def test_graphed_solver_matches_eager_and_keeps_each_result_on_cuda(flow):
         kept = a.clone()
         graphed(second, True)  # the same bucket replays: ``a`` must not change under the caller
         eager = flow.decoder(first, True)
+    assert not a.requires_grad and not graphed._graphs[(2, 200, True)].output.requires_grad
     torch.testing.assert_close(a, kept, atol=0, rtol=0)
     valid = first.mask.bool().expand_as(eager)
     torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
