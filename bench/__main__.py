@@ -76,7 +76,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flow-dtype", default="float32", choices=("float32", "bfloat16"), help="GPU flow solver")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument(
-        "--graph-warmup-s", type=float, default=15.0, help="mel seconds of flow graphs to pre-capture"
+        "--graph-warmup-s", type=float, default=0.0, help="mel seconds of flow graphs to pre-capture"
     )
     p.add_argument(
         "--profile-dir", help="after the sweep, profile one streaming wave at 1 and at max concurrency"

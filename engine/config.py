@@ -85,7 +85,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.3
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     flow_dtype: str = "float32"  # the flow solver's compute dtype on GPU: float32 | bfloat16
-    graph_warmup_s: float = 15.0  # load captures the flow graphs for mel up to this long (prompt + speech)
+    # load pre-captures the flow graphs for mel up to this long (prompt + speech); 0 = capture each bucket on
+    # first use. Off by default: on the H200 80 pre-captures left ~115 GiB held (under investigation).
+    graph_warmup_s: float = 0.0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)
