@@ -27,12 +27,12 @@ from torch import nn
 
 from bench.onnx_standins import write_standins
 from bench.tiny_tokenizer import write_tiny_tokenizer
-from bench.yaml_templates import FULL, TINY, model_yaml, qwen_config
+from bench.yaml_templates import FULL, SMALL, TINY, model_yaml, qwen_config
 from engine.checkpoint import build_modules
 from engine.yaml_data import read_yaml
 
 log = logging.getLogger(__name__)
-SIZES = {"tiny": TINY, "full": FULL}
+SIZES = {"tiny": TINY, "small": SMALL, "full": FULL}
 
 
 def randomize(module: nn.Module, seed: int) -> None:
@@ -82,7 +82,9 @@ def write_onnx(out: Path, family: str) -> None:
 def build_model_dir(out: str | Path, family: str = "cosyvoice3", size: str = "tiny", seed: int = 0) -> Path:
     """Write the whole directory; returns its path. Existing files are overwritten."""
     if family not in ("cosyvoice2", "cosyvoice3") or size not in SIZES:
-        raise ValueError(f"family must be cosyvoice2|cosyvoice3 and size tiny|full, got {family}/{size}")
+        raise ValueError(
+            f"family must be cosyvoice2|cosyvoice3 and size one of {sorted(SIZES)}, got {family}/{size}"
+        )
     out = Path(out)
     blank = out / "CosyVoice-BlankEN"
     blank.mkdir(parents=True, exist_ok=True)

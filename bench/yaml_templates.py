@@ -6,7 +6,7 @@ builder-made directory exactly as it reads a downloaded one. Values not paramete
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HEADER = """# set random seed, so that you may reproduce your result.
 __set_seed1: !apply:random.seed [1986]
@@ -245,3 +245,8 @@ def qwen_config(s: Sizes) -> dict:
         "use_sliding_window": False,
         "vocab_size": 151936,
     }
+
+
+# TINY with an LM vLLM can compile in float32: its attention kernels need a head dim of at least 16
+# (TINY's is 16 / 2 = 8). For the GPU tests of the vLLM backend.
+SMALL = replace(TINY, llm=64, llm_heads=4, llm_ffn=128)

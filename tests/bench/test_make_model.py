@@ -1,0 +1,28 @@
+"""The random-weight model builder: every size loads strictly, and "small" is servable by vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench.make_model import SIZES, build_model_dir
+from engine.checkpoint import load_model
+from engine.hub import validate_model_dir
+
+
+@pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
+def test_small_model_loads_strictly_with_head_dims_vllm_can_compile(family, tmp_path):
+    out = build_model_dir(tmp_path / family, family, "small")
+    qwen = json.loads((out / "CosyVoice-BlankEN" / "config.json").read_text())
+    assert qwen["hidden_size"] // qwen["num_attention_heads"] >= 16
+    model = load_model(validate_model_dir(out), torch.device("cpu"))
+    assert model.family == family
+    assert (model.lm.llm_decoder.bias is not None) == (family == "cosyvoice2")  # v2's head has a bias
+
+
+def test_unknown_size_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="size one of"):
+        build_model_dir(tmp_path, "cosyvoice3", "huge")
+    assert set(SIZES) == {"tiny", "small", "full"}
