@@ -100,3 +100,15 @@ def test_config_is_checked():
         soak.SoakConfig(streams=0)
     with pytest.raises(ValueError, match="minutes and sample_s"):
         soak.SoakConfig(minutes=0)
+
+
+def test_trim_option_is_recorded_and_objects_are_counted(tmp_path):
+    model = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    out = tmp_path / "soak"
+    argv = ["--model", str(model), "--streams", "2", "--minutes", "0.05", "--tokens", "30", "--sample-s", "1"]
+    assert soak.main([*argv, "--device", "cpu", "--backend", "native", "--trim", "--out", str(out)]) == 0
+    data = json.loads((out / "soak.json").read_text())
+    assert data["summary"]["config"]["trim"] is True
+    assert all(s["py_objects"] > 1000 for s in data["samples"])
+    assert data["summary"]["py_objects"]["first"] > 0
+    assert "process RSS (after malloc_trim)" in (out / "soak.md").read_text()
