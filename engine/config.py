@@ -86,7 +86,8 @@ class EngineConfig:
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     flow_dtype: str = "float32"  # the flow solver's compute dtype on GPU: float32 | bfloat16
     # load pre-captures the flow graphs for mel up to this long (prompt + speech); 0 = capture each bucket on
-    # first use. Off by default: on the H200 80 pre-captures left ~115 GiB held (under investigation).
+    # first use. Off by default: on the H200 80 captures in ascending size left ~115 GiB reserved; they now
+    # run largest first so the shared pool's blocks are reused (not yet re-measured on a GPU).
     graph_warmup_s: float = 0.0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)

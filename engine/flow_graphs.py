@@ -56,10 +56,12 @@ class GraphedCFM(nn.Module):
         """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are."""
         max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
         top_batch, top_frames = self.bucket(max_batch, max(max_frames, 1))
+        # Largest first: the graphs share one memory pool, whose freed blocks a later capture reuses only
+        # if they are big enough, so ascending captures would each add their own blocks.
         keys = [
             (2**i, frames, streaming)
-            for i in range(int(math.log2(top_batch)) + 1)
-            for frames in range(self.frame_bucket, top_frames + 1, self.frame_bucket)
+            for i in reversed(range(int(math.log2(top_batch)) + 1))
+            for frames in range(top_frames, 0, -self.frame_bucket)
             for streaming in (True, False)
         ]
         self.max_graphs = max(self.max_graphs, len(keys))

@@ -78,3 +78,18 @@ def test_graphed_solver_matches_eager_and_keeps_each_result_on_cuda(flow):
     torch.testing.assert_close(a, kept, atol=0, rtol=0)
     valid = first.mask.bool().expand_as(eager)
     torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
+
+
+def test_precapture_covers_every_bucket_largest_first(flow, monkeypatch):
+    """All (batch, frames, streaming) buckets up to the limits, biggest first (the shared pool then
+    reuses the first capture's blocks); capture itself is replaced by a recorder (no GPU here)."""
+    graphed = GraphedCFM(flow.decoder, frame_bucket=100)
+    seen: list[tuple[int, int, bool]] = []
+    monkeypatch.setattr(graphed, "_graph", lambda b, t, s, dev: seen.append((b, t, s)))
+    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    assert graphed.precapture(5, 250, torch.device("cpu")) == len(seen) == 4 * 3 * 2
+    assert seen[0] == (8, 300, True) and seen[-1] == (1, 100, False)
+    assert sorted(set(seen), reverse=True) == sorted(seen, reverse=True)  # no bucket twice
+    order = [(b, t) for b, t, _ in seen]
+    assert order == sorted(order, reverse=True)  # batch, then frames, never growing
+    assert graphed.max_graphs >= len(seen)
