@@ -17,6 +17,7 @@ on the text between them only.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -337,6 +338,13 @@ def instruct_presets(family: str) -> list[InstructPreset]:
     ]
 
 
+@functools.lru_cache(maxsize=1024)
+def _normalized_transcript(transcript: str, lang: str, family: str) -> str:
+    """Prompt transcripts repeat (saved voices, a demo's example voices): normalise each once. wetext holds
+    the GIL for ~1-2 ms a sentence, which concurrent requests would otherwise queue behind."""
+    return normalize_text(transcript, lang, family)
+
+
 # -------------------------------------------------------------------------------------------- frontend
 
 
@@ -366,7 +374,7 @@ class TextFrontend:
 
     def prompt_text(self, transcript: str, lang: str = "auto", text_frontend: bool = True) -> str:
         """Zero-shot prompt transcript: normalised (not split), then formatted for the family."""
-        text = normalize_text(transcript, lang, self.family) if text_frontend else transcript
+        text = _normalized_transcript(transcript, lang, self.family) if text_frontend else transcript
         return format_prompt_text(self.family, text)
 
     def instruct_text(self, instruct: str) -> str:

@@ -318,3 +318,23 @@ def test_presets_are_the_reference_instruct_list():
 def test_data_files_sit_next_to_the_module():
     here = Path(text.__file__).parent
     assert (here / "special_tokens.json").is_file() and (here / "instruct_presets.json").is_file()
+
+
+def test_prompt_transcripts_are_normalised_once_then_reused(frontend_v3, monkeypatch):
+    frontend = frontend_v3
+    calls: list[str] = []
+    real = text.normalize_text
+
+    def counting(transcript: str, lang: str = "auto", family: str = "cosyvoice3") -> str:
+        calls.append(transcript)
+        return real(transcript, lang, family)
+
+    monkeypatch.setattr(text, "normalize_text", counting)
+    text._normalized_transcript.cache_clear()
+    transcript = "It costs 25 dollars, said the voice on 3 May."
+    first = frontend.prompt_text(transcript)
+    assert frontend.prompt_text(transcript) == first and "twenty five" in first
+    assert calls == [transcript]  # the second request reused the first one's normalisation
+    frontend.prompt_text("Another voice, 7 words.")
+    assert len(calls) == 2
+    assert frontend.prompt_text(transcript, text_frontend=False).endswith(transcript)  # raw: no normalising
