@@ -152,3 +152,59 @@ def test_v3_right_padding_leaves_each_rows_emitted_audio_unchanged(tmp_path):
             got = st.commit(full, speech[i : i + 1, : full.shape[2] * 480 - withheld])
             assert got.shape == want[i].shape
             torch.testing.assert_close(got, want[i], atol=1e-5, rtol=0)
+
+
+def test_worker_runs_the_most_urgent_chunk_first_and_batches_by_finalize(tmp_path):
+    """Earliest deadline first: jobs queued while the worker is busy run by deadline; one flow call takes
+    the most urgent job's kind (final or not) only; cancelled jobs are dropped; pending counts down to 0."""
+    import threading
+
+    from bench.make_model import build_model_dir
+    from engine.streaming import ChunkJob
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), max_batch=2)
+    entered, release, batches = threading.Event(), threading.Event(), []
+
+    def resolve(future: asyncio.Future) -> None:
+        if not future.done():
+            future.set_result(np.zeros(1, np.float32))
+
+    def run_batch(jobs):
+        entered.set()
+        release.wait(5)  # the first batch holds the worker until everything else is queued
+        batches.append([(j.deadline, j.chunk.finalize) for j in jobs])
+        for j in jobs:
+            j.loop.call_soon_threadsafe(resolve, j.future)
+
+    t2w._run_batch = run_batch  # type: ignore[method-assign]
+    utt = t2w.utterance(
+        PromptFeatures(np.zeros(5, np.int32), np.zeros(192, np.float32), np.zeros((10, 80), np.float32),
+                       4800, "h", "cosyvoice3", True),
+        seed=0, stream=True,
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        first = asyncio.ensure_future(t2w.run(utt, ChunkJob(10, 0, False), 0.0))
+        await asyncio.to_thread(entered.wait, 5)  # the worker took it and now waits in run_batch
+        specs = [(9.0, False), (3.0, True), (5.0, False), (1.0, False), (2.0, True), (0.5, False)]
+        runs = [asyncio.ensure_future(t2w.run(utt, ChunkJob(10, 0, f), d)) for d, f in specs]
+        await asyncio.sleep(0.05)
+        runs[-1].cancel()  # the most urgent one goes away before it runs
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(first, *runs[:-1])
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        t2w.close()
+    assert batches == [
+        [(0.0, False)],
+        [(1.0, False), (5.0, False)],
+        [(2.0, True), (3.0, True)],
+        [(9.0, False)],
+    ]
+    assert t2w.pending == 0
