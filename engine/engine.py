@@ -258,7 +258,7 @@ class TTSEngine:
             if job.end == 0:
                 return
             before = dict(utt.stage_s)
-            pcm = await self.token2wav.run(utt, job, watch.playback_deadline())
+            pcm = await self.token2wav.run(utt, job)
             for stage in ("flow", "hift"):
                 watch.add_stage(stage, utt.stage_s[stage] - before[stage])
             yield pcm

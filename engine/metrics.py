@@ -65,14 +65,6 @@ class Stopwatch:
             self.t_first_audio = self._clock()
         self.audio_s += seconds
 
-    def playback_deadline(self) -> float:
-        """When this request's listener runs out of audio (clock seconds), for earliest-deadline-first
-        scheduling: before the first audio, the submit time (already waiting); after it, the first audio's
-        arrival plus every second delivered (a player that started then and never paused)."""
-        if self.t_first_audio is None:
-            return self.t_submit
-        return self.t_first_audio + self.audio_s
-
     def snapshot(self, done: bool = False) -> RequestMetrics:
         now = self._clock()
         start = self.t_start if self.t_start is not None else now

@@ -51,7 +51,6 @@ class _Job:
     chunk: ChunkJob
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[np.ndarray]
-    deadline: float  # when its listener runs out of audio (perf_counter s): most urgent first
 
 
 class Token2Wav:
@@ -84,11 +83,10 @@ class Token2Wav:
             return Utterance(tokens, feat, emb, planner, V2VocoderState(self.stream_cfg), gen, speed)
         return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed)
 
-    async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float = 0.0) -> np.ndarray:
-        """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the request's
-        listener runs out of audio (``time.perf_counter`` seconds); the earliest runs first."""
+    async def run(self, utt: Utterance, chunk: ChunkJob) -> np.ndarray:
+        """Compute one chunk's new audio: float32 [samples] at 24 kHz."""
         loop = asyncio.get_running_loop()
-        job = _Job(utt, chunk, loop, loop.create_future(), deadline)
+        job = _Job(utt, chunk, loop, loop.create_future())
         self.pending += 1
         self._jobs.put(job)
         return await job.future
@@ -98,37 +96,16 @@ class Token2Wav:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        """Earliest deadline first: after every batch, whatever arrived meanwhile is sorted in, so a new
-        request's first chunk need not wait behind a round of other requests' later chunks."""
-        backlog: list[_Job] = []
-        stop = False
-        while True:
-            if not backlog and not stop:
-                first = self._jobs.get()
-                if first is None:
-                    return
-                backlog.append(first)
-            if not stop:
-                backlog, stop = self._take_more(backlog)
-            live = [j for j in backlog if not j.future.cancelled()]  # requests that went away are skipped
-            self.pending -= len(backlog) - len(live)
-            if not live:
-                if stop:
-                    return
-                backlog = []
-                continue
-            batch, backlog = self._most_urgent(live)
-            self.pending -= len(batch)
-            self._run_batch(batch)
-
-    def _most_urgent(self, jobs: list[_Job]) -> tuple[list[_Job], list[_Job]]:
-        """(the next flow batch, the rest): the most urgent job and up to ``max_batch - 1`` of the next
-        most urgent with the same ``finalize`` (one flow call runs one attention mode)."""
-        jobs = sorted(jobs, key=lambda j: j.deadline)  # stable: arrival order among equal deadlines
-        finalize = jobs[0].chunk.finalize
-        batch = [j for j in jobs if j.chunk.finalize == finalize][: self.max_batch]
-        taken = set(map(id, batch))
-        return batch, [j for j in jobs if id(j) not in taken]
+        while (first := self._jobs.get()) is not None:
+            jobs, stop = self._take_more([first])
+            self.pending -= len(jobs)
+            live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
+            for finalize in (False, True):
+                group = [j for j in live if j.chunk.finalize == finalize]
+                for i in range(0, len(group), self.max_batch):
+                    self._run_batch(group[i : i + self.max_batch])
+            if stop:
+                return
 
     def _take_more(self, jobs: list[_Job]) -> tuple[list[_Job], bool]:
         """Everything already queued joins this round: flow runs once for all of them."""

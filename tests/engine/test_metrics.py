@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from engine.metrics import Stopwatch
 
 
@@ -30,17 +28,3 @@ def test_snapshot_figures_follow_the_clock():
 def test_no_audio_no_rtf():
     m = Stopwatch("r", 0, clock=lambda: 1.0).snapshot()
     assert m.rtf is None and m.ttfa_ms is None
-
-
-def test_playback_deadline_is_the_submit_time_then_when_the_delivered_audio_runs_out():
-    now = [10.0]
-    watch = Stopwatch("r", 0, clock=lambda: now[0])
-    now[0] = 10.4
-    assert watch.playback_deadline() == 10.0  # no audio yet: late since submit
-    watch.add_audio(0.0)  # an empty chunk does not start the player
-    assert watch.playback_deadline() == 10.0
-    watch.add_audio(1.5)  # first audio at 10.4 s: the listener has 1.5 s
-    assert watch.playback_deadline() == pytest.approx(11.9)
-    now[0] = 11.0
-    watch.add_audio(2.0)
-    assert watch.playback_deadline() == pytest.approx(13.9)
