@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# H200 x2, call 2 of 2: the v2 bench with the baseline on GPU 0, then collect the soak from GPU 1.
+# H200 x2, call 2 of 3 (the soak runs on GPU 1): on GPU 0 the flow graphs pre-captured at load (device memory
+# and TTFA) with v3 at 1/16/128 streams, then v2 at 64 and 128 streams, streaming and offline.
 set -u
 source bench/gpu/setup.sh
 CACHE=/root/.cache/cosystream
+HW="1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0"
+CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-270} python3 -m bench --random-full v3 --cache-dir "$CACHE" \
+  --backend vllm --device cuda --concurrency 1,16,128 --modes stream --tokens 250 --requests 16 \
+  --graph-warmup-s 15 --hardware "$HW" --out "$OUT/bench_v3_precap" > "$OUT/bench_v3_precap.log" 2>&1
+echo "bench v3 precapture rc=$? $(date +%T)"; grep -E " c=|captured .* flow graphs" "$OUT/bench_v3_precap.log" | tail -6
 CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-270} python3 -m bench --random-full v2 --cache-dir "$CACHE" \
-  --backend vllm --device cuda --concurrency 1,16 --modes stream,offline --tokens 250 --requests 8 \
-  --baseline --baseline-max-concurrency 1 --hardware "1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0" \
-  --out "$OUT/bench_v2" > "$OUT/bench_v2.log" 2>&1; echo "bench v2 rc=$? $(date +%T)"
-grep -v "^INFO:httpx" "$OUT/bench_v2.log" | grep -v "^(EngineCore" | grep -v "^\s" | tail -10
-for _ in $(seq ${SOAK_WAIT:-40}); do [ -f /root/soak/soak.md ] && break; sleep 5; done
-cp /root/soak/soak.json /root/soak/soak.md "$OUT/" 2>/dev/null; grep -v "INFO:httpx" /root/soak.log | tail -300 > "$OUT/soak.log"
-head -40 /root/soak/soak.md 2>/dev/null; tail -3 /root/soak.log
+  --backend vllm --device cuda --concurrency 64,128 --modes stream,offline --tokens 250 --hardware "$HW" \
+  --out "$OUT/bench_v2_high" > "$OUT/bench_v2_high.log" 2>&1; echo "bench v2 64/128 rc=$? $(date +%T)"
+grep " c=" "$OUT/bench_v2_high.log" | tail -6
+grep -v "INFO:httpx" /root/soak.log | tail -2
