@@ -16,7 +16,16 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.config import BACKENDS, DEFAULT_MODEL, DEVICES, EngineConfig, Limits
+from engine.config import (
+    BACKENDS,
+    DEFAULT_MODEL,
+    DEVICES,
+    FAST_START_CHOICES,
+    EngineConfig,
+    Limits,
+    StreamConfig,
+    fast_start_choice,
+)
 from webui.texts import UI_LANGS
 
 if TYPE_CHECKING:
@@ -61,6 +70,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-upload-mb", type=float, default=Limits.max_upload_bytes / 2**20)
     p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
     p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
+    p.add_argument(
+        "--fast-start", choices=FAST_START_CHOICES, default="auto",
+        help="split the first stream chunk at the chunk grid (auto: on for v3, whose audio stays the same)",
+    )  # fmt: skip
     p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
     p.add_argument(
         "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
@@ -83,6 +96,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         backend=args.backend,
         llm_variant=args.llm_variant,
         limits=limits,
+        stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )
 
 

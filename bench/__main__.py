@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt_audio, run_level
 from bench.report import write_report
+from engine.config import FAST_START_CHOICES
 
 log = logging.getLogger("bench")
 FAMILIES = {"v2": "cosyvoice2", "v3": "cosyvoice3"}
@@ -76,6 +77,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flow-dtype", default="float32", choices=("float32", "bfloat16"), help="GPU flow solver")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument(
+        "--fast-start", choices=FAST_START_CHOICES, default="auto",
+        help="split the first stream chunk at the chunk grid (auto: on for v3, whose audio stays the same)",
+    )  # fmt: skip
+    p.add_argument(
         "--graph-warmup-s", type=float, default=0.0, help="mel seconds of flow graphs to pre-capture"
     )
     p.add_argument(
@@ -120,7 +125,7 @@ def model_source(args: argparse.Namespace) -> str:
 
 
 def load_engine(args: argparse.Namespace) -> Any:
-    from engine.config import EngineConfig, Limits
+    from engine.config import EngineConfig, Limits, StreamConfig, fast_start_choice
     from engine.engine import TTSEngine
 
     most = max(args.concurrency)
@@ -134,6 +139,7 @@ def load_engine(args: argparse.Namespace) -> Any:
         flow_dtype=args.flow_dtype,
         cuda_graphs=not args.no_cuda_graphs,
         graph_warmup_s=args.graph_warmup_s,
+        stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )
     return TTSEngine.load(cfg)
 

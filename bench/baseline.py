@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -104,7 +104,8 @@ class ReferenceStyle:
         seed: int,
         emit: Callable[[np.ndarray], None],
     ) -> None:
-        utt = self.engine.token2wav.utterance(features, seed, req.stream)
+        reference = replace(self.engine.cfg.stream, fast_start=False)  # the released schedule
+        utt = self.engine.token2wav.utterance(features, seed, req.stream, schedule=reference)
         job = _LMJob(utt.tokens)
         lm = threading.Thread(target=self._decode, args=(req, segment, seed, job), daemon=True)
         lm.start()

@@ -42,12 +42,43 @@ class StreamConfig:
     lookahead: int = 3  # flow pre_lookahead_len (tokens)
     mel_cache_frames: int = 8  # v2 vocoder cache (frames)
     source_cache_samples: int = 3840  # v2 vocoder source cache (samples) = 8 frames x 480
+    # Split the reference's first chunk (hop + pad tokens) at the chunk grid into pad tokens, then hop,
+    # when pad >= min_first_hop; every later boundary is unchanged, so the first audio needs `hop` fewer
+    # LM tokens. v3's flow and HiFT are causal, so its audio is the same sample for sample; v2 moves one
+    # vocoder seam. The extra chunk costs one more flow + HiFT pass and leaves a thin first buffer, so
+    # None (auto) splits only for v3 and only while at most fast_start_max_active requests compute.
+    fast_start: bool | None = None
+    min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
+    fast_start_max_active: int = 2  # auto: requests computing, this one included
 
     def __post_init__(self) -> None:
         if not 1 <= self.token_hop <= self.max_token_hop:
             raise ValueError("need 1 <= token_hop <= max_token_hop")
         if self.hop_growth < 1 or self.lookahead < 0:
             raise ValueError("hop_growth must be >= 1 and lookahead >= 0")
+        if self.fast_start not in (None, True, False):
+            raise ValueError(f"fast_start must be None (auto), True or False, got {self.fast_start!r}")
+        if self.fast_start_max_active < 1:
+            raise ValueError("fast_start_max_active must be >= 1")
+        if not 5 <= self.min_first_hop < self.token_hop:
+            raise ValueError("need 5 <= min_first_hop < token_hop (v3 holds back 4 tokens of each chunk)")
+
+    def splits_first_chunk(self, family: str, active: int) -> bool:
+        """Whether a request that starts with ``active`` requests computing (itself included) gets the
+        split first chunk: as set, or in auto for v3 while the engine is lightly loaded."""
+        if self.fast_start is not None:
+            return self.fast_start
+        return family == "cosyvoice3" and active <= self.fast_start_max_active
+
+
+FAST_START_CHOICES = ("auto", "on", "off")
+
+
+def fast_start_choice(choice: str) -> bool | None:
+    """A ``--fast-start auto|on|off`` flag -> ``StreamConfig.fast_start``."""
+    if choice not in FAST_START_CHOICES:
+        raise ValueError(f"fast start must be one of {FAST_START_CHOICES}, got {choice!r}")
+    return {"auto": None, "on": True, "off": False}[choice]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -197,14 +197,16 @@ class TTSEngine:
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
     ) -> AsyncIterator[np.ndarray]:
         stream = req.stream and req.speed == 1.0  # speed re-times a whole mel: applied per segment
+        split = self.cfg.stream.splits_first_chunk(self.family, self.admission.active)
+        schedule = replace(self.cfg.stream, fast_start=split)
         if plan.source_tokens is not None:
-            utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed)
+            utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
             utt.tokens.extend(plan.source_tokens)
             async for pcm in self._drain(utt, True, active, watch):
                 yield pcm
             return
         for i, (text_ids, prompt_ids, speech_ids) in enumerate(plan.segments):
-            utt = self.token2wav.utterance(plan.flow_prompt, seed + i, stream, req.speed)
+            utt = self.token2wav.utterance(plan.flow_prompt, seed + i, stream, req.speed, schedule)
             async for pcm in self._segment(
                 req, utt, text_ids, prompt_ids, speech_ids, seed + i, watch, active
             ):

@@ -46,6 +46,11 @@ class ChunkPlanner:
         pad = math.ceil(prompt_tokens / cfg.token_hop) * cfg.token_hop - prompt_tokens
         self.hop = cfg.token_hop
         self.this_hop = cfg.token_hop + pad
+        self.split_first = bool(cfg.fast_start) and pad >= cfg.min_first_hop  # None (unresolved): off
+        if (
+            self.split_first
+        ):  # pad tokens now, then hop: the same grid line the reference's first chunk ends on
+            self.this_hop = pad
         self.done = False
 
     def next_job(self, n_tokens: int, lm_done: bool) -> ChunkJob | None:
@@ -57,7 +62,10 @@ class ChunkPlanner:
                 self.offset + self.this_hop + self.cfg.lookahead, self.offset * TOKEN_MEL_RATIO, False
             )
             self.offset += self.this_hop
-            self.hop = min(self.cfg.max_token_hop, self.hop * self.cfg.hop_growth)
+            if self.split_first:  # the split-off piece: the rest of the reference's first chunk comes next
+                self.split_first = False
+            else:
+                self.hop = min(self.cfg.max_token_hop, self.hop * self.cfg.hop_growth)
             self.this_hop = self.hop
             return job
         if not lm_done:

@@ -70,14 +70,22 @@ class Token2Wav:
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
         self._thread.start()
 
-    def utterance(self, features: PromptFeatures, seed: int, stream: bool, speed: float = 1.0) -> Utterance:
-        """Fresh per-segment state; ``features`` carries the (trimmed) prompt tokens/mel/embedding."""
+    def utterance(
+        self,
+        features: PromptFeatures,
+        seed: int,
+        stream: bool,
+        speed: float = 1.0,
+        schedule: StreamConfig | None = None,
+    ) -> Utterance:
+        """Fresh per-segment state; ``features`` carries the (trimmed) prompt tokens/mel/embedding.
+        ``schedule``: another chunk schedule for this one (the reference-style baseline's)."""
         dev = self.device
         # copies: cached features are shared, read-only arrays
         tokens = torch.tensor(features.speech_tokens, dtype=torch.long, device=dev)[None]
         feat = torch.tensor(features.prompt_mel, dtype=torch.float32, device=dev)[None]
         emb = torch.tensor(features.speaker_embedding, dtype=torch.float32, device=dev)[None]
-        planner = ChunkPlanner(tokens.shape[1], self.stream_cfg, stream=stream)
+        planner = ChunkPlanner(tokens.shape[1], schedule or self.stream_cfg, stream=stream)
         if self.family == "cosyvoice2":
             gen = torch.Generator(device=dev).manual_seed(seed)
             return Utterance(tokens, feat, emb, planner, V2VocoderState(self.stream_cfg), gen, speed)

@@ -33,10 +33,20 @@ def test_flags_reach_the_engine_config() -> None:
     assert (cfg.model, cfg.device, cfg.backend) == ("demo-tiny", "cpu", "native")
     assert cfg.limits == Limits(max_concurrency=4)
     assert (args.ui_lang, args.port, args.api_key) == ("en", 9000, "k")
+    assert cfg.stream.fast_start is None  # auto: the engine resolves it per family
+    assert app.engine_config(app.parse_args(["--fast-start", "off"])).stream.fast_start is False
+    assert app.engine_config(app.parse_args(["--fast-start", "on"])).stream.fast_start is True
 
 
 @pytest.mark.parametrize(
-    "argv", [["--device", "tpu"], ["--backend", "trt"], ["--max-concurrency", "0"], ["--ui-lang", "fr"]]
+    "argv",
+    [
+        ["--device", "tpu"],
+        ["--backend", "trt"],
+        ["--max-concurrency", "0"],
+        ["--ui-lang", "fr"],
+        ["--fast-start", "x"],
+    ],
 )
 def test_bad_flags_exit_with_usage(argv, capsys) -> None:
     with pytest.raises(SystemExit) as exc:

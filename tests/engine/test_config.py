@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig, Limits, SamplingConfig, StreamConfig
+from engine.config import EngineConfig, Limits, SamplingConfig, StreamConfig, fast_start_choice
 from engine.request import Mode, SynthesisRequest
 
 
@@ -40,3 +40,23 @@ def test_bad_values_are_refused(make, message):
 
 def test_request_mode_accepts_strings():
     assert SynthesisRequest(text="x", mode="vc").mode is Mode.VC
+
+
+def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices_stay():
+    auto = StreamConfig()
+    assert auto.fast_start is None and auto.fast_start_max_active == 2
+    assert auto.splits_first_chunk("cosyvoice3", active=1) and auto.splits_first_chunk("cosyvoice3", 2)
+    assert not auto.splits_first_chunk("cosyvoice3", active=3)  # busy: the reference's thicker first chunk
+    assert not auto.splits_first_chunk("cosyvoice2", active=1)  # v2 keeps the reference schedule
+    for explicit in (True, False):
+        cfg = StreamConfig(fast_start=explicit)
+        assert all(
+            cfg.splits_first_chunk(f, a) is explicit for f in ("cosyvoice2", "cosyvoice3") for a in (1, 9)
+        )
+    assert [fast_start_choice(c) for c in ("auto", "on", "off")] == [None, True, False]
+    with pytest.raises(ValueError, match="fast start"):
+        fast_start_choice("always")
+    with pytest.raises(ValueError, match="fast_start"):
+        StreamConfig(fast_start="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fast_start_max_active"):
+        StreamConfig(fast_start_max_active=0)

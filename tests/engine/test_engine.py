@@ -178,3 +178,21 @@ def test_split_preview_shows_the_normalised_segments(engine):
     segments = engine.split_preview("I have 2 apples. " * 30, "en")
     assert len(segments) > 1 and all("two" in s for s in segments) and "2" not in "".join(segments)
     assert engine.split_preview("   ") == []
+
+
+async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(engine, monkeypatch, tmp_path):
+    """auto: a v3 request alone on the engine gets the split first chunk; v2 keeps the reference one."""
+    seen = []
+    real = engine.token2wav.utterance
+
+    def spy(*args, **kw):
+        utt = real(*args, **kw)
+        seen.append(utt.planner.this_hop)
+        return utt
+
+    monkeypatch.setattr(engine.token2wav, "utterance", spy)
+    prompt = write_wav(tmp_path / "p.wav", 3.5)  # ~87 prompt tokens: pad 12-13 to the 25-token grid
+    await engine.synthesize(req(engine, stream=True, prompt_wav=str(prompt)))
+    pad = seen[0] % 25
+    assert engine.cfg.stream.fast_start is None and pad >= 12
+    assert seen[0] == (pad if engine.family == "cosyvoice3" else 25 + pad)

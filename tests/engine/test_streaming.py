@@ -95,3 +95,27 @@ def test_silence_filter_keeps_five_consecutive_silent_tokens():
     seq = [7] + [1] * 8 + [9] + [2] * 3
     kept = [t for t in seq if f.keep(t)]
     assert kept == [7] + [1] * 5 + [9] + [2] * 3
+
+
+def test_fast_start_splits_the_first_chunk_at_the_grid_and_keeps_every_later_boundary():
+    fast = StreamConfig(fast_start=True)
+    ref = drain(ChunkPlanner(prompt_tokens=10, cfg=CFG), total=400)
+    got = drain(ChunkPlanner(prompt_tokens=10, cfg=fast), total=400)
+    # pad = 15 >= 12: 15 tokens first (prompt 10 + 15 = 25, on the grid), then 25 = the reference's 40
+    assert [j.end for j in got[:5]] == [18, 43, 93, 193, 293]
+    assert [j.end for j in got[1:]] == [j.end for j in ref]  # from there on: the reference schedule
+    assert got[0] == ChunkJob(18, 0, False) and got[1].mel_start == 30
+
+
+def test_fast_start_keeps_the_reference_first_chunk_when_the_pad_is_short():
+    fast = StreamConfig(fast_start=True)
+    for prompt in (25, 20, 14):  # pad 0, 5, 11 < 12: splitting would leave too little audio
+        assert drain(ChunkPlanner(prompt, fast), 300) == drain(ChunkPlanner(prompt, CFG), 300)
+
+
+def test_min_first_hop_must_leave_audio_and_stay_below_the_hop():
+    import pytest
+
+    for bad in (4, 25):
+        with pytest.raises(ValueError, match="min_first_hop"):
+            StreamConfig(min_first_hop=bad)

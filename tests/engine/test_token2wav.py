@@ -152,3 +152,35 @@ def test_v3_right_padding_leaves_each_rows_emitted_audio_unchanged(tmp_path):
             got = st.commit(full, speech[i : i + 1, : full.shape[2] * 480 - withheld])
             assert got.shape == want[i].shape
             torch.testing.assert_close(got, want[i], atol=1e-5, rtol=0)
+
+
+def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path):
+    """Splitting the reference's first chunk at the chunk grid moves no later boundary, and v3's flow
+    (chunk-causal) and HiFT (causal) then compute the same samples: only the first audio comes sooner."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    rng = np.random.default_rng(0)
+    prompt = 10  # pad 15 >= 12: the first chunk splits into 15 + 25 tokens
+    features = PromptFeatures(
+        speech_tokens=rng.integers(0, 6561, prompt).astype(np.int32),
+        speaker_embedding=rng.standard_normal(192).astype(np.float32),
+        prompt_mel=rng.standard_normal((2 * prompt, 80)).astype(np.float32),
+        num_samples=2 * prompt * 480,
+        content_hash="h",
+        family="cosyvoice3",
+        trimmed=True,
+    )
+    tokens = rng.integers(0, 6561, 160).tolist()
+    chunks = {}
+    for fast in (False, True):
+        t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(fast_start=fast))
+        try:
+            chunks[fast] = asyncio.run(run_all(t2w, features, tokens, stream=True))
+        finally:
+            t2w.close()
+    assert len(chunks[True]) == len(chunks[False]) + 1
+    assert chunks[True][0].size < chunks[False][0].size / 3  # 15 - 4 withheld tokens vs 40 - 4
+    np.testing.assert_allclose(np.concatenate(chunks[True]), np.concatenate(chunks[False]), atol=1e-5)
