@@ -19,7 +19,7 @@ CUDA_VISIBLE_DEVICES=0 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu 
 echo "pytest gpu rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -8
 CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-270} python3 -m bench --random-full v3 --cache-dir "$CACHE" \
   --backend vllm --device cuda --concurrency 1,16,64 --modes stream --tokens 250 --requests 16 \
-  --flow-dtype bfloat16 --hardware "1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0" \
+  --flow-dtype bfloat16 --fast-start off --hardware "1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0" \
   --out "$OUT/bench_v3_bf16" > "$OUT/bench_v3_bf16.log" 2>&1; echo "bench v3 bf16 rc=$? $(date +%T)"
 grep -v "^INFO:httpx" "$OUT/bench_v3_bf16.log" | grep " c=" | tail -6
 grep -v "INFO:httpx" /root/soak.log | tail -2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# H200 x2, call 2 of 3 (the soak runs on GPU 1): on GPU 0 the flow graphs pre-captured at load (device memory
-# and TTFA) with v3 at 1/16/128 streams, then v2 at 64 and 128 streams, streaming and offline.
+# H200 x2, call 2 of 3 (the soak runs on GPU 1): on GPU 0 fast start (auto, the default) with the flow graphs
+# pre-captured at load (pre-capture changes no per-request compute: TTFA vs the last run is fast start; device memory
+# is pre-capture) with v3 at 1/16/128 streams, then v2 at 64 and 128 streams, streaming and offline.
 set -u
 source bench/gpu/setup.sh
 CACHE=/root/.cache/cosystream
