@@ -188,9 +188,15 @@ def _line(lv: Level) -> str:
 
 
 async def run_engine(args: argparse.Namespace) -> tuple[list[Level], dict[str, str]]:
+    from engine import device as devices
+
     engine = load_engine(args)
+    dev = engine.model.device
+    peaks = {"device_peak_mb_load": devices.peak_memory_mb(dev)}  # where a device transient happens
     try:
+        devices.reset_peak_memory(dev)
         await engine.warmup()
+        peaks["device_peak_mb_warmup"] = devices.peak_memory_mb(dev)
         levels = await sweep(EngineTarget(engine), args, args.concurrency)
         if args.profile_dir:
             await profile_levels(EngineTarget(engine), args)
@@ -199,8 +205,8 @@ async def run_engine(args: argparse.Namespace) -> tuple[list[Level], dict[str, s
 
             small = [c for c in args.concurrency if c <= args.baseline_max_concurrency]
             levels += await sweep(ReferenceStyle(engine), args, small)
-        info = {"model": f"{engine.model_name} ({engine.family})", "device": str(engine.model.device)}
-        return levels, info | {"backend": engine.backend.name}
+        info = {"model": f"{engine.model_name} ({engine.family})", "device": str(dev)}
+        return levels, info | {"backend": engine.backend.name} | peaks
     finally:
         engine.close()
 

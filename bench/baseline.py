@@ -72,6 +72,9 @@ class ReferenceStyle:
     def peak_memory_mb(self) -> float | None:
         return devices.peak_memory_mb(self.model.device)
 
+    def reset_peak_memory(self) -> None:
+        devices.reset_peak_memory(self.model.device)
+
     # ------------------------------------------------------------------------------- one request (sync)
     def synthesize(self, req: SynthesisRequest, emit: Callable[[np.ndarray], None]) -> None:
         """Run the whole request on this thread (its LM on a second one); ``emit`` gets each pcm chunk."""

@@ -193,6 +193,8 @@ class Target(Protocol):
 
     def peak_memory_mb(self) -> float | None: ...
 
+    def reset_peak_memory(self) -> None: ...
+
 
 class EngineTarget:
     """``TTSEngine.stream`` in this process (the engine's own queue and batching)."""
@@ -213,6 +215,11 @@ class EngineTarget:
         from engine import device as devices
 
         return devices.peak_memory_mb(self.engine.model.device)
+
+    def reset_peak_memory(self) -> None:
+        from engine import device as devices
+
+        devices.reset_peak_memory(self.engine.model.device)
 
 
 def wav_base64(samples: np.ndarray, sr: int = SAMPLE_RATE) -> str:
@@ -272,6 +279,9 @@ class HttpTarget:
     def peak_memory_mb(self) -> float | None:
         return None  # the server's device is not visible from here
 
+    def reset_peak_memory(self) -> None:
+        """Nothing to reset: the server's device is not visible from here."""
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -320,6 +330,7 @@ async def run_level(
     """``requests`` requests through ``concurrency`` closed-loop workers; request i uses seed ``seed + i``."""
     if concurrency < 1 or requests < 1:
         raise ValueError(f"need concurrency >= 1 and requests >= 1, got {concurrency} and {requests}")
+    target.reset_peak_memory()  # the level's own peak, not an earlier level's or the model load's
     pending = iter(range(requests))  # shared by the workers: each takes the next index when it is free
     results: list[RequestResult] = []
 

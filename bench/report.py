@@ -92,6 +92,11 @@ def markdown(result: Result) -> str:
         f"- {meta['tokens']} speech tokens per request ({meta['tokens'] / 25:.1f} s of audio); "
         f"command: `{meta['command']}`",
     ]
+    if meta.get("device_peak_mb_load"):  # absent over HTTP, 0 on CPU
+        parts.append(
+            f"- device memory peak (torch, MiB): loading {meta['device_peak_mb_load']:.0f}, warm-up "
+            f"{meta['device_peak_mb_warmup']:.0f}; each level's own peak is in its row"
+        )
     for (system, mode), levels in groups(result).items():
         parts += [f"\n## {system} · {mode}\n", table(COLUMNS, [_row(lv) for lv in levels])]
         if mode == "stream":

@@ -85,6 +85,14 @@ def peak_memory_mb(device: torch.device) -> float:
     return 0.0
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak for ``peak_memory_mb`` (per benchmark level)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    elif device.type == "npu":
+        torch.npu.reset_peak_memory_stats(device)  # type: ignore[attr-defined]
+
+
 def onnx_providers(device: torch.device) -> list[str]:
     """onnxruntime execution providers for the frontend's ONNX models on this device."""
     import onnxruntime

@@ -3,6 +3,7 @@ and the accounting (percentiles, underruns, client-side timing) on synthetic inp
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from bench.__main__ import main, random_model
 from bench.baseline import ReferenceStyle
 from bench.load import (
+    EngineTarget,
     HttpTarget,
     Recorder,
     Workload,
@@ -106,6 +108,7 @@ def test_cli_sweeps_both_modes_and_writes_json_markdown_and_plot(cache, tmp_path
     paths = main([*argv, "--modes", "stream,offline", "--out", str(out), "--warmup", "0", "--baseline"])
     result = json.loads(paths["json"].read_text())
     assert result["meta"]["tokens"] == CLI_TOKENS and result["meta"]["device"] == "cpu"
+    assert result["meta"]["device_peak_mb_load"] == result["meta"]["device_peak_mb_warmup"] == 0.0  # CPU
     got = {(lv["system"], lv["mode"], lv["concurrency"]) for lv in result["levels"]}
     want = {(s, m, c) for s in ("cosystream", "baseline") for m in ("stream", "offline") for c in (1, 2)}
     assert got == want
@@ -195,3 +198,20 @@ def test_profile_dir_writes_a_stage_and_operator_summary_per_streaming_level(cac
     assert {"t2w.flow", "t2w.hift"} <= set(stages)  # v2 vocodes request by request
     assert int(stages["t2w.flow"].split(" | ")[1]) >= 1
     assert "## Top operators by self host time" in text and "aten::" in text
+
+
+def test_each_level_starts_a_new_device_memory_peak(engine):
+    """The level's peak is its own: the target's peak is reset before the level's first request."""
+    calls = []
+
+    class Spy(EngineTarget):
+        def reset_peak_memory(self) -> None:
+            calls.append("reset")
+            super().reset_peak_memory()
+
+        def peak_memory_mb(self) -> float | None:
+            calls.append("peak")
+            return super().peak_memory_mb()
+
+    level = asyncio.run(run_level(Spy(engine), Workload(tokens=CLI_TOKENS), 1, 1, prompt_audio()))
+    assert calls == ["reset", "peak"] and level.peak_device_memory_mb == 0.0
