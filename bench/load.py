@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.metrics import TTFA_PARTS
 from engine.request import Mode, SynthesisRequest
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class RequestResult:
     underruns: int
     underrun_s: float
     stage_ms: dict[str, float] = field(default_factory=dict)
+    ttfa_parts_ms: dict[str, float] = field(default_factory=dict)  # engine.metrics.TTFA_PARTS, in-process
 
     @property
     def ok(self) -> bool:
@@ -154,6 +156,7 @@ class Recorder:
         self.queue_wait_s: float | None = None
         self.arrivals: list[tuple[float, float]] = []  # (s since submit, audio s)
         self.stage_ms: dict[str, float] = {}
+        self.ttfa_parts_ms: dict[str, float] = {}
 
     def started(self, queue_wait_s: float | None = None) -> None:
         """The request began computing ``queue_wait_s`` after submit (default: now)."""
@@ -180,6 +183,7 @@ class Recorder:
             underruns=count,
             underrun_s=stalled,
             stage_ms=dict(self.stage_ms),
+            ttfa_parts_ms=dict(self.ttfa_parts_ms),
         )
 
 
@@ -210,6 +214,7 @@ class EngineTarget:
             rec.chunk(chunk.seconds)
             if chunk.is_last:
                 rec.stage_ms = dict(chunk.metrics.stage_ms)
+                rec.ttfa_parts_ms = dict(chunk.metrics.ttfa_parts_ms)
 
     def peak_memory_mb(self) -> float | None:
         from engine import device as devices
@@ -310,6 +315,7 @@ class Level:
     peak_device_memory_mb: float | None
     host_peak_rss_mb: float
     stage_ms_mean: dict[str, float]
+    ttfa_parts_ms_mean: dict[str, float]  # where the TTFA went (in-process engine only), mean per request
     errors: list[str]
     per_request: list[RequestResult]
 
@@ -369,6 +375,13 @@ def summarize(
         peak_device_memory_mb=target.peak_memory_mb(),
         host_peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,  # Linux: KiB
         stage_ms_mean={k: sum(r.stage_ms.get(k, 0.0) for r in ok) / len(ok) for k in stages},
+        ttfa_parts_ms_mean=_mean_parts([r.ttfa_parts_ms for r in ok]),
         errors=sorted({r.error for r in results if r.error is not None}),
         per_request=results,
     )
+
+
+def _mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each TTFA part over the requests that report all of them (in engine order)."""
+    full = [p for p in parts if set(p) == set(TTFA_PARTS)]
+    return {k: sum(p[k] for p in full) / len(full) for k in TTFA_PARTS} if full else {}

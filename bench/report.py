@@ -57,6 +57,20 @@ def realtime_streams(levels: list[Result]) -> int:
     return max(held, default=0)
 
 
+TTFA_COLUMNS = ("streams", "queue", "frontend", "LM to first chunk", "token2wav wait", "flow + HiFT", "sum")
+
+
+def ttfa_part_rows(levels: list[Result]) -> list[list[str]]:
+    """Per level, the mean TTFA parts (queue, frontend, lm, t2w_wait, t2w_compute) and their sum."""
+    rows = []
+    for lv in levels:
+        parts = lv.get("ttfa_parts_ms_mean") or {}
+        if parts:
+            values = list(parts.values())
+            rows.append([str(lv["concurrency"]), *(_num(v, 0) for v in values), _num(sum(values), 0)])
+    return rows
+
+
 def ratio_rows(result: Result) -> list[list[str]]:
     """Per mode and concurrency, how many times better cosystream is: baseline / cosystream for TTFA p50,
     TTFA p95 and RTF p50; cosystream / baseline for audio seconds per second. Below 1x: worse."""
@@ -101,6 +115,11 @@ def markdown(result: Result) -> str:
         parts += [f"\n## {system} · {mode}\n", table(COLUMNS, [_row(lv) for lv in levels])]
         if mode == "stream":
             parts.append(f"\nStreams held in real time (no underrun, no failure): {realtime_streams(levels)}")
+        if rows := ttfa_part_rows(levels):
+            parts += [
+                "\nWhere the time to first audio went (mean ms per request):\n",
+                table(TTFA_COLUMNS, rows),
+            ]
     if rows := ratio_rows(result):
         header = ("mode", "streams", "TTFA p50 ×", "TTFA p95 ×", "RTF p50 ×", "audio s/s ×")
         note = "\n(times better than the reference-style baseline; below 1x is worse)"

@@ -180,6 +180,7 @@ class TTSEngine:
         t0 = time.perf_counter()
         plan = await asyncio.to_thread(self.planner.plan, req)
         watch.add_stage("frontend", time.perf_counter() - t0)
+        watch.mark("frontend_done")
         index = 0
         deadline = time.monotonic() + self.cfg.limits.request_timeout_s
         async for pcm in self._audio(req, plan, seed, watch, active):
@@ -260,7 +261,10 @@ class TTSEngine:
             if job.end == 0:
                 return
             before = dict(utt.stage_s)
+            watch.mark("first_chunk_ready")
             pcm = await self.token2wav.run(utt, job)
+            if utt.first_job_started is not None:
+                watch.mark("first_chunk_started", utt.first_job_started)
             for stage in ("flow", "hift"):
                 watch.add_stage(stage, utt.stage_s[stage] - before[stage])
             yield pcm

@@ -7,6 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 STAGES = ("frontend", "lm", "flow", "hift")
+# Where the time to first audio goes, in order (their sum is the TTFA): waiting for a slot, text and prompt
+# work, the LM until the first chunk's tokens are there, that chunk waiting for the token2wav worker, and
+# its flow + HiFT.
+TTFA_PARTS = ("queue", "frontend", "lm", "t2w_wait", "t2w_compute")
+_TTFA_MARKS = ("started", "frontend_done", "first_chunk_ready", "first_chunk_started", "first_audio")
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,7 @@ class RequestMetrics:
     lm_tokens: int = 0
     lm_tokens_per_s: float = 0.0
     stage_ms: dict[str, float] = field(default_factory=dict)
+    ttfa_parts_ms: dict[str, float] = field(default_factory=dict)  # TTFA_PARTS, once there is audio
     done: bool = False
 
     @property
@@ -44,6 +50,7 @@ class Stopwatch:
         self.lm_tokens = 0
         self.audio_s = 0.0
         self.stage_ms = dict.fromkeys(STAGES, 0.0)
+        self.marks: dict[str, float] = {}  # first time each TTFA milestone was reached (clock s)
 
     def now(self) -> float:
         return self._clock()
@@ -51,6 +58,21 @@ class Stopwatch:
     def started(self) -> None:
         """The request left the queue and began computing."""
         self.t_start = self._clock()
+        self.mark("started", self.t_start)
+
+    def mark(self, milestone: str, at: float | None = None) -> None:
+        """Record the first time ``milestone`` (one of the TTFA milestones) happened: now, or ``at``
+        (a time on this stopwatch's clock taken elsewhere, e.g. by the token2wav worker)."""
+        if milestone not in _TTFA_MARKS:
+            raise ValueError(f"unknown milestone {milestone!r}; expected one of {_TTFA_MARKS}")
+        self.marks.setdefault(milestone, self._clock() if at is None else at)
+
+    def ttfa_parts_ms(self) -> dict[str, float]:
+        """The TTFA split at its milestones (ms); empty until every milestone has happened."""
+        if not all(m in self.marks for m in _TTFA_MARKS):
+            return {}
+        times = [self.t_submit, *(self.marks[m] for m in _TTFA_MARKS)]
+        return {part: (b - a) * 1000.0 for part, a, b in zip(TTFA_PARTS, times, times[1:])}
 
     def add_stage(self, stage: str, seconds: float) -> None:
         self.stage_ms[stage] = self.stage_ms.get(stage, 0.0) + seconds * 1000.0
@@ -63,6 +85,7 @@ class Stopwatch:
     def add_audio(self, seconds: float) -> None:
         if self.t_first_audio is None and seconds > 0:
             self.t_first_audio = self._clock()
+            self.mark("first_audio", self.t_first_audio)
         self.audio_s += seconds
 
     def snapshot(self, done: bool = False) -> RequestMetrics:
@@ -79,6 +102,7 @@ class Stopwatch:
             lm_tokens=self.lm_tokens,
             lm_tokens_per_s=self.lm_tokens / lm_s if lm_s > 0 else 0.0,
             stage_ms=dict(self.stage_ms),
+            ttfa_parts_ms=self.ttfa_parts_ms(),
             done=done,
         )
 

@@ -43,6 +43,7 @@ class Utterance:
     speed: float = 1.0
     tokens: list[int] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=lambda: {"flow": 0.0, "hift": 0.0})
+    first_job_started: float | None = None  # perf_counter s when the worker began this segment's first chunk
 
 
 @dataclass(eq=False)
@@ -127,6 +128,10 @@ class Token2Wav:
             jobs.append(job)
 
     def _run_batch(self, jobs: list[_Job]) -> None:
+        started = time.perf_counter()
+        for job in jobs:
+            if job.utt.first_job_started is None:
+                job.utt.first_job_started = started
         try:
             with torch.inference_mode():
                 t0 = time.perf_counter()

@@ -116,6 +116,7 @@ def test_cli_sweeps_both_modes_and_writes_json_markdown_and_plot(cache, tmp_path
         check_level(lv)
     md = paths["markdown"].read_text()
     assert md == markdown(result) and "## cosystream · stream" in md and "Ratio to the reference" in md
+    assert md.count("Where the time to first audio went") == 2  # cosystream stream and offline
     assert md.count("| 2 | 2 | 0 |") == 4  # one c=2 row per system x mode, no failures
     assert paths["plot"].stat().st_size > 10_000 and paths["plot"].read_bytes()[:4] == b"\x89PNG"
 
@@ -135,6 +136,12 @@ def check_level(lv: dict) -> None:
         assert req["chunks"] == 1 and req["underruns"] == 0  # too short for a second chunk
     if lv["system"] == "cosystream":
         assert lv["stage_ms_mean"]["flow"] > 0 and lv["stage_ms_mean"]["hift"] > 0
+        parts = lv["ttfa_parts_ms_mean"]
+        assert list(parts) == ["queue", "frontend", "lm", "t2w_wait", "t2w_compute"]
+        ttfas = [r["ttfa_ms"] for r in lv["per_request"]]
+        assert 0 < sum(parts.values()) <= sum(ttfas) / len(ttfas)  # client-side TTFA adds the hand-over
+    else:
+        assert lv["ttfa_parts_ms_mean"] == {}  # the baseline keeps no engine milestones
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "offline"])

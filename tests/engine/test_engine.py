@@ -196,3 +196,12 @@ async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(en
     pad = seen[0] % 25
     assert engine.cfg.stream.fast_start is None and pad >= 12
     assert seen[0] == (pad if engine.family == "cosyvoice3" else 25 + pad)
+
+
+async def test_final_metrics_split_the_ttfa_into_its_parts(engine):
+    chunks = await collect(engine, req(engine, stream=True))
+    m = chunks[-1].metrics
+    assert list(m.ttfa_parts_ms) == ["queue", "frontend", "lm", "t2w_wait", "t2w_compute"]
+    assert all(v >= 0 for v in m.ttfa_parts_ms.values())
+    assert sum(m.ttfa_parts_ms.values()) == pytest.approx(m.ttfa_ms, abs=1e-6)
+    assert m.ttfa_parts_ms["t2w_compute"] > 0 and m.ttfa_parts_ms["lm"] > 0

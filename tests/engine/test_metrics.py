@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine.metrics import Stopwatch
 
 
@@ -28,3 +30,23 @@ def test_snapshot_figures_follow_the_clock():
 def test_no_audio_no_rtf():
     m = Stopwatch("r", 0, clock=lambda: 1.0).snapshot()
     assert m.rtf is None and m.ttfa_ms is None
+
+
+def test_ttfa_parts_split_the_ttfa_at_its_milestones():
+    now = [100.0]
+    watch = Stopwatch("r", 0, clock=lambda: now[0])
+    steps = [(100.5, "started"), (100.6, "frontend_done"), (101.0, "first_chunk_ready")]
+    for t, milestone in steps:
+        now[0] = t
+        watch.started() if milestone == "started" else watch.mark(milestone)
+        assert watch.ttfa_parts_ms() == {}  # not all there yet
+    watch.mark("first_chunk_started", at=101.25)  # taken by the worker thread
+    watch.mark("frontend_done", at=999.0)  # only the first time counts
+    now[0] = 101.5
+    watch.add_audio(0.4)
+    parts = watch.snapshot().ttfa_parts_ms
+    assert list(parts) == ["queue", "frontend", "lm", "t2w_wait", "t2w_compute"]
+    assert [round(v) for v in parts.values()] == [500, 100, 400, 250, 250]
+    assert sum(parts.values()) == pytest.approx(watch.snapshot().ttfa_ms)
+    with pytest.raises(ValueError, match="milestone"):
+        watch.mark("lunch")
