@@ -353,6 +353,7 @@ def as_dict(metrics: RequestMetrics) -> dict[str, Any]:
         "lm_tokens": metrics.lm_tokens,
         "lm_tokens_per_s": metrics.lm_tokens_per_s,
         "stage_ms": metrics.stage_ms,
+        "ttfa_parts_ms": metrics.ttfa_parts_ms,  # queue, frontend, lm, t2w_wait, t2w_compute
     }
 
 

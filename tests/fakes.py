@@ -63,10 +63,13 @@ class FakeEngine:
         self.check(req)
         watch = Stopwatch(req.request_id, req.seed or 0)
         watch.started()
+        watch.mark("frontend_done")
         self.active[req.request_id] = cancel = asyncio.Event()
         n = int(self.chunk_s * self.sample_rate)
         try:
             for i in range(self.n_chunks):
+                watch.mark("first_chunk_ready")
+                watch.mark("first_chunk_started")
                 await asyncio.sleep(self.delay_s)
                 if cancel.is_set():
                     return

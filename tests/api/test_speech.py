@@ -156,6 +156,9 @@ async def test_sse_deltas_rebuild_the_file_and_done_has_metrics(client: httpx.As
     assert done["type"] == "speech.audio.done"
     assert done["metrics"]["rtf"] is not None and done["metrics"]["ttfa_ms"] is not None
     assert done["metrics"]["audio_s"] == pytest.approx(engine.n_chunks * engine.chunk_s)
+    parts = done["metrics"]["ttfa_parts_ms"]
+    assert list(parts) == ["queue", "frontend", "lm", "t2w_wait", "t2w_compute"]
+    assert sum(parts.values()) == pytest.approx(done["metrics"]["ttfa_ms"])
     assert done["usage"]["output_tokens"] == engine.n_chunks * 5  # fake: 25 tokens/s x 0.2 s per chunk
 
 
