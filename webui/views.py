@@ -84,6 +84,17 @@ def stage_bar_html(stage_ms: dict[str, float], t: Texts) -> str:
     )
 
 
+def ttfa_parts_html(parts: dict[str, float], t: Texts) -> str:
+    """The server TTFA as its parts in order (queue, text + prompt, LM, vocoder queue, flow + HiFT)."""
+    if not parts:
+        return ""
+    items = " + ".join(
+        f'{html.escape(t("part_" + name))} <b data-metric="ttfa_{name}">{fmt_ms(ms)}</b>'
+        for name, ms in parts.items()
+    )
+    return f'<div class="cosy-parts"><span class="cosy-k">{html.escape(t("ttfa_parts"))}</span> {items}</div>'
+
+
 def metrics_html(m: RequestMetrics | None, t: Texts) -> str:
     """The per-request metrics card; the browser TTFA tile is filled client-side (CSS variable)."""
     m = m or RequestMetrics()
@@ -104,7 +115,7 @@ def metrics_html(m: RequestMetrics | None, t: Texts) -> str:
     ]
     return (
         f'<div class="cosy-metrics"><div class="cosy-tiles">{"".join(tiles)}</div>'
-        f"{stage_bar_html(m.stage_ms, t)}</div>"
+        f"{stage_bar_html(m.stage_ms, t)}{ttfa_parts_html(m.ttfa_parts_ms, t)}</div>"
     )
 
 

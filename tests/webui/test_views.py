@@ -43,6 +43,15 @@ def test_metrics_html_shows_each_number() -> None:
     assert metric(html, "seed") == "42"
     assert metric(html, "request") == "abcdef01"
     assert 'data-metric="ttfa_browser"' in html  # filled by the browser
+    assert 'data-metric="ttfa_lm"' not in html  # no parts in this snapshot: no parts line
+
+
+def test_metrics_html_shows_the_ttfa_parts_in_order() -> None:
+    parts = {"queue": 0.0, "frontend": 4.2, "lm": 120.0, "t2w_wait": 3.0, "t2w_compute": 98.7}
+    html = views.metrics_html(RequestMetrics(request_id="r", ttfa_ms=225.9, ttfa_parts_ms=parts), T)
+    assert [metric(html, f"ttfa_{k}") for k in parts] == ["0", "4", "120", "3", "99"]
+    assert html.index("ttfa_queue") < html.index("ttfa_lm") < html.index("ttfa_t2w_compute")
+    assert T("part_lm") in html and T("ttfa_parts") in html
 
 
 def test_metrics_html_without_a_request_shows_dashes() -> None:
