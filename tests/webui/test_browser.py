@@ -134,6 +134,8 @@ def test_streams_plays_and_shows_metrics(page, server, prompt_wav) -> None:
     server_ttfa, browser_ttfa = metric(page, "ttfa_server"), live["firstSoundMs"]
     assert metric(page, "rtf") > 0 and metric(page, "audio_s") == pytest.approx(8.0)
     assert metric(page, "tokens_s") > 0 and metric(page, "lm_tokens") == 200
+    parts = [metric(page, f"ttfa_{k}") for k in ("queue", "frontend", "lm", "t2w_wait", "t2w_compute")]
+    assert sum(parts) == pytest.approx(server_ttfa, abs=5)  # the parts line adds up to the server TTFA
     page.wait_for_function(
         "getComputedStyle(document.documentElement).getPropertyValue('--cosy-bttfa').includes('ms')"
     )
