@@ -63,21 +63,25 @@ def test_padding_to_a_bucket_is_exact(flow, streaming):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_graphed_solver_matches_eager_and_keeps_each_result_on_cuda(flow):
     dev = torch.device("cuda")
-    flow = copy.deepcopy(flow).to(dev)
-    graphed = GraphedCFM(flow.decoder, frame_bucket=100)
+    with torch.inference_mode():  # the solver's inputs, prepared by the CPU flow, then moved
+        first = on_device(inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True), dev)
+        second = on_device(inputs(flow, [(11, 41), (12, 50)], finalize=False, streaming=True), dev)
+    gpu = copy.deepcopy(flow).to(dev)
+    graphed = GraphedCFM(gpu.decoder, frame_bucket=100)
     assert graphed.precapture(4, 250, dev) == 3 * 3 * 2  # batch 1,2,4 x frames 100..300 x streaming
-    first = inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True)
-    second = inputs(flow, [(11, 41), (12, 50)], finalize=False, streaming=True)
-    first, second = (CfmInputs(*(t.to(dev) for t in dataclasses.astuple(x))) for x in (first, second))
     with torch.inference_mode():
         a = graphed(first, True)
         kept = a.clone()
         graphed(second, True)  # the same bucket replays: ``a`` must not change under the caller
-        eager = flow.decoder(first, True)
+        eager = gpu.decoder(first, True)
     assert not a.requires_grad and not graphed._graphs[(2, 200, True)].output.requires_grad
     torch.testing.assert_close(a, kept, atol=0, rtol=0)
     valid = first.mask.bool().expand_as(eager)
     torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
+
+
+def on_device(x: CfmInputs, dev: torch.device) -> CfmInputs:
+    return CfmInputs(*(getattr(x, f.name).to(dev) for f in dataclasses.fields(x)))
 
 
 def test_precapture_covers_every_bucket_largest_first(flow, monkeypatch):

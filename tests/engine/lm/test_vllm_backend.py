@@ -39,7 +39,12 @@ def test_greedy_tokens_match_the_native_backend_in_float32(model_dir, tmp_path):
     files = validate_model_dir(model_dir)
     model = load_model(files, torch.device("cuda"))
     prefix, stop = prefix_of(model), tuple(sorted(model.lm.config.stop_ids))
-    native, rows = native_greedy(model, prefix, 50)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # true fp32: an engine loaded earlier turned TF32 on
+    try:
+        native, rows = native_greedy(model, prefix, 50)
+    finally:
+        torch.set_float32_matmul_precision(precision)
     backend = VLLMBackend(
         export_hf(model.lm, model.qwen_config, files.llm, tmp_path, "float32"),
         SamplingConfig(),
