@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from typing import Any
 
 import torch
 
@@ -49,12 +50,19 @@ def configure(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
+def _runtime(device: torch.device) -> Any:
+    """torch.cuda or torch.npu (torch_npu's mirror of it) for an accelerator; None on CPU."""
+    if device.type == "cuda":
+        return torch.cuda
+    if device.type == "npu":
+        return torch.npu  # type: ignore[attr-defined]
+    return None
+
+
 def empty_cache(device: torch.device) -> None:
     """Give cached, unused device memory back (after an out-of-memory error)."""
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    elif device.type == "npu":
-        torch.npu.empty_cache()  # type: ignore[attr-defined]
+    if (rt := _runtime(device)) is not None:
+        rt.empty_cache()
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -62,35 +70,26 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "npu":
-        torch.npu.synchronize(device)  # type: ignore[attr-defined]
+    if (rt := _runtime(device)) is not None:
+        rt.synchronize(device)
 
 
 def memory_mb(device: torch.device) -> float:
     """Device memory currently allocated by torch, in MiB (0 on CPU)."""
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
-    if device.type == "npu":
-        return torch.npu.memory_allocated(device) / 2**20  # type: ignore[attr-defined]
-    return 0.0
+    rt = _runtime(device)
+    return 0.0 if rt is None else rt.memory_allocated(device) / 2**20
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    if device.type == "npu":
-        return torch.npu.max_memory_allocated(device) / 2**20  # type: ignore[attr-defined]
-    return 0.0
+    """The most device memory torch had allocated since the last ``reset_peak_memory`` (MiB; 0 on CPU)."""
+    rt = _runtime(device)
+    return 0.0 if rt is None else rt.max_memory_allocated(device) / 2**20
 
 
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak for ``peak_memory_mb`` (per benchmark level)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    elif device.type == "npu":
-        torch.npu.reset_peak_memory_stats(device)  # type: ignore[attr-defined]
+    if (rt := _runtime(device)) is not None:
+        rt.reset_peak_memory_stats(device)
 
 
 def onnx_providers(device: torch.device) -> list[str]:
