@@ -65,7 +65,8 @@ class Stopwatch:
         (a time on this stopwatch's clock taken elsewhere, e.g. by the token2wav worker)."""
         if milestone not in _TTFA_MARKS:
             raise ValueError(f"unknown milestone {milestone!r}; expected one of {_TTFA_MARKS}")
-        self.marks.setdefault(milestone, self._clock() if at is None else at)
+        if milestone not in self.marks:
+            self.marks[milestone] = self._clock() if at is None else at
 
     def ttfa_parts_ms(self) -> dict[str, float]:
         """The TTFA split at its milestones (ms); empty until every milestone has happened."""

@@ -47,10 +47,8 @@ class ChunkPlanner:
         self.hop = cfg.token_hop
         self.this_hop = cfg.token_hop + pad
         self.split_first = bool(cfg.fast_start) and pad >= cfg.min_first_hop  # None (unresolved): off
-        if (
-            self.split_first
-        ):  # pad tokens now, then hop: the same grid line the reference's first chunk ends on
-            self.this_hop = pad
+        if self.split_first:
+            self.this_hop = pad  # then hop: the reference's first chunk ends on this same grid line
         self.done = False
 
     def next_job(self, n_tokens: int, lm_done: bool) -> ChunkJob | None:
