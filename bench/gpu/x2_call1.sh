@@ -22,4 +22,6 @@ CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-270} python3 -m bench --random-f
   --flow-dtype bfloat16 --fast-start off --hardware "1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0" \
   --out "$OUT/bench_v3_bf16" > "$OUT/bench_v3_bf16.log" 2>&1; echo "bench v3 bf16 rc=$? $(date +%T)"
 grep -v "^INFO:httpx" "$OUT/bench_v3_bf16.log" | grep " c=" | tail -6
+python3 -m bench.compare bench/results/h200-2026-11-30b/bench_v3.json "$OUT/bench_v3_bf16/results.json" \
+  --out "$OUT/compare_v3_bf16.md" && cat "$OUT/compare_v3_bf16.md"
 grep -v "INFO:httpx" /root/soak.log | tail -2
