@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # H200 x2, call 1 of 3 (after the bundle parts are in /root/vb): set up, build both full-size random models,
+# Budget: setup ~60 s + model builds ~40 s + GPU tests <= 250 s + bench <= 230 s: inside the 600 s call limit.
 # start the 32-stream soak on GPU 1 as a daemon (x2_call3.sh collects it), then on GPU 0 the GPU tests and
 # the v3 bench with the bf16 flow solver. Env: SOAK_MIN (default 20).
 set -u
@@ -14,10 +15,10 @@ HOME=/root/soakhome CUDA_VISIBLE_DEVICES=1 setsid nohup python3 -m bench.soak --
   --streams 32 --minutes ${SOAK_MIN:-20} --backend vllm --device cuda --sample-s 10 --trim --out /root/soak \
   > /root/soak.log 2>&1 < /dev/null &
 echo "soak started $(date +%T)"
-CUDA_VISIBLE_DEVICES=0 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short \
+CUDA_VISIBLE_DEVICES=0 timeout ${TEST_TIMEOUT:-250} python3 -m pytest -q -m gpu -p no:cacheprovider -rf --tb=short \
   tests/engine/lm/test_vllm_backend.py tests/engine/test_flow_graphs.py > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest gpu rc=$? $(date +%T)"; grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -8
-CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-270} python3 -m bench --random-full v3 --cache-dir "$CACHE" \
+CUDA_VISIBLE_DEVICES=0 timeout ${BENCH_TIMEOUT:-230} python3 -m bench --random-full v3 --cache-dir "$CACHE" \
   --backend vllm --device cuda --concurrency 1,16,64 --modes stream --tokens 250 --requests 16 \
   --flow-dtype bfloat16 --fast-start off --hardware "1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0" \
   --out "$OUT/bench_v3_bf16" > "$OUT/bench_v3_bf16.log" 2>&1; echo "bench v3 bf16 rc=$? $(date +%T)"
