@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # H200 x2, call 1 of 3 (after the bundle parts are in /root/vb): set up, build both full-size random models,
-# Budget: setup ~60 s + model builds ~40 s + GPU tests <= 250 s + bench <= 230 s: inside the 600 s call limit.
 # start the 32-stream soak on GPU 1 as a daemon (x2_call3.sh collects it), then on GPU 0 the GPU tests and
 # the v3 bench with the bf16 flow solver. Env: SOAK_MIN (default 20).
+# Budget: setup ~60 s + model builds ~40 s + GPU tests <= 250 s + bench <= 230 s: inside the 600 s call limit.
 set -u
 source bench/gpu/setup.sh
 CACHE=/root/.cache/cosystream
