@@ -54,6 +54,8 @@ def routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/health")
     async def health() -> dict[str, str]:
+        if not engine.healthy:  # a dead LM backend or vocoder worker: liveness fails, so it gets restarted
+            raise ApiError(503, "the speech engine has stopped; restart the server", code="unhealthy")
         return {"status": "ok"}
 
     @router.get("/ready", response_model=None)

@@ -144,9 +144,19 @@ class TTSEngine:
         assert last is not None
         return np.concatenate(parts), last
 
+    @property
+    def healthy(self) -> bool:
+        """Both workers can still compute: False means only a restart helps (the API's /health says so)."""
+        return self.backend.healthy and self.token2wav.healthy
+
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
         if not self.ready:
             raise NotReady("the model is still loading", retry_after_s=5.0)
+        if not self.healthy:
+            log.error(
+                "refusing a request: the %s LM backend or the token2wav worker has stopped", self.backend.name
+            )
+            raise NotReady("the speech engine has stopped; the server needs a restart", retry_after_s=30.0)
         self.planner.check(req)
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         watch = Stopwatch(req.request_id, seed)

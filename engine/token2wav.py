@@ -100,6 +100,10 @@ class Token2Wav:
         self._jobs.put(job)
         return await job.future
 
+    @property
+    def healthy(self) -> bool:
+        return self._thread.is_alive()
+
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=10)

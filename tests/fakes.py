@@ -40,6 +40,7 @@ class FakeEngine:
         self.completed = 0
         self.voices: dict[str, FakeVoice] = {}
         self.ready = True
+        self.healthy = True
 
     def instruct_presets(self) -> list[str]:
         return ["用广东话表达。", "请用尽可能快地语速说一句话。"]

@@ -36,4 +36,9 @@ class LMBackend(Protocol):
     @property
     def active(self) -> int: ...
 
+    @property
+    def healthy(self) -> bool:
+        """False once the backend can no longer decode (its worker or engine process died)."""
+        ...
+
     def close(self) -> None: ...

@@ -81,6 +81,10 @@ class NativeLM:
         finally:
             seq.aborted = True  # the loop drops it before its next step
 
+    @property
+    def healthy(self) -> bool:
+        return self._thread.is_alive()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -158,6 +158,10 @@ class VLLMBackend:
     def active(self) -> int:
         return self._active
 
+    @property
+    def healthy(self) -> bool:
+        return not self.engine.errored  # AsyncLLM: its engine-core process died or its output loop stopped
+
     def _params(self, req: LMRequest, greedy: bool = False) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind

@@ -37,6 +37,15 @@ async def test_health_and_ready(client: httpx.AsyncClient, engine: RecordingEngi
     assert int(not_ready.headers["retry-after"]) >= 1
 
 
+async def test_health_fails_once_the_engine_has_stopped(
+    client: httpx.AsyncClient, engine: RecordingEngine
+) -> None:
+    engine.healthy = False  # e.g. vLLM's engine-core process died: only a restart helps
+    r = await client.get("/health")
+    assert_openai_error(r, 503)
+    assert r.json()["error"]["code"] == "unhealthy" and "restart" in r.json()["error"]["message"]
+
+
 async def test_metrics_parse_and_count(client: httpx.AsyncClient, engine: RecordingEngine) -> None:
     engine.add_voice("alice", "x", "t")
     assert (await client.post("/v1/audio/speech", json={"input": "hi", "voice": "alice"})).status_code == 200

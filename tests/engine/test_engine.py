@@ -11,7 +11,7 @@ import pytest
 from bench.make_model import build_model_dir
 from engine.config import EngineConfig, Limits
 from engine.engine import TTSEngine
-from engine.errors import InvalidInput, NotFound, TooLarge
+from engine.errors import InvalidInput, NotFound, NotReady, TooLarge
 from engine.request import Mode, SynthesisRequest
 from tests.sounds import speech_like, write_wav
 
@@ -205,3 +205,13 @@ async def test_final_metrics_split_the_ttfa_into_its_parts(engine):
     assert all(v >= 0 for v in m.ttfa_parts_ms.values())
     assert sum(m.ttfa_parts_ms.values()) == pytest.approx(m.ttfa_ms, abs=1e-6)
     assert m.ttfa_parts_ms["t2w_compute"] > 0 and m.ttfa_parts_ms["lm"] > 0
+
+
+async def test_a_stopped_backend_refuses_requests_clearly_and_reports_unhealthy(engine, monkeypatch):
+    assert engine.healthy
+    monkeypatch.setattr(type(engine.backend), "healthy", property(lambda self: False))
+    assert not engine.healthy
+    with pytest.raises(NotReady, match="restart"):
+        await collect(engine, req(engine))
+    monkeypatch.undo()
+    assert engine.healthy and len(pcm(await collect(engine, req(engine)))) > 0  # serving again

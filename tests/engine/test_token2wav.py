@@ -184,3 +184,15 @@ def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path)
     assert len(chunks[True]) == len(chunks[False]) + 1
     assert chunks[True][0].size < chunks[False][0].size / 3  # 15 - 4 withheld tokens vs 40 - 4
     np.testing.assert_allclose(np.concatenate(chunks[True]), np.concatenate(chunks[False]), atol=1e-5)
+
+
+def test_worker_is_healthy_until_closed(tmp_path):
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
+    assert t2w.healthy
+    t2w.close()
+    assert not t2w.healthy
