@@ -83,10 +83,13 @@ class TTSEngine:
         if cfg.cuda_graphs and devices.graphs_supported(dev):
             graphed = GraphedCFM(model.flow.decoder, getattr(torch, cfg.flow_dtype))
             model.flow.decoder = graphed  # type: ignore[assignment]  # same forward(inputs, streaming)
-            _precapture(graphed, cfg, dev)
         frontend = Frontend.from_model_dir(files, dev, limits=AudioLimits.for_prompt(cfg.limits))
         text = TextFrontend(load_tokenizer(files.qwen, model.family))
         backend = _backend(cfg, model, files)
+        if isinstance(model.flow.decoder, GraphedCFM):
+            # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
+            # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
+            _precapture(model.flow.decoder, cfg, dev)
         cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         voices = VoiceLibrary(Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices", model.family)
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
