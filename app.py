@@ -71,8 +71,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
     p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
     p.add_argument(
-        "--fast-start", choices=FAST_START_CHOICES, default="auto",
-        help="split the first stream chunk at the chunk grid (auto: on for v3, whose audio stays the same)",
+        "--fast-start", choices=FAST_START_CHOICES, default="off",
+        help="experimental: split the first stream chunk at the chunk grid (auto: v3 while lightly loaded)",
     )  # fmt: skip
     p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
     p.add_argument(

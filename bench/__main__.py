@@ -77,8 +77,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flow-dtype", default="float32", choices=("float32", "bfloat16"), help="GPU flow solver")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument(
-        "--fast-start", choices=FAST_START_CHOICES, default="auto",
-        help="split the first stream chunk at the chunk grid (auto: on for v3, whose audio stays the same)",
+        "--fast-start", choices=FAST_START_CHOICES, default="off",
+        help="experimental: split the first stream chunk at the chunk grid (auto: v3 while lightly loaded)",
     )  # fmt: skip
     p.add_argument(
         "--graph-warmup-s", type=float, default=0.0, help="mel seconds of flow graphs to pre-capture"

@@ -47,7 +47,9 @@ class StreamConfig:
     # LM tokens. v3's flow and HiFT are causal, so its audio is the same sample for sample; v2 moves one
     # vocoder seam. The extra chunk costs one more flow + HiFT pass and leaves a thin first buffer, so
     # None (auto) splits only for v3 and only while at most fast_start_max_active requests compute.
-    fast_start: bool | None = None
+    # Off by default: on the H200 (2026-11-30) a lone v3 stream's TTFA went 277 -> 1491 ms with it
+    # (the split-off first flow call took ~1.4 s there, ~0.1 s on CPU; cause not found yet).
+    fast_start: bool | None = False
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
 

@@ -43,8 +43,9 @@ def test_request_mode_accepts_strings():
 
 
 def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices_stay():
-    auto = StreamConfig()
-    assert auto.fast_start is None and auto.fast_start_max_active == 2
+    assert StreamConfig().fast_start is False  # the released schedule unless asked
+    auto = StreamConfig(fast_start=None)
+    assert auto.fast_start_max_active == 2
     assert auto.splits_first_chunk("cosyvoice3", active=1) and auto.splits_first_chunk("cosyvoice3", 2)
     assert not auto.splits_first_chunk("cosyvoice3", active=3)  # busy: the reference's thicker first chunk
     assert not auto.splits_first_chunk("cosyvoice2", active=1)  # v2 keeps the reference schedule

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -191,6 +192,8 @@ async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(en
         return utt
 
     monkeypatch.setattr(engine.token2wav, "utterance", spy)
+    auto = replace(engine.cfg.stream, fast_start=None)
+    monkeypatch.setattr(engine, "cfg", replace(engine.cfg, stream=auto))
     prompt = write_wav(tmp_path / "p.wav", 3.5)  # ~87 prompt tokens: pad 12-13 to the 25-token grid
     await engine.synthesize(req(engine, stream=True, prompt_wav=str(prompt)))
     pad = seen[0] % 25
