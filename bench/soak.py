@@ -197,18 +197,31 @@ def slope_per_min(ts: Sequence[float], ys: Sequence[float]) -> float | None:
     return float(np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)[0] * 60.0)
 
 
+def robust_slope_per_min(ts: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Theil-Sen slope (the median of the slopes between every two samples), per minute: one transient
+    spike, e.g. many requests' buffers alive at one sample, cannot tilt it as it tilts least squares (the
+    H200 soak of 2026-11-30: device memory ~3.77 GiB throughout, one 4.57 GiB sample late on made the
+    least-squares late slope 3.7 MiB/min)."""
+    t, y = np.asarray(ts, float), np.asarray(ys, float)
+    i, j = np.triu_indices(t.size, k=1)
+    dt = t[j] - t[i]
+    keep = dt > 0
+    return float(np.median((y[j] - y[i])[keep] / dt[keep]) * 60.0) if keep.any() else None
+
+
 def memory_trend(ts: Sequence[float], ys: Sequence[float], duration_s: float) -> dict[str, Any]:
-    """min/max/first/last, slope over the whole run and over its second half (after warm-up effects),
-    and ``flat``: the late slope extended over the run adds less than max(FLAT_MB, FLAT_FRACTION x first)."""
+    """min/max/first/last, the least-squares slope over the whole run, the robust slope over its second
+    half (after warm-up effects), and ``flat``: that late slope extended over the run adds less than
+    max(FLAT_MB, FLAT_FRACTION x first)."""
     if not ys:
         return {"flat": None}
     late = [i for i, t in enumerate(ts) if t >= ts[-1] / 2]
-    late_slope = slope_per_min([ts[i] for i in late], [ys[i] for i in late])
+    late_slope = robust_slope_per_min([ts[i] for i in late], [ys[i] for i in late])
     projected = abs(late_slope or 0.0) * duration_s / 60.0
     return {
         "first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys),
         "slope_mb_per_min": slope_per_min(ts, ys), "late_slope_mb_per_min": late_slope,
-        "projected_growth_mb": projected, "flat": projected < max(FLAT_MB, FLAT_FRACTION * ys[0]),
+        "projected_growth_mb": projected, "flat": bool(projected < max(FLAT_MB, FLAT_FRACTION * ys[0])),
     }  # fmt: skip
 
 
@@ -259,7 +272,7 @@ def markdown(summary: dict[str, Any], device: str, model: str) -> str:
         f"| {num(ttfa['p50'], '.0f')} / {num(ttfa['p95'], '.0f')} / {num(ttfa['max'], '.0f')} "
         f"| {num(rtf['p50'], '.3f')} / {num(rtf['p95'], '.3f')} | {num(summary['audio_s_per_s'], '.2f')} |",
         "",
-        "| memory (MiB) | first | min | max | last | slope /min | late slope /min | flat |",
+        "| memory (MiB) | first | min | max | last | slope /min | late slope /min (Theil-Sen) | flat |",
         "|---|---|---|---|---|---|---|---|",
     ]
     rss = "process RSS (after malloc_trim)" if cfg["trim"] else "process RSS"
@@ -301,12 +314,27 @@ def write_report(run: SoakRun, out: Path, device: str, model: str) -> dict[str, 
     return summary
 
 
+def read_report(path: Path) -> tuple[SoakRun, str, str]:
+    """A written ``soak.json`` back into its run, device and model (to score it again with this code)."""
+    data = json.loads(path.read_text())
+    cfg = dict(data["summary"]["config"])
+    cfg["mode"] = Mode(cfg["mode"])
+    run = SoakRun(
+        config=SoakConfig(**cfg),
+        samples=[Sample(**s) for s in data["samples"]],
+        requests=[Request(**r) for r in data["requests"]],
+        duration_s=data["summary"]["duration_s"],
+    )
+    return run, data["device"], data["model"]
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="model directory (or hub id)")
+    p.add_argument("--model", help="model directory (or hub id)")
+    p.add_argument("--rescore", action="store_true", help="score --out's soak.json again; run nothing")
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--tokens", type=int, default=250, help="speech tokens per request (25 = 1 s of audio)")
@@ -342,8 +370,14 @@ async def run_cli(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = SoakConfig(args.streams, args.minutes, args.tokens, args.sample_s, Mode(args.mode), args.trim)
-    summary = asyncio.run(run_cli(args, cfg))
+    if args.rescore:
+        run, device, model = read_report(Path(args.out) / "soak.json")
+        summary = write_report(run, Path(args.out), device, model)
+    elif args.model is None:
+        raise SystemExit("python -m bench.soak: --model is required (unless --rescore)")
+    else:
+        cfg = SoakConfig(args.streams, args.minutes, args.tokens, args.sample_s, Mode(args.mode), args.trim)
+        summary = asyncio.run(run_cli(args, cfg))
     log.info(
         "%d requests, %d errors, TTFA p50 %s ms, RSS flat %s, device flat %s; report in %s",
         summary["requests"], summary["errors"], summary["ttfa_ms"]["p50"], summary["rss_mb"]["flat"],

@@ -38,6 +38,27 @@ def test_cpu_smoke_writes_a_passing_report(tmp_path):
     assert max(r["start_s"] for r in data["requests"]) < 0.2 * 60  # none started after the deadline
     report = (out / "soak.md").read_text()
     assert "# Soak: 4 streams for 0.2 min" in report and "**PASS**" in report and "process RSS" in report
+    (out / "soak.md").unlink()  # --rescore rebuilds the report from soak.json alone, running nothing
+    assert soak.main(["--rescore", "--out", str(out)]) == 0
+    assert json.loads((out / "soak.json").read_text())["summary"] == summary
+    assert (out / "soak.md").read_text() == report
+
+
+def test_rescore_rewrites_a_verdict_from_the_samples(tmp_path):
+    """A soak.json whose device memory grows 10 MiB/min is scored FAIL again, whatever verdict it held."""
+    samples = [
+        soak.Sample(t, 3000.0, 3700.0 + t / 6, 5000.0, 4, 0, int(t), 0, 1000) for t in np.arange(0, 601, 10.0)
+    ]
+    run = soak.SoakRun(
+        soak.SoakConfig(streams=4, minutes=10), samples, [soak.Request(0, 0.0, 1.0, 2.0, 90.0)], 600.0
+    )
+    soak.write_report(run, tmp_path, "cuda", "m")
+    data = json.loads((tmp_path / "soak.json").read_text())
+    data["summary"]["device_mb"]["flat"] = True
+    (tmp_path / "soak.json").write_text(json.dumps(data))
+    assert soak.main(["--rescore", "--out", str(tmp_path)]) == 1
+    assert json.loads((tmp_path / "soak.json").read_text())["summary"]["device_mb"]["flat"] is False
+    assert "**FAIL**" in (tmp_path / "soak.md").read_text()
 
 
 @pytest.mark.parametrize(
@@ -59,6 +80,22 @@ def test_growth_that_stops_after_warm_up_is_flat():
     trend = soak.memory_trend(ts, ys, 1800.0)
     assert trend["flat"] and trend["late_slope_mb_per_min"] == pytest.approx(0.0, abs=1e-9)
     assert (trend["first"], trend["max"]) == (1000, 1100)
+
+
+def test_one_late_spike_does_not_make_flat_memory_grow():
+    """The H200 soak's device series: level, then one transient sample 800 MiB up in the second half."""
+    ts = list(np.arange(0, 1201, 10.0))
+    ys = [3770.0 + (800.0 if t == 1000 else 0.0) for t in ts]
+    trend = soak.memory_trend(ts, ys, 1200.0)
+    assert trend["flat"] and trend["late_slope_mb_per_min"] == pytest.approx(0.0, abs=1e-9)
+    assert trend["max"] == 4570.0
+
+
+def test_a_steady_leak_under_spikes_is_still_caught():
+    ts = np.arange(0, 1201, 10.0)
+    ys = 3770.0 + 5.0 * ts / 60 + np.where(np.arange(ts.size) % 7 == 0, 600.0, 0.0)  # 5 MiB/min + spikes
+    trend = soak.memory_trend(list(ts), list(ys), 1200.0)
+    assert trend["late_slope_mb_per_min"] == pytest.approx(5.0, abs=0.3) and trend["flat"] is False
 
 
 class FlakyEngine:
