@@ -58,6 +58,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--llm-variant", choices=("base", "rl"), default="base", help="rl: use llm.rl.pt if present"
     )
+    p.add_argument(
+        "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
+        help="GPU flow solver precision (float32: the reference's, slower under load)",
+    )  # fmt: skip
+    p.add_argument(
+        "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
+        help="capture the flow's CUDA graphs for mel up to this many seconds at load (15: ~90 s on an H200)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
+        help="share of GPU memory vLLM takes for the speech LM (weights + KV cache)",
+    )  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link")
@@ -78,7 +90,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        engine_config(args)  # the config's own checks (ranges, combinations) answer as usage errors too
+    except ValueError as err:
+        p.error(str(err))
+    return args
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -95,6 +112,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         device=args.device,
         backend=args.backend,
         llm_variant=args.llm_variant,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        flow_dtype=args.flow_dtype,
+        graph_warmup_s=args.graph_warmup_s,
         limits=limits,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )

@@ -74,7 +74,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hardware", default="", help="hardware line for the report (default: this host's CPU)")
     p.add_argument("--api-key", default=None, help="bearer key for --url")
     p.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
-    p.add_argument("--flow-dtype", default="float32", choices=("float32", "bfloat16"), help="GPU flow solver")
+    p.add_argument(
+        "--flow-dtype", default="bfloat16", choices=("float32", "bfloat16"), help="GPU flow solver"
+    )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default="off",

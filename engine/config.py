@@ -117,10 +117,13 @@ class EngineConfig:
     voices_dir: str | None = None
     gpu_memory_utilization: float = 0.3
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
-    flow_dtype: str = "float32"  # the flow solver's compute dtype on GPU: float32 | bfloat16
-    # load pre-captures the flow graphs for mel up to this long (prompt + speech); 0 = capture each bucket on
-    # first use. Off by default: on the H200 80 captures in ascending size left ~115 GiB reserved; they now
-    # run largest first so the shared pool's blocks are reused (not yet re-measured on a GPU).
+    # The flow solver's compute dtype on GPU (float32 | bfloat16; the CPU path is always float32). bf16 on
+    # the H200: 16 streams RTF 0.424 -> 0.330 and +26 % audio s/s, 1 stream ~+25 ms TTFA; mel RMS error 0.7 %
+    # of the mel's std against float32 (full-size random weights, CPU check).
+    flow_dtype: str = "bfloat16"
+    # load pre-captures the flow graphs for mel up to this long (prompt + speech), after vLLM has started;
+    # 0 = capture each bucket on first use (~1 s for the first request that meets it). On the H200, 15 s =
+    # 80 graphs in 92 s of load time: opt-in for servers, off for quick starts.
     graph_warmup_s: float = 0.0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)

@@ -37,6 +37,12 @@ def test_flags_reach_the_engine_config() -> None:
     assert app.engine_config(app.parse_args(["--fast-start", "auto"])).stream.fast_start is None
     assert app.engine_config(app.parse_args(["--fast-start", "off"])).stream.fast_start is False
     assert app.engine_config(app.parse_args(["--fast-start", "on"])).stream.fast_start is True
+    gpu = app.parse_args(
+        ["--flow-dtype", "float32", "--graph-warmup-s", "15", "--gpu-memory-utilization", "0.5"]
+    )
+    cfg = app.engine_config(gpu)
+    assert (cfg.flow_dtype, cfg.graph_warmup_s, cfg.gpu_memory_utilization) == ("float32", 15.0, 0.5)
+    assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless
 
 
 @pytest.mark.parametrize(
@@ -47,6 +53,10 @@ def test_flags_reach_the_engine_config() -> None:
         ["--max-concurrency", "0"],
         ["--ui-lang", "fr"],
         ["--fast-start", "x"],
+        ["--flow-dtype", "float16"],
+        ["--gpu-memory-utilization", "2"],
+        ["--max-prompt-s", "100"],
+        ["--graph-warmup-s", "-1"],
     ],
 )
 def test_bad_flags_exit_with_usage(argv, capsys) -> None:
