@@ -78,6 +78,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--flow-dtype", default="bfloat16", choices=("float32", "bfloat16"), help="GPU flow solver"
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
+    p.add_argument("--flow-batch", type=int, default=16, help="chunks per flow/HiFT call (1: no batching)")
     p.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default="off",
         help="experimental: split the first stream chunk at the chunk grid (auto: v3 while lightly loaded)",
@@ -141,6 +142,7 @@ def load_engine(args: argparse.Namespace) -> Any:
         flow_dtype=args.flow_dtype,
         cuda_graphs=not args.no_cuda_graphs,
         graph_warmup_s=args.graph_warmup_s,
+        flow_batch=args.flow_batch,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )
     return TTSEngine.load(cfg)

@@ -125,6 +125,9 @@ class EngineConfig:
     # 0 = capture each bucket on first use (~1 s for the first request that meets it). On the H200, 15 s =
     # 80 graphs in 92 s of load time: opt-in for servers, off for quick starts.
     graph_warmup_s: float = 0.0
+    # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
+    # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
+    flow_batch: int = 16
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)
@@ -141,5 +144,7 @@ class EngineConfig:
             raise ValueError(f"flow_dtype must be float32 or bfloat16, got {self.flow_dtype!r}")
         if not 0.0 <= self.graph_warmup_s <= 300.0:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
+        if not 1 <= self.flow_batch <= 64:
+            raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")

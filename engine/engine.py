@@ -36,7 +36,6 @@ from engine.plan import Plan, Planner
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.text import TextFrontend, instruct_presets, load_tokenizer
-from engine.token2wav import MAX_BATCH as TOKEN2WAV_MAX_BATCH
 from engine.token2wav import Token2Wav, Utterance
 from engine.voices import Voice, VoiceLibrary
 
@@ -66,7 +65,9 @@ class TTSEngine:
         self.family, self.sample_rate = model.family, 24000
         self.model_name = str(model.model_dir.name)
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
-        self.token2wav = Token2Wav(model.flow, model.hift, model.family, model.device, cfg.stream)
+        self.token2wav = Token2Wav(
+            model.flow, model.hift, model.family, model.device, cfg.stream, max_batch=cfg.flow_batch
+        )
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
@@ -322,6 +323,6 @@ def _precapture(graphed: GraphedCFM, cfg: EngineConfig, dev: torch.device) -> No
     if cfg.graph_warmup_s <= 0:
         return
     t0 = time.perf_counter()
-    batch = min(cfg.limits.max_concurrency, TOKEN2WAV_MAX_BATCH)
+    batch = min(cfg.limits.max_concurrency, cfg.flow_batch)
     n = graphed.precapture(batch, int(cfg.graph_warmup_s * MEL_FRAMES_PER_S), dev)
     log.info("captured %d flow graphs in %.1f s", n, time.perf_counter() - t0)

@@ -32,7 +32,7 @@ class GraphedCFM(nn.Module):
         cfm: CausalCFM,
         dtype: torch.dtype = torch.float32,
         frame_bucket: int = 100,
-        max_graphs: int = 48,
+        max_graphs: int = 128,  # > the 80 buckets of batch 1-16 x 100-800 frames x streaming: no re-captures
     ):
         super().__init__()
         self.cfm, self.dtype, self.frame_bucket, self.max_graphs = cfm, dtype, frame_bucket, max_graphs

@@ -24,6 +24,8 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(backend="tensorrt"), "backend"),
         (lambda: EngineConfig(device="tpu"), "device"),
         (lambda: EngineConfig(flow_dtype="float16"), "flow_dtype"),
+        (lambda: EngineConfig(flow_batch=0), "flow_batch"),
+        (lambda: EngineConfig(flow_batch=65), "flow_batch"),
         (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),
         (lambda: StreamConfig(token_hop=0), "token_hop"),
         (lambda: Limits(max_prompt_s=40), "30"),

@@ -116,6 +116,31 @@ async def test_concurrent_requests_match_the_same_requests_alone(engine):
         np.testing.assert_allclose(pcm(y), x, atol=1e-4)
 
 
+async def test_flow_batch_one_runs_every_chunk_alone_with_the_same_audio(engine, monkeypatch):
+    """``flow_batch=1`` (the no-batching A/B): each flow call carries one request's chunk; audio unchanged."""
+    reqs = [req(engine, seed=s, text=f"Sentence number {s} for the batch.") for s in range(3)]
+    batched = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    rows, real = [], engine.token2wav._flow
+    monkeypatch.setattr(engine.token2wav, "max_batch", 1)
+    monkeypatch.setattr(
+        engine.token2wav, "_flow", lambda utts, chunks: rows.append(len(utts)) or real(utts, chunks)
+    )
+    alone = await asyncio.gather(*(collect(engine, r) for r in reqs))
+    assert rows and set(rows) == {1}
+    for x, y in zip(batched, alone):
+        np.testing.assert_allclose(pcm(y), pcm(x), atol=1e-4)
+
+
+def test_the_config_sets_the_flow_batch(tmp_path):
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", flow_batch=3)
+    eng = TTSEngine.load(cfg)
+    try:
+        assert eng.token2wav.max_batch == 3
+    finally:
+        eng.close()
+
+
 async def test_abort_mid_stream_frees_everything(engine):
     r = req(engine, text=" ".join([TEXT] * 4))
     got = []
