@@ -131,6 +131,28 @@ async def test_flow_batch_one_runs_every_chunk_alone_with_the_same_audio(engine,
         np.testing.assert_allclose(pcm(y), pcm(x), atol=1e-4)
 
 
+def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatch):
+    """vLLM sizes its KV cache from the device memory free when it starts, so the flow graphs are captured
+    after it (captured first, they left vLLM 24 GiB on the H200). Capture itself is recorded, not run."""
+    import engine.engine as engine_module
+    from engine.flow_graphs import GraphedCFM
+
+    events: list[tuple] = []
+    real_backend = engine_module._backend
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(engine_module, "_backend", lambda *a: events.append(("backend",)) or real_backend(*a))
+    monkeypatch.setattr(
+        GraphedCFM, "precapture", lambda self, b, t, dev: events.append(("capture", b, t)) or 0
+    )
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(
+        model=str(model_dir), device="cpu", backend="native", graph_warmup_s=4.0, flow_batch=4,
+        limits=Limits(max_concurrency=8),
+    )  # fmt: skip
+    TTSEngine.load(cfg).close()
+    assert events == [("backend",), ("capture", 4, 200)]  # batch: min(slots, flow_batch); 4 s of mel
+
+
 def test_the_config_sets_the_flow_batch(tmp_path):
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", flow_batch=3)
