@@ -19,7 +19,7 @@ import platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -151,9 +151,19 @@ def load_engine(args: argparse.Namespace) -> Any:
 # ------------------------------------------------------------------------------------------- the runs
 
 
-async def sweep(target: Target, args: argparse.Namespace, levels: Sequence[int]) -> list[Level]:
+# Writes the results of these levels with this meta (``complete``: the run's last write, with the plot).
+Checkpoint = Callable[..., dict[str, Path]]
+# Called with every level finished so far: the run's results are on disk after each level, so a run cut
+# short (a time limit on a GPU lease, a crash at 128 streams) keeps what it measured.
+Save = Callable[[list[Level]], object]
+
+
+async def sweep(
+    target: Target, args: argparse.Namespace, levels: Sequence[int], save: Save, done: Sequence[Level] = ()
+) -> list[Level]:
+    """Every mode x concurrency level; ``done``: levels of earlier sweeps in this run (saved with these)."""
     prompt = prompt_audio()
-    out = []
+    out: list[Level] = []
     for mode in args.modes:
         workload = Workload(tokens=args.tokens, stream=mode == "stream")
         if args.warmup:
@@ -165,6 +175,7 @@ async def sweep(target: Target, args: argparse.Namespace, levels: Sequence[int])
             log.info(_line(level))
             _check_length(level, args.tokens)
             out.append(level)
+            save([*done, *out])
     return out
 
 
@@ -191,26 +202,26 @@ def _line(lv: Level) -> str:
     )
 
 
-async def run_engine(args: argparse.Namespace) -> tuple[list[Level], dict[str, str]]:
+async def run_engine(args: argparse.Namespace, save: Checkpoint) -> tuple[list[Level], dict[str, Any]]:
     from engine import device as devices
 
     engine = load_engine(args)
     dev = engine.model.device
-    peaks = {"device_peak_mb_load": devices.peak_memory_mb(dev)}  # where a device transient happens
+    info: dict[str, Any] = {"model": f"{engine.model_name} ({engine.family})", "device": str(dev)}
+    info |= {"backend": engine.backend.name, "device_peak_mb_load": devices.peak_memory_mb(dev)}
     try:
         devices.reset_peak_memory(dev)
         await engine.warmup()
-        peaks["device_peak_mb_warmup"] = devices.peak_memory_mb(dev)
-        levels = await sweep(EngineTarget(engine), args, args.concurrency)
+        info["device_peak_mb_warmup"] = devices.peak_memory_mb(dev)  # where a device transient happens
+        levels = await sweep(EngineTarget(engine), args, args.concurrency, lambda lv: save(lv, info))
         if args.profile_dir:
             await profile_levels(EngineTarget(engine), args)
         if args.baseline:
             from bench.baseline import ReferenceStyle
 
             small = [c for c in args.concurrency if c <= args.baseline_max_concurrency]
-            levels += await sweep(ReferenceStyle(engine), args, small)
-        info = {"model": f"{engine.model_name} ({engine.family})", "device": str(dev)}
-        return levels, info | {"backend": engine.backend.name} | peaks
+            levels += await sweep(ReferenceStyle(engine), args, small, lambda lv: save(lv, info), levels)
+        return levels, info
     finally:
         engine.close()
 
@@ -223,16 +234,17 @@ async def profile_levels(target: Target, args: argparse.Namespace) -> None:
         await profile_level(target, workload, c, prompt_audio(), Path(args.profile_dir))
 
 
-async def run_http(args: argparse.Namespace) -> tuple[list[Level], dict[str, str]]:
+async def run_http(args: argparse.Namespace, save: Checkpoint) -> tuple[list[Level], dict[str, Any]]:
     target = HttpTarget(args.url, max(args.concurrency), args.api_key)
+    info: dict[str, Any] = {"model": args.url, "device": "server", "backend": "server"}
     try:
-        levels = await sweep(target, args, args.concurrency)
+        levels = await sweep(target, args, args.concurrency, lambda lv: save(lv, info))
     finally:
         await target.aclose()
-    return levels, {"model": args.url, "device": "server", "backend": "server"}
+    return levels, info
 
 
-def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, str]) -> dict[str, Any]:
+def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, Any]) -> dict[str, Any]:
     return info | {
         "command": "python -m bench " + shlex.join(argv),
         "hardware": args.hardware or host_hardware(),
@@ -275,9 +287,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
         import torch
 
         torch.set_num_threads(args.threads)
-    levels, info = asyncio.run(run_http(args) if args.url else run_engine(args))
-    result = {"meta": meta(args, argv, info), "levels": [asdict(lv) for lv in levels]}
-    paths = write_report(result, args.out)
+
+    def save(levels: list[Level], info: dict[str, Any], complete: bool = False) -> dict[str, Path]:
+        result = {
+            "meta": meta(args, argv, info) | {"complete": complete},
+            "levels": [asdict(lv) for lv in levels],
+        }
+        return write_report(result, args.out, with_plot=complete)
+
+    levels, info = asyncio.run(run_http(args, save) if args.url else run_engine(args, save))
+    paths = save(levels, info, complete=True)
     for kind, path in paths.items():
         log.info("%s: %s", kind, path)
     return paths

@@ -168,14 +168,17 @@ def _panel(ax: Any, systems: dict[str, list[Result]], key: str, title: str) -> N
     ax.legend(fontsize=8)
 
 
-def write_report(result: Result, out: str | Path) -> dict[str, Path]:
-    """Write results.json, results.md and (with matplotlib) results.png into ``out``; returns the paths."""
+def write_report(result: Result, out: str | Path, with_plot: bool = True) -> dict[str, Path]:
+    """Write results.json, results.md and (with matplotlib) results.png into ``out``; returns the paths.
+    The json is written to a temporary name and renamed: a run killed mid-write keeps its last full one."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "results.md", "plot": out / "results.png"}
-    paths["json"].write_text(json.dumps(result, indent=1))
+    tmp = paths["json"].with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(paths["json"])
     paths["markdown"].write_text(markdown(result))
-    if not plot(result, paths["plot"]):
+    if not with_plot or not plot(result, paths["plot"]):
         del paths["plot"]
     return paths
 

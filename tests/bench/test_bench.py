@@ -108,6 +108,7 @@ def test_cli_sweeps_both_modes_and_writes_json_markdown_and_plot(cache, tmp_path
     paths = main([*argv, "--modes", "stream,offline", "--out", str(out), "--warmup", "0", "--baseline"])
     result = json.loads(paths["json"].read_text())
     assert result["meta"]["tokens"] == CLI_TOKENS and result["meta"]["device"] == "cpu"
+    assert result["meta"]["complete"] is True
     assert result["meta"]["device_peak_mb_load"] == result["meta"]["device_peak_mb_warmup"] == 0.0  # CPU
     got = {(lv["system"], lv["mode"], lv["concurrency"]) for lv in result["levels"]}
     want = {(s, m, c) for s in ("cosystream", "baseline") for m in ("stream", "offline") for c in (1, 2)}
@@ -119,6 +120,30 @@ def test_cli_sweeps_both_modes_and_writes_json_markdown_and_plot(cache, tmp_path
     assert md.count("Where the time to first audio went") == 2  # cosystream stream and offline
     assert md.count("| 2 | 2 | 0 |") == 4  # one c=2 row per system x mode, no failures
     assert paths["plot"].stat().st_size > 10_000 and paths["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_cut_short_keeps_the_levels_it_finished(cache, tmp_path, monkeypatch):
+    """Results are written after every level: the GPU lease's time limit cut two H200 runs after levels
+    that were then lost. Here the second level dies; the first is on disk, marked incomplete."""
+    import bench.__main__ as bench_main
+
+    real, calls = bench_main.run_level, []
+
+    async def dies_on_the_second(*args, **kw):
+        calls.append(args[2])
+        if len(calls) == 2:
+            raise RuntimeError("the lease ran out")
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(bench_main, "run_level", dies_on_the_second)
+    out = tmp_path / "out"
+    argv = ["--random-tiny", "v2", "--cache-dir", str(cache), "--concurrency", "1,2", "--tokens", "30"]
+    with pytest.raises(RuntimeError, match="lease"):
+        main([*argv, "--modes", "stream", "--warmup", "0", "--out", str(out)])
+    result = json.loads((out / "results.json").read_text())
+    assert result["meta"]["complete"] is False and [lv["concurrency"] for lv in result["levels"]] == [1]
+    assert "| 1 | 1 | 0 |" in (out / "results.md").read_text() and not (out / "results.png").exists()
+    assert not (out / "results.json.tmp").exists()
 
 
 def check_level(lv: dict) -> None:
