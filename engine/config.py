@@ -128,6 +128,9 @@ class EngineConfig:
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16
+    # prompt features (speech tokens, mel, speaker embedding) kept per prompt audio; 0 = recompute for every
+    # request (the A/B for the cache; the reference recomputes)
+    prompt_cache_size: int = 64
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)
@@ -144,6 +147,8 @@ class EngineConfig:
             raise ValueError(f"flow_dtype must be float32 or bfloat16, got {self.flow_dtype!r}")
         if not 0.0 <= self.graph_warmup_s <= 300.0:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
+        if not 0 <= self.prompt_cache_size <= 4096:
+            raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
         if not 1 <= self.flow_batch <= 64:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:

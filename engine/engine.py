@@ -84,7 +84,9 @@ class TTSEngine:
         if cfg.cuda_graphs and devices.graphs_supported(dev):
             graphed = GraphedCFM(model.flow.decoder, getattr(torch, cfg.flow_dtype))
             model.flow.decoder = graphed  # type: ignore[assignment]  # same forward(inputs, streaming)
-        frontend = Frontend.from_model_dir(files, dev, limits=AudioLimits.for_prompt(cfg.limits))
+        frontend = Frontend.from_model_dir(
+            files, dev, limits=AudioLimits.for_prompt(cfg.limits), cache_size=cfg.prompt_cache_size
+        )
         text = TextFrontend(load_tokenizer(files.qwen, model.family))
         backend = _backend(cfg, model, files)
         if isinstance(model.flow.decoder, GraphedCFM):

@@ -153,12 +153,16 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
     assert events == [("backend",), ("capture", 4, 200)]  # batch: min(slots, flow_batch); 4 s of mel
 
 
-def test_the_config_sets_the_flow_batch(tmp_path):
+def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", flow_batch=3)
+    cfg = EngineConfig(
+        model=str(model_dir), device="cpu", backend="native", flow_batch=3, prompt_cache_size=0
+    )
     eng = TTSEngine.load(cfg)
     try:
         assert eng.token2wav.max_batch == 3
+        eng.frontend.extract(speech_like(3.0, 24000))
+        assert eng.frontend.cache_info() == (0, 0)  # recomputed for every request
     finally:
         eng.close()
 
