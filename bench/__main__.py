@@ -153,10 +153,9 @@ def load_engine(args: argparse.Namespace) -> Any:
 # ------------------------------------------------------------------------------------------- the runs
 
 
-# Writes the results of these levels with this meta (``complete``: the run's last write, with the plot).
-Checkpoint = Callable[..., dict[str, Path]]
-# Called with every level finished so far: the run's results are on disk after each level, so a run cut
-# short (a time limit on a GPU lease, a crash at 128 streams) keeps what it measured.
+# Save the levels finished so far (with the run's info): called after every level, so a run cut short (a
+# GPU lease's time limit, a crash at 128 streams) keeps what it measured.
+SaveRun = Callable[[list[Level], dict[str, Any]], object]
 Save = Callable[[list[Level]], object]
 
 
@@ -204,7 +203,7 @@ def _line(lv: Level) -> str:
     )
 
 
-async def run_engine(args: argparse.Namespace, save: Checkpoint) -> tuple[list[Level], dict[str, Any]]:
+async def run_engine(args: argparse.Namespace, save: SaveRun) -> tuple[list[Level], dict[str, Any]]:
     from engine import device as devices
 
     engine = load_engine(args)
@@ -236,7 +235,7 @@ async def profile_levels(target: Target, args: argparse.Namespace) -> None:
         await profile_level(target, workload, c, prompt_audio(), Path(args.profile_dir))
 
 
-async def run_http(args: argparse.Namespace, save: Checkpoint) -> tuple[list[Level], dict[str, Any]]:
+async def run_http(args: argparse.Namespace, save: SaveRun) -> tuple[list[Level], dict[str, Any]]:
     target = HttpTarget(args.url, max(args.concurrency), args.api_key)
     info: dict[str, Any] = {"model": args.url, "device": "server", "backend": "server"}
     try:
