@@ -80,6 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument("--flow-batch", type=int, default=16, help="chunks per flow/HiFT call (1: no batching)")
     p.add_argument("--prompt-cache", type=int, default=64, help="prompts whose features are kept (0: none)")
+    p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
     p.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default="off",
         help="experimental: split the first stream chunk at the chunk grid (auto: v3 while lightly loaded)",
@@ -145,6 +146,7 @@ def load_engine(args: argparse.Namespace) -> Any:
         graph_warmup_s=args.graph_warmup_s,
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
+        t2w_own_stream=args.t2w_own_stream,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )
     return TTSEngine.load(cfg)

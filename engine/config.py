@@ -131,6 +131,10 @@ class EngineConfig:
     # prompt features (speech tokens, mel, speaker embedding) kept per prompt audio; 0 = recompute for every
     # request (the A/B for the cache; the reference recomputes)
     prompt_cache_size: int = 64
+    # the token2wav worker on a CUDA stream of its own instead of the default stream that request threads
+    # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
+    # Off until measured on a GPU (bench --t2w-own-stream); exactness is checked by a GPU test.
+    t2w_own_stream: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)

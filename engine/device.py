@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 from typing import Any
@@ -136,6 +137,22 @@ class CapturedCall:
             static.copy_(value)
         self.graph.replay()
         return self.output.clone()
+
+
+def own_stream(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The calling thread's device work on a stream of its own (CUDA; the current stream is per thread):
+    a worker's long flow and HiFT calls then neither delay nor wait for the short copies and lookups that
+    request threads put on the default stream. Elsewhere, and as a no-op on CPU: nothing changes."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device))
+
+
+def after_default_stream(device: torch.device) -> None:
+    """Order this thread's next device work after everything queued on the default stream so far (an event
+    wait on the device, no host sync): tensors another thread has just made are complete when read."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
 
 
 def capture_stream():

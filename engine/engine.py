@@ -66,7 +66,7 @@ class TTSEngine:
         self.model_name = str(model.model_dir.name)
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
         self.token2wav = Token2Wav(
-            model.flow, model.hift, model.family, model.device, cfg.stream, max_batch=cfg.flow_batch
+            model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch, cfg.t2w_own_stream
         )
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()

@@ -8,6 +8,7 @@ we time instead of interleaving threads. ``run`` is awaited by the request's cor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -63,9 +64,10 @@ class Token2Wav:
         device: torch.device,
         stream_cfg: StreamConfig,
         max_batch: int = MAX_BATCH,
+        own_stream: bool = False,
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
-        self.stream_cfg, self.max_batch = stream_cfg, max_batch
+        self.stream_cfg, self.max_batch, self.own_stream = stream_cfg, max_batch, own_stream
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.pending = 0
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
@@ -109,8 +111,14 @@ class Token2Wav:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
+        with devices.own_stream(self.device) if self.own_stream else contextlib.nullcontext():
+            self._serve()
+
+    def _serve(self) -> None:
         while (first := self._jobs.get()) is not None:
             jobs, stop = self._take_more([first])
+            if self.own_stream:
+                devices.after_default_stream(self.device)
             self.pending -= len(jobs)
             live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
             for finalize in (False, True):

@@ -156,11 +156,12 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
 def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(
-        model=str(model_dir), device="cpu", backend="native", flow_batch=3, prompt_cache_size=0
-    )
+        model=str(model_dir), device="cpu", backend="native", flow_batch=3, prompt_cache_size=0,
+        t2w_own_stream=True,
+    )  # fmt: skip
     eng = TTSEngine.load(cfg)
     try:
-        assert eng.token2wav.max_batch == 3
+        assert (eng.token2wav.max_batch, eng.token2wav.own_stream) == (3, True)
         eng.frontend.extract(speech_like(3.0, 24000))
         assert eng.frontend.cache_info() == (0, 0)  # recomputed for every request
     finally:
