@@ -71,6 +71,8 @@ def summary(prof: profile, level: Level) -> str:
             lines.append(
                 f"| {e.key} | {e.count} | {e.cpu_time_total / 1e3:.1f} | {_device_us(e) / 1e3:.1f} |"
             )
+    lines += ["", "Each call's host ms, in the order they started (an outlier shows which chunk pays):", ""]
+    lines += [f"- {name}: {calls}" for name, calls in per_call_ms(prof).items()]
     tables = [("self host time", _self_cpu_us)]
     if device == "cuda":
         tables.insert(0, ("self device time", _self_device_us))
@@ -87,6 +89,17 @@ def summary(prof: profile, level: Level) -> str:
                 f"| {e.key[:80]} | {e.count} | {_self_device_us(e) / 1e3:.1f} | {_self_cpu_us(e) / 1e3:.1f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def per_call_ms(prof: profile, first: int = 40) -> dict[str, str]:
+    """The labelled stages' calls one by one (host ms, start order; the first ``first`` of each)."""
+    calls: dict[str, list[tuple[float, float]]] = {}
+    for e in prof.events():
+        if e.name in STAGES:
+            calls.setdefault(e.name, []).append((e.time_range.start, e.time_range.elapsed_us() / 1e3))
+    return {
+        name: ", ".join(f"{ms:.1f}" for _, ms in sorted(rows)[:first]) for name, rows in sorted(calls.items())
+    }
 
 
 def _device_us(e) -> float:

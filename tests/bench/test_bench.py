@@ -229,6 +229,9 @@ def test_profile_dir_writes_a_stage_and_operator_summary_per_streaming_level(cac
     stages = {row.split(" | ")[0].strip("| "): row for row in text.splitlines() if row.startswith("| t2w.")}
     assert {"t2w.flow", "t2w.hift"} <= set(stages)  # v2 vocodes request by request
     assert int(stages["t2w.flow"].split(" | ")[1]) >= 1
+    flow_calls = next(ln for ln in text.splitlines() if ln.startswith("- t2w.flow: "))
+    per_call = [float(ms) for ms in flow_calls.removeprefix("- t2w.flow: ").split(", ")]
+    assert len(per_call) == int(stages["t2w.flow"].split(" | ")[1]) and min(per_call) > 0
     assert "## Top operators by self host time" in text and "aten::" in text
 
 
