@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt_audio, run_level
 from bench.report import write_report
-from engine.config import FAST_START_CHOICES
+from engine.config import FAST_START_CHOICES, EngineConfig
 
 log = logging.getLogger("bench")
 FAMILIES = {"v2": "cosyvoice2", "v3": "cosyvoice3"}
@@ -75,18 +75,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None, help="bearer key for --url")
     p.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
     p.add_argument(
-        "--flow-dtype", default="bfloat16", choices=("float32", "bfloat16"), help="GPU flow solver"
+        "--flow-dtype",
+        default=EngineConfig.flow_dtype,
+        choices=("float32", "bfloat16"),
+        help="GPU flow solver",
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
-    p.add_argument("--flow-batch", type=int, default=16, help="chunks per flow/HiFT call (1: no batching)")
-    p.add_argument("--prompt-cache", type=int, default=64, help="prompts whose features are kept (0: none)")
+    p.add_argument(
+        "--flow-batch",
+        type=int,
+        default=EngineConfig.flow_batch,
+        help="chunks per flow/HiFT call (1: no batching)",
+    )
+    p.add_argument(
+        "--prompt-cache",
+        type=int,
+        default=EngineConfig.prompt_cache_size,
+        help="prompts whose features are kept (0: none)",
+    )
     p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
     p.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default="off",
         help="experimental: split the first stream chunk at the chunk grid (auto: v3 while lightly loaded)",
     )  # fmt: skip
     p.add_argument(
-        "--graph-warmup-s", type=float, default=0.0, help="mel seconds of flow graphs to pre-capture"
+        "--graph-warmup-s",
+        type=float,
+        default=EngineConfig.graph_warmup_s,
+        help="mel seconds of flow graphs to pre-capture",
     )
     p.add_argument(
         "--profile-dir", help="after the sweep, profile one streaming wave at 1 and at max concurrency"
