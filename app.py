@@ -25,6 +25,7 @@ from engine.config import (
     Limits,
     StreamConfig,
     fast_start_choice,
+    fast_start_flag,
 )
 from webui.texts import UI_LANGS
 
@@ -83,8 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
     p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
     p.add_argument(
-        "--fast-start", choices=FAST_START_CHOICES, default="off",
-        help="experimental: split the first stream chunk at the chunk grid (auto: v3 while lightly loaded)",
+        "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
+        help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
     )  # fmt: skip
     p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
     p.add_argument(

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt_audio, run_level
 from bench.report import write_report
-from engine.config import FAST_START_CHOICES, EngineConfig
+from engine.config import FAST_START_CHOICES, EngineConfig, StreamConfig, fast_start_flag
 
 log = logging.getLogger("bench")
 FAMILIES = {"v2": "cosyvoice2", "v3": "cosyvoice3"}
@@ -95,8 +95,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
     p.add_argument(
-        "--fast-start", choices=FAST_START_CHOICES, default="off",
-        help="experimental: split the first stream chunk at the chunk grid (auto: v3 while lightly loaded)",
+        "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
+        help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
     )  # fmt: skip
     p.add_argument(
         "--graph-warmup-s",

@@ -47,9 +47,10 @@ class StreamConfig:
     # LM tokens. v3's flow and HiFT are causal, so its audio is the same sample for sample; v2 moves one
     # vocoder seam. The extra chunk costs one more flow + HiFT pass and leaves a thin first buffer, so
     # None (auto) splits only for v3 and only while at most fast_start_max_active requests compute.
-    # Off by default: on the H200 (2026-11-30) a lone v3 stream's TTFA went 277 -> 1491 ms with it
-    # (the split-off first flow call took ~1.4 s there, ~0.1 s on CPU; cause not found yet).
-    fast_start: bool | None = False
+    # H200, v3, bf16 flow (2026-11-30, 8 requests of 10 s): 1 stream TTFA p50 308 -> 194 ms, RTF unchanged.
+    # With the fp32 solver an earlier run showed 277 -> 1491 ms (the split-off first flow call took ~1.4 s;
+    # not reproduced with bf16, cause not found), so use "off" with --flow-dtype float32 on a GPU.
+    fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
 
@@ -81,6 +82,11 @@ def fast_start_choice(choice: str) -> bool | None:
     if choice not in FAST_START_CHOICES:
         raise ValueError(f"fast start must be one of {FAST_START_CHOICES}, got {choice!r}")
     return {"auto": None, "on": True, "off": False}[choice]
+
+
+def fast_start_flag(value: bool | None) -> str:
+    """``StreamConfig.fast_start`` -> its ``--fast-start`` flag (the CLIs' default comes from the config)."""
+    return {None: "auto", True: "on", False: "off"}[value]
 
 
 @dataclass(frozen=True)

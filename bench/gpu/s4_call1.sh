@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Next H200 session, call 1 of 3 (after the four part-copy calls; kind nvidia-h200 is enough): set up, build
+# Ran 2026-11-30 (fourth session), partly inline: the log is in BENCHMARKS.md, results in bench/results/h200-2026-11-30d.
+# Planned as call 1 of 3 (after the four part-copy calls; kind nvidia-h200 is enough): set up, build
 # the full-size random v2 and v3 models (shared with the GPU tests through ~/.cache/cosystream), run the GPU
 # tests (issue 4: vLLM bf16 greedy parity within the documented tolerance, 16-stream engine run, graph
 # output copy; every wait bounded), then v3 offline with the bf16 solver (issue 5).

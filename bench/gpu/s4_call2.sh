@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Next H200 session, call 2 of 3: before/after for the speed changes not yet A/B-measured (issue 5), all
+# Ran 2026-11-30 (fourth session), partly inline: the log is in BENCHMARKS.md, results in bench/results/h200-2026-11-30d.
+# Planned as call 2 of 3: before/after for the speed changes not yet A/B-measured (issue 5), all
 # against this session's bf16 run: the flow solver eager instead of CUDA graphs; no batching across
 # requests (--flow-batch 1); and a torch.profiler pass over one fast-start stream, to see where its first
 # chunk's 1.4 s goes.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Next H200 session, call 3 of 3: v3 with every graph captured at load at 16 and 64 streams (its memory
+# Ran 2026-11-30 (fourth session), partly inline: the log is in BENCHMARKS.md, results in bench/results/h200-2026-11-30d.
+# Planned as call 3 of 3: v3 with every graph captured at load at 16 and 64 streams (its memory
 # peaks); v2 offline at 64/128 requests at once; and the token2wav worker on its own CUDA stream, A/B at
 # 16 streams x 48 requests (closed loop: after the first wave, new requests start while flows run).
 set -u

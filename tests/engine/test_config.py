@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig, Limits, SamplingConfig, StreamConfig, fast_start_choice
+from engine.config import (
+    FAST_START_CHOICES,
+    EngineConfig,
+    Limits,
+    SamplingConfig,
+    StreamConfig,
+    fast_start_choice,
+    fast_start_flag,
+)
 from engine.request import Mode, SynthesisRequest
 
 
@@ -46,7 +54,7 @@ def test_request_mode_accepts_strings():
 
 
 def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices_stay():
-    assert StreamConfig().fast_start is False  # the released schedule unless asked
+    assert StreamConfig().fast_start is None  # auto: faster first audio for v3, v2 keeps the reference
     auto = StreamConfig(fast_start=None)
     assert auto.fast_start_max_active == 2
     assert auto.splits_first_chunk("cosyvoice3", active=1) and auto.splits_first_chunk("cosyvoice3", 2)
@@ -58,6 +66,7 @@ def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices
             cfg.splits_first_chunk(f, a) is explicit for f in ("cosyvoice2", "cosyvoice3") for a in (1, 9)
         )
     assert [fast_start_choice(c) for c in ("auto", "on", "off")] == [None, True, False]
+    assert [fast_start_flag(fast_start_choice(c)) for c in FAST_START_CHOICES] == list(FAST_START_CHOICES)
     with pytest.raises(ValueError, match="fast start"):
         fast_start_choice("always")
     with pytest.raises(ValueError, match="fast_start"):

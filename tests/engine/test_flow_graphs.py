@@ -61,8 +61,12 @@ def test_padding_to_a_bucket_is_exact(flow, streaming):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_graphed_solver_matches_eager_and_keeps_each_result_on_cuda(flow):
+def test_graphed_solver_matches_eager_and_keeps_each_result_on_cuda(flow, monkeypatch):
     dev = torch.device("cuda")
+    # true float32: with cuDNN's default TF32 convolutions, the padded (graph) and the exact (eager) shapes
+    # pick different kernels and differ by ~1e-3 on v2's conv decoder (H200, 2026-11-30)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     with torch.inference_mode():  # the solver's inputs, prepared by the CPU flow, then moved
         first = on_device(inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True), dev)
         second = on_device(inputs(flow, [(11, 41), (12, 50)], finalize=False, streaming=True), dev)
