@@ -192,3 +192,19 @@ def test_full_size_structure_matches_manifest(manifest: Path) -> None:
     got = [(k, list(v.shape)) for k, v in hift.state_dict().items()]
     assert got == [(e["key"], e["shape"]) for e in info["keys"]]
     assert sum(p.numel() for p in hift.parameters()) == info["num_parameters_unique"]
+
+
+@pytest.mark.parametrize("frames", [2, 37])
+def test_overlap_add_istft_equals_torch_istft(frames: int) -> None:
+    """The explicit overlap-add (no host-side check, so it can be recorded in a CUDA graph) computes what
+    torch.istft(center=True) does with the periodic Hann window."""
+    hift = build_hift(HiftConfig(causal=True, f0_predictor=F0PredictorConfig(causal=True)))
+    gen = torch.Generator().manual_seed(frames)
+    magnitude = torch.rand(2, 9, frames, generator=gen) * 200  # above the 1e2 clip too
+    phase = torch.randn(2, 9, frames, generator=gen) * 3
+    clipped = magnitude.clamp(max=1e2)
+    spec = torch.complex(clipped * torch.cos(phase), clipped * torch.sin(phase))
+    want = torch.istft(spec, 16, 4, 16, window=hift.stft_window)
+    got = hift._istft(magnitude, phase)
+    assert got.shape == want.shape == (2, (frames - 1) * 4)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
