@@ -82,6 +82,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument(
+        "--hift-graphs", action="store_true", help="v3: replay non-final HiFT calls as CUDA graphs"
+    )
+    p.add_argument(
         "--flow-batch",
         type=int,
         default=EngineConfig.flow_batch,
@@ -146,11 +149,17 @@ def model_source(args: argparse.Namespace) -> str:
 
 
 def load_engine(args: argparse.Namespace) -> Any:
-    from engine.config import EngineConfig, Limits, StreamConfig, fast_start_choice
     from engine.engine import TTSEngine
 
+    return TTSEngine.load(engine_config(args))
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The flags -> the engine's config (one slot per request of the busiest level: no queueing inside)."""
+    from engine.config import Limits, fast_start_choice
+
     most = max(args.concurrency)
-    cfg = EngineConfig(
+    return EngineConfig(
         model=model_source(args),
         device=args.device,
         backend=args.backend,
@@ -159,13 +168,13 @@ def load_engine(args: argparse.Namespace) -> Any:
         limits=Limits(max_concurrency=most, max_queue=most),
         flow_dtype=args.flow_dtype,
         cuda_graphs=not args.no_cuda_graphs,
+        hift_graphs=args.hift_graphs,
         graph_warmup_s=args.graph_warmup_s,
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )
-    return TTSEngine.load(cfg)
 
 
 # ------------------------------------------------------------------------------------------- the runs

@@ -123,6 +123,9 @@ class EngineConfig:
     voices_dir: str | None = None
     gpu_memory_utilization: float = 0.3
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
+    # also v3's non-final HiFT calls (with cuda_graphs; launch-bound eager, ~25 ms a call on the H200).
+    # Off until measured on a GPU: written and CPU-tested (capture emulated) in the fourth session.
+    hift_graphs: bool = False
     # The flow solver's compute dtype on GPU (float32 | bfloat16; the CPU path is always float32). bf16 on
     # the H200: 16 streams RTF 0.424 -> 0.330 and +26 % audio s/s, 1 stream ~+25 ms TTFA; mel RMS error 0.7 %
     # of the mel's std against float32 (full-size random weights, CPU check).

@@ -114,8 +114,9 @@ def graphs_supported(device: torch.device) -> bool:
 class CapturedCall:
     """``fn`` recorded once on static tensors, replayed with new values copied into them (CUDA graphs).
 
-    ``fn`` must not synchronise with the host. A call returns a copy of the static output: callers keep
-    results across calls (a request's mel history), and the next replay rewrites the static tensor.
+    ``fn`` must not synchronise with the host; it returns a tensor or a tuple of tensors. A call returns
+    copies of the static outputs: callers keep results across calls (a request's mel history), and the
+    next replay rewrites the static tensors.
     """
 
     def __init__(self, fn, inputs: tuple[torch.Tensor, ...], pool=None, warmup: int = 2, stream=None):
@@ -129,14 +130,21 @@ class CapturedCall:
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.output = fn(*inputs)
+            out = fn(*inputs)
+        self.outputs: tuple[torch.Tensor, ...] = out if isinstance(out, tuple) else (out,)
+        self.output = self.outputs[0]
         self.inputs = inputs
 
     def __call__(self, *values: torch.Tensor) -> torch.Tensor:
+        """Replay; the first (or only) output."""
+        return self.replay(*values)[0]
+
+    def replay(self, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Replay; every output."""
         for static, value in zip(self.inputs, values):
             static.copy_(value)
         self.graph.replay()
-        return self.output.clone()
+        return tuple(o.clone() for o in self.outputs)
 
 
 def own_stream(device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -28,10 +28,12 @@ from engine.config import EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
 from engine.flow_graphs import GraphedCFM
 from engine.frontend import Frontend
+from engine.hift_graphs import GraphedHiFT
 from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
+from engine.models.hift import CausalHiFTGenerator
 from engine.plan import Plan, Planner
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
@@ -59,6 +61,7 @@ class TTSEngine:
         text: TextFrontend,
         backend: LMBackend,
         voices: VoiceLibrary,
+        hift_graphs: GraphedHiFT | None = None,
     ):
         self.cfg, self.model, self.frontend, self.text = cfg, model, frontend, text
         self.backend, self.voices = backend, voices
@@ -66,8 +69,9 @@ class TTSEngine:
         self.model_name = str(model.model_dir.name)
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
         self.token2wav = Token2Wav(
-            model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch, cfg.t2w_own_stream
-        )
+            model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
+            cfg.t2w_own_stream, hift_graphs,
+        )  # fmt: skip
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
@@ -81,22 +85,25 @@ class TTSEngine:
         dev = devices.resolve(cfg.device)
         devices.configure(dev)
         model = load_model(files, dev)
-        if cfg.cuda_graphs and devices.graphs_supported(dev):
+        graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
+        if graphs:
             graphed = GraphedCFM(model.flow.decoder, getattr(torch, cfg.flow_dtype))
             model.flow.decoder = graphed  # type: ignore[assignment]  # same forward(inputs, streaming)
+        vocoder = None
+        if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
+            vocoder = GraphedHiFT(model.hift)
         frontend = Frontend.from_model_dir(
             files, dev, limits=AudioLimits.for_prompt(cfg.limits), cache_size=cfg.prompt_cache_size
         )
         text = TextFrontend(load_tokenizer(files.qwen, model.family))
         backend = _backend(cfg, model, files)
-        if isinstance(model.flow.decoder, GraphedCFM):
-            # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
-            # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
-            _precapture(model.flow.decoder, cfg, dev)
+        # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
+        # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
+        _precapture(model.flow.decoder, vocoder, cfg, dev)
         cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         voices = VoiceLibrary(Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices", model.family)
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
-        return cls(cfg, model, frontend, text, backend, voices)
+        return cls(cfg, model, frontend, text, backend, voices, vocoder)
 
     async def warmup(self) -> None:
         """One short synthesis so the first user does not pay for lazy initialisation."""
@@ -319,12 +326,15 @@ def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBacken
     return NativeLM(model.lm, cfg.sampling)
 
 
-def _precapture(graphed: GraphedCFM, cfg: EngineConfig, dev: torch.device) -> None:
-    """Record the flow graphs a request can meet (batch up to the token2wav batch, mel up to
-    ``graph_warmup_s``) now, while nothing runs, so no request waits for a capture."""
+def _precapture(flow: object, hift: GraphedHiFT | None, cfg: EngineConfig, dev: torch.device) -> None:
+    """Record the flow (and vocoder) graphs a request can meet (batch up to the token2wav batch, mel up
+    to ``graph_warmup_s``) now, while nothing runs, so no request waits for a capture."""
     if cfg.graph_warmup_s <= 0:
         return
-    t0 = time.perf_counter()
     batch = min(cfg.limits.max_concurrency, cfg.flow_batch)
-    n = graphed.precapture(batch, int(cfg.graph_warmup_s * MEL_FRAMES_PER_S), dev)
-    log.info("captured %d flow graphs in %.1f s", n, time.perf_counter() - t0)
+    frames = int(cfg.graph_warmup_s * MEL_FRAMES_PER_S)
+    for name, graphed in (("flow", flow), ("vocoder", hift)):
+        if isinstance(graphed, GraphedCFM | GraphedHiFT):
+            t0 = time.perf_counter()
+            n = graphed.precapture(batch, frames, dev)
+            log.info("captured %d %s graphs in %.1f s", n, name, time.perf_counter() - t0)

@@ -4,24 +4,20 @@ Eager, one solve launches thousands of small kernels (10 steps x the estimator's
 between them; a captured graph replays them in one launch. Shapes are bucketed: batch to a power of two,
 frames up to a multiple of ``frame_bucket``. Padding is exact for the real rows and frames: padded frames
 are masked out of attention and every conv is causal (left context only), and padded rows are independent.
-Graphs are captured lazily on first use of a bucket and kept in an LRU; ``precapture`` records every bucket
-up to a batch and length before serving (the engine's warmup), so no request pays for a capture.
+Graphs are captured lazily on first use of a bucket and kept in an LRU (``graph_cache``); ``precapture``
+records every bucket up to a batch and length before serving (the engine's warmup), so no request pays for
+a capture.
 """
 
 from __future__ import annotations
-
-import logging
-import math
-from collections import OrderedDict
 
 import torch
 from torch import Tensor, nn
 from torch.profiler import record_function
 
 from engine import device as devices
+from engine.graph_cache import GraphCache, bucket, largest_first
 from engine.models.flow import CausalCFM, CfmInputs
-
-log = logging.getLogger(__name__)
 
 
 class GraphedCFM(nn.Module):
@@ -35,12 +31,11 @@ class GraphedCFM(nn.Module):
         max_graphs: int = 128,  # > the 80 buckets of batch 1-16 x 100-800 frames x streaming: no re-captures
     ):
         super().__init__()
-        self.cfm, self.dtype, self.frame_bucket, self.max_graphs = cfm, dtype, frame_bucket, max_graphs
-        self._graphs: OrderedDict[tuple[int, int, bool], devices.CapturedCall] = OrderedDict()
-        self._pool = self._stream = None  # created on the first capture (CUDA only)
+        self.cfm, self.dtype, self.frame_bucket = cfm, dtype, frame_bucket
+        self.graphs = GraphCache("flow solver", max_graphs)
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int]:
-        return 2 ** math.ceil(math.log2(batch)), self.frame_bucket * math.ceil(frames / self.frame_bucket)
+        return bucket(batch, frames, self.frame_bucket)
 
     def forward(self, inputs: CfmInputs, streaming: bool) -> Tensor:
         b, frames = inputs.mu.size(0), inputs.mu.size(2)
@@ -56,16 +51,12 @@ class GraphedCFM(nn.Module):
         """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are."""
         max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
         top_batch, top_frames = self.bucket(max_batch, max(max_frames, 1))
-        # Largest first: the graphs share one memory pool, and a later capture can reuse a freed block only
-        # if it is big enough. In ascending order, 80 captures left ~115 GiB reserved on the H200 (this order
-        # is not measured there yet).
         keys = [
-            (2**i, frames, streaming)
-            for i in reversed(range(int(math.log2(top_batch)) + 1))
-            for frames in range(top_frames, 0, -self.frame_bucket)
+            (batch, frames, streaming)
+            for batch, frames in largest_first(top_batch, top_frames, self.frame_bucket)
             for streaming in (True, False)
         ]
-        self.max_graphs = max(self.max_graphs, len(keys))
+        self.graphs.max_graphs = max(self.graphs.max_graphs, len(keys))
         with torch.inference_mode():  # as in serving: outside it every captured output kept its autograd
             for batch, frames, streaming in keys:  # graph alive (the H200 filled up after ~70 captures)
                 self._graph(batch, frames, streaming, device)
@@ -77,21 +68,9 @@ class GraphedCFM(nn.Module):
             return self.cfm(inputs, streaming).float()
 
     def _graph(self, batch: int, frames: int, streaming: bool, dev: torch.device) -> devices.CapturedCall:
-        key = (batch, frames, streaming)
-        call = self._graphs.get(key)
-        if call is None:
-            if self._pool is None:
-                self._pool, self._stream = devices.graph_pool(), devices.capture_stream()
-            statics = _statics(batch, frames, dev)
-            call = devices.CapturedCall(self._solver(streaming), statics, self._pool, stream=self._stream)
-            log.debug(
-                "captured the flow solver for batch %d x %d frames (streaming=%s)", batch, frames, streaming
-            )
-            self._graphs[key] = call
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
-        self._graphs.move_to_end(key)
-        return call
+        return self.graphs.get(
+            (batch, frames, streaming), self._solver(streaming), lambda: _statics(batch, frames, dev)
+        )
 
     def _solver(self, streaming: bool):
         low = self.dtype != torch.float32

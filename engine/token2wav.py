@@ -25,7 +25,7 @@ from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
 from engine.models.flow import Flow
 from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
-from engine.streaming import ChunkJob, ChunkPlanner, V2VocoderState, V3VocoderState
+from engine.streaming import ChunkJob, ChunkPlanner, Hift3, V2VocoderState, V3VocoderState
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 16  # chunks per flow call (and per HiFT call): the graph buckets go up to this batch
@@ -65,8 +65,10 @@ class Token2Wav:
         stream_cfg: StreamConfig,
         max_batch: int = MAX_BATCH,
         own_stream: bool = False,
+        hift_graphs: Hift3 | None = None,  # v3: GraphedHiFT, called like CausalHiFTGenerator.inference
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
+        self.hift_graphs = hift_graphs
         self.stream_cfg, self.max_batch, self.own_stream = stream_cfg, max_batch, own_stream
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.pending = 0
@@ -217,9 +219,13 @@ class Token2Wav:
     def _vocode_batch(self, utts: list[Utterance], mel: torch.Tensor) -> torch.Tensor:
         """Non-final causal HiFT over right-padded rows (``utts``: their owners, row by row):
         mel [B, 80, T] -> speech [B, (T - withheld) * 480]."""
+        return self._v3_vocoder()(mel, False)[0]
+
+    def _v3_vocoder(self) -> Hift3:
+        """v3's HiFT call: the graphed one when the engine built it, else the module's own."""
         if not isinstance(self.hift, CausalHiFTGenerator):
-            raise TypeError("batched vocoding needs the causal (v3) HiFT")
-        return self.hift.inference(mel, False)[0]
+            raise TypeError("this needs the causal (v3) HiFT")
+        return self.hift_graphs or self.hift.inference
 
     def _failure(self, err: Exception) -> Exception:
         """Out-of-memory becomes a clear SynthesisFailed (and the device cache is emptied)."""
@@ -249,7 +255,7 @@ class Token2Wav:
 
             return voc.step(mel, finalize, v2, utt.speed)
         if isinstance(hift, CausalHiFTGenerator) and isinstance(voc, V3VocoderState):
-            return voc.step(mel, finalize, hift.inference, utt.speed)
+            return voc.step(mel, finalize, self._v3_vocoder(), utt.speed)
         raise TypeError(f"vocoder state {type(voc).__name__} does not fit {type(hift).__name__}")
 
     def _flow(self, utts: list[Utterance], chunks: list[ChunkJob]) -> list[torch.Tensor]:

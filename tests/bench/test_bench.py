@@ -250,3 +250,27 @@ def test_each_level_starts_a_new_device_memory_peak(engine):
 
     level = asyncio.run(run_level(Spy(engine), Workload(tokens=CLI_TOKENS), 1, 1, prompt_audio()))
     assert calls == ["reset", "peak"] and level.peak_device_memory_mb == 0.0
+
+
+def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
+    """Each before/after flag changes exactly its EngineConfig field; without flags, the engine's defaults."""
+    from bench.__main__ import engine_config, parse_args
+    from engine.config import EngineConfig
+
+    base = ["--random-tiny", "v3", "--concurrency", "1,4", "--cache-dir", str(tmp_path)]
+    plain = engine_config(parse_args(base))
+    flags = ["--no-cuda-graphs", "--hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
+    flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
+    knobs = engine_config(parse_args([*base, *flags]))
+    defaults = EngineConfig()
+    assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
+        defaults.cuda_graphs, defaults.hift_graphs, defaults.flow_batch, defaults.flow_dtype
+    )  # fmt: skip
+    assert plain.stream.fast_start is defaults.stream.fast_start and plain.limits.max_concurrency == 4
+    assert (knobs.cuda_graphs, knobs.hift_graphs, knobs.flow_batch, knobs.prompt_cache_size) == (
+        False,
+        True,
+        1,
+        0,
+    )
+    assert (knobs.t2w_own_stream, knobs.stream.fast_start, knobs.flow_dtype) == (True, False, "float32")

@@ -136,21 +136,28 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
     after it (captured first, they left vLLM 24 GiB on the H200). Capture itself is recorded, not run."""
     import engine.engine as engine_module
     from engine.flow_graphs import GraphedCFM
+    from engine.hift_graphs import GraphedHiFT
 
     events: list[tuple] = []
     real_backend = engine_module._backend
     monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
     monkeypatch.setattr(engine_module, "_backend", lambda *a: events.append(("backend",)) or real_backend(*a))
-    monkeypatch.setattr(
-        GraphedCFM, "precapture", lambda self, b, t, dev: events.append(("capture", b, t)) or 0
-    )
+    for cls, name in ((GraphedCFM, "flow"), (GraphedHiFT, "vocoder")):
+        monkeypatch.setattr(
+            cls, "precapture", lambda self, b, t, dev, name=name: events.append((name, b, t)) or 0
+        )
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(
-        model=str(model_dir), device="cpu", backend="native", graph_warmup_s=4.0, flow_batch=4,
-        limits=Limits(max_concurrency=8),
-    )  # fmt: skip
-    TTSEngine.load(cfg).close()
-    assert events == [("backend",), ("capture", 4, 200)]  # batch: min(slots, flow_batch); 4 s of mel
+    for hift_graphs in (False, True):
+        events.clear()
+        cfg = EngineConfig(
+            model=str(model_dir), device="cpu", backend="native", graph_warmup_s=4.0, flow_batch=4,
+            limits=Limits(max_concurrency=8), hift_graphs=hift_graphs,
+        )  # fmt: skip
+        eng = TTSEngine.load(cfg)
+        eng.close()
+        assert isinstance(eng.token2wav.hift_graphs, GraphedHiFT) is hift_graphs
+        # batch: min(slots, flow_batch); 4 s of mel
+        assert events == [("backend",), ("flow", 4, 200)] + [("vocoder", 4, 200)] * hift_graphs
 
 
 def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):

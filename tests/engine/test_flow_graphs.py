@@ -78,7 +78,7 @@ def test_graphed_solver_matches_eager_and_keeps_each_result_on_cuda(flow, monkey
         kept = a.clone()
         graphed(second, True)  # the same bucket replays: ``a`` must not change under the caller
         eager = gpu.decoder(first, True)
-    assert not a.requires_grad and not graphed._graphs[(2, 200, True)].output.requires_grad
+    assert not a.requires_grad and not graphed.graphs[(2, 200, True)].output.requires_grad
     torch.testing.assert_close(a, kept, atol=0, rtol=0)
     valid = first.mask.bool().expand_as(eager)
     torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
@@ -100,7 +100,7 @@ def test_precapture_covers_every_bucket_largest_first(flow, monkeypatch):
     assert sorted(set(seen), reverse=True) == sorted(seen, reverse=True)  # no bucket twice
     order = [(b, t) for b, t, _ in seen]
     assert order == sorted(order, reverse=True)  # batch, then frames, never growing
-    assert graphed.max_graphs >= len(seen)
+    assert graphed.graphs.max_graphs >= len(seen)
 
 
 def test_bfloat16_solver_stays_finite_and_close_to_float32(flow):

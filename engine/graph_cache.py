@@ -1,0 +1,66 @@
+"""Captured CUDA graphs by shape bucket: the cache the flow solver and the vocoder graphs share in kind.
+
+A bucket rounds the batch up to a power of two and the frames up to a multiple of ``frame_bucket``, so a
+few dozen graphs cover every request shape; callers pad their inputs into the bucket. The captures share
+one memory pool and one side stream (the caching allocator keeps freed blocks per stream, so a fresh
+stream per capture could not reuse the last capture's warm-up memory), and an LRU bounds their number.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+import torch
+
+from engine import device as devices
+
+log = logging.getLogger(__name__)
+
+
+def bucket(batch: int, frames: int, frame_bucket: int) -> tuple[int, int]:
+    """(batch, frames) -> (the next power of two, the next multiple of ``frame_bucket``)."""
+    return 2 ** math.ceil(math.log2(batch)), frame_bucket * math.ceil(frames / frame_bucket)
+
+
+def largest_first(top_batch: int, top_frames: int, frame_bucket: int) -> list[tuple[int, int]]:
+    """Every (batch, frames) bucket up to these, largest first: in one shared pool a later capture can
+    reuse a freed block only if it is big enough (ascending captures left ~115 GiB reserved on the H200)."""
+    batches = [2**i for i in reversed(range(int(math.log2(top_batch)) + 1))]
+    return [(b, t) for b in batches for t in range(top_frames, 0, -frame_bucket)]
+
+
+class GraphCache:
+    """``key -> CapturedCall``, captured on first use, least recently used dropped past ``max_graphs``."""
+
+    def __init__(self, name: str, max_graphs: int):
+        self.name, self.max_graphs = name, max_graphs
+        self._graphs: OrderedDict[Hashable, devices.CapturedCall] = OrderedDict()
+        self._pool = self._stream = None  # created on the first capture (CUDA only)
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def __getitem__(self, key: Hashable) -> devices.CapturedCall:
+        return self._graphs[key]
+
+    def get(
+        self,
+        key: Hashable,
+        fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
+        statics: Callable[[], tuple[torch.Tensor, ...]],
+    ) -> devices.CapturedCall:
+        """The graph of ``fn`` for ``key``, recording it on ``statics()`` (its input buffers) if new."""
+        call = self._graphs.get(key)
+        if call is None:
+            if self._pool is None:
+                self._pool, self._stream = devices.graph_pool(), devices.capture_stream()
+            call = devices.CapturedCall(fn, statics(), self._pool, stream=self._stream)
+            log.debug("captured the %s graph %s", self.name, key)
+            self._graphs[key] = call
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(key)
+        return call

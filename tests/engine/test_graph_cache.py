@@ -1,0 +1,66 @@
+"""The shape buckets and the LRU of captured graphs (capture itself replaced by a recorder: no GPU here)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from engine.graph_cache import GraphCache, bucket, largest_first
+
+
+class Recorded:
+    """Stands in for ``devices.CapturedCall``: keeps the function and its input buffers, runs it eagerly."""
+
+    made: ClassVar[list[tuple]] = []
+
+    def __init__(self, fn, inputs, pool=None, warmup=2, stream=None):
+        self.fn, self.inputs = fn, inputs
+        Recorded.made.append(tuple(tuple(i.shape) for i in inputs))
+
+    def replay(self, *values):
+        for static, value in zip(self.inputs, values):
+            static.copy_(value)
+        out = self.fn(*self.inputs)
+        return tuple(o.clone() for o in (out if isinstance(out, tuple) else (out,)))
+
+    def __call__(self, *values):
+        return self.replay(*values)[0]
+
+
+def emulate_capture(monkeypatch) -> list[tuple]:
+    """Route every capture through ``Recorded``; returns the list of captured input shapes."""
+    Recorded.made = []
+    monkeypatch.setattr("engine.device.CapturedCall", Recorded)
+    monkeypatch.setattr("engine.device.graph_pool", lambda: None)
+    monkeypatch.setattr("engine.device.capture_stream", lambda: None)
+    return Recorded.made
+
+
+def test_buckets_round_batch_to_a_power_of_two_and_frames_to_the_bucket():
+    assert [bucket(b, 1, 100) for b in (1, 2, 3, 5, 16)] == [
+        (1, 100),
+        (2, 100),
+        (4, 100),
+        (8, 100),
+        (16, 100),
+    ]
+    assert [bucket(1, t, 100)[1] for t in (1, 100, 101, 799)] == [100, 100, 200, 800]
+    assert largest_first(4, 300, 100) == [(4, 300), (4, 200), (4, 100), (2, 300), (2, 200), (2, 100),
+                                          (1, 300), (1, 200), (1, 100)]  # fmt: skip
+
+
+def test_cache_captures_once_per_key_and_drops_the_least_recently_used(monkeypatch):
+    made = emulate_capture(monkeypatch)
+    cache = GraphCache("test", max_graphs=2)
+
+    def get(n: int):
+        return cache.get(n, lambda x: x * n, lambda: (torch.zeros(n),))
+
+    assert get(2)(torch.ones(2)).tolist() == [2.0, 2.0]
+    get(3)
+    assert get(2) is cache[2] and len(made) == 2  # a hit: no new capture
+    get(4)  # over the bound: 3, the least recently used, goes
+    assert len(cache) == 2 and len(made) == 3
+    get(3)
+    assert len(made) == 4  # captured again
