@@ -129,7 +129,9 @@ class CapturedCall:
                 fn(*inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: captures happen lazily in the token2wav thread while request threads (and ONNX
+        # Runtime's speech tokenizer) may allocate or sync on the device; "global" would fail their calls
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             out = fn(*inputs)
         self.outputs: tuple[torch.Tensor, ...] = out if isinstance(out, tuple) else (out,)
         self.output = self.outputs[0]

@@ -27,3 +27,45 @@ def test_out_of_memory_is_recognised():
     assert device.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
     assert device.is_out_of_memory(RuntimeError("NPU out of memory"))
     assert not device.is_out_of_memory(ValueError("bad shape"))
+
+
+def test_captured_call_records_once_after_warmup_and_replays_into_copies(monkeypatch):
+    """The CUDA graph calls are replaced by recorders (no GPU here): warm-up runs come first, the capture
+    lets other threads keep using the device (thread_local), and each replay returns fresh copies."""
+    seen: list = []
+
+    class Graph:
+        def replay(self):
+            seen.append("replay")
+
+    class Capture:
+        def __init__(self, graph, pool=None, capture_error_mode="global"):
+            seen.append(("capture", capture_error_mode))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: Capture(None, capture_error_mode="side stream"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+
+    def fn(x):
+        seen.append("run")
+        return x * 2, x + 1
+
+    static = torch.zeros(2)
+    call = device.CapturedCall(fn, (static,), warmup=2)
+    assert seen == [("capture", "side stream"), "run", "run", ("capture", "thread_local"), "run"]
+    outs = call.replay(torch.ones(2))
+    assert seen[-1] == "replay" and static.tolist() == [1.0, 1.0]  # new values copied into the buffer
+    assert len(outs) == 2 and all(o is not s and torch.equal(o, s) for o, s in zip(outs, call.outputs))
+    assert call(torch.ones(2)) is not call.output  # the single-output form: a copy of the first
