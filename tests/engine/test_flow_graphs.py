@@ -114,3 +114,24 @@ def test_bfloat16_solver_stays_finite_and_close_to_float32(flow):
     assert low.dtype == torch.float32 and torch.isfinite(low).all()
     rel = (ref[valid] - low[valid]).pow(2).mean().sqrt() / ref[valid].std()
     assert 0 < rel < 0.05, float(rel)  # > 0: bf16 really ran
+
+
+def test_graphed_forward_pads_replays_and_slices_like_eager(flow, monkeypatch):
+    """The whole graphed path on the CPU with the capture emulated: pre-captured buckets are replayed (no
+    new capture), results are copies, and the real rows and frames equal the eager solve."""
+    from tests.engine.test_graph_cache import emulate_capture
+
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    first = inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True)
+    graphed = GraphedCFM(flow.decoder, frame_bucket=100)
+    assert graphed.precapture(4, 250, torch.device("cpu")) == len(made) == 18
+    with torch.inference_mode():
+        a = graphed(first, True)
+        kept = a.clone()
+        graphed(inputs(flow, [(11, 41), (12, 50)], finalize=False, streaming=True), True)
+        eager = flow.decoder(first, True)
+    assert len(made) == 18  # both calls replayed the (2, 200, streaming) bucket
+    torch.testing.assert_close(a, kept, atol=0, rtol=0)
+    valid = first.mask.bool().expand_as(eager)
+    torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
