@@ -65,7 +65,8 @@ class GraphedHiFT:
         return len(keys)
 
     def _fits_noise(self, frames: int) -> bool:
-        """The fixed noise buffer covers a padded call's f0 frames (small test models have short ones)."""
+        """The fixed noise buffer covers a padded call's f0 frames (``noise_max_samples`` is a setting: with
+        a short buffer the long buckets stay eager)."""
         c = self.hift.config
         return (frames - c.f0_predictor.look_ahead) * c.samples_per_frame <= c.noise_max_samples
 
@@ -73,7 +74,10 @@ class GraphedHiFT:
         def run(mel: Tensor) -> tuple[Tensor, Tensor]:
             return self.hift.inference(mel, False)
 
-        return self.graphs.get((batch, frames), run, lambda: (torch.zeros(batch, 80, frames, device=dev),))
+        def statics() -> tuple[Tensor]:
+            return (torch.zeros(batch, self.hift.config.in_channels, frames, device=dev),)
+
+        return self.graphs.get((batch, frames), run, statics)
 
 
 def _padded(mel: Tensor, batch: int, frames: int) -> Tensor:
