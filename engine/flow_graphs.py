@@ -56,12 +56,7 @@ class GraphedCFM(nn.Module):
             for batch, frames in largest_first(top_batch, top_frames, self.frame_bucket)
             for streaming in (True, False)
         ]
-        self.graphs.max_graphs = max(self.graphs.max_graphs, len(keys))
-        with torch.inference_mode():  # as in serving: outside it every captured output kept its autograd
-            for batch, frames, streaming in keys:  # graph alive (the H200 filled up after ~70 captures)
-                self._graph(batch, frames, streaming, device)
-        devices.empty_cache(device)  # the warmup runs' activations
-        return len(keys)
+        return self.graphs.precapture(keys, lambda key: self._graph(*key, device), device)
 
     def _eager(self, inputs: CfmInputs, streaming: bool) -> Tensor:
         with torch.autocast(inputs.mu.device.type, self.dtype, enabled=self.dtype != torch.float32):

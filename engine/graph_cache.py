@@ -11,13 +11,15 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 import torch
 
 from engine import device as devices
 
 log = logging.getLogger(__name__)
+K = TypeVar("K", bound=tuple)  # a bucket key: (batch, frames[, streaming])
 
 
 def bucket(batch: int, frames: int, frame_bucket: int) -> tuple[int, int]:
@@ -45,6 +47,15 @@ class GraphCache:
 
     def __getitem__(self, key: Hashable) -> devices.CapturedCall:
         return self._graphs[key]
+
+    def precapture(self, keys: Sequence[K], capture: Callable[[K], object], dev: torch.device) -> int:
+        """``capture(key)`` for every key (in order), with room for all of them; returns how many."""
+        self.max_graphs = max(self.max_graphs, len(keys))
+        with torch.inference_mode():  # as in serving: outside it every captured output kept its autograd
+            for key in keys:  # graph alive (the H200 filled up after ~70 flow captures)
+                capture(key)
+        devices.empty_cache(dev)  # the warm-up runs' activations
+        return len(keys)
 
     def get(
         self,

@@ -57,12 +57,7 @@ class GraphedHiFT:
         top_batch, top_frames = bucket(max_batch, top_frames, self.frame_bucket)
         keys = largest_first(top_batch, top_frames, self.frame_bucket)
         keys = [(b, t) for b, t in keys if self._fits_noise(t)]
-        self.graphs.max_graphs = max(self.graphs.max_graphs, len(keys))
-        with torch.inference_mode():  # as in serving: outside it the captured outputs keep autograd graphs
-            for batch, frames in keys:
-                self._graph(batch, frames, device)
-        devices.empty_cache(device)
-        return len(keys)
+        return self.graphs.precapture(keys, lambda key: self._graph(*key, device), device)
 
     def _fits_noise(self, frames: int) -> bool:
         """The fixed noise buffer covers a padded call's f0 frames (``noise_max_samples`` is a setting: with
