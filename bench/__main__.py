@@ -82,7 +82,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument(
-        "--hift-graphs", action="store_true", help="v3: replay non-final HiFT calls as CUDA graphs"
+        "--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA"
     )
     p.add_argument(
         "--flow-batch",
@@ -168,7 +168,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         limits=Limits(max_concurrency=most, max_queue=most),
         flow_dtype=args.flow_dtype,
         cuda_graphs=not args.no_cuda_graphs,
-        hift_graphs=args.hift_graphs,
+        hift_graphs=not args.no_hift_graphs,
         graph_warmup_s=args.graph_warmup_s,
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,

@@ -259,7 +259,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
 
     base = ["--random-tiny", "v3", "--concurrency", "1,4", "--cache-dir", str(tmp_path)]
     plain = engine_config(parse_args(base))
-    flags = ["--no-cuda-graphs", "--hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
+    flags = ["--no-cuda-graphs", "--no-hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
@@ -269,7 +269,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert plain.stream.fast_start is defaults.stream.fast_start and plain.limits.max_concurrency == 4
     assert (knobs.cuda_graphs, knobs.hift_graphs, knobs.flow_batch, knobs.prompt_cache_size) == (
         False,
-        True,
+        False,
         1,
         0,
     )
