@@ -125,7 +125,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     # also v3's non-final HiFT calls (with cuda_graphs; eager they are launch-bound, 46-55 ms a call on the
     # H200 whatever the mel's length). H200, v3 bf16: 1 stream TTFA p50 190 -> 176 ms; 16 streams p95
-    # 1027 -> 991 ms, 46.6 -> 48.9 audio s/s, device peak 5.3 -> 3.9 GiB.
+    # 1027 -> 991 ms, 46.6 -> 48.9 audio s/s, device peak 5.2 -> 3.8 GiB.
     hift_graphs: bool = True
     # The flow solver's compute dtype on GPU (float32 | bfloat16; the CPU path is always float32). bf16 on
     # the H200: 16 streams RTF 0.424 -> 0.330 and +26 % audio s/s, 1 stream ~+25 ms TTFA; mel RMS error 0.7 %
