@@ -81,9 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="GPU flow solver",
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
-    p.add_argument(
-        "--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA"
-    )
+    p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
     p.add_argument(
         "--flow-batch",
         type=int,
