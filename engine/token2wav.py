@@ -20,7 +20,7 @@ import torch
 from torch.profiler import record_function  # labels for bench.profile; near free when off
 
 from engine import device as devices
-from engine.config import StreamConfig
+from engine.config import EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
 from engine.models.flow import Flow
@@ -28,7 +28,6 @@ from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
 from engine.streaming import ChunkJob, ChunkPlanner, Hift3, V2VocoderState, V3VocoderState
 
 log = logging.getLogger(__name__)
-MAX_BATCH = 16  # chunks per flow call (and per HiFT call): the graph buckets go up to this batch
 
 
 @dataclass(eq=False)
@@ -63,7 +62,7 @@ class Token2Wav:
         family: str,
         device: torch.device,
         stream_cfg: StreamConfig,
-        max_batch: int = MAX_BATCH,
+        max_batch: int = EngineConfig.flow_batch,  # chunks per flow (and v3 HiFT) call
         own_stream: bool = False,
         hift_graphs: Hift3 | None = None,  # v3: GraphedHiFT, called like CausalHiFTGenerator.inference
     ):
