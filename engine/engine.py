@@ -24,6 +24,7 @@ from engine import device as devices
 from engine.admission import Admission
 from engine.audio import AudioLimits
 from engine.checkpoint import LoadedModel, load_model
+from engine.compiled_estimator import use_compile_cache
 from engine.config import EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
 from engine.flow_graphs import GraphedCFM
@@ -33,6 +34,7 @@ from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
+from engine.models.flow import CausalCFM
 from engine.models.hift import CausalHiFTGenerator
 from engine.plan import Plan, Planner
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -86,9 +88,9 @@ class TTSEngine:
         devices.configure(dev)
         model = load_model(files, dev)
         graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
+        cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         if graphs:
-            graphed = GraphedCFM(model.flow.decoder, getattr(torch, cfg.flow_dtype))
-            model.flow.decoder = graphed  # type: ignore[assignment]  # same forward(inputs, streaming)
+            model.flow.decoder = _graphed_flow(model.flow.decoder, cfg, cache)  # type: ignore[assignment]
         vocoder = None
         if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
             vocoder = GraphedHiFT(model.hift)
@@ -100,7 +102,6 @@ class TTSEngine:
         # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
         _precapture(model.flow.decoder, vocoder, cfg, dev)
-        cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         voices = VoiceLibrary(Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices", model.family)
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
         return cls(cfg, model, frontend, text, backend, voices, vocoder)
@@ -324,6 +325,14 @@ def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBacken
     from engine.lm.native import NativeLM
 
     return NativeLM(model.lm, cfg.sampling)
+
+
+def _graphed_flow(cfm: CausalCFM, cfg: EngineConfig, cache: Path) -> GraphedCFM:
+    """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
+    if cfg.flow_compile:
+        use_compile_cache(cache / "compile")
+    attention = cfg.flow_attention if cfg.flow_compile else "sdpa"  # flex is slow uncompiled
+    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=cfg.flow_compile, attention=attention)
 
 
 def _precapture(flow: object, hift: GraphedHiFT | None, cfg: EngineConfig, dev: torch.device) -> None:

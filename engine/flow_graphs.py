@@ -1,4 +1,4 @@
-"""The flow's 10-step CFM solve as replayed CUDA graphs, at bucketed shapes, optionally in bfloat16.
+"""The flow's 10-step CFM solve as replayed CUDA graphs, at bucketed shapes, of a compiled bf16 estimator.
 
 Eager, one solve launches thousands of small kernels (10 steps x the estimator's layers) and the GPU idles
 between them; a captured graph replays them in one launch. Shapes are bucketed: batch to a power of two,
@@ -16,12 +16,17 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from engine import device as devices
+from engine.compiled_estimator import CompiledEstimator
 from engine.graph_cache import GraphCache, bucket, largest_first
 from engine.models.flow import CausalCFM, CfmInputs
 
 
 class GraphedCFM(nn.Module):
-    """Drop-in for ``flow.decoder``: same ``forward(inputs, streaming) -> mel [B, 80, T] float32``."""
+    """Drop-in for ``flow.decoder``: same ``forward(inputs, streaming) -> mel [B, 80, T] float32``.
+
+    The solver runs a ``CompiledEstimator``: weights cast to ``dtype`` once (float32 keeps the original
+    module and the exact reference path), optionally compiled, with the chosen attention kernel.
+    """
 
     def __init__(
         self,
@@ -29,9 +34,12 @@ class GraphedCFM(nn.Module):
         dtype: torch.dtype = torch.float32,
         frame_bucket: int = 100,
         max_graphs: int = 128,  # > the 80 buckets of batch 1-16 x 100-800 frames x streaming: no re-captures
+        compiled: bool = False,
+        attention: str = "sdpa",
     ):
         super().__init__()
         self.cfm, self.dtype, self.frame_bucket = cfm, dtype, frame_bucket
+        self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled, attention))
         self.graphs = GraphCache("flow solver", max_graphs)
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int]:
@@ -40,12 +48,12 @@ class GraphedCFM(nn.Module):
     def forward(self, inputs: CfmInputs, streaming: bool) -> Tensor:
         b, frames = inputs.mu.size(0), inputs.mu.size(2)
         if frames > self.cfm.noise.size(2) - self.frame_bucket:
-            return self._eager(inputs, streaming)  # near the noise buffer's end: no padding room
+            return self.solver(inputs, streaming)  # near the noise buffer's end: no padding room
         bb, tt = self.bucket(b, frames)
         call = self._graph(bb, tt, streaming, inputs.mu.device)
         with record_function("t2w.flow.solver"):
             out = call(*_padded(inputs, bb, tt))
-        return out[:b, :, :frames].float()
+        return out[:b, :, :frames]
 
     def precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
         """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are."""
@@ -58,28 +66,21 @@ class GraphedCFM(nn.Module):
         ]
         return self.graphs.precapture(keys, lambda key: self._graph(*key, device), device)
 
-    def _eager(self, inputs: CfmInputs, streaming: bool) -> Tensor:
-        with torch.autocast(inputs.mu.device.type, self.dtype, enabled=self.dtype != torch.float32):
-            return self.cfm(inputs, streaming).float()
-
     def _graph(self, batch: int, frames: int, streaming: bool, dev: torch.device) -> devices.CapturedCall:
         return self.graphs.get(
             (batch, frames, streaming), self._solver(streaming), lambda: _statics(batch, frames, dev)
         )
 
     def _solver(self, streaming: bool):
-        low = self.dtype != torch.float32
-
         def run(mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
             frames = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
-            with torch.autocast(mu.device.type, self.dtype, enabled=low):
-                return self.cfm(CfmInputs(mu, mask, spks, cond, frames, frames), streaming).float()
+            return self.solver(CfmInputs(mu, mask, spks, cond, frames, frames), streaming)
 
         return run
 
 
 def _statics(batch: int, frames: int, dev: torch.device) -> tuple[Tensor, ...]:
-    """float32 input buffers (autocast does the casting inside the graph): mu, mask, spks, cond."""
+    """float32 input buffers (the estimator casts at its boundary, inside the graph): mu, mask, spks, cond."""
     mu = torch.zeros(batch, 80, frames, device=dev)
     mask = torch.zeros(batch, 1, frames, device=dev)
     mask[:, :, :1] = 1  # padded rows keep one valid frame so no attention row is empty

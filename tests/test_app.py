@@ -37,11 +37,12 @@ def test_flags_reach_the_engine_config() -> None:
     assert app.engine_config(app.parse_args(["--fast-start", "auto"])).stream.fast_start is None
     assert app.engine_config(app.parse_args(["--fast-start", "off"])).stream.fast_start is False
     assert app.engine_config(app.parse_args(["--fast-start", "on"])).stream.fast_start is True
-    gpu = app.parse_args(
-        ["--flow-dtype", "float32", "--graph-warmup-s", "15", "--gpu-memory-utilization", "0.5"]
-    )
+    flags = ["--flow-dtype", "float32", "--graph-warmup-s", "15", "--gpu-memory-utilization", "0.5"]
+    gpu = app.parse_args([*flags, "--no-flow-compile", "--flow-attention", "sdpa"])
     cfg = app.engine_config(gpu)
     assert (cfg.flow_dtype, cfg.graph_warmup_s, cfg.gpu_memory_utilization) == ("float32", 15.0, 0.5)
+    assert (cfg.flow_compile, cfg.flow_attention) == (False, "sdpa")
+    assert (EngineConfig().flow_compile, EngineConfig().flow_attention) == (True, "flex")
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless
 
 

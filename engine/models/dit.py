@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.flow_encoder import attention_mask, expect_tag, yaml_field
+from engine.models.attention import FrameAttention
+from engine.models.flow_encoder import expect_tag, yaml_field
 from engine.models.unet import sinusoidal_embedding
 
 
@@ -76,7 +77,10 @@ class TimestepEmbedding(nn.Module):
         self.time_mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
 
     def forward(self, t: Tensor) -> Tensor:
-        return self.time_mlp(sinusoidal_embedding(t, self.freq_dim).to(t.dtype))
+        """t [B] float32 (a bf16 t would move 1000*t by whole radians) -> [B,dim] in the weights' dtype."""
+        first = self.time_mlp[0]
+        assert isinstance(first, nn.Linear)
+        return self.time_mlp(sinusoidal_embedding(t.float(), self.freq_dim).to(first.weight.dtype))
 
 
 class CausalConvPositionEmbedding(nn.Module):
@@ -140,16 +144,17 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
-    def forward(self, x: Tensor, allowed: Tensor, freqs: Tensor) -> Tensor:
-        """x [B,T,dim]; allowed [B,1,T,T] bool; freqs [1,T,dim_head] -> [B,T,dim]."""
+    def forward(self, x: Tensor, rule: FrameAttention, freqs: Tensor) -> Tensor:
+        """x [B,T,dim]; rule: who sees whom; freqs [1,T,dim_head] -> [B,T,dim]."""
         b = x.size(0)
         q = apply_rotary(self.to_q(x), freqs)  # on the flattened heads: only head 0 rotates
         k = apply_rotary(self.to_k(x), freqs)
         q, k, v = (a.view(b, -1, self.heads, self.dim_head).transpose(1, 2) for a in (q, k, self.to_v(x)))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        out = rule(q, k, v)
         out = self.to_out[0](out.transpose(1, 2).reshape(b, -1, self.heads * self.dim_head).to(q.dtype))
-        # The reference zeroes frames that the LAST query row may not see (padding frames).
-        return out.masked_fill(~allowed[:, 0, -1].unsqueeze(-1), 0.0)
+        # The reference zeroes frames that the LAST query row may not see: the last row sees every valid
+        # key in either mask, so these are the padding frames.
+        return out.masked_fill(~rule.valid.unsqueeze(-1), 0.0)
 
 
 def _layer_norm(x: Tensor) -> Tensor:
@@ -189,9 +194,9 @@ class DiTBlock(nn.Module):
         self.attn = Attention(cfg.dim, cfg.heads, cfg.dim_head)
         self.ff = FeedForward(cfg.dim, cfg.ff_mult)
 
-    def forward(self, x: Tensor, temb: Tensor, allowed: Tensor, freqs: Tensor) -> Tensor:
+    def forward(self, x: Tensor, temb: Tensor, rule: FrameAttention, freqs: Tensor) -> Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(temb)
-        x = x + gate_msa * self.attn(_layer_norm(x) * (1 + scale_msa) + shift_msa, allowed, freqs)
+        x = x + gate_msa * self.attn(_layer_norm(x) * (1 + scale_msa) + shift_msa, rule, freqs)
         return x + gate_mlp * self.ff(_layer_norm(x) * (1 + scale_mlp) + shift_mlp)
 
 
@@ -205,6 +210,7 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.norm_out = AdaLayerNormZero(cfg.dim, 2)  # final: (scale, shift), the reverse order
         self.proj_out = nn.Linear(cfg.dim, cfg.mel_dim)
+        self.attention_kernel = "sdpa"  # "flex" only inside a compiled program (engine.compiled_estimator)
 
     def forward(
         self,
@@ -222,8 +228,8 @@ class DiT(nn.Module):
         h = self.input_embed(x, cond, mu, spks)
         freqs = self.rotary_embed(x.size(1))
         chunk = self.cfg.static_chunk_size if streaming else 0
-        allowed = attention_mask(mask[:, 0].bool(), chunk).unsqueeze(1)
+        rule = FrameAttention.build(mask[:, 0].bool(), chunk, self.attention_kernel)
         for block in self.transformer_blocks:
-            h = block(h, temb, allowed, freqs)
+            h = block(h, temb, rule, freqs)
         scale, shift = self.norm_out(temb)
         return self.proj_out(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)

@@ -89,12 +89,17 @@ class CfmInputs:
 class CausalCFM(nn.Module):
     """Euler solver with CFG around an estimator(x, mask, mu, t, spks, cond, streaming) -> [B,80,T]."""
 
-    def __init__(self, cfg: CfmConfig, estimator: nn.Module) -> None:
+    def __init__(self, cfg: CfmConfig, estimator: nn.Module, noise: Tensor | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.estimator = estimator
-        self.noise = flow_noise(cfg.noise_frames, cfg.noise_seed)  # plain attribute: not in flow.pt
+        # plain attribute: not in flow.pt
+        self.noise = flow_noise(cfg.noise_frames, cfg.noise_seed) if noise is None else noise
         self._noise_cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+
+    def with_estimator(self, estimator: nn.Module) -> CausalCFM:
+        """The same solver (settings, noise buffer) around another estimator, e.g. a compiled one."""
+        return CausalCFM(self.cfg, estimator, self.noise)
 
     def initial_noise(self, frames: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         if frames > self.noise.size(2):

@@ -1,9 +1,10 @@
 """CosyVoice2 flow token encoder (``UpsampleConformerEncoder``), the pre-lookahead conv shared with v3, and
-the attention masks every flow part uses. Keys match the released ``flow.pt`` under ``encoder.``.
+the yaml helpers every flow part uses. Keys match the released ``flow.pt`` under ``encoder.``.
 
 Shapes: B batch, T tokens at 25 Hz, D = ``output_size``. The encoder turns token embeddings [B,T,Din] into
 frames [B,2T,D] at 50 Hz: Linear+LN+sqrt(D) -> pre-lookahead conv (3 tokens of right context) -> conformer
 layers with ESPnet relative positions -> nearest x2 + causal conv -> Linear+LN+sqrt(D) -> 4 more layers -> LN.
+The attention masks live in ``engine.models.attention``.
 See reference/cosyvoice-spec.md §2.6, §6.5 and pitfalls 17, 23, 25.
 """
 
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine.models.attention import attention_mask
 from engine.yaml_data import tag_of
 
 
@@ -35,21 +37,6 @@ def expect_tag(node: dict[str, Any], *names: str) -> None:
 def pad_mask(lengths: Tensor, max_len: int) -> Tensor:
     """[B] lengths -> [B, max_len] bool, True on valid positions."""
     return torch.arange(max_len, device=lengths.device) < lengths[:, None]
-
-
-def attention_mask(valid: Tensor, chunk: int = 0) -> Tensor:
-    """[B,T] valid positions -> [B,T,T] bool, True = query i may attend key j.
-
-    chunk > 0 is the streaming mask: j < (i // chunk + 1) * chunk, all left chunks (the reference's
-    ``subsequent_chunk_mask`` ignores num_left_chunks); chunks count from frame 0, i.e. from the prompt.
-    """
-    size = valid.size(1)
-    keys = valid[:, None, :]
-    if chunk <= 0:
-        return keys.expand(-1, size, -1)
-    pos = torch.arange(size, device=valid.device)
-    visible = pos[None, :] < ((pos // chunk + 1) * chunk)[:, None]
-    return keys & visible[None]
 
 
 # EncoderConfig fields read from the yaml's encoder node (the rest are hard-coded in the reference).

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.flow_encoder import attention_mask, expect_tag, yaml_field
+from engine.models.attention import FrameAttention
+from engine.models.flow_encoder import expect_tag, yaml_field
 
 
 def sinusoidal_embedding(t: Tensor, dim: int, scale: int = 1000) -> Tensor:
@@ -126,7 +127,9 @@ class TimestepEmbedding(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """diffusers ``Attention``: q/k/v without bias, ``to_out.0`` with bias, additive mask bias."""
+    """diffusers ``Attention``: q/k/v without bias, ``to_out.0`` with bias. The reference adds a -1e10 bias
+    where the mask is False; a bool mask gives the same softmax (exp underflows to 0 either way, and no
+    query row is fully masked: every row sees key 0)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int) -> None:
         super().__init__()
@@ -137,14 +140,14 @@ class SelfAttention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
-    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
-        """x [B,T,C], bias [B,1,T,T] (0 or -1e10) -> [B,T,C]."""
+    def forward(self, x: Tensor, rule: FrameAttention) -> Tensor:
+        """x [B,T,C]; rule: who sees whom -> [B,T,C]."""
         b = x.size(0)
         q, k, v = (
             p(x).view(b, -1, self.heads, self.head_dim).transpose(1, 2)
             for p in (self.to_q, self.to_k, self.to_v)
         )
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        out = rule(q, k, v)
         return self.to_out[0](out.transpose(1, 2).reshape(b, -1, self.heads * self.head_dim))
 
 
@@ -179,8 +182,8 @@ class TransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = GeluFeedForward(dim)
 
-    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
-        x = self.attn1(self.norm1(x), bias) + x
+    def forward(self, x: Tensor, rule: FrameAttention) -> Tensor:
+        x = self.attn1(self.norm1(x), rule) + x
         return self.ff(self.norm3(x)) + x
 
 
@@ -197,6 +200,7 @@ class CausalConditionalDecoder(nn.Module):
         self.up_blocks = nn.ModuleList([self._level(2 * ch, ch, time_dim, CausalConv1d(ch, ch, 3))])
         self.final_block = CausalBlock1D(ch, ch)
         self.final_proj = nn.Conv1d(ch, cfg.out_channels, 1)
+        self.attention_kernel = "sdpa"  # "flex" only inside a compiled program (engine.compiled_estimator)
 
     def _level(self, dim: int, dim_out: int, time_dim: int, conv: nn.Module | None = None) -> nn.ModuleList:
         blocks = nn.ModuleList(
@@ -217,26 +221,27 @@ class CausalConditionalDecoder(nn.Module):
         streaming: bool = False,
     ) -> Tensor:
         """x, mu, cond [B,80,T]; mask [B,1,T]; t [B]; spks [B,80] -> velocity [B,80,T] (x mask)."""
-        temb = self.time_mlp(sinusoidal_embedding(t, self.cfg.in_channels).to(t.dtype))
+        # t in float32 whatever the weights (a bf16 t would move 1000*t by whole radians)
+        temb = self.time_mlp(sinusoidal_embedding(t.float(), self.cfg.in_channels).to(x.dtype))
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(2)), cond], dim=1)
-        allowed = attention_mask(mask[:, 0].bool(), self.cfg.static_chunk_size if streaming else 0)
-        bias = ((1.0 - allowed.to(x.dtype)) * -1.0e10).unsqueeze(1)
+        chunk = self.cfg.static_chunk_size if streaming else 0
+        rule = FrameAttention.build(mask[:, 0].bool(), chunk, self.attention_kernel)
         down, up = self.down_blocks[0], self.up_blocks[0]
-        skip = self._stage(down, x, mask, temb, bias)
+        skip = self._stage(down, x, mask, temb, rule)
         x = self._conv(down)(skip * mask)
         for level in self.mid_blocks:
-            x = self._stage(level, x, mask, temb, bias)
-        x = self._stage(up, torch.cat([x[:, :, : skip.size(2)], skip], dim=1), mask, temb, bias)
+            x = self._stage(level, x, mask, temb, rule)
+        x = self._stage(up, torch.cat([x[:, :, : skip.size(2)], skip], dim=1), mask, temb, rule)
         x = self.final_block(self._conv(up)(x * mask), mask)
         return self.final_proj(x * mask) * mask
 
     @staticmethod
-    def _stage(level: nn.Module, x: Tensor, mask: Tensor, temb: Tensor, bias: Tensor) -> Tensor:
+    def _stage(level: nn.Module, x: Tensor, mask: Tensor, temb: Tensor, rule: FrameAttention) -> Tensor:
         """A level's resnet then its transformer blocks (the level's conv, if any, is the caller's)."""
         resnet, blocks, *_ = level.children()
         h = resnet(x, mask, temb).transpose(1, 2).contiguous()
         for block in blocks.children():
-            h = block(h, bias)
+            h = block(h, rule)
         return h.transpose(1, 2).contiguous()
 
     @staticmethod

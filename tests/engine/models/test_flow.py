@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from engine.errors import TooLarge
+from engine.models.attention import attention_mask
 from engine.models.flow import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
-from engine.models.flow_encoder import attention_mask
 from engine.yaml_data import read_yaml
 from tests.conftest import fixture_root, tiny_cases
 

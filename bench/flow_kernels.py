@@ -1,0 +1,182 @@
+"""The flow solver alone, per kernel variant: device ms per 10-step solve at graph-bucket shapes, first-call
+(compile + capture) seconds, and fidelity against the float32 eager solve. Random weights at the released
+architecture (or tiny); no LM, no checkpoint on disk. A GPU tool; the CPU runs it at tiny size (tests).
+
+    python -m bench.flow_kernels --family v3 --device cuda --out DIR [--shapes 1x200,16x400] [--variants ...]
+
+Variants: ``autocast`` (fp32 weights under bf16 autocast: the solver before compiled estimators), ``bf16``
+(weights held in bf16, eager estimator), ``compiled-sdpa`` and ``compiled-flex`` (TorchInductor, dense-mask
+SDPA or FlexAttention). On CUDA each is replayed as a CUDA graph, as the engine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from engine import device as devices
+from engine.compiled_estimator import use_compile_cache
+from engine.flow_graphs import GraphedCFM
+from engine.models.dit import DiT, DiTConfig
+from engine.models.flow import CausalCFM, CfmConfig, CfmInputs
+from engine.models.unet import CausalConditionalDecoder, UNetConfig
+
+log = logging.getLogger(__name__)
+VARIANTS = ("autocast", "bf16", "compiled-sdpa", "compiled-flex")
+Solve = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Timing:
+    variant: str
+    batch: int
+    frames: int
+    first_call_s: float  # the variant's first call at this shape: compile (if any) + capture
+    ms_per_solve: float  # one 10-step CFG solve of the whole batch
+    frames_per_s: float  # mel frames solved per second (batch x frames / time)
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    variant: str
+    streaming: bool
+    relative_rms: float  # RMS(mel - fp32 eager mel) / std(fp32 eager mel), valid frames
+
+
+def build_cfm(family: str, size: str, dev: torch.device) -> CausalCFM:
+    """The CFM solver around a randomly initialised estimator of the released (or a tiny) size."""
+    torch.manual_seed(0)
+    estimator: nn.Module
+    if family == "v3":
+        cfg = DiTConfig() if size == "full" else DiTConfig(dim=64, depth=2, heads=4, dim_head=16)
+        estimator = DiT(cfg)
+    else:
+        unet = UNetConfig() if size == "full" else UNetConfig(channels=(64,), n_blocks=1, num_mid_blocks=1)
+        estimator = CausalConditionalDecoder(unet)
+    return CausalCFM(CfmConfig(), estimator).to(dev).eval()
+
+
+def solver(cfm: CausalCFM, variant: str, streaming: bool) -> Solve:
+    """The variant's solve on the bucket tensors (mu, mask, spks, cond) -> mel [B,80,T] float32."""
+    if variant == "autocast":
+        fast = cfm
+    else:
+        low = torch.float32 if cfm.noise.device.type == "cpu" else torch.bfloat16
+        compiled, attention = variant.startswith("compiled"), variant.rpartition("-")[2]
+        fast = GraphedCFM(cfm, low, compiled=compiled, attention=attention if compiled else "sdpa").solver
+    dev = cfm.noise.device
+
+    def run(mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
+        zero = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
+        use_autocast = variant == "autocast" and dev.type == "cuda"
+        with torch.autocast(dev.type, torch.bfloat16, enabled=use_autocast):
+            return fast(CfmInputs(mu, mask, spks, cond, zero, zero), streaming).float()
+
+    return run
+
+
+def bucket_inputs(batch: int, frames: int, dev: torch.device, seed: int = 0) -> tuple[Tensor, ...]:
+    """mu, mask, spks, cond of a batch whose rows end at different frames (as a bucket's real rows do)."""
+    g = torch.Generator().manual_seed(seed)
+    mu = torch.randn(batch, 80, frames, generator=g)
+    mask = torch.ones(batch, 1, frames)
+    for row in range(batch):
+        mask[row, :, frames - (row * 37) % (frames // 2) :] = 0
+    cond = torch.zeros(batch, 80, frames)
+    cond[:, :, : frames // 4] = torch.randn(batch, 80, frames // 4, generator=g)
+    spks = torch.randn(batch, 80, generator=g)
+    return tuple(t.to(dev) for t in (mu, mask, spks, cond))
+
+
+def time_variant(cfm: CausalCFM, variant: str, batch: int, frames: int, repeats: int) -> Timing:
+    dev = cfm.noise.device
+    run = solver(cfm, variant, streaming=True)
+    inputs = bucket_inputs(batch, frames, dev)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        call: Solve = devices.CapturedCall(run, inputs) if dev.type == "cuda" else run
+        call(*inputs)
+        devices.synchronize(dev)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            call(*inputs)
+        devices.synchronize(dev)
+    ms = 1000 * (time.perf_counter() - t0) / repeats
+    return Timing(variant, batch, frames, round(first, 2), round(ms, 2), round(batch * frames / ms * 1000))
+
+
+def fidelity(cfm: CausalCFM, variant: str, streaming: bool, batch: int = 2, frames: int = 400) -> Fidelity:
+    inputs = bucket_inputs(batch, frames, cfm.noise.device, seed=1)
+    with torch.inference_mode():
+        ref = _reference(cfm, inputs, streaming)
+        low = solver(cfm, variant, streaming)(*inputs)
+    valid = inputs[1].bool().expand_as(ref)
+    rel = (ref[valid] - low[valid]).pow(2).mean().sqrt() / ref[valid].std()
+    return Fidelity(variant, streaming, round(float(rel), 5))
+
+
+def _reference(cfm: CausalCFM, inputs: tuple[Tensor, ...], streaming: bool) -> Tensor:
+    """The float32 eager solve with TF32 off: the reference's arithmetic."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        mu, mask, spks, cond = inputs
+        zero = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
+        return cfm(CfmInputs(mu, mask, spks, cond, zero, zero), streaming).float()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.flow_kernels", description=__doc__)
+    p.add_argument("--family", choices=("v2", "v3"), default="v3")
+    p.add_argument("--size", choices=("full", "tiny"), default="full")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS}")
+    p.add_argument("--shapes", default="1x200,16x400,16x800,32x400", help="batch x frames buckets")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cosystream" / "compile"))
+    p.add_argument("--no-fidelity", dest="fidelity", action="store_false", help="timings only")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv)
+    use_compile_cache(Path(args.cache_dir))
+    dev = torch.device(args.device)
+    cfm = build_cfm(args.family, args.size, dev)
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
+    timings: list[dict[str, object]] = []
+    checks: list[dict[str, object]] = []
+    report = {"family": args.family, "size": args.size, "timings": timings, "fidelity": checks}
+    out = Path(args.out) / f"flow_kernels_{args.family}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for variant in args.variants.split(","):
+        for batch, frames in shapes:
+            timings.append(asdict(time_variant(cfm, variant, batch, frames, args.repeats)))
+            log.info("%s", timings[-1])
+            out.write_text(json.dumps(report, indent=1))  # after every step: a cut-short run keeps its part
+        for streaming in (True, False) if args.fidelity else ():
+            checks.append(asdict(fidelity(cfm, variant, streaming)))
+            log.info("%s", checks[-1])
+            out.write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
