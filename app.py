@@ -68,10 +68,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="GPU: run the flow estimator eagerly inside its CUDA graphs (no torch.compile)",
     )  # fmt: skip
     p.add_argument(
-        "--flow-attention", choices=("flex", "sdpa"), default=EngineConfig.flow_attention,
-        help="GPU: the compiled flow estimator's attention kernel",
-    )  # fmt: skip
-    p.add_argument(
         "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
         help="capture the flow's CUDA graphs for mel up to this many seconds at load (15: ~90 s on an H200)",
     )  # fmt: skip
@@ -124,7 +120,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         flow_dtype=args.flow_dtype,
         flow_compile=not args.no_flow_compile,
-        flow_attention=args.flow_attention,
         graph_warmup_s=args.graph_warmup_s,
         limits=limits,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),

@@ -5,8 +5,8 @@ architecture (or tiny); no LM, no checkpoint on disk. A GPU tool; the CPU runs i
     python -m bench.flow_kernels --family v3 --device cuda --out DIR [--shapes 1x200,16x400] [--variants ...]
 
 Variants: ``autocast`` (fp32 weights under bf16 autocast: the solver before compiled estimators), ``bf16``
-(weights held in bf16, eager estimator), ``compiled-sdpa`` and ``compiled-flex`` (TorchInductor, dense-mask
-SDPA or FlexAttention). On CUDA each is replayed as a CUDA graph, as the engine does.
+(weights held in bf16, eager estimator) and ``compiled`` (weights in bf16, TorchInductor). On CUDA each is
+replayed as a CUDA graph, as the engine does.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from engine.models.flow import CausalCFM, CfmConfig, CfmInputs
 from engine.models.unet import CausalConditionalDecoder, UNetConfig
 
 log = logging.getLogger(__name__)
-VARIANTS = ("autocast", "bf16", "compiled-sdpa", "compiled-flex")
+VARIANTS = ("autocast", "bf16", "compiled")
 Solve = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -69,10 +69,9 @@ def solver(cfm: CausalCFM, variant: str, streaming: bool) -> Solve:
     if variant == "autocast":
         fast = cfm
     else:
-        low = torch.float32 if cfm.noise.device.type == "cpu" else torch.bfloat16
-        compiled, attention = variant.startswith("compiled"), variant.rpartition("-")[2]
-        fast = GraphedCFM(cfm, low, compiled=compiled, attention=attention if compiled else "sdpa").solver
-    dev = cfm.noise.device
+        low = torch.float32 if device_of(cfm).type == "cpu" else torch.bfloat16
+        fast = GraphedCFM(cfm, low, compiled=variant == "compiled").solver
+    dev = device_of(cfm)
 
     def run(mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
         zero = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
@@ -96,8 +95,13 @@ def bucket_inputs(batch: int, frames: int, dev: torch.device, seed: int = 0) -> 
     return tuple(t.to(dev) for t in (mu, mask, spks, cond))
 
 
+def device_of(cfm: CausalCFM) -> torch.device:
+    """Where the weights are (the noise buffer is a plain attribute that stays on the CPU)."""
+    return next(cfm.parameters()).device
+
+
 def time_variant(cfm: CausalCFM, variant: str, batch: int, frames: int, repeats: int) -> Timing:
-    dev = cfm.noise.device
+    dev = device_of(cfm)
     run = solver(cfm, variant, streaming=True)
     inputs = bucket_inputs(batch, frames, dev)
     t0 = time.perf_counter()
@@ -115,7 +119,7 @@ def time_variant(cfm: CausalCFM, variant: str, batch: int, frames: int, repeats:
 
 
 def fidelity(cfm: CausalCFM, variant: str, streaming: bool, batch: int = 2, frames: int = 400) -> Fidelity:
-    inputs = bucket_inputs(batch, frames, cfm.noise.device, seed=1)
+    inputs = bucket_inputs(batch, frames, device_of(cfm), seed=1)
     with torch.inference_mode():
         ref = _reference(cfm, inputs, streaming)
         low = solver(cfm, variant, streaming)(*inputs)

@@ -1,14 +1,12 @@
 """The flow estimator (v3 DiT, v2 U-Net) as the GPU runs it fastest, behind the same call.
 
-Three changes, each measured on the H200 (BENCHMARKS.md, "what each optimisation bought"):
+Two changes, each measured on the H200 (BENCHMARKS.md, "what each optimisation bought"):
 - weights held in the compute dtype (bfloat16): autocast re-cast every weight on every graph replay;
   buffers (the DiT's RoPE frequencies) and the flow-time embedding stay float32, since bf16 positions
   above 256 and bf16 times t are not exact; the solver keeps x in float32 and casts at this boundary;
 - the estimator compiled by TorchInductor with dynamic shapes (one program for every bucket; the CUDA
   graphs in ``flow_graphs`` then record its fused kernels): the DiT's time is mostly elementwise chains
-  (AdaLN modulation, RoPE, gating, GELU) that Inductor fuses;
-- FlexAttention for the chunk mask (``engine.models.attention``): one fused kernel, no dense mask, the
-  key blocks a chunk cannot see skipped.
+  (AdaLN modulation, RoPE, gating, GELU) that Inductor fuses.
 Compiled kernels land in a persistent cache directory, so a restart reuses them instead of recompiling.
 """
 
@@ -22,8 +20,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from engine.models.attention import KERNELS
-
 log = logging.getLogger(__name__)
 
 
@@ -31,15 +27,10 @@ class CompiledEstimator(nn.Module):
     """Drop-in for a CFM's estimator: ``forward(x, mask, mu, t, spks, cond, streaming) -> [B,80,T]``
     float32, computed in ``dtype`` (a cast copy of the weights; float32 shares the original module)."""
 
-    def __init__(self, estimator: nn.Module, dtype: torch.dtype, compiled: bool, attention: str) -> None:
+    def __init__(self, estimator: nn.Module, dtype: torch.dtype, compiled: bool) -> None:
         super().__init__()
-        if attention not in KERNELS:
-            raise ValueError(f"attention must be one of {KERNELS}, got {attention!r}")
-        if attention == "flex" and not compiled:
-            raise ValueError("flex attention runs a slow reference kernel outside torch.compile")
         self.dtype = dtype
         self.inner = estimator if dtype == torch.float32 else cast_parameters(estimator, dtype)
-        self.inner.attention_kernel = attention  # type: ignore[assignment]  # read by the DiT and U-Net
         # dynamic: the graph buckets vary batch and frames; one compiled program serves them all
         self.run = torch.compile(self.inner, dynamic=True) if compiled else self.inner
 

@@ -135,9 +135,6 @@ class EngineConfig:
     # dynamic program for every bucket), kernels kept on disk under cache_dir/compile so a restart reuses
     # them. False = the eager estimator inside the graphs (the A/B; bench --no-flow-compile).
     flow_compile: bool = True
-    # The compiled estimator's attention: "flex" (FlexAttention: the chunk mask as a function, no dense
-    # [T,T] mask, invisible key blocks skipped) or "sdpa" (a dense bool mask, SDPA's memory-efficient kernel).
-    flow_attention: str = "flex"
     # load pre-captures the flow graphs for mel up to this long (prompt + speech), after vLLM has started;
     # 0 = capture each bucket on first use (~1 s for the first request that meets it). On the H200, 15 s =
     # 80 flow graphs in 92-96 s and 40 v3 HiFT graphs in 8 s of load time, host RSS 5.6 -> 11.7 GiB:
@@ -167,8 +164,6 @@ class EngineConfig:
             raise ValueError("model must name a directory or a hub id")
         if self.flow_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"flow_dtype must be float32 or bfloat16, got {self.flow_dtype!r}")
-        if self.flow_attention not in ("flex", "sdpa"):
-            raise ValueError(f"flow_attention must be flex or sdpa, got {self.flow_attention!r}")
         if not 0.0 <= self.graph_warmup_s <= 300.0:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
         if not 0 <= self.prompt_cache_size <= 4096:

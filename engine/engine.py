@@ -331,8 +331,7 @@ def _graphed_flow(cfm: CausalCFM, cfg: EngineConfig, cache: Path) -> GraphedCFM:
     """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
     if cfg.flow_compile:
         use_compile_cache(cache / "compile")
-    attention = cfg.flow_attention if cfg.flow_compile else "sdpa"  # flex is slow uncompiled
-    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=cfg.flow_compile, attention=attention)
+    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=cfg.flow_compile)
 
 
 def _precapture(flow: object, hift: GraphedHiFT | None, cfg: EngineConfig, dev: torch.device) -> None:

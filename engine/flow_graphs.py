@@ -25,7 +25,7 @@ class GraphedCFM(nn.Module):
     """Drop-in for ``flow.decoder``: same ``forward(inputs, streaming) -> mel [B, 80, T] float32``.
 
     The solver runs a ``CompiledEstimator``: weights cast to ``dtype`` once (float32 keeps the original
-    module and the exact reference path), optionally compiled, with the chosen attention kernel.
+    module and the exact reference path), optionally compiled by TorchInductor.
     """
 
     def __init__(
@@ -35,11 +35,10 @@ class GraphedCFM(nn.Module):
         frame_bucket: int = 100,
         max_graphs: int = 128,  # > the 80 buckets of batch 1-16 x 100-800 frames x streaming: no re-captures
         compiled: bool = False,
-        attention: str = "sdpa",
     ):
         super().__init__()
         self.cfm, self.dtype, self.frame_bucket = cfm, dtype, frame_bucket
-        self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled, attention))
+        self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled))
         self.graphs = GraphCache("flow solver", max_graphs)
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int]:

@@ -210,7 +210,6 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.norm_out = AdaLayerNormZero(cfg.dim, 2)  # final: (scale, shift), the reverse order
         self.proj_out = nn.Linear(cfg.dim, cfg.mel_dim)
-        self.attention_kernel = "sdpa"  # "flex" only inside a compiled program (engine.compiled_estimator)
 
     def forward(
         self,
@@ -228,7 +227,7 @@ class DiT(nn.Module):
         h = self.input_embed(x, cond, mu, spks)
         freqs = self.rotary_embed(x.size(1))
         chunk = self.cfg.static_chunk_size if streaming else 0
-        rule = FrameAttention.build(mask[:, 0].bool(), chunk, self.attention_kernel)
+        rule = FrameAttention(mask[:, 0].bool(), chunk)
         for block in self.transformer_blocks:
             h = block(h, temb, rule, freqs)
         scale, shift = self.norm_out(temb)

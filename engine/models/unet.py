@@ -200,7 +200,6 @@ class CausalConditionalDecoder(nn.Module):
         self.up_blocks = nn.ModuleList([self._level(2 * ch, ch, time_dim, CausalConv1d(ch, ch, 3))])
         self.final_block = CausalBlock1D(ch, ch)
         self.final_proj = nn.Conv1d(ch, cfg.out_channels, 1)
-        self.attention_kernel = "sdpa"  # "flex" only inside a compiled program (engine.compiled_estimator)
 
     def _level(self, dim: int, dim_out: int, time_dim: int, conv: nn.Module | None = None) -> nn.ModuleList:
         blocks = nn.ModuleList(
@@ -225,7 +224,7 @@ class CausalConditionalDecoder(nn.Module):
         temb = self.time_mlp(sinusoidal_embedding(t.float(), self.cfg.in_channels).to(x.dtype))
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(2)), cond], dim=1)
         chunk = self.cfg.static_chunk_size if streaming else 0
-        rule = FrameAttention.build(mask[:, 0].bool(), chunk, self.attention_kernel)
+        rule = FrameAttention(mask[:, 0].bool(), chunk)
         down, up = self.down_blocks[0], self.up_blocks[0]
         skip = self._stage(down, x, mask, temb, rule)
         x = self._conv(down)(skip * mask)

@@ -261,7 +261,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     plain = engine_config(parse_args(base))
     flags = ["--no-cuda-graphs", "--no-hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
-    flags += ["--no-flow-compile", "--flow-attention", "sdpa"]
+    flags += ["--no-flow-compile"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
@@ -275,5 +275,4 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
         0,
     )
     assert (knobs.t2w_own_stream, knobs.stream.fast_start, knobs.flow_dtype) == (True, False, "float32")
-    assert (plain.flow_compile, plain.flow_attention) == (defaults.flow_compile, defaults.flow_attention)
-    assert (knobs.flow_compile, knobs.flow_attention) == (False, "sdpa")
+    assert (plain.flow_compile, knobs.flow_compile) == (defaults.flow_compile, False)

@@ -1,0 +1,27 @@
+"""bench.flow_kernels on the CPU at tiny size: every variant times each shape and reports its fidelity."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.flow_kernels import main, parse_args
+
+
+def test_reports_timings_and_fidelity_per_variant(tmp_path):
+    argv = ["--family", "v3", "--size", "tiny", "--device", "cpu", "--variants", "autocast,bf16"]
+    argv += ["--shapes", "1x100,2x100", "--repeats", "1", "--cache-dir", str(tmp_path / "cc")]
+    report = main([*argv, "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "flow_kernels_v3.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    shapes = [(t["variant"], t["batch"], t["frames"]) for t in saved["timings"]]
+    assert shapes == [("autocast", 1, 100), ("autocast", 2, 100), ("bf16", 1, 100), ("bf16", 2, 100)]
+    assert all(t["ms_per_solve"] > 0 and t["frames_per_s"] > 0 for t in saved["timings"])
+    # on the CPU both variants compute in float32: the same numbers as the reference solve
+    assert [f["relative_rms"] for f in saved["fidelity"]] == [0.0] * 4
+
+
+def test_unknown_variant_is_refused():
+    with pytest.raises(SystemExit):
+        parse_args(["--variants", "tensorrt", "--out", "x"])
