@@ -91,12 +91,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
     )
+    add_cluster_flags(p)
     args = p.parse_args(argv)
     try:
         engine_config(args)  # the config's own checks (ranges, combinations) answer as usage errors too
     except ValueError as err:
         p.error(str(err))
     return args
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """Scale-out (``cluster/``, needs requirements-cluster.txt): engine replicas on Ray Serve."""
+    g = p.add_argument_group("scale out on Ray Serve (pip install -r requirements-cluster.txt)")
+    g.add_argument(
+        "--replicas", type=int, default=0,
+        help="N >= 1: start a local Ray with N engine replicas behind one ingress (0: one process, no Ray)",
+    )  # fmt: skip
+    g.add_argument("--min-replicas", type=_positive_int, default=1, help="autoscaling floor")
+    g.add_argument("--max-replicas", type=_positive_int, default=None, help="set to autoscale")
+    g.add_argument(
+        "--gpus-per-replica", type=float, default=None, help="default: 1 when Ray sees GPUs, else 0"
+    )
+    g.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per replica")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -209,6 +225,11 @@ def open_share_link(host: str, port: int) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
+        from cluster.application import run_local
+
+        run_local(args)
+        return
     cfg = engine_config(args)
     engine = build_engine(cfg)
     app = create_app(
