@@ -87,12 +87,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
         help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
     )  # fmt: skip
+    p.add_argument(
+        "--voices-dir", default=None,
+        help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
+    )  # fmt: skip
     p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
     p.add_argument(
         "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
     )
     add_cluster_flags(p)
     args = p.parse_args(argv)
+    if args.replicas < 0:
+        p.error(f"--replicas must be >= 0, got {args.replicas}")
+    if args.replicas and args.share:
+        p.error("--share opens a tunnel to one process: put a proxy in front of the cluster instead")
     try:
         engine_config(args)  # the config's own checks (ranges, combinations) answer as usage errors too
     except ValueError as err:
@@ -132,6 +140,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         flow_dtype=args.flow_dtype,
         graph_warmup_s=args.graph_warmup_s,
+        voices_dir=args.voices_dir,
         limits=limits,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )

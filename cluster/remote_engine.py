@@ -149,13 +149,14 @@ async def _engine_errors(chunks: Any) -> AsyncIterator[AudioChunk]:
 def _engine_error(err: Exception) -> Exception:
     """Serve's and Ray's errors as the engine's: the replica's own ``EngineError``, ``Busy`` for a full
     queue, ``NotReady`` for a lost replica; anything else unchanged."""
-    cause = getattr(err, "cause", None)
-    if isinstance(err, ray.exceptions.RayTaskError) and isinstance(cause, EngineError):
+    cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
+    if isinstance(cause, EngineError):
         return cause
-    if isinstance(err, BackPressureError):
-        return Busy("every engine replica is busy and the queue is full", retry_after_s=BUSY_RETRY_S)
-    if isinstance(err, ray.exceptions.RayActorError | DeploymentUnavailableError):
-        log.error("an engine replica was lost under a request: %s", err)
+    if isinstance(cause, BackPressureError):
+        retry_s = cause.retry_after_s or BUSY_RETRY_S
+        return Busy("every engine replica is busy and the queue is full", retry_after_s=retry_s)
+    if isinstance(cause, ray.exceptions.RayActorError | DeploymentUnavailableError):
+        log.error("an engine replica was lost under a request: %s", cause)
         message = "the engine replica serving this request stopped; retry"
         return NotReady(message, retry_after_s=REPLICA_LOST_RETRY_S)
     return err
