@@ -22,6 +22,7 @@ from engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
+ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT = "EngineReplica", "Ingress"  # the names serve_config.yaml uses
 HEALTH_CHECK_PERIOD_S = 5.0
 INGRESS_MIN_ONGOING = 100  # probes, /metrics and the studio's page loads beside the streams
 
@@ -32,7 +33,7 @@ def application(
     """The bound application (``serve.run`` it): an ingress over the engine replicas."""
     board = board_name(cluster.app_name)
     engines = serve.deployment(
-        name="EngineReplica",
+        name=ENGINE_DEPLOYMENT,
         max_ongoing_requests=cfg.limits.max_concurrency,
         max_queued_requests=cfg.limits.max_queue,
         ray_actor_options={"num_gpus": cluster.gpus_per_replica, "num_cpus": cluster.cpus_per_replica},
@@ -42,7 +43,7 @@ def application(
     # the ingress only relays: it holds every stream the engines run plus those waiting for them
     streams = cfg.limits.max_concurrency * (cluster.max_replicas or cluster.replicas) + cfg.limits.max_queue
     ingress = serve.deployment(
-        name="Ingress", num_replicas=1, ray_actor_options={"num_cpus": 0},
+        name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(INGRESS_MIN_ONGOING, 2 * streams),
     )(Ingress)  # fmt: skip
     settings = IngressConfig(

@@ -35,12 +35,17 @@ class IngressConfig:
 @serve.ingress()
 class Ingress:
     async def __init__(self, engine: Any, cfg: IngressConfig):  # type: ignore[misc]  # Serve awaits it
+        from api.context import EngineLike
         from app import create_app  # gradio and the API load here, in the replica
+        from webui.handlers import Engine as StudioEngine
 
         info: EngineInfo = await engine.info.remote()  # waits for the first engine replica to be up
         self.engine = RemoteEngine(engine, board_actor(cfg.board, cfg.stale_s), info, cfg.refresh_s)
+        for_api: EngineLike = self.engine  # mypy checks the remote engine against both protocols
+        for_studio: StudioEngine = self.engine
+        assert for_api is for_studio
         self.web = create_app(
-            self.engine, ui_lang=cfg.ui_lang, limits=cfg.limits, api_key=cfg.api_key,
+            for_api, ui_lang=cfg.ui_lang, limits=cfg.limits, api_key=cfg.api_key,
             random_weights=cfg.random_weights,
         )  # fmt: skip
         self.web.state.cosystream_api.telemetry.registry.register(ReplicaCollector(self.engine))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -99,7 +99,7 @@ class RemoteEngine:
                 log.warning("could not read the replica board: %s", err)
 
     # ---- requests ----------------------------------------------------------------------------------
-    async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+    async def stream(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         parcel = await asyncio.to_thread(pack, req)  # reads uploads named by path on this host
         call = _Call(req.request_id, self.handle.options(stream=True).stream.remote(parcel))
         self._calls.add(call)

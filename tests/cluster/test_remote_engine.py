@@ -186,3 +186,22 @@ async def test_gauges_add_up_over_the_reporting_replicas() -> None:
         assert engine.ready and engine.healthy and len(engine.replicas()) == 2
     finally:
         engine.close()
+
+
+async def test_the_api_lists_voices_through_the_remote_engine() -> None:
+    class Voices(Handle):
+        def __getattr__(self, name: str) -> Method:
+            method = Method(self, name)
+
+            async def answer(args: tuple[Any, ...]) -> Any:
+                return [{"id": "alice", "name": "alice", "prompt_text": "hi"}]
+
+            method._answer = answer  # type: ignore[method-assign]
+            return method
+
+    transport = httpx.ASGITransport(app=build_api(remote(Voices()), api_key=""))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        listing = await client.get("/v1/audio/voices")
+        one = await client.get("/v1/audio/voices/alice")
+    assert listing.status_code == 200 and listing.json()["voices"] == ["alice"]
+    assert one.status_code == 200 and one.json()["id"] == "alice"
