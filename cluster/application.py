@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -22,6 +24,7 @@ from engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
+REPO = Path(__file__).resolve().parents[1]
 ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT = "EngineReplica", "Ingress"  # the names serve_config.yaml uses
 HEALTH_CHECK_PERIOD_S = 5.0
 INGRESS_MIN_ONGOING = 100  # probes, /metrics and the studio's page loads beside the streams
@@ -80,7 +83,10 @@ def run_local(ns: argparse.Namespace) -> None:
 
     from app import engine_config
 
-    ray.init(namespace="cosystream")
+    # a new Ray on this machine (not one a `ray start` left running); its workers import this checkout
+    env = {"env_vars": {"PYTHONPATH": str(REPO)}}
+    slow_host_tolerance()
+    ray.init(address="local", namespace="cosystream", runtime_env=env)
     gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
     cluster = cluster_config(ns, gpus)
     serve.start(http_options={"host": ns.host, "port": ns.port})
@@ -88,3 +94,10 @@ def run_local(ns: argparse.Namespace) -> None:
              cluster.gpus_per_replica, ns.host, ns.port)  # fmt: skip
     app = application(engine_config(ns), cluster, ui_lang=ns.ui_lang, api_key=ns.api_key)
     serve.run(app, name=cluster.app_name, route_prefix="/", blocking=True)
+
+
+def slow_host_tolerance() -> None:
+    """Serve gives its HTTP proxy 5 s to report ready, then kills it, and ``serve.start`` fails with it:
+    a busy host (seen on a loaded 2-core CI box) misses that. The raylet, and so the controller, inherit
+    this process's environment, so set a longer check before ``ray.init`` starts them."""
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")

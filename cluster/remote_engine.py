@@ -42,6 +42,7 @@ class _Call:
 class RemoteEngine:
     def __init__(self, handle: Any, board: Any, info: EngineInfo, refresh_s: float):
         self.handle, self.board, self.refresh_s = handle, board, refresh_s
+        self.streams = handle.options(stream=True)  # shares the handle's router: one queue, one view of load
         self.model_name, self.family, self.sample_rate = info.model_name, info.family, info.sample_rate
         self.presets = list(info.instruct_presets)
         self._reports: list[ReplicaReport] = []
@@ -101,7 +102,7 @@ class RemoteEngine:
     # ---- requests ----------------------------------------------------------------------------------
     async def stream(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         parcel = await asyncio.to_thread(pack, req)  # reads uploads named by path on this host
-        call = _Call(req.request_id, self.handle.options(stream=True).stream.remote(parcel))
+        call = _Call(req.request_id, self.streams.stream.remote(parcel))
         self._calls.add(call)
         try:
             async for chunk in _engine_errors(call.response):

@@ -59,9 +59,10 @@ def local_cluster(model_dir: Path, voices_dir: Path) -> Iterator[Cluster]:
     import ray
     from ray import serve
 
-    from cluster.application import application
+    from cluster.application import application, slow_host_tolerance
 
     port = free_port()
+    slow_host_tolerance()
     env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}}
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="cosystream", runtime_env=env)
     try:
