@@ -17,7 +17,7 @@ from typing import Any
 from ray import serve
 
 from cluster.board import board_name
-from cluster.engine_replica import EngineReplica
+from cluster.engine_replica import DEMO_TINY, EngineReplica
 from cluster.ingress import Ingress, IngressConfig
 from cluster.settings import ClusterConfig
 from engine.config import EngineConfig
@@ -50,7 +50,7 @@ def application(
         max_ongoing_requests=max(INGRESS_MIN_ONGOING, 2 * streams),
     )(Ingress)  # fmt: skip
     settings = IngressConfig(
-        limits=cfg.limits, ui_lang=ui_lang, api_key=api_key, random_weights=cfg.model == "demo-tiny",
+        limits=cfg.limits, ui_lang=ui_lang, api_key=api_key, random_weights=cfg.model == DEMO_TINY,
         board=board, refresh_s=cluster.report_interval_s, stale_s=cluster.stale_s,
     )  # fmt: skip
     return ingress.bind(engines.bind(cfg, board, cluster.report_interval_s, cluster.stale_s), settings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import socket
 import tempfile
 import time
@@ -28,6 +29,8 @@ from engine.config import EngineConfig
 from engine.request import AudioChunk
 
 log = logging.getLogger(__name__)
+
+DEMO_TINY = "demo-tiny"  # app.DEMO_TINY; app.py is imported lazily (it pulls in the UI's texts)
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def board_actor(name: str, stale_s: float) -> Any:
 def own_cache(cfg: EngineConfig) -> EngineConfig:
     """demo-tiny writes its model into the cache dir: give each replica its own (replicas on one host
     would overwrite each other's files while loading them), and keep the voices in the shared dir."""
-    if cfg.model != "demo-tiny":
+    if cfg.model != DEMO_TINY:
         return cfg
     shared = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
     voices = cfg.voices_dir or str(shared / "voices")
@@ -68,7 +71,8 @@ class EngineReplica:
     async def __init__(self, cfg: EngineConfig, board: str, interval_s: float, stale_s: float):  # type: ignore[misc]  # Serve awaits it
         from app import build_engine  # the single-process server's loader (demo-tiny included)
 
-        self.engine = await asyncio.to_thread(build_engine, own_cache(cfg))
+        self.cfg = own_cache(cfg)
+        self.engine = await asyncio.to_thread(build_engine, self.cfg)
         await self.engine.warmup()  # before Serve marks the replica running and routes to it
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.actor = ray.get_runtime_context().get_actor_name() or self.replica
@@ -117,7 +121,10 @@ class EngineReplica:
             await asyncio.sleep(interval_s)
 
     def __del__(self) -> None:
+        """Serve's clean shutdown of this replica (a crash skips it; the board then ages it out)."""
         self._reporter.cancel()
         with contextlib.suppress(ray.exceptions.RayError):
             self.board.forget.remote(self.replica)
         self.engine.close()
+        if self.cfg.model == DEMO_TINY and self.cfg.cache_dir:  # the replica's own scratch model
+            shutil.rmtree(self.cfg.cache_dir, ignore_errors=True)
