@@ -91,16 +91,40 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
         help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
     )  # fmt: skip
+    p.add_argument(
+        "--voices-dir", default=None,
+        help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
+    )  # fmt: skip
     p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
     p.add_argument(
         "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
     )
+    add_cluster_flags(p)
     args = p.parse_args(argv)
+    if args.replicas < 0:
+        p.error(f"--replicas must be >= 0, got {args.replicas}")
+    if args.replicas and args.share:
+        p.error("--share opens a tunnel to one process: put a proxy in front of the cluster instead")
     try:
         engine_config(args)  # the config's own checks (ranges, combinations) answer as usage errors too
     except ValueError as err:
         p.error(str(err))
     return args
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """Scale-out (``cluster/``, needs requirements-cluster.txt): engine replicas on Ray Serve."""
+    g = p.add_argument_group("scale out on Ray Serve (pip install -r requirements-cluster.txt)")
+    g.add_argument(
+        "--replicas", type=int, default=0,
+        help="N >= 1: start a local Ray with N engine replicas behind one ingress (0: one process, no Ray)",
+    )  # fmt: skip
+    g.add_argument("--min-replicas", type=_positive_int, default=1, help="autoscaling floor")
+    g.add_argument("--max-replicas", type=_positive_int, default=None, help="set to autoscale")
+    g.add_argument(
+        "--gpus-per-replica", type=float, default=None, help="default: 1 when Ray sees GPUs, else 0"
+    )
+    g.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per replica")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -121,6 +145,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_dtype=args.flow_dtype,
         flow_compile=not args.no_flow_compile,
         graph_warmup_s=args.graph_warmup_s,
+        voices_dir=args.voices_dir,
         limits=limits,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
     )
@@ -214,6 +239,11 @@ def open_share_link(host: str, port: int) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
+        from cluster.application import run_local
+
+        run_local(args)
+        return
     cfg = engine_config(args)
     engine = build_engine(cfg)
     app = create_app(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,7 +42,7 @@ class EngineLike(Protocol):
 
     def add_voice(self, name: str, prompt_wav: str, prompt_text: str, /) -> Any: ...
 
-    def list_voices(self) -> Sequence[Any]: ...
+    def list_voices(self) -> Any: ...  # a Sequence of voices, or a coroutine of one
 
     def delete_voice(self, voice_id: str, /) -> Any: ...
 

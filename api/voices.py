@@ -36,12 +36,12 @@ def routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/v1/audio/voices")
     async def list_voices() -> VoiceList:
-        voices = [VoiceInfo.of(v) for v in engine.list_voices()]
+        voices = [VoiceInfo.of(v) for v in await call(engine.list_voices)]
         return VoiceList(data=voices, voices=[v.id for v in voices])
 
     @router.get("/v1/audio/voices/{voice_id}")
     async def get_voice(voice_id: str) -> VoiceInfo:
-        for voice in engine.list_voices():
+        for voice in await call(engine.list_voices):
             if VoiceInfo.of(voice).id == voice_id:
                 return VoiceInfo.of(voice)
         raise ApiError(404, f"no saved voice {voice_id!r}", param="voice_id", code="voice_not_found")

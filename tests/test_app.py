@@ -159,3 +159,17 @@ def test_every_limit_has_a_flag():
     limits = app.engine_config(args).limits
     assert (limits.max_queue, limits.max_text_chars, limits.max_upload_bytes) == (3, 500, 2 * 2**20)
     assert (limits.max_prompt_s, limits.request_timeout_s, limits.max_concurrency) == (20, 60, 2)
+
+
+def test_cluster_flags_default_to_one_process_and_are_checked(capsys) -> None:
+    import app
+
+    args = app.parse_args(["--voices-dir", "/shared/voices"])
+    assert args.replicas == 0 and app.engine_config(args).voices_dir == "/shared/voices"
+    scaled = app.parse_args(["--replicas", "2", "--max-replicas", "4", "--gpus-per-replica", "1"])
+    assert (scaled.replicas, scaled.min_replicas, scaled.max_replicas) == (2, 1, 4)
+    assert scaled.gpus_per_replica == 1
+    for argv in (["--replicas", "-1"], ["--replicas", "2", "--share"], ["--max-replicas", "0"]):
+        with pytest.raises(SystemExit):
+            app.parse_args(argv)
+    assert "--replicas" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""Assemble the Serve application: ``build`` for ``serve deploy`` / ``serve run`` (its ``args`` are the
+server's own flags), ``run_local`` for ``python app.py --replicas N`` (a local Ray on this machine).
+
+The engine deployment's ``max_ongoing_requests`` is the engine's concurrency, so Serve's router sends a
+request only to a replica with a free slot, picking the less loaded of two; beyond every slot, requests wait
+at the ingress's handle, at most ``max_queue`` of them, and the rest get the same 429 + Retry-After.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+
+from cluster.board import board_name
+from cluster.engine_replica import DEMO_TINY, EngineReplica
+from cluster.ingress import Ingress, IngressConfig
+from cluster.settings import ClusterConfig
+from engine.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT = "EngineReplica", "Ingress"  # the names serve_config.yaml uses
+HEALTH_CHECK_PERIOD_S = 5.0
+INGRESS_MIN_ONGOING = 100  # probes, /metrics and the studio's page loads beside the streams
+
+
+def application(
+    cfg: EngineConfig, cluster: ClusterConfig, *, ui_lang: str = "zh", api_key: str | None = None
+) -> Any:
+    """The bound application (``serve.run`` it): an ingress over the engine replicas."""
+    board = board_name(cluster.app_name)
+    engines = serve.deployment(
+        name=ENGINE_DEPLOYMENT,
+        max_ongoing_requests=cfg.limits.max_concurrency,
+        max_queued_requests=cfg.limits.max_queue,
+        ray_actor_options={"num_gpus": cluster.gpus_per_replica, "num_cpus": cluster.cpus_per_replica},
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        **cluster.scaling(),
+    )(EngineReplica)
+    # the ingress only relays: it holds every stream the engines run plus those waiting for them
+    streams = cfg.limits.max_concurrency * (cluster.max_replicas or cluster.replicas) + cfg.limits.max_queue
+    ingress = serve.deployment(
+        name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=max(INGRESS_MIN_ONGOING, 2 * streams),
+    )(Ingress)  # fmt: skip
+    settings = IngressConfig(
+        limits=cfg.limits, ui_lang=ui_lang, api_key=api_key, random_weights=cfg.model == DEMO_TINY,
+        board=board, refresh_s=cluster.report_interval_s, stale_s=cluster.stale_s,
+    )  # fmt: skip
+    return ingress.bind(engines.bind(cfg, board, cluster.report_interval_s, cluster.stale_s), settings)
+
+
+def build(args: dict[str, Any]) -> Any:
+    """``serve deploy`` builder: ``args`` are ``app.py``'s flags without dashes (``max-concurrency: 16``)
+    plus the cluster's (``replicas``, ``gpus-per-replica`` ...), checked by the same parser."""
+    from app import engine_config, parse_args
+
+    argv = [f"--{key}={value}" for key, value in args.items()]
+    ns = parse_args(argv)
+    return application(
+        engine_config(ns), cluster_config(ns, gpus=1.0), ui_lang=ns.ui_lang, api_key=ns.api_key
+    )
+
+
+def cluster_config(ns: argparse.Namespace, gpus: float) -> ClusterConfig:
+    """The cluster's flags; ``gpus`` is the per-replica default when ``--gpus-per-replica`` is not given."""
+    per_gpu = gpus if ns.gpus_per_replica is None else ns.gpus_per_replica
+    return ClusterConfig(
+        replicas=max(1, ns.replicas), min_replicas=ns.min_replicas, max_replicas=ns.max_replicas,
+        gpus_per_replica=per_gpu, cpus_per_replica=ns.cpus_per_replica,
+    )  # fmt: skip
+
+
+def run_local(ns: argparse.Namespace) -> None:
+    """A local Ray with Serve's HTTP proxy on ``--host:--port``, and the application; blocks."""
+    import ray
+
+    from app import engine_config
+
+    # a new Ray on this machine (not one a `ray start` left running); its workers import this checkout
+    env = {"env_vars": {"PYTHONPATH": str(REPO)}}
+    slow_host_tolerance()
+    ray.init(address="local", namespace="cosystream", runtime_env=env)
+    gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    cluster = cluster_config(ns, gpus)
+    serve.start(http_options={"host": ns.host, "port": ns.port})
+    log.info("starting %d engine replicas (%s GPU each) behind http://%s:%d", cluster.replicas,
+             cluster.gpus_per_replica, ns.host, ns.port)  # fmt: skip
+    app = application(engine_config(ns), cluster, ui_lang=ns.ui_lang, api_key=ns.api_key)
+    serve.run(app, name=cluster.app_name, route_prefix="/", blocking=True)
+
+
+def slow_host_tolerance() -> None:
+    """Serve gives its HTTP proxy 5 s to report ready, then kills it, and ``serve.start`` fails with it:
+    a busy host (seen on a loaded 2-core CI box) misses that. The raylet, and so the controller, inherit
+    this process's environment, so set a longer check before ``ray.init`` starts them."""
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
