@@ -217,7 +217,14 @@ def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path)
             t2w.close()
     assert len(chunks[True]) == len(chunks[False]) + 1
     assert chunks[True][0].size < chunks[False][0].size / 3  # 15 - 4 withheld tokens vs 40 - 4
-    np.testing.assert_allclose(np.concatenate(chunks[True]), np.concatenate(chunks[False]), atol=1e-5)
+    fast, ref = np.concatenate(chunks[True]), np.concatenate(chunks[False])
+    # Equal in exact arithmetic, not bit for bit: the 15-token first flow call has other matmul shapes, so
+    # the CPU kernels block and sum in another order. Measured 2026-12-01 (tiny v3, 2 cores): max |diff|
+    # 1.2e-5 at peak |audio| 0.019 (6.5e-4 of the peak), the same with 1 thread (threads add 8e-8), growing
+    # chunk by chunk through the vocoder state; the same comparison in float64 agrees to 3e-14, so it is
+    # float32 rounding, not a moved boundary (that would differ by the signal itself, ~1e-2). Tolerance:
+    # 3x the measured ratio, relative to the peak so that it holds for any weights.
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=2e-3 * float(np.abs(ref).max()))
 
 
 def test_worker_is_healthy_until_closed(tmp_path):
