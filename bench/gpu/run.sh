@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The H200 recipe, one step per call: README.md "Reproduce on an H200" says the order and what each call carries.
+#
+#   bench/gpu/run.sh bundle                       HERE (network): vLLM bundle parts into .vb/, missing wheels into .whl/
+#   bench/gpu/run.sh unpack                       H200: keep the carried part(s); once all are in, install vLLM
+#   bench/gpu/run.sh gpu-tests [PYTEST ARGS]      H200: the full-size random models, then pytest -m gpu
+#   bench/gpu/run.sh check FAMILY                 H200: vLLM vs native LM (greedy parity, RAS, tokens/s)
+#   bench/gpu/run.sh bench FAMILY MODE LEVELS [BENCH FLAGS]    H200: one bench run -> $OUT/NAME/results.json + NAME.log
+#   bench/gpu/run.sh compare BEFORE.json AFTER.json            anywhere: the before/after table
+#   bench/gpu/run.sh profile FAMILY LEVELS [BENCH FLAGS]       H200: a streaming run with torch.profiler summaries
+#
+# FAMILY: v2 | v3; MODE: stream | offline | stream,offline; LEVELS: concurrency levels, e.g. 1,16,64.
+# Env: OUT (where results go; the device tool sets it), NAME (a bench run's folder name; default
+# FAMILY_MODE_LEVELS), BEFORE (a results.json: the bench step appends the before/after table to its log),
+# LIMIT_S (a step's time limit, default 540: a device call ends at 600 s), VB / SITE (where the bundle parts
+# and the installed vLLM live, default /root/vb and /root/site), CACHE (models, default /root/.cache/cosystream).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out} VB=${VB:-/root/vb} SITE=${SITE:-/root/site} CACHE=${CACHE:-/root/.cache/cosystream}
+LIMIT_S=${LIMIT_S:-540}
+HARDWARE="1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0"
+# Packages requirements.txt needs that the device image lacks (device README, KINDS.md list of 2026-11-17),
+# with their own needs; vLLM's come in the bundle. av (prompt decoding beyond wav) stays out: 40 MB.
+WHEELS=(soundfile cffi pycparser soxr kaldi-native-fbank wetext==0.1.8 kaldifst contractions textsearch
+  anyascii pyahocorasick pytest-asyncio)
+# NVLink multicast stays off on these shared hosts (device KINDS.md); the FlashInfer sampler is not bundled.
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1
+
+die() { echo "run.sh: $*" >&2; exit 2; }
+
+family_dir() {  # v2 | v3 -> the bench's family name
+  case "$1" in v2) echo cosyvoice2 ;; v3) echo cosyvoice3 ;; *) die "FAMILY must be v2 or v3, got '$1'" ;; esac
+}
+
+step_bundle() {  # here: parts of at most 45 MB (one per device call) and the list of them
+  [ -d ../shared/tools ] || die "needs ../shared/tools/vllm-bundle.sh beside the checkout"
+  rm -rf .vb && bash ../shared/tools/vllm-bundle.sh .vb 45
+  (cd .vb && ls vllm-bundle.part.* > PARTS)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}"
+  echo "parts: $(tr '\n' ' ' < .vb/PARTS); wheels: $(du -sh .whl | cut -f1)"
+}
+
+step_unpack() {  # H200: this call's part(s) join the earlier ones; the call that completes the set installs
+  mkdir -p "$VB" "$SITE"
+  [ -f .vb/PARTS ] || die "carry .vb/PARTS with every part (bench/gpu/run.sh bundle writes it)"
+  cp .vb/PARTS .vb/vllm-bundle.part.* "$VB/" 2>/dev/null || true
+  local missing
+  missing=$(cd "$VB" && while read -r p; do [ -f "$p" ] || echo "$p"; done < PARTS)
+  if [ -n "$missing" ]; then echo "parts still to come: $(echo $missing)"; return 0; fi
+  if [ ! -f "$SITE/.vllm-done" ]; then
+    mkdir -p "$VB/b"
+    (cd "$VB" && xargs cat < PARTS) | tar -x -C "$VB/b"
+    xz -dc "$VB/b/vllm-slim.tar.xz" | tar -x -C "$SITE"
+    if compgen -G "$VB/b/deps/*.whl" > /dev/null; then install_wheels "$VB"/b/deps/*.whl; fi
+    touch "$SITE/.vllm-done"
+  fi
+  echo "vLLM installed in $SITE"
+}
+
+install_wheels() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$@"
+}
+
+environment() {  # every H200 step: the installed vLLM and wheels on the path, or a clear stop
+  [ -f "$SITE/.vllm-done" ] || die "vLLM is not installed in $SITE: run the unpack calls first"
+  if compgen -G ".whl/*.whl" > /dev/null && [ ! -f "$SITE/.wheels-done" ]; then
+    install_wheels .whl/*.whl && touch "$SITE/.wheels-done"
+  fi
+  export PYTHONPATH="$SITE:$PWD"
+  mkdir -p "$OUT"
+  python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
+}
+
+build_model() {  # the bench's full-size random model in the released layout, built once per machine
+  python3 -c "from bench.__main__ import random_model; print(random_model('$(family_dir "$1")', 'full', '$CACHE'))"
+}
+
+# The files that hold gpu-marked tests; the rest import the UI (Gradio is not on the device).
+GPU_TESTS=(tests/engine/lm/test_vllm_backend.py tests/engine/test_flow_graphs.py tests/engine/test_hift_graphs.py
+  tests/engine/test_token2wav.py)
+
+step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
+  [ $# -gt 0 ] || set -- "${GPU_TESTS[@]}"
+  environment
+  build_model v2 & build_model v3 & wait
+  timeout "$LIMIT_S" python3 -m pytest -v -m gpu -p no:cacheprovider -rf --tb=short "$@" \
+    > "$OUT/pytest_gpu.log" 2>&1 && rc=0 || rc=$?
+  grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/pytest_gpu.log" | tail -30
+  return "$rc"
+}
+
+step_check() {
+  [ $# -eq 1 ] || die "usage: run.sh check FAMILY"
+  environment
+  local model
+  model=$(build_model "$1" | tail -1)
+  timeout "$LIMIT_S" python3 -m bench.vllm_check --model "$model" --dtype bfloat16 --cache "$CACHE" \
+    --out "$OUT/vllm_check_$1.json" > "$OUT/vllm_check_$1.log" 2>&1 && rc=0 || rc=$?
+  tail -30 "$OUT/vllm_check_$1.log"
+  return "$rc"
+}
+
+step_bench() {
+  [ $# -ge 3 ] || die "usage: run.sh bench FAMILY MODE LEVELS [BENCH FLAGS]"
+  local fam=$1 mode=$2 levels=$3
+  shift 3
+  family_dir "$fam" > /dev/null
+  local name=${NAME:-${fam}_${mode/,/_}_${levels//,/_}}
+  environment
+  timeout "$LIMIT_S" python3 -m bench --random-full "$fam" --cache-dir "$CACHE" --device cuda --backend vllm \
+    --modes "$mode" --concurrency "$levels" --tokens 250 --hardware "$HARDWARE" "$@" --out "$OUT/$name" \
+    > "$OUT/$name.log" 2>&1 && rc=0 || rc=$?
+  echo "$name rc=$rc $(date +%T)"
+  grep -E " c=|captured|Error" "$OUT/$name.log" | cut -c1-220 | tail -8 || true
+  # 8 files come back per call: results.json and the log; python -m bench.report redraws the md and the plot
+  rm -f "$OUT/$name/results.png" "$OUT/$name/results.md"
+  if [ -n "${BEFORE:-}" ] && [ -f "$OUT/$name/results.json" ]; then
+    step_compare "$BEFORE" "$OUT/$name/results.json" | tee -a "$OUT/$name.log"
+  fi
+  return "$rc"
+}
+
+step_compare() {
+  [ $# -eq 2 ] || die "usage: run.sh compare BEFORE.json AFTER.json"
+  local table
+  table=$(mktemp)
+  python3 -m bench.compare "$1" "$2" --out "$table" > /dev/null
+  cat "$table"
+}
+
+step_profile() {
+  [ $# -ge 2 ] || die "usage: run.sh profile FAMILY LEVELS [BENCH FLAGS]"
+  local fam=$1 levels=$2
+  shift 2
+  NAME=${NAME:-profile_${fam}_${levels//,/_}} step_bench "$fam" stream "$levels" --requests 8 \
+    --profile-dir "$OUT/profile_${fam}" "$@"
+}
+
+[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile ... (see the header)"
+step=$1
+shift
+case "$step" in
+  bundle) step_bundle ;;
+  unpack) step_unpack ;;
+  gpu-tests) step_gpu_tests "$@" ;;
+  check) step_check "$@" ;;
+  bench) step_bench "$@" ;;
+  compare) step_compare "$@" ;;
+  profile) step_profile "$@" ;;
+  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile)" ;;
+esac

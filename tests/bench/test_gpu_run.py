@@ -1,0 +1,123 @@
+"""bench/gpu/run.sh, the H200 recipe, on the CPU: the part-per-call unpack installs only once every part is
+in, steps that need vLLM stop with a clear message before it is, bad arguments are refused, and compare
+prints the before/after table."""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("xz") is None, reason="bash, xz")
+
+
+def tar_bytes(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A checkout holding run.sh and a two-part stand-in bundle in .vb/ (as `run.sh bundle` lays it out)."""
+    root = tmp_path / "repo"
+    (root / "bench" / "gpu").mkdir(parents=True)
+    shutil.copy(REPO / "bench" / "gpu" / "run.sh", root / "bench" / "gpu" / "run.sh")
+    package = tar_bytes({"vllm/__init__.py": b"__version__ = 'stand-in'\n"})
+    slim = lzma.compress(package, format=lzma.FORMAT_XZ)
+    bundle = tar_bytes({"vllm-slim.tar.xz": slim})
+    half = len(bundle) // 2
+    (root / ".vb").mkdir()
+    (root / ".vb" / "vllm-bundle.part.aa").write_bytes(bundle[:half])
+    (root / ".vb" / "vllm-bundle.part.ab").write_bytes(bundle[half:])
+    (root / ".vb" / "PARTS").write_text("vllm-bundle.part.aa\nvllm-bundle.part.ab\n")
+    return root
+
+
+def run_sh(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {
+        "VB": str(root.parent / "vb"),
+        "SITE": str(root.parent / "site"),
+        "OUT": str(root.parent / "out"),
+    }
+    cmd = ["bash", str(root / "bench" / "gpu" / "run.sh"), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def carry_only(root: Path, part: str) -> None:
+    """What one device call sees: PARTS and this one part (the others stayed on the earlier calls)."""
+    for p in (root / ".vb").glob("vllm-bundle.part.*"):
+        if p.name != part:
+            p.rename(root.parent / p.name)
+    if not (root / ".vb" / part).exists():
+        (root.parent / part).rename(root / ".vb" / part)
+
+
+def test_unpack_installs_once_the_last_part_arrives(checkout: Path) -> None:
+    site = checkout.parent / "site"
+    carry_only(checkout, "vllm-bundle.part.aa")
+    first = run_sh(checkout, "unpack")
+    assert first.returncode == 0, first.stderr
+    assert "parts still to come: vllm-bundle.part.ab" in first.stdout
+    assert not (site / "vllm").exists()
+    carry_only(checkout, "vllm-bundle.part.ab")
+    second = run_sh(checkout, "unpack")
+    assert second.returncode == 0, second.stderr
+    assert (site / "vllm" / "__init__.py").read_text() == "__version__ = 'stand-in'\n"
+    assert (site / ".vllm-done").exists()
+
+
+def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
+    for args in (("gpu-tests",), ("check", "v3"), ("bench", "v3", "stream", "1,16")):
+        done = run_sh(checkout, *args)
+        assert done.returncode == 2
+        assert "vLLM is not installed" in done.stderr and "unpack" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((), "usage"),
+        (("fly",), "unknown step 'fly'"),
+        (("bench", "v4", "stream", "1"), "FAMILY must be v2 or v3"),
+        (("bench", "v3"), "usage: run.sh bench"),
+        (("compare", "a.json"), "usage: run.sh compare"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_usage(checkout: Path, args: tuple[str, ...], message: str):
+    done = run_sh(checkout, *args)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_compare_prints_the_before_after_table(tmp_path: Path) -> None:
+    def results(ttfa: float, git: str) -> dict:
+        level = {
+            "system": "cosystream", "mode": "stream", "concurrency": 1, "requests": 8, "underrun_requests": 0,
+            "ttfa_ms": {"p50": ttfa, "p95": ttfa}, "rtf": {"p50": 0.1}, "audio_s_per_s": 9.0,
+        }  # fmt: skip
+        return {"meta": {"model": "m", "command": "python -m bench", "git": git}, "levels": [level]}
+
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(json.dumps(results(200.0, "a")))
+    after.write_text(json.dumps(results(150.0, "b")))
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu" / "run.sh"), "compare", str(before), str(after)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "200 -> 150 (-25%)" in done.stdout
