@@ -13,7 +13,6 @@ import os
 import secrets
 import threading
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
@@ -131,11 +130,9 @@ def build_engine(cfg: EngineConfig) -> Any:
 
     if cfg.model != DEMO_TINY:
         return TTSEngine.load(cfg)
-    from bench.make_model import build_model_dir
+    from bench.make_model import build_demo_tiny
 
-    root = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream") / DEMO_TINY
-    log.info("building the %s model (random weights) in %s", DEMO_TINY, root)
-    return TTSEngine.load(cfg, model_dir=build_model_dir(root, "cosyvoice3", "tiny"))
+    return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))
 
 
 def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | None) -> bool:
