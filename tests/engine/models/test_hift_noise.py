@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models.f0_predictor import F0Predictor, F0PredictorConfig
-from engine.models.hift_noise import FULL_NOISE_SAMPLES, build_noise, shared_noise
+from engine.models.f0_predictor import F0Predictor
+from engine.models.hift_config import FULL_NOISE_SAMPLES, F0PredictorConfig
+from engine.models.hift_noise import build_noise, shared_noise
 from tests.conftest import fixture_root, tiny_cases
 
 V3_TINY = tiny_cases("cosyvoice3")

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from engine.errors import InvalidInput, ModelError
-from engine.models.speech_lm import SpeechLM, SpeechLMConfig
+from engine.models.lm_config import SpeechLMConfig
+from engine.models.speech_lm import SpeechLM
 from tests.conftest import fixture_root, tiny_cases
 
 CASES = tiny_cases()
