@@ -11,7 +11,9 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import threading
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,7 @@ from engine.config import (
 from webui.texts import UI_LANGS
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastapi import FastAPI
 
 log = logging.getLogger("cosystream")
@@ -164,6 +167,7 @@ def create_app(
     from webui import stream_route
     from webui.layout import build_demo, page_options
 
+    quiet_gradio_deprecations()
     limits = limits or Limits()
     hub, store = stream_route.StreamHub(), stream_route.AudioStore()
 
@@ -186,6 +190,18 @@ def create_app(
     # uploads over the limit are refused before they are written to disk
     options = page_options() | {"max_file_size": limits.max_upload_bytes}
     return gr.mount_gradio_app(app, demo, path="/", **options)
+
+
+def quiet_gradio_deprecations() -> None:
+    """Gradio 6's queue join reads ``starlette.status.HTTP_422_UNPROCESSABLE_ENTITY`` (renamed in Starlette)
+    and calls pandas options pandas 3 deprecates: a warning per Generate click in the server log, about
+    Gradio's own code, which nothing here can change. Only those messages from gradio's modules are muted."""
+    for message in (
+        r"'HTTP_422_UNPROCESSABLE_ENTITY' is deprecated",
+        r"'future\.no_silent_downcasting' is deprecated",
+        r"The copy keyword is deprecated",
+    ):
+        warnings.filterwarnings("ignore", message=message, module=r"gradio\.")
 
 
 def open_share_link(host: str, port: int) -> None:
@@ -214,10 +230,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)
+    web_server(app, args.host, args.port, cfg.model).run()
+
+
+def web_server(app: FastAPI, host: str, port: int, model: str) -> uvicorn.Server:
+    """uvicorn for ``app``; "CosyStream on http://..." is logged once the socket listens (port 0: the port
+    the system picked), after the lifespan has warmed the engine, so the URL it gives answers at once."""
     import uvicorn
 
-    log.info("CosyStream on http://%s:%d (model %s)", args.host, args.port, cfg.model)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                for server in self.servers:
+                    for sock in server.sockets:
+                        bound_host, bound_port = sock.getsockname()[:2]
+                        log.info("CosyStream on http://%s:%d (model %s)", bound_host, bound_port, model)
+
+    return Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
 
 
 if __name__ == "__main__":
