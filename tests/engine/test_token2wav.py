@@ -19,7 +19,7 @@ from engine.config import StreamConfig
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
 from engine.token2wav import Token2Wav
-from tests.conftest import tiny_cases
+from tests.conftest import fixture_file, tiny_cases
 
 CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
 
@@ -57,7 +57,7 @@ async def run_all(
 def test_stream_and_non_stream_reproduce_the_reference(case, tmp_path):
     family = case.parent.name
     model = load_model(validate_model_dir(model_dir_from_fixture(case, tmp_path / "m")), torch.device("cpu"))
-    flow_in, ref = np.load(case / "ref_flow.npz"), np.load(case / "ref_e2e.npz")
+    flow_in, ref = np.load(fixture_file(case / "ref_flow.npz")), np.load(case / "ref_e2e.npz")
     features = PromptFeatures(
         speech_tokens=flow_in["prompt_token"][0].astype(np.int32),
         speaker_embedding=flow_in["embedding"][0],
