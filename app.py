@@ -11,9 +11,10 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import threading
+import warnings
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
@@ -30,6 +31,7 @@ from engine.config import (
 from webui.texts import UI_LANGS
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastapi import FastAPI
 
 log = logging.getLogger("cosystream")
@@ -161,11 +163,9 @@ def build_engine(cfg: EngineConfig) -> Any:
 
     if cfg.model != DEMO_TINY:
         return TTSEngine.load(cfg)
-    from bench.make_model import build_model_dir
+    from bench.make_model import build_demo_tiny
 
-    root = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream") / DEMO_TINY
-    log.info("building the %s model (random weights) in %s", DEMO_TINY, root)
-    return TTSEngine.load(cfg, model_dir=build_model_dir(root, "cosyvoice3", "tiny"))
+    return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))
 
 
 def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | None) -> bool:
@@ -197,6 +197,7 @@ def create_app(
     from webui import stream_route
     from webui.layout import build_demo, page_options
 
+    quiet_gradio_deprecations()
     limits = limits or Limits()
     hub, store = stream_route.StreamHub(), stream_route.AudioStore()
 
@@ -219,6 +220,18 @@ def create_app(
     # uploads over the limit are refused before they are written to disk
     options = page_options() | {"max_file_size": limits.max_upload_bytes}
     return gr.mount_gradio_app(app, demo, path="/", **options)
+
+
+def quiet_gradio_deprecations() -> None:
+    """Gradio 6's queue join reads ``starlette.status.HTTP_422_UNPROCESSABLE_ENTITY`` (renamed in Starlette)
+    and calls pandas options pandas 3 deprecates: a warning per Generate click in the server log, about
+    Gradio's own code, which nothing here can change. Only those messages from gradio's modules are muted."""
+    for message in (
+        r"'HTTP_422_UNPROCESSABLE_ENTITY' is deprecated",
+        r"'future\.no_silent_downcasting' is deprecated",
+        r"The copy keyword is deprecated",
+    ):
+        warnings.filterwarnings("ignore", message=message, module=r"gradio\.")
 
 
 def open_share_link(host: str, port: int) -> None:
@@ -252,10 +265,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)
+    web_server(app, args.host, args.port, cfg.model).run()
+
+
+def web_server(app: FastAPI, host: str, port: int, model: str) -> uvicorn.Server:
+    """uvicorn for ``app``; "CosyStream on http://..." is logged once the socket listens (port 0: the port
+    the system picked), after the lifespan has warmed the engine, so the URL it gives answers at once."""
     import uvicorn
 
-    log.info("CosyStream on http://%s:%d (model %s)", args.host, args.port, cfg.model)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                for server in self.servers:
+                    for sock in server.sockets:
+                        bound_host, bound_port = sock.getsockname()[:2]
+                        log.info("CosyStream on http://%s:%d (model %s)", bound_host, bound_port, model)
+
+    return Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -57,19 +58,22 @@ def retry_after(seconds: float) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
-def from_engine(err: EngineError) -> ApiError:
-    """Map the engine's error classes (most specific first: NotReady is a Busy, TooLarge an InvalidInput)."""
+def from_engine(err: EngineError, params: Mapping[str, str] | None = None) -> ApiError:
+    """Map the engine's error classes (most specific first: NotReady is a Busy, TooLarge an InvalidInput).
+    ``params``: the route's parameter name for each request field (the field's own name otherwise)."""
     message = str(err) or type(err).__name__
+    param = (params or {}).get(err.field, err.field) if err.field else None
     if isinstance(err, NotReady):
         return ApiError(503, message, code="not_ready", headers=retry_after(err.retry_after_s))
     if isinstance(err, Busy):
         return ApiError(429, message, code="queue_full", headers=retry_after(err.retry_after_s))
     if isinstance(err, TooLarge):
-        return ApiError(413, message, code="too_large")
-    if isinstance(err, NotFound):
-        return ApiError(404, message, code="not_found")
+        return ApiError(413, message, param=param, code="too_large")
+    if isinstance(err, NotFound):  # one code per missing thing, whichever route asked for it
+        code = "voice_not_found" if err.field == "voice_id" else "not_found"
+        return ApiError(404, message, param=param, code=code)
     if isinstance(err, InvalidInput):
-        return ApiError(422, message, code="invalid_input")
+        return ApiError(422, message, param=param, code="invalid_input")
     # SynthesisFailed, ModelError: the engine's message is written to be shown as is.
     return ApiError(500, message, code=type(err).__name__.lower())
 

@@ -16,7 +16,9 @@ from api.errors import ApiError, retry_after
 from api.route import guarded_route
 from api.schemas import ModelCard, ModelList
 
-OPENAI_TTS_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")  # accepted so stock clients work unchanged
+# Accepted as the served model: OpenAI's TTS names (stock clients work unchanged) and "cosyvoice", the
+# README's name for whichever model this server runs (v2 or v3).
+MODEL_ALIASES = ("cosyvoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 PROBE_BODY_CAP = 64 * 1024
 READY_RETRY_S = 5.0
 
@@ -29,9 +31,9 @@ def model_ids(engine: EngineLike) -> list[str]:
 
 def check_model(name: str | None, engine: EngineLike) -> None:
     """One model per server: any of its names (or an OpenAI TTS alias) is fine; anything else is a 404."""
-    if not name or name in model_ids(engine) or name in OPENAI_TTS_ALIASES:
+    if not name or name in model_ids(engine) or name in MODEL_ALIASES:
         return
-    known = ", ".join(model_ids(engine))
+    known = ", ".join([*model_ids(engine), "cosyvoice"])
     raise ApiError(
         404, f"model {name!r} is not served here; use {known}", param="model", code="model_not_found"
     )

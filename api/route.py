@@ -7,11 +7,13 @@ UI mounted on the same app keeps its own error handling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+import sys
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, NoReturn
 
-from fastapi import Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
 from starlette.types import Message, Receive
 
 from api.errors import ApiError, to_api_error
@@ -71,3 +73,53 @@ def guarded_route(telemetry: Telemetry, max_body_bytes: int) -> type[APIRoute]:
             return guarded
 
     return GuardedRoute
+
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def fallback_routes(served: Iterable[BaseRoute], telemetry: Telemetry) -> APIRouter:
+    """Routes to include after every API route: each API path answers the methods it lacks with a 405
+    (``Allow`` lists the ones it has), and any other ``/v1`` path with a 404, both as OpenAI errors.
+    Without them the router's 404/405 is ``{"detail": ...}``, and with the UI mounted at "/" the mount
+    answers every path the API does not fully match (a wrong method included) with its own 404."""
+    allowed: dict[str, set[str]] = {}
+    for route in served:
+        if isinstance(route, APIRoute):
+            allowed.setdefault(route.path, set()).update(route.methods or ())
+    # the handlers never read the body, so no body is too large for them
+    router = APIRouter(route_class=guarded_route(telemetry, sys.maxsize))
+    for path, methods in allowed.items():
+        others = [m for m in HTTP_METHODS if m not in methods]
+        router.add_api_route(
+            path,
+            method_not_allowed(sorted(methods)),
+            methods=others,
+            include_in_schema=False,
+            response_model=None,
+        )
+    router.add_api_route(
+        "/v1/{rest:path}",
+        unknown_route,
+        methods=list(HTTP_METHODS),
+        include_in_schema=False,
+        response_model=None,
+    )
+    return router
+
+
+def method_not_allowed(allowed: list[str]) -> Callable[[Request], Coroutine[Any, Any, NoReturn]]:
+    allow = ", ".join(allowed)
+
+    async def refuse(request: Request) -> NoReturn:
+        message = f"{request.method} is not allowed on {request.url.path}; use {allow}"
+        raise ApiError(405, message, code="method_not_allowed", headers={"Allow": allow})
+
+    return refuse
+
+
+async def unknown_route(request: Request) -> NoReturn:
+    message = (
+        f"no route {request.method} {request.url.path}; the API's routes are under /v1/audio and /v1/models"
+    )
+    raise ApiError(404, message, code="unknown_route")

@@ -29,7 +29,7 @@ from api.route import guarded_route
 from api.schemas import SpeechRequest
 from api.streaming import EngineStreamResponse
 from api.telemetry import Telemetry
-from engine.errors import EngineError, NotFound
+from engine.errors import EngineError
 from engine.metrics import RequestMetrics
 from engine.request import AudioChunk, Mode, SynthesisRequest
 
@@ -37,6 +37,16 @@ log = logging.getLogger(__name__)
 
 Prompt = tuple[np.ndarray, int]  # (float32 mono samples, sample rate Hz)
 NOT_READY_RETRY_S = 5.0
+# SynthesisRequest field -> this route's parameter, for the ``param`` of an engine error
+SPEECH_PARAMS = {
+    "text": "input",
+    "voice_id": "voice",
+    "prompt_text": "ref_text",
+    "instruct_text": "instructions",
+    "prompt_audio": "ref_audio",
+    "source_audio": "source_audio",
+    "language": "language",
+}
 
 
 def body_cap(ctx: ApiContext) -> int:
@@ -67,9 +77,8 @@ async def speak(ctx: ApiContext, body: SpeechRequest, request: Request) -> Respo
     encoder = stream_encoder(body.response_format, ctx.engine.sample_rate) if body.streams() else None
     try:
         gen, first = await open_stream(ctx.engine, req)
-    except NotFound as err:  # the only thing a speech request names is its voice
-        param = "voice" if req.voice_id else None
-        raise ApiError(404, str(err), param=param, code="voice_not_found") from err
+    except EngineError as err:
+        raise from_engine(err, SPEECH_PARAMS) from err
     ctx.telemetry.first_audio(first.metrics)
     if encoder is None:
         return await whole_file(ctx, request, gen, first, body.response_format)

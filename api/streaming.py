@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 
 import anyio
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,14 @@ class EngineStreamResponse(StreamingResponse):
                 log.info("client left a stream before its end; aborting the request")
                 self.on_disconnect()
 
+        async def send_marking_the_end(message: Message) -> None:
+            # uvicorn answers the listener with http.disconnect as soon as the last body message is sent,
+            # which can wake it before pump() below resumes: the stream is complete from that message on.
+            nonlocal completed
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
+            await send(message)
+
         self.on_start()
         try:
             async with anyio.create_task_group() as group:
@@ -52,7 +60,7 @@ class EngineStreamResponse(StreamingResponse):
                 async def pump() -> None:
                     nonlocal completed, failure
                     try:
-                        await self.stream_response(send)
+                        await self.stream_response(send_marking_the_end)
                         completed = True
                     except OSError:  # ASGI >= 2.4 servers raise it from send() once the client is gone
                         pass
@@ -62,7 +70,8 @@ class EngineStreamResponse(StreamingResponse):
 
                 group.start_soon(pump)
                 await self.listen_for_disconnect(receive)  # returns on http.disconnect; cancelled at the end
-                abort_once()  # before cancelling the pump, whose cancellation closes the engine stream
+                if not completed:
+                    abort_once()  # before cancelling the pump, whose cancellation closes the engine stream
                 group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):  # cleanup must run even when the server cancels us

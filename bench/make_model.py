@@ -105,6 +105,14 @@ def build_model_dir(out: str | Path, family: str = "cosyvoice3", size: str = "ti
     return out
 
 
+def build_demo_tiny(cache_dir: str | None = None) -> Path:
+    """``--model demo-tiny`` (app.py and ``python -m engine``): a tiny random-weight v3 directory in the
+    released layout under the cache, written again on each start (seconds, offline)."""
+    root = Path(cache_dir or Path.home() / ".cache" / "cosystream") / "demo-tiny"
+    log.info("building the demo-tiny model (random weights) in %s", root)
+    return build_model_dir(root, "cosyvoice3", "tiny")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=["cosyvoice2", "cosyvoice3"], default="cosyvoice3")

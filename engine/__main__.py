@@ -60,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model directory, ModelScope id or Hugging Face id")
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="model directory, ModelScope / Hugging Face id, or 'demo-tiny' (offline, random weights)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "npu"])
     p.add_argument("--backend", default="auto", choices=["auto", "native", "vllm"])
     p.add_argument("--llm-variant", default="base", choices=["base", "rl"])
@@ -77,7 +81,12 @@ def _engine(args: argparse.Namespace):
         llm_variant=args.llm_variant,
         voices_dir=args.voices_dir,
     )
-    engine = TTSEngine.load(cfg)
+    model_dir = None
+    if args.model == "demo-tiny":  # as app.py: the entry points may build the bench's tiny model
+        from bench.make_model import build_demo_tiny
+
+        model_dir = build_demo_tiny()
+    engine = TTSEngine.load(cfg, model_dir=model_dir)
     engine.ready = True
     return engine
 

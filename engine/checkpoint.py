@@ -22,7 +22,8 @@ from engine.errors import ModelError
 from engine.hub import ModelDir, detect_family
 from engine.models.flow import Flow, build_flow
 from engine.models.hift import CausalHiFTGenerator, HiftConfig, HiFTGenerator, build_hift
-from engine.models.speech_lm import SpeechLM, SpeechLMConfig
+from engine.models.lm_config import SpeechLMConfig
+from engine.models.speech_lm import SpeechLM
 from engine.yaml_data import read_yaml, tag_of
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 
 class EngineError(Exception):
-    """Base class. ``str(err)`` is a message fit to show a user as is."""
+    """Base class. ``str(err)`` is a message fit to show a user as is; ``field`` names the
+    ``SynthesisRequest`` field at fault (``"voice_id"``, ``"language"`` ...) where there is one, so an API
+    can name its own parameter."""
 
     status = 500
+
+    def __init__(self, message: str = "", *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class InvalidInput(EngineError):

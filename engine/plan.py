@@ -37,28 +37,32 @@ class Planner:
         """Cheap checks before the request takes a slot: InvalidInput / TooLarge with a user-fit message."""
         if req.mode != Mode.VC:
             if not req.text or not req.text.strip():
-                raise InvalidInput("the text to speak is empty")
-            self._check_text("the text", req.text)
-        self._check_text("the prompt transcript", req.prompt_text)
-        self._check_text("the instruction", req.instruct_text)
+                raise InvalidInput("the text to speak is empty", field="text")
+            self._check_text("the text", req.text, "text")
+        self._check_text("the prompt transcript", req.prompt_text, "prompt_text")
+        self._check_text("the instruction", req.instruct_text, "instruct_text")
         if req.mode == Mode.INSTRUCT and not req.instruct_text.strip():
-            raise InvalidInput("instruct mode needs an instruction (e.g. 'speak happily')")
+            message = "instruct mode needs an instruction (e.g. 'speak happily')"
+            raise InvalidInput(message, field="instruct_text")
         if req.mode == Mode.VC and req.source_wav is None and req.source_audio is None:
-            raise InvalidInput("voice conversion needs the source speech to convert")
+            raise InvalidInput("voice conversion needs the source speech to convert", field="source_audio")
         if req.voice_id is None and req.prompt_wav is None and req.prompt_audio is None:
-            raise InvalidInput("a voice is needed: upload or record 3-30 s of speech, or pick a saved voice")
+            message = "a voice is needed: upload or record 3-30 s of speech, or pick a saved voice"
+            raise InvalidInput(message, field="voice_id")
         if req.mode == Mode.ZERO_SHOT and req.voice_id is None and not req.prompt_text.strip():
-            raise InvalidInput("zero-shot cloning needs the transcript of the prompt audio")
+            message = "zero-shot cloning needs the transcript of the prompt audio"
+            raise InvalidInput(message, field="prompt_text")
 
-    def _check_text(self, what: str, text: str) -> None:
+    def _check_text(self, what: str, text: str, field: str) -> None:
         """Length, control characters and lone surrogates (they break the normaliser and tokenizer)."""
         limit = self.limits.max_text_chars
         if len(text) > limit:
-            raise TooLarge(f"{what} has {len(text)} characters; the limit is {limit}")
+            raise TooLarge(f"{what} has {len(text)} characters; the limit is {limit}", field=field)
         if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in text):
-            raise InvalidInput(f"{what} contains control characters")
+            raise InvalidInput(f"{what} contains control characters", field=field)
         if any(unicodedata.category(c) == "Cs" for c in text):
-            raise InvalidInput(f"{what} is not valid Unicode (it has lone surrogate characters)")
+            message = f"{what} is not valid Unicode (it has lone surrogate characters)"
+            raise InvalidInput(message, field=field)
 
     def plan(self, req: SynthesisRequest) -> Plan:
         """The heavy part (audio decoding, ONNX features, normalisation): run it off the event loop."""
@@ -71,7 +75,7 @@ class Planner:
         cross = req.mode == Mode.CROSS_LINGUAL
         segments = self.text.prepare(req.text, req.language, req.text_frontend, cross_lingual=cross)
         if not segments:
-            raise InvalidInput("the text has nothing to speak after normalisation")
+            raise InvalidInput("the text has nothing to speak after normalisation", field="text")
         prompt_ids: list[int] = []
         speech: list[int] = []
         if req.mode == Mode.ZERO_SHOT:
@@ -95,5 +99,6 @@ class Planner:
     def _check_family(self, voice: Voice) -> None:
         if voice.family != self.family:
             raise InvalidInput(
-                f"saved voice {voice.name!r} was made for {voice.family}; this server runs {self.family}"
+                f"saved voice {voice.name!r} was made for {voice.family}; this server runs {self.family}",
+                field="voice_id",
             )

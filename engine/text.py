@@ -74,7 +74,8 @@ def special_tokens(family: str) -> list[str]:
 def resolve_language(text: str, lang: str = "auto") -> str:
     """The branch for ``text``: the hint itself, or for "auto" "zh" if any CJK ideograph else "en"."""
     if lang not in LANGUAGES:
-        raise InvalidInput(f"unknown language {lang!r}; expected one of {', '.join(LANGUAGES)}")
+        expected = ", ".join(LANGUAGES)
+        raise InvalidInput(f"unknown language {lang!r}; expected one of {expected}", field="language")
     if lang != "auto":
         return lang
     return "zh" if _CJK.search(text) else "en"

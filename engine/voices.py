@@ -113,12 +113,13 @@ class VoiceLibrary:
             features = _read_features(entry / FEATURES)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise NotFound(
-                f"saved voice {voice_id!r} is damaged ({err}); delete it and save it again"
+                f"saved voice {voice_id!r} is damaged ({err}); delete it and save it again", field="voice_id"
             ) from err
         if not voice.compatible:
             raise InvalidInput(
                 f"saved voice {voice_id!r} was made for {voice.family} but the loaded model is "
-                f"{self.family}; save it again from its prompt audio"
+                f"{self.family}; save it again from its prompt audio",
+                field="voice_id",
             )
         return voice, features
 
@@ -152,10 +153,11 @@ class VoiceLibrary:
 
     def _entry(self, voice_id: str) -> Path:
         if not isinstance(voice_id, str) or not _ID.match(voice_id):
-            raise InvalidInput(f"invalid voice id {voice_id!r} (lowercase letters, digits and '-')")
+            message = f"invalid voice id {voice_id!r} (lowercase letters, digits and '-')"
+            raise InvalidInput(message, field="voice_id")
         entry = self.root / voice_id
         if not entry.is_dir():
-            raise NotFound(f"no saved voice with id {voice_id!r}")
+            raise NotFound(f"no saved voice with id {voice_id!r}", field="voice_id")
         return entry
 
     def _voice(self, voice_id: str, meta: dict[str, Any]) -> Voice:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,25 @@ def tiny_cases(family: str | None = None) -> list[Path]:
         return []
     pattern = f"{family}/tiny" if family else "cosyvoice*/tiny"
     return sorted(p for p in root.glob(pattern) if p.is_dir())
+
+
+def fixture_file(*parts: str | Path) -> Path:
+    """A file of the fixture set (a path under the root, or a case directory and a name); the test skips,
+    naming the file, when the root or the file is absent: every file beyond a case's weights is optional."""
+    root = fixture_root()
+    if root is None:
+        pytest.skip("no fixture root (COSYSTREAM_FIXTURES or ../shared/fixtures)")
+    path = root.joinpath(*parts)
+    if not path.is_file():
+        pytest.skip(f"the fixture set has no {path.relative_to(root) if path.is_relative_to(root) else path}")
+    return path
+
+
+def tiny_yaml(case: Path) -> dict[str, Any]:
+    """A case's ``<family>_tiny.yaml`` read as data (sizes come from here, not from the test)."""
+    from engine.yaml_data import read_yaml
+
+    return read_yaml(fixture_file(case / f"{case.parent.name}_tiny.yaml"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -47,9 +47,9 @@ class FakeEngine:
 
     def check(self, req: SynthesisRequest) -> None:
         if req.mode != Mode.VC and not req.text.strip():
-            raise InvalidInput("text is empty")
+            raise InvalidInput("text is empty", field="text")
         if req.voice_id is not None and req.voice_id not in self.voices:
-            raise NotFound(f"no saved voice {req.voice_id!r}")
+            raise NotFound(f"no saved voice {req.voice_id!r}", field="voice_id")
         if (
             req.mode != Mode.VC
             and req.voice_id is None
@@ -57,7 +57,8 @@ class FakeEngine:
             and req.prompt_audio is None
         ):
             raise InvalidInput(
-                "a prompt voice is needed: upload or record 3-30 s of speech, or pick a saved voice"
+                "a prompt voice is needed: upload or record 3-30 s of speech, or pick a saved voice",
+                field="voice_id",
             )
 
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
@@ -109,4 +110,4 @@ class FakeEngine:
 
     def delete_voice(self, voice_id: str) -> None:
         if self.voices.pop(voice_id, None) is None:
-            raise NotFound(f"no saved voice {voice_id!r}")
+            raise NotFound(f"no saved voice {voice_id!r}", field="voice_id")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import types
 from typing import ClassVar
 
@@ -173,3 +177,44 @@ def test_cluster_flags_default_to_one_process_and_are_checked(capsys) -> None:
         with pytest.raises(SystemExit):
             app.parse_args(argv)
     assert "--replicas" in capsys.readouterr().err
+
+
+async def test_a_queue_join_logs_no_deprecation_warning(recwarn) -> None:
+    """Gradio's queue join used to warn about Starlette's renamed 422 constant on every Generate click."""
+    fastapi_app = app.create_app(FakeEngine(), ui_lang="en", random_weights=True)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fastapi_app), base_url="http://t") as c:
+        join = {"data": [], "fn_index": 0, "session_hash": "readme0"}
+        assert (await c.post("/gradio_api/queue/join", json=join)).status_code == 200
+    assert not [str(w.message) for w in recwarn if "deprecated" in str(w.message)]
+
+
+def test_the_url_is_logged_once_the_port_listens() -> None:
+    """The "CosyStream on http://..." line gives the bound port (0 asked: the system's pick), and a client
+    connecting the moment it is logged finds the socket listening."""
+    fastapi_app = app.create_app(FakeEngine(), ui_lang="en", random_weights=True)
+    connected: list[str] = []
+
+    class Probe(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith("CosyStream on http://"):
+                host, port = message.split()[2].removeprefix("http://").split(":")
+                with socket.create_connection((host, int(port)), timeout=5):
+                    connected.append(message)
+
+    probe, level = Probe(), app.log.level
+    app.log.addHandler(probe)
+    app.log.setLevel(logging.INFO)
+    server = app.web_server(fastapi_app, "127.0.0.1", 0, "fake")
+    thread = threading.Thread(target=server.run, daemon=True)
+    try:
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not connected and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.05)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        app.log.removeHandler(probe)
+        app.log.setLevel(level)
+    assert len(connected) == 1 and "(model fake)" in connected[0], connected

@@ -45,6 +45,7 @@ step_bundle() {  # here: parts of at most 45 MB (one per device call) and the li
 
 step_unpack() {  # H200: this call's part(s) join the earlier ones; the call that completes the set installs
   mkdir -p "$VB" "$SITE"
+  install_carried_wheels
   [ -f .vb/PARTS ] || die "carry .vb/PARTS with every part (bench/gpu/run.sh bundle writes it)"
   cp .vb/PARTS .vb/vllm-bundle.part.* "$VB/" 2>/dev/null || true
   local missing
@@ -64,11 +65,15 @@ install_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$@"
 }
 
-environment() {  # every H200 step: the installed vLLM and wheels on the path, or a clear stop
-  [ -f "$SITE/.vllm-done" ] || die "vLLM is not installed in $SITE: run the unpack calls first"
+install_carried_wheels() {  # .whl/ (run.sh bundle), carried with any call, installed once per machine
   if compgen -G ".whl/*.whl" > /dev/null && [ ! -f "$SITE/.wheels-done" ]; then
     install_wheels .whl/*.whl && touch "$SITE/.wheels-done"
   fi
+}
+
+environment() {  # every H200 step: the installed vLLM and wheels on the path, or a clear stop
+  [ -f "$SITE/.vllm-done" ] || die "vLLM is not installed in $SITE: run the unpack calls first"
+  install_carried_wheels
   export PYTHONPATH="$SITE:$PWD"
   mkdir -p "$OUT"
   python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"

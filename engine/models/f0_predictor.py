@@ -8,52 +8,12 @@ the released hift.pt: ``f0_predictor.condnet.{0,2,4,6,8}.{bias,parametrizations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from engine.models.hift_layers import causal_conv, causal_padding, same_conv
-from engine.yaml_data import tag_of
-
-_TAGS = {"ConvRNNF0Predictor": False, "CausalConvRNNF0Predictor": True}
-
-
-@dataclass(frozen=True)
-class F0PredictorConfig:
-    """The yaml ``f0_predictor`` node; defaults are the released full-size values."""
-
-    causal: bool = False
-    num_class: int = 1
-    in_channels: int = 80
-    cond_channels: int = 512
-
-    def __post_init__(self) -> None:
-        for name in ("num_class", "in_channels", "cond_channels"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"F0PredictorConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        if self.num_class != 1:
-            raise ValueError(
-                f"F0PredictorConfig.num_class must be 1 (f0 is one value per frame), got {self.num_class}"
-            )
-
-    @property
-    def look_ahead(self) -> int:
-        """Right-context mel frames the first conv consumes (3 for the causal predictor, 0 otherwise)."""
-        return causal_padding(4) if self.causal else 0
-
-    @classmethod
-    def from_yaml(cls, node: dict[str, Any]) -> F0PredictorConfig:
-        tag = tag_of(node)
-        if tag not in _TAGS:
-            raise ValueError(f"f0_predictor: unsupported class {tag!r} (expected one of {sorted(_TAGS)})")
-        unknown = set(node) - {"__tag__", "num_class", "in_channels", "cond_channels"}
-        if unknown:
-            raise ValueError(f"f0_predictor ({tag}): unknown keys {sorted(unknown)}")
-        kw = {k: int(node[k]) for k in ("num_class", "in_channels", "cond_channels") if k in node}
-        return cls(causal=_TAGS[tag], **kw)
+from engine.models.hift_config import F0PredictorConfig
+from engine.models.hift_layers import causal_conv, same_conv
 
 
 class F0Predictor(nn.Module):

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-if TYPE_CHECKING:
-    from engine.models.hift import HiftConfig
+from engine.models.hift_config import HiftConfig
 
 
 def causal_padding(kernel_size: int, dilation: int = 1) -> int:

@@ -22,12 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.models.f0_predictor import F0PredictorConfig
+from engine.models.hift_config import FULL_NOISE_SAMPLES, NUM_HARMONICS, F0PredictorConfig
 
 log = logging.getLogger(__name__)
 
-FULL_NOISE_SAMPLES = 300 * 24000  # the reference hard-codes 300 s at 24 kHz
-NUM_HARMONICS = 9  # fundamental + 8 overtones; hard-coded in the reference buffers
 FLOW_NOISE_SHAPE = (1, 80, 15000)  # CausalConditionalCFM.rand_noise
 FLOW_EMBEDDING = (6561, 80)  # v3 flow input_embedding (vocab, mel dim)
 FLOW_SPK_AFFINE = (192, 80)  # v3 flow spk_embed_affine_layer (in, out)

@@ -8,15 +8,13 @@ forward can extend several requests whose caches have different lengths (padding
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-if TYPE_CHECKING:
-    from engine.models.speech_lm import SpeechLMConfig
+from engine.models.lm_config import SpeechLMConfig
 
 # cuDNN attention (torch's first choice on Hopper) builds a graph per shape, and the key span changes every
 # decode step: ~2 ms of CPU per call. These backends have no per-shape setup; the list is ordered by priority.

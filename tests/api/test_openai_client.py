@@ -150,3 +150,22 @@ def test_metrics_parse_on_the_live_server(server: str, client: openai.OpenAI) ->
         "cosystream_ttfa_seconds_count",
         "cosystream_queue_depth",
     } <= names
+
+
+def test_streams_read_to_their_end_are_not_counted_as_disconnects(caplog) -> None:
+    """uvicorn reports ``http.disconnect`` to the listener as soon as the last body message is sent: a
+    complete stream must still count as complete, not as a client that left (nor be aborted)."""
+    engine = RecordingEngine(n_chunks=3, chunk_s=0.1, delay_s=0.0)
+    engine.add_voice("alice", "unused.wav", "the prompt transcript")
+    payload = {"input": "hi", "voice": "alice", "response_format": "pcm"}
+    with live_server(build_api(engine, api_key="")) as url, httpx.Client(base_url=url, timeout=10) as http:
+        for i in range(20):
+            sse = {"stream_format": "sse"} if i % 2 else {}
+            with http.stream("POST", "/v1/audio/speech", json=payload | sse) as response:
+                assert response.status_code == 200 and response.read()
+        assert wait_until(lambda: engine.completed == 20 and not engine.active)
+        families = text_string_to_metric_families(http.get("/metrics").text)
+    values = {s.name: s.value for f in families for s in f.samples}
+    assert values["cosystream_client_disconnects_total"] == 0
+    assert engine.aborted == []
+    assert "client left" not in caplog.text

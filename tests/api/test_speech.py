@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import wave
 from typing import Any
 
 import av
@@ -400,3 +401,30 @@ async def test_disconnect_during_whole_file_synthesis_aborts() -> None:
 async def test_complete_stream_is_not_aborted(client: httpx.AsyncClient, engine) -> None:
     r = await client.post(SPEECH, json=body())
     assert r.status_code == 200 and engine.aborted == [] and engine.completed == 1 and engine.active == {}
+
+
+async def test_a_whole_wav_carries_its_true_sizes(client: httpx.AsyncClient, engine) -> None:
+    """``stream: false``: RIFF and data sizes are exact, so ``wave`` reads the right frame count (a streamed
+    wav cannot know them when its header leaves: 0xFFFFFFFF there means "read to the end")."""
+    data = (await client.post(SPEECH, json=body(stream=False))).content
+    n = expected_samples(engine)
+    with wave.open(io.BytesIO(data)) as w:
+        assert (w.getnframes(), w.getframerate(), w.getsampwidth()) == (n, 24000, 2)
+    assert int.from_bytes(data[4:8], "little") == len(data) - 8
+    streamed = (await client.post(SPEECH, json=body(stream=True))).content
+    assert streamed[4:8] == streamed[40:44] == b"\xff\xff\xff\xff" and len(streamed) == len(data)
+
+
+async def test_a_streamed_flac_says_its_length_is_unknown(client: httpx.AsyncClient, engine) -> None:
+    """FLAC's STREAMINFO leaves the stream before the audio is known: total samples 0 is the format's
+    "unknown" (libsndfile then reports a huge frame count); decoders read every sample. A whole flac (the
+    default) carries the exact count."""
+    streamed = (await client.post(SPEECH, json=body(response_format="flac", stream=True))).content
+    whole = (await client.post(SPEECH, json=body(response_format="flac"))).content
+    n = expected_samples(engine)
+    for data, total in ((streamed, 0), (whole, n)):
+        # "fLaC", a 4-byte block header, then the 34-byte STREAMINFO, which ends with the total samples
+        # (36 bits) and the MD5 (128 bits)
+        info = int.from_bytes(data[8:42], "big")
+        assert info >> 128 & (2**36 - 1) == total
+        assert len(decode_av(data)[0]) == n

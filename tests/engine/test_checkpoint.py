@@ -14,7 +14,7 @@ from engine.checkpoint import build_modules, hift_keys, load_model, load_strict,
 from engine.errors import ModelError
 from engine.hub import validate_model_dir
 from engine.yaml_data import read_yaml
-from tests.conftest import fixture_root
+from tests.conftest import fixture_file
 
 FAMILIES = ["cosyvoice2", "cosyvoice3"]
 
@@ -77,18 +77,16 @@ def test_unreadable_checkpoint_is_a_model_error(tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_full_size_yaml_builds_the_manifest_structure(family, tmp_path):
-    root = fixture_root()
-    if root is None:
-        pytest.skip("no fixture root (COSYSTREAM_FIXTURES or ../shared/fixtures)")
+    manifests = [fixture_file(family, f"manifest_{name}.json") for name in ("llm", "flow", "hift")]
     (tmp_path / f"{family}.yaml").write_text(model_yaml(family, FULL))
     cfg = read_yaml(tmp_path / f"{family}.yaml")
     with torch.device("meta"):
         modules = build_modules(family, cfg, qwen_config(FULL))
-    for name, module in zip(("llm", "flow", "hift"), modules):
-        manifest = json.loads((root / family / f"manifest_{name}.json").read_text())
+    for path, module in zip(manifests, modules):
+        manifest = json.loads(path.read_text())
         want = {e["key"]: tuple(e["shape"]) for e in manifest["keys"]}
         got = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-        assert got == want, f"{family} {name}"
+        assert got == want, f"{family} {path.name}"
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from engine.config import StreamConfig
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
 from engine.token2wav import Token2Wav
-from tests.conftest import tiny_cases
+from tests.conftest import fixture_file, tiny_cases
 
 CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
 
@@ -57,7 +57,7 @@ async def run_all(
 def test_stream_and_non_stream_reproduce_the_reference(case, tmp_path):
     family = case.parent.name
     model = load_model(validate_model_dir(model_dir_from_fixture(case, tmp_path / "m")), torch.device("cpu"))
-    flow_in, ref = np.load(case / "ref_flow.npz"), np.load(case / "ref_e2e.npz")
+    flow_in, ref = np.load(fixture_file(case / "ref_flow.npz")), np.load(case / "ref_e2e.npz")
     features = PromptFeatures(
         speech_tokens=flow_in["prompt_token"][0].astype(np.int32),
         speaker_embedding=flow_in["embedding"][0],
@@ -217,7 +217,14 @@ def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path)
             t2w.close()
     assert len(chunks[True]) == len(chunks[False]) + 1
     assert chunks[True][0].size < chunks[False][0].size / 3  # 15 - 4 withheld tokens vs 40 - 4
-    np.testing.assert_allclose(np.concatenate(chunks[True]), np.concatenate(chunks[False]), atol=1e-5)
+    fast, ref = np.concatenate(chunks[True]), np.concatenate(chunks[False])
+    # Equal in exact arithmetic, not bit for bit: the 15-token first flow call has other matmul shapes, so
+    # the CPU kernels block and sum in another order. Measured 2026-12-01 (tiny v3, 2 cores): max |diff|
+    # 1.2e-5 at peak |audio| 0.019 (6.5e-4 of the peak), the same with 1 thread (threads add 8e-8), growing
+    # chunk by chunk through the vocoder state; the same comparison in float64 agrees to 3e-14, so it is
+    # float32 rounding, not a moved boundary (that would differ by the signal itself, ~1e-2). Tolerance:
+    # 3x the measured ratio, relative to the peak so that it holds for any weights.
+    np.testing.assert_allclose(fast, ref, rtol=0, atol=2e-3 * float(np.abs(ref).max()))
 
 
 def test_worker_is_healthy_until_closed(tmp_path):

@@ -9,13 +9,9 @@ browser vs the server's time to first audio).
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,15 +21,9 @@ from engine.metrics import ServerStats
 from engine.request import SynthesisRequest
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
+from tests.webui.support import OUT, fill_request, free_port, metric, player
 
 pytestmark = pytest.mark.browser
-
-REPO = Path(__file__).resolve().parents[2]
-OUT = REPO / "test-output"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-if not Path(CHROMIUM).exists():
-    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)", allow_module_level=True)
 
 
 class BrowserEngine(FakeEngine):
@@ -52,12 +42,6 @@ class BrowserEngine(FakeEngine):
         return ServerStats(
             active_streams=len(self.active), completed=self.completed, audio_s_total=self.audio_total
         )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -92,25 +76,6 @@ def page(browser, server) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def prompt_wav(tmp_path_factory) -> str:
     return str(write_wav(tmp_path_factory.mktemp("browser") / "prompt.wav", seconds=4.0))
-
-
-def fill_request(page: Any, prompt: str | None, text: str = "Hello there. This is a streaming test!") -> None:
-    if prompt:
-        page.locator("#cosy-prompt input[type=file]").set_input_files(prompt)
-        page.locator(".cosy-note.cosy-good").wait_for(timeout=10_000)  # duration checked: "4.0 s ... ok"
-        page.locator("#cosy-transcript textarea").fill("this is the prompt")
-    page.locator("#cosy-text textarea").fill(text)
-
-
-def player(page: Any) -> dict[str, Any]:
-    return page.evaluate("window.cosyPlayer.stats")
-
-
-def metric(page: Any, key: str) -> float:
-    text = page.locator(f'[data-metric="{key}"]').first.inner_text()
-    number = re.match(r"[\d,.]+", text.strip())
-    assert number, f"{key} shows {text!r}, not a number"
-    return float(number.group().replace(",", ""))
 
 
 def test_missing_prompt_shows_the_error(page) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.webui.test_browser import (
+from tests.webui.support import (
     OUT,
     REPO,
     fill_request,

@@ -15,8 +15,7 @@ import torch
 from engine.errors import TooLarge
 from engine.models.attention import attention_mask
 from engine.models.flow import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
-from engine.yaml_data import read_yaml
-from tests.conftest import fixture_root, tiny_cases
+from tests.conftest import fixture_file, fixture_root, tiny_cases, tiny_yaml
 
 CASES = tiny_cases()
 ROOT = fixture_root()
@@ -27,21 +26,19 @@ FULL_SIZE = {"CausalMaskedDiffWithXvec": CosyVoice2Flow, "CausalMaskedDiffWithDi
 
 
 def flow_node(case: Path) -> dict:
-    yamls = sorted(case.glob("*_tiny.yaml"))
-    assert len(yamls) == 1, f"{case}: expected one *_tiny.yaml, found {yamls}"
-    return read_yaml(yamls[0])["flow"]
+    return tiny_yaml(case)["flow"]
 
 
 @functools.cache
 def load_tiny(case: Path) -> Flow:
     flow = build_flow(flow_node(case))
-    flow.load_state_dict(torch.load(case / "flow.pt", weights_only=True), strict=True)
+    flow.load_state_dict(torch.load(fixture_file(case / "flow.pt"), weights_only=True), strict=True)
     return flow.eval()
 
 
 @functools.cache
 def ref(case: Path) -> dict[str, torch.Tensor]:
-    with np.load(case / "ref_flow.npz") as z:
+    with np.load(fixture_file(case / "ref_flow.npz")) as z:
         return {k: torch.from_numpy(z[k]) for k in z.files}
 
 
@@ -87,7 +84,9 @@ def test_first_streaming_chunk_matches_reference(case: Path) -> None:
     args = reference_args(r, n)
     mel = flow.inference(*args, streaming=True, finalize=False)
     close(mel, r["mel_stream_chunk0"])
-    expected_len = 2 * (r["prompt_token"].shape[1] + n - 3) - r["prompt_feat"].shape[1]
+    node = flow_node(case)  # mel frames per token; tokens the last ones look ahead (held back meanwhile)
+    ratio, lookahead = node["token_mel_ratio"], node["pre_lookahead_len"]
+    expected_len = ratio * (r["prompt_token"].shape[1] + n - lookahead) - r["prompt_feat"].shape[1]
     assert mel.shape[2] == expected_len == int(flow.mel_lengths(args[1], args[3], args[5], finalize=False))
     # The chunk masks and the look-ahead split matter: full attention / finalize give other frames.
     assert not torch.allclose(mel, flow.inference(*args, streaming=False, finalize=False), atol=1e-3)
@@ -97,7 +96,7 @@ def test_first_streaming_chunk_matches_reference(case: Path) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_full_size_layout_matches_release_manifest(family: str) -> None:
     assert ROOT is not None
-    manifest = json.loads((ROOT / family / "manifest_flow.json").read_text())
+    manifest = json.loads(fixture_file(family, "manifest_flow.json").read_text())
     with torch.device("meta"):
         flow = FULL_SIZE[manifest["class"].rsplit(".", 1)[-1]]()
     keys = [(k, list(v.shape)) for k, v in flow.state_dict().items()]
@@ -109,7 +108,7 @@ def test_full_size_layout_matches_release_manifest(family: str) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_noise_buffer_fingerprint_and_global_rng_untouched(family: str) -> None:
     assert ROOT is not None
-    want = json.loads((ROOT / family / "full_size_inference_noise.json").read_text())[
+    want = json.loads(fixture_file(family, "full_size_inference_noise.json").read_text())[
         "flow.decoder.rand_noise"
     ]
     before = torch.get_rng_state()
@@ -127,24 +126,25 @@ def test_noise_buffer_fingerprint_and_global_rng_untouched(family: str) -> None:
 @case_param
 @pytest.mark.parametrize(("streaming", "finalize"), [(False, True), (True, False)])
 def test_padded_batch_equals_rows_alone(case: Path, streaming: bool, finalize: bool) -> None:
-    flow, gen = load_tiny(case), torch.Generator().manual_seed(7)
+    flow, gen, node = load_tiny(case), torch.Generator().manual_seed(7), flow_node(case)
+    vocab, mels, spk = node["vocab_size"], node["output_size"], node["spk_embed_dim"]
     rows = [(7, 30, 13), (10, 43, 20)]  # (prompt tokens, tokens, prompt frames); row 0 is a VC-style mismatch
     token, prompt, feat = (
         torch.zeros(2, 43, dtype=torch.long),
         torch.zeros(2, 10, dtype=torch.long),
-        torch.zeros(2, 24, 80),
+        torch.zeros(2, 24, mels),
     )
     for i, (p, n, f) in enumerate(rows):
         token[i, :n], prompt[i, :p] = (
-            torch.randint(0, 6561, (n,), generator=gen),
-            torch.randint(0, 6561, (p,), generator=gen),
+            torch.randint(0, vocab, (n,), generator=gen),
+            torch.randint(0, vocab, (p,), generator=gen),
         )
-        feat[i, :f] = torch.randn(f, 80, generator=gen)
-    emb = torch.randn(2, 192, generator=gen)
+        feat[i, :f] = torch.randn(f, mels, generator=gen)
+    emb = torch.randn(2, spk, generator=gen)
     lens = [torch.tensor(c) for c in zip(*rows)]
     mel = flow.inference(token, lens[1], prompt, lens[0], feat, lens[2], emb, streaming, finalize)
     out_lens = flow.mel_lengths(lens[1], lens[0], lens[2], finalize)
-    assert mel.shape == (2, 80, int(out_lens.max()))
+    assert mel.shape == (2, mels, int(out_lens.max()))
     for i, (p, n, f) in enumerate(rows):
         alone = flow.inference(
             token[i : i + 1, :n],

@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from engine.models.f0_predictor import F0PredictorConfig
-from engine.models.hift import (
-    SOURCE_CACHE_SAMPLES,
-    CausalHiFTGenerator,
-    HiftConfig,
-    HiFTGenerator,
-    build_hift,
-)
+from engine.models.hift import CausalHiFTGenerator, HiFTGenerator, build_hift
+from engine.models.hift_config import SOURCE_CACHE_SAMPLES, F0PredictorConfig, HiftConfig
+from engine.models.hift_layers import causal_padding
 from engine.models.hift_noise import HiftNoise
-from engine.yaml_data import read_yaml
-from tests.conftest import fixture_root, tiny_cases
+from tests.conftest import fixture_file, fixture_root, tiny_cases, tiny_yaml
 
 ATOL = 1e-4
 CASES = tiny_cases()
-NO_CASES = "no cosyvoice*/tiny fixtures (set COSYSTREAM_FIXTURES or place ../shared/fixtures)"
-pytestmark = pytest.mark.skipif(fixture_root() is None, reason=NO_CASES)
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -33,19 +26,19 @@ def _ids(paths: list[Path]) -> list[str]:
 
 
 def _config(case: Path) -> HiftConfig:
-    return HiftConfig.from_yaml(read_yaml(case / f"{case.parent.name}_tiny.yaml")["hift"])
+    return HiftConfig.from_yaml(tiny_yaml(case)["hift"])
 
 
 def _loaded(case: Path) -> HiFTGenerator | CausalHiFTGenerator:
     hift = build_hift(_config(case))
-    hift.load_state_dict(torch.load(case / "hift.pt", weights_only=True), strict=True)
+    hift.load_state_dict(torch.load(fixture_file(case / "hift.pt"), weights_only=True), strict=True)
     if isinstance(hift, CausalHiFTGenerator):
         hift.set_noise(_fixture_noise(case))
     return hift.eval()
 
 
 def _fixture_noise(case: Path) -> HiftNoise:
-    z = np.load(case / "ref_hift_noise.npz")
+    z = np.load(fixture_file(case / "ref_hift_noise.npz"))
     return HiftNoise(*(torch.from_numpy(z[k]) for k in ("rand_ini", "sine_waves_prefix", "uv_prefix")))
 
 
@@ -66,15 +59,22 @@ def _v2_run(
 
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_config_from_tiny_yaml(case: Path) -> None:
-    cfg = _config(case)
-    assert cfg.causal == (case.parent.name == "cosyvoice3")
-    assert (cfg.base_channels, cfg.f0_predictor.cond_channels) == (64, 32)
-    assert cfg.samples_per_frame == 480
-    assert SOURCE_CACHE_SAMPLES == 8 * 480
-    assert cfg.withheld_frames == (8 if cfg.causal else 0)
+    cfg, node = _config(case), tiny_yaml(case)["hift"]
+    assert cfg.causal == node["__tag__"].endswith(".CausalHiFTGenerator")
+    assert cfg.base_channels == node["base_channels"] and cfg.in_channels == node["in_channels"]
+    assert cfg.f0_predictor.cond_channels == node["f0_predictor"]["cond_channels"]
+    hop = node["istft_params"]["hop_len"]  # samples per STFT frame after the upsampling convs
+    assert cfg.samples_per_frame == math.prod(node["upsample_rates"]) * hop
+    assert SOURCE_CACHE_SAMPLES % cfg.samples_per_frame == 0
+    if cfg.causal:  # the mel frames a non-final call holds back: f0 and conv_pre look ahead, one more frame
+        assert cfg.conv_pre_look_right == node["conv_pre_look_right"]
+        assert cfg.withheld_frames == cfg.f0_predictor.look_ahead + node["conv_pre_look_right"] + 1
+    else:
+        assert cfg.withheld_frames == 0
 
 
 def test_config_defaults_and_validation() -> None:
+    assert F0PredictorConfig(causal=True).look_ahead == causal_padding(4)  # the first conv: kernel 4, right
     cfg = HiftConfig()
     assert (cfg.base_channels, cfg.f0_predictor.cond_channels, cfg.upsample_rates) == (512, 512, (8, 5, 3))
     with pytest.raises(ValueError, match=r"f0_predictor\.causal"):
@@ -89,7 +89,7 @@ def test_config_defaults_and_validation() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_tiny_parity(case: Path) -> None:
-    z = np.load(case / "ref_hift.npz")
+    z = np.load(fixture_file(case / "ref_hift.npz"))
     hift = _loaded(case)
     mel = torch.from_numpy(z["mel"])
     if isinstance(hift, HiFTGenerator):
@@ -109,7 +109,7 @@ def test_tiny_parity(case: Path) -> None:
 
 @pytest.mark.parametrize("case", tiny_cases("cosyvoice2"), ids=_ids(tiny_cases("cosyvoice2")))
 def test_v2_private_generator_matches_global_stream(case: Path) -> None:
-    z = np.load(case / "ref_hift.npz")
+    z = np.load(fixture_file(case / "ref_hift.npz"))
     hift = _loaded(case)
     assert isinstance(hift, HiFTGenerator)
     before = torch.get_rng_state()
@@ -123,14 +123,15 @@ def test_v2_private_generator_matches_global_stream(case: Path) -> None:
 
 @pytest.mark.parametrize("case", tiny_cases("cosyvoice3"), ids=_ids(tiny_cases("cosyvoice3")))
 def test_v3_recipe_noise_and_streaming_prefix(case: Path) -> None:
-    z = np.load(case / "ref_hift.npz")
-    hift = build_hift(dataclasses.replace(_config(case), noise_max_samples=48000))
-    hift.load_state_dict(torch.load(case / "hift.pt", weights_only=True), strict=True)
-    mel = torch.from_numpy(z["mel"])
+    z = np.load(fixture_file(case / "ref_hift.npz"))
+    mel, cfg = torch.from_numpy(z["mel"]), _config(case)
+    hift = build_hift(dataclasses.replace(cfg, noise_max_samples=mel.shape[2] * cfg.samples_per_frame))
+    hift.load_state_dict(torch.load(fixture_file(case / "hift.pt"), weights_only=True), strict=True)
     speech, _ = hift.inference(mel)  # noise from the Appendix A recipe, not the fixture
     _close(speech, z["speech"], "speech (recipe noise)")
-    partial, _ = hift.inference(mel[:, :, :20], finalize=False)
-    assert partial.shape[1] == 12 * 480
+    frames = mel.shape[2] - cfg.withheld_frames // 2  # a prefix that ends inside the withheld tail
+    partial, _ = hift.inference(mel[:, :, :frames], finalize=False)
+    assert partial.shape[1] == (frames - cfg.withheld_frames) * cfg.samples_per_frame
     assert torch.allclose(partial, speech[:, : partial.shape[1]], atol=ATOL), (
         "streamed prefix must not change"
     )
@@ -138,7 +139,7 @@ def test_v3_recipe_noise_and_streaming_prefix(case: Path) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_legacy_weight_g_v_keys_and_folding(case: Path) -> None:
-    state = torch.load(case / "hift.pt", weights_only=True)
+    state = torch.load(fixture_file(case / "hift.pt"), weights_only=True)
     legacy = {
         k.replace("parametrizations.weight.original0", "weight_g").replace(
             "parametrizations.weight.original1", "weight_v"
@@ -152,7 +153,7 @@ def test_legacy_weight_g_v_keys_and_folding(case: Path) -> None:
     loaded = hift.state_dict()
     for key, value in reference.state_dict().items():
         assert torch.equal(loaded[key], value), key
-    mel = torch.from_numpy(np.load(case / "ref_hift.npz")["mel"])
+    mel = torch.from_numpy(np.load(fixture_file(case / "ref_hift.npz"))["mel"])
     before = _run_fixed(reference, mel)
     reference.fold_weight_norm()
     assert not any("parametrizations" in k for k in reference.state_dict())
@@ -167,17 +168,19 @@ def _run_fixed(hift: HiFTGenerator | CausalHiFTGenerator, mel: torch.Tensor) -> 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
 def test_bad_inputs_fail_loudly(case: Path) -> None:
-    hift = _loaded(case)
+    hift, cfg = _loaded(case), _config(case)
+    mels, per_frame = cfg.in_channels, cfg.samples_per_frame
     with pytest.raises(ValueError, match="mel must be"):
-        hift.inference(torch.zeros(1, 40, 10))
+        hift.inference(torch.zeros(1, mels // 2, 10))
     if isinstance(hift, CausalHiFTGenerator):
         with pytest.raises(ValueError, match="mel must be"):
-            hift.inference(torch.zeros(1, 80, 7), finalize=False)
+            hift.inference(torch.zeros(1, mels, cfg.withheld_frames - 1), finalize=False)
+        noise_frames = _fixture_noise(case).num_samples // per_frame
         with pytest.raises(ValueError, match="noise buffer"):
-            hift.inference(torch.zeros(1, 80, 101))  # the fixture noise holds 48000 samples = 100 frames
+            hift.inference(torch.zeros(1, mels, noise_frames + 1))
     else:
-        with pytest.raises(ValueError, match="cache_source"):
-            hift.inference(torch.zeros(1, 80, 2), torch.zeros(1, 1, 961))
+        with pytest.raises(ValueError, match="cache_source"):  # a cache longer than the chunk's audio
+            hift.inference(torch.zeros(1, mels, 2), torch.zeros(1, 1, 2 * per_frame + 1))
 
 
 MANIFESTS = sorted(fixture_root().glob("cosyvoice*/manifest_hift.json")) if fixture_root() else []

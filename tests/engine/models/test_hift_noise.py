@@ -11,23 +11,25 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models.f0_predictor import F0Predictor, F0PredictorConfig
-from engine.models.hift_noise import FULL_NOISE_SAMPLES, build_noise, shared_noise
-from tests.conftest import fixture_root, tiny_cases
+from engine.models.f0_predictor import F0Predictor
+from engine.models.hift_config import FULL_NOISE_SAMPLES, F0PredictorConfig
+from engine.models.hift_noise import build_noise, shared_noise
+from tests.conftest import fixture_file, fixture_root, tiny_cases, tiny_yaml
 
 V3_TINY = tiny_cases("cosyvoice3")
 NOISE_JSONS = (
     sorted(fixture_root().glob("cosyvoice*/full_size_inference_noise.json")) if fixture_root() else []
 )
 HIFT_JSONS = [p for p in NOISE_JSONS if "hift.m_source.uv" in json.loads(p.read_text())]
-TINY_F0 = F0PredictorConfig(causal=True, cond_channels=32)  # cosyvoice3_tiny.yaml
+TINY_F0 = F0PredictorConfig(causal=True, cond_channels=32)  # a small causal predictor
 
 
 @pytest.mark.parametrize("case", V3_TINY, ids=[p.parent.name for p in V3_TINY])
 def test_tiny_recipe_equals_fixture_buffers(case: Path) -> None:
-    z = np.load(case / "ref_hift_noise.npz")
+    z = np.load(fixture_file(case / "ref_hift_noise.npz"))
+    f0 = F0PredictorConfig.from_yaml(tiny_yaml(case)["hift"]["f0_predictor"])  # its inits draw first
     before = torch.get_rng_state()
-    noise = build_noise(TINY_F0, max_samples=z["sine_waves_prefix"].shape[1])
+    noise = build_noise(f0, max_samples=z["sine_waves_prefix"].shape[1])
     assert torch.equal(before, torch.get_rng_state()), "building the noise must not touch the global RNG"
     assert np.array_equal(noise.rand_ini.numpy(), z["rand_ini"])
     assert np.array_equal(noise.sine_waves.numpy(), z["sine_waves_prefix"])

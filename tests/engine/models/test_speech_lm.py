@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from engine.errors import InvalidInput, ModelError
-from engine.models.speech_lm import SpeechLM, SpeechLMConfig
-from tests.conftest import fixture_root, tiny_cases
+from engine.models.lm_config import SpeechLMConfig
+from engine.models.speech_lm import SpeechLM
+from tests.conftest import fixture_file, tiny_cases
 
 CASES = tiny_cases()
 needs_fixtures = pytest.mark.skipif(not CASES, reason="golden fixtures (../shared/fixtures) not found")
@@ -27,14 +28,14 @@ def family_of(case: Path) -> str:
 
 @functools.cache  # read-only use: tests never change the weights
 def load_tiny(case: Path) -> SpeechLM:
-    qwen = json.loads((case / "CosyVoice-BlankEN_config.json").read_text())
+    qwen = json.loads(fixture_file(case / "CosyVoice-BlankEN_config.json").read_text())
     model = SpeechLM(SpeechLMConfig.from_qwen_config(family_of(case), qwen))
-    model.load_state_dict(torch.load(case / "llm.pt", weights_only=True), strict=True)
+    model.load_state_dict(torch.load(fixture_file(case / "llm.pt"), weights_only=True), strict=True)
     return model.eval()
 
 
 def ref(case: Path) -> dict[str, np.ndarray]:
-    with np.load(case / "ref_llm.npz") as z:
+    with np.load(fixture_file(case / "ref_llm.npz")) as z:
         return {k: z[k] for k in z.files}
 
 
@@ -137,7 +138,8 @@ def test_assign_load_keeps_tied_table_and_bf16_runs(case: Path) -> None:
     model, r = load_tiny(case), ref(case)
     with torch.device("meta"):
         lazy = SpeechLM(model.config)
-    lazy.load_state_dict(torch.load(case / "llm.pt", weights_only=True), strict=True, assign=True)
+    state = torch.load(fixture_file(case / "llm.pt"), weights_only=True)
+    lazy.load_state_dict(state, strict=True, assign=True)
     lazy.eval()
     assert lazy.llm.model.lm_head.weight is lazy.embed_tokens.weight
     embeds = torch.from_numpy(r["tf_lm_input"][0])
@@ -160,10 +162,7 @@ def test_prefix_rejects_out_of_range_ids(case: Path) -> None:
 
 @pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
 def test_full_size_structure_matches_manifest(family: str) -> None:
-    root = fixture_root()
-    if root is None or not (root / family / "manifest_llm.json").is_file():
-        pytest.skip("full-size manifest not found")
-    manifest = json.loads((root / family / "manifest_llm.json").read_text())
+    manifest = json.loads(fixture_file(family, "manifest_llm.json").read_text())
     config = SpeechLMConfig.from_qwen_config(family, manifest["qwen2_config_assumed"])
     assert config == SpeechLMConfig.full_size(family)
     with torch.device("meta"):
