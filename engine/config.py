@@ -53,6 +53,18 @@ class StreamConfig:
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
+    # Adaptive hops (engine.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
+    # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
+    # fewer, larger flow calls under load. Exact for v3 (chunks end on the reference's boundaries; CPU test
+    # on the tiny model); v2's vocoder seams would move, so None (auto) adapts only v3 streams that start
+    # while at least adaptive_min_active requests compute.
+    adaptive_hop: bool | None = None
+    adaptive_min_active: int = 8
+    hold_buffer_s: float = 3.0
+    max_adaptive_hop: int = 200  # tokens (8 s of speech)
+    # token2wav scheduling (engine.job_queue): a chunk whose audio is needed within this many seconds is
+    # urgent and joins the next batch even when it makes that flow call longer
+    urgent_slack_s: float = 0.3
 
     def __post_init__(self) -> None:
         if not 1 <= self.token_hop <= self.max_token_hop:
@@ -65,6 +77,12 @@ class StreamConfig:
             raise ValueError("fast_start_max_active must be >= 1")
         if not 5 <= self.min_first_hop < self.token_hop:
             raise ValueError("need 5 <= min_first_hop < token_hop (v3 holds back 4 tokens of each chunk)")
+        if self.adaptive_hop not in (None, True, False):
+            raise ValueError(f"adaptive_hop must be None (auto), True or False, got {self.adaptive_hop!r}")
+        if self.adaptive_min_active < 1 or self.hold_buffer_s < 0 or self.urgent_slack_s < 0:
+            raise ValueError("need adaptive_min_active >= 1, hold_buffer_s >= 0 and urgent_slack_s >= 0")
+        if self.max_adaptive_hop < self.max_token_hop:
+            raise ValueError("max_adaptive_hop must be >= max_token_hop (it merges whole reference chunks)")
 
     def splits_first_chunk(self, family: str, active: int) -> bool:
         """Whether a request that starts with ``active`` requests computing (itself included) gets the
@@ -72,6 +90,13 @@ class StreamConfig:
         if self.fast_start is not None:
             return self.fast_start
         return family == "cosyvoice3" and active <= self.fast_start_max_active
+
+    def adapts_hops(self, family: str, active: int) -> bool:
+        """Whether a request that starts with ``active`` requests computing gets adaptive hops: as set, or
+        in auto for v3 under load."""
+        if self.adaptive_hop is not None:
+            return self.adaptive_hop
+        return family == "cosyvoice3" and active >= self.adaptive_min_active
 
 
 FAST_START_CHOICES = ("auto", "on", "off")

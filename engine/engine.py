@@ -35,6 +35,7 @@ from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
 from engine.models.hift import CausalHiFTGenerator
 from engine.plan import Plan, Planner
+from engine.playback import Playback
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.text import TextFrontend, instruct_presets, load_tokenizer
@@ -50,6 +51,8 @@ class _Active:
 
     request_id: str
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by abort(), any thread
+    # when the audio delivered so far runs out: each chunk's token2wav deadline
+    playback: Playback = field(default_factory=lambda: Playback(time.perf_counter))
 
 
 class TTSEngine:
@@ -70,7 +73,7 @@ class TTSEngine:
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
         self.token2wav = Token2Wav(
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
-            cfg.t2w_own_stream, hift_graphs,
+            cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
         )  # fmt: skip
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()
@@ -210,6 +213,7 @@ class TTSEngine:
             if time.monotonic() > deadline:
                 raise SynthesisFailed(f"request took longer than {self.cfg.limits.request_timeout_s:.0f} s")
             watch.add_audio(len(pcm) / self.sample_rate)
+            active.playback.delivered(len(pcm) / self.sample_rate)
             yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot())
             index += 1
         if not active.cancelled.is_set():
@@ -221,8 +225,12 @@ class TTSEngine:
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
     ) -> AsyncIterator[np.ndarray]:
         stream = req.stream and req.speed == 1.0  # speed re-times a whole mel: applied per segment
-        split = self.cfg.stream.splits_first_chunk(self.family, self.admission.active)
-        schedule = replace(self.cfg.stream, fast_start=split)
+        load = self.admission.active
+        schedule = replace(
+            self.cfg.stream,
+            fast_start=self.cfg.stream.splits_first_chunk(self.family, load),
+            adaptive_hop=self.cfg.stream.adapts_hops(self.family, load),
+        )
         if plan.source_tokens is not None:
             utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
             utt.tokens.extend(plan.source_tokens)
@@ -279,13 +287,16 @@ class TTSEngine:
     async def _drain(
         self, utt: Utterance, lm_done: bool, active: _Active, watch: Stopwatch
     ) -> AsyncIterator[np.ndarray]:
-        """Run every chunk the planner has ready."""
-        while not active.cancelled.is_set() and (job := utt.planner.next_job(len(utt.tokens), lm_done)):
+        """Run every chunk the planner has ready, each due when the client's buffered audio runs out."""
+        playback = active.playback
+        while not active.cancelled.is_set() and (
+            job := utt.planner.next_job(len(utt.tokens), lm_done, playback.buffered_s())
+        ):
             if job.end == 0:
                 return
             before = dict(utt.stage_s)
             watch.mark("first_chunk_ready")
-            pcm = await self.token2wav.run(utt, job)
+            pcm = await self.token2wav.run(utt, job, playback.deadline())
             if utt.first_job_started is not None:
                 watch.mark("first_chunk_started", utt.first_job_started)
             for stage in ("flow", "hift"):
