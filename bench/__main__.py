@@ -123,6 +123,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
     )  # fmt: skip
     p.add_argument(
+        "--adaptive-hop", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.adaptive_hop),
+        help="merge reference chunks while a client has audio buffered (auto: v3 from 8 active streams)",
+    )  # fmt: skip
+    p.add_argument(
+        "--text-workers", type=int, default=-1,
+        help="processes for text normalisation (0: a thread; -1: the engine's auto, 4 on a GPU)",
+    )  # fmt: skip
+    p.add_argument(
         "--graph-warmup-s",
         type=float,
         default=EngineConfig.graph_warmup_s,
@@ -198,7 +206,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
-        stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
+        stream=StreamConfig(
+            fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
+        ),
+        text_workers=None if args.text_workers < 0 else args.text_workers,
     )
 
 

@@ -171,6 +171,10 @@ class EngineConfig:
     # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
     # Off until measured on a GPU (bench --t2w-own-stream); exactness is checked by a GPU test.
     t2w_own_stream: bool = False
+    # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
+    # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
+    # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)
+    text_workers: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)
@@ -189,6 +193,8 @@ class EngineConfig:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
         if not 0 <= self.prompt_cache_size <= 4096:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
+        if self.text_workers is not None and not 0 <= self.text_workers <= 64:
+            raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
         if not 1 <= self.flow_batch <= 64:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:

@@ -34,11 +34,13 @@ from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
 from engine.models.hift import CausalHiFTGenerator
+from engine.models.speech_lm import SpeechLM
 from engine.plan import Plan, Planner
 from engine.playback import Playback
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.text import TextFrontend, instruct_presets, load_tokenizer
+from engine.text_pool import TextPool, text_job
 from engine.token2wav import Token2Wav, Utterance
 from engine.voices import Voice, VoiceLibrary
 
@@ -65,8 +67,10 @@ class TTSEngine:
         backend: LMBackend,
         voices: VoiceLibrary,
         hift_graphs: GraphedHiFT | None = None,
+        text_pool: TextPool | None = None,
     ):
         self.cfg, self.model, self.frontend, self.text = cfg, model, frontend, text
+        self.text_pool = text_pool or TextPool(text, 0)
         self.backend, self.voices = backend, voices
         self.family, self.sample_rate = model.family, 24000
         self.model_name = str(model.model_dir.name)
@@ -105,8 +109,13 @@ class TTSEngine:
         _precapture(model.flow.decoder, vocoder, cfg, dev)
         cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         voices = VoiceLibrary(Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices", model.family)
+        workers = cfg.text_workers
+        if workers is None:
+            workers = 4 if devices.is_accelerator(dev) else 0
+        pool = TextPool(text, workers, files.qwen)
+        pool.start()
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
-        return cls(cfg, model, frontend, text, backend, voices, vocoder)
+        return cls(cfg, model, frontend, text, backend, voices, vocoder, pool)
 
     async def warmup(self) -> None:
         """One short synthesis so the first user does not pay for lazy initialisation."""
@@ -121,6 +130,7 @@ class TTSEngine:
         self.ready = False
         self.backend.close()
         self.token2wav.close()
+        self.text_pool.close()
 
     # ------------------------------------------------------------------ public surface
     def split_preview(self, text: str, language: str = "auto") -> list[str]:
@@ -204,7 +214,7 @@ class TTSEngine:
     ) -> AsyncIterator[AudioChunk]:
         watch.started()
         t0 = time.perf_counter()
-        plan = await asyncio.to_thread(self.planner.plan, req)
+        plan = await self._plan(req)
         watch.add_stage("frontend", time.perf_counter() - t0)
         watch.mark("frontend_done")
         index = 0
@@ -220,6 +230,15 @@ class TTSEngine:
             yield AudioChunk(
                 np.zeros(0, np.float32), self.sample_rate, index, True, watch.snapshot(done=True)
             )
+
+    async def _plan(self, req: SynthesisRequest) -> Plan:
+        """Prompt features in a thread (ONNX and numpy release the GIL; the prompt cache is shared), then
+        the text in the text pool: neither runs on the event loop, and requests do not queue on the GIL."""
+        if req.mode == Mode.VC:
+            return await asyncio.to_thread(self.planner.vc_plan, req)
+        prompt, transcript = await asyncio.to_thread(self.planner.prompt, req)
+        ids = await self.text_pool.run(text_job(req, transcript))
+        return self.planner.assemble(req, prompt, ids)
 
     async def _audio(
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
@@ -258,8 +277,7 @@ class TTSEngine:
         active: _Active,
     ) -> AsyncIterator[np.ndarray]:
         lm = self.model.lm
-        with torch.inference_mode():
-            prefix = lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids))
+        prefix = await asyncio.to_thread(_prefix, lm, text_ids, prompt_ids, speech_ids)
         min_len, max_len = token_limits(len(text_ids), self.cfg.sampling)
         if req.forced_tokens is not None:  # fixed compute for benchmarks: no stop before, none after
             min_len = max_len = req.forced_tokens
@@ -319,6 +337,12 @@ class TTSEngine:
 
 def _ids(ids: list[int]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
+
+
+def _prefix(lm: SpeechLM, text_ids: list[int], prompt_ids: list[int], speech_ids: list[int]) -> torch.Tensor:
+    """The LM's prompt embeddings (device work: off the event loop)."""
+    with torch.inference_mode():
+        return lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids))
 
 
 def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBackend:

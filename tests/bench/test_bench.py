@@ -261,6 +261,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     plain = engine_config(parse_args(base))
     flags = ["--no-cuda-graphs", "--no-hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
+    flags += ["--adaptive-hop", "on", "--text-workers", "2"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
@@ -274,3 +275,5 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
         0,
     )
     assert (knobs.t2w_own_stream, knobs.stream.fast_start, knobs.flow_dtype) == (True, False, "float32")
+    assert (plain.stream.adaptive_hop, plain.text_workers) == (defaults.stream.adaptive_hop, None)
+    assert (knobs.stream.adaptive_hop, knobs.text_workers) == (True, 2)
