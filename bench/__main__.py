@@ -119,6 +119,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
     p.add_argument(
+        "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
+    )
+    p.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
         help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
     )  # fmt: skip
@@ -206,6 +209,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
+        t2w_fifo=args.t2w_fifo,
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),

@@ -171,6 +171,9 @@ class EngineConfig:
     # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
     # Off until measured on a GPU (bench --t2w-own-stream); exactness is checked by a GPU test.
     t2w_own_stream: bool = False
+    # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
+    # earliest playback deadline first inside frame buckets (engine.job_queue): the A/B for the scheduler
+    t2w_fifo: bool = False
     # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
     # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)

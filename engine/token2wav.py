@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -86,13 +87,14 @@ class Token2Wav:
         hift_graphs: Hift3 | None = None,  # v3: GraphedHiFT, called like CausalHiFTGenerator.inference
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
+        fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
         self.hift_graphs = hift_graphs
-        self.stream_cfg, self.own_stream, self.clock = stream_cfg, own_stream, clock
-        self._jobs: DeadlineQueue[_Job] = DeadlineQueue(
-            clock, max_batch, frame_bucket, stream_cfg.urgent_slack_s
-        )
+        self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
+        # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
+        urgent_s = math.inf if fifo else stream_cfg.urgent_slack_s
+        self._jobs: DeadlineQueue[_Job] = DeadlineQueue(clock, max_batch, frame_bucket, urgent_s)
         self.pending = 0
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
         self._thread.start()
@@ -122,7 +124,7 @@ class Token2Wav:
         """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the client
         needs it (``clock`` s; default now, as for a first chunk)."""
         loop = asyncio.get_running_loop()
-        due = self.clock() if deadline is None else deadline
+        due = self.clock() if deadline is None or self.fifo else deadline
         job = _Job(utt, chunk, loop, loop.create_future(), due)
         self.pending += 1
         self._jobs.put(job)

@@ -354,3 +354,32 @@ def test_the_worker_runs_queued_chunks_earliest_deadline_first(tmp_path):
     finally:
         t2w.close()
     assert worker.batches == [[1], [43], [400]]
+
+
+def test_fifo_takes_queued_chunks_in_arrival_order_in_one_batch(tmp_path):
+    """The A/B setting: the same scenario runs the long chunk and the first chunk together, as queued."""
+    from bench.make_model import build_model_dir
+    from engine.streaming import ChunkJob
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), fifo=True)
+    worker = BlockedWorker()
+    t2w._run_batch = worker  # type: ignore[method-assign]
+    features, _ = random_prompt(10, 10)
+
+    async def scenario() -> None:
+        busy = asyncio.ensure_future(t2w.run(t2w.utterance(features, 0, True), ChunkJob(1, 0, False)))
+        await asyncio.to_thread(worker.entered.wait, 30)
+        long = asyncio.ensure_future(t2w.run(t2w.utterance(features, 1, True), ChunkJob(400, 0, False), 6.0))
+        first = asyncio.ensure_future(t2w.run(t2w.utterance(features, 2, True), ChunkJob(43, 0, False)))
+        await asyncio.sleep(0)
+        worker.release.set()
+        await asyncio.gather(busy, long, first)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        t2w.close()
+    assert worker.batches == [[1], [400, 43]]
