@@ -4,6 +4,8 @@
         --baseline --out bench-results/v3 --hardware "1x NVIDIA H200"
     python -m bench --random-tiny v2 --concurrency 1,2 --tokens 60 --out /tmp/bench   # CPU smoke run
     python -m bench --url http://127.0.0.1:7860 --concurrency 1,4 --out /tmp/http     # a running server
+    python -m bench --random-full v3 --arrivals poisson --rate 1,2,4 --duration-s 60 --concurrency 64 \
+        --modes stream --out bench-results/v3-open     # open loop: Poisson arrivals, 64 engine slots
 
 Random-weight model directories are built once into ``<cache-dir>/bench/<family>-<size>`` and reused.
 """
@@ -43,6 +45,16 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def rate_list(text: str) -> list[float]:
+    try:
+        values = sorted({float(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or values[0] <= 0:
+        raise argparse.ArgumentTypeError(f"rates must be > 0 requests per second, got {text!r}")
+    return values
+
+
 def mode_list(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -63,6 +75,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", type=mode_list, default=list(MODES), help="stream,offline or one of them")
     p.add_argument("--tokens", type=int, default=250, help="speech tokens per request (25 = 1 s of audio)")
     p.add_argument("--requests", type=int, default=0, help="requests per level (at least the concurrency)")
+    p.add_argument(
+        "--arrivals", choices=("closed", "poisson"), default="closed",
+        help="closed: waves of --concurrency workers; poisson: open loop at each --rate (the largest "
+        "--concurrency is then the engine's slot count)",
+    )  # fmt: skip
+    p.add_argument("--rate", type=rate_list, default=[1.0], help="open loop: requests per second, e.g. 1,2,4")
+    p.add_argument("--duration-s", type=float, default=60.0, help="open loop: seconds of arrivals per rate")
+    p.add_argument(
+        "--length-spread", type=float, default=0.5,
+        help="open loop: lengths uniform in [tokens x (1 - s), tokens x (1 + s)]",
+    )  # fmt: skip
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
     p.add_argument("--baseline", action="store_true", help="also run the reference-style baseline")
     p.add_argument("--baseline-max-concurrency", type=int, default=4, help="it serialises: keep it small")
@@ -97,8 +120,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
     p.add_argument(
+        "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
+    )
+    p.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
         help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
+    )  # fmt: skip
+    p.add_argument(
+        "--adaptive-hop", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.adaptive_hop),
+        help="merge reference chunks while a client has audio buffered (auto: v3 from 8 active streams)",
+    )  # fmt: skip
+    p.add_argument(
+        "--text-workers", type=int, default=-1,
+        help="processes for text normalisation (0: a thread; -1: the engine's auto, 4 on a GPU)",
     )  # fmt: skip
     p.add_argument(
         "--graph-warmup-s",
@@ -118,6 +152,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("the baseline runs in-process: run it without --url")
     if not 1 <= args.tokens <= 3000:
         p.error(f"--tokens must be within [1, 3000], got {args.tokens}")
+    if args.arrivals == "poisson" and (args.baseline or args.profile_dir):
+        p.error("--baseline and --profile-dir run closed-loop waves: leave them out with --arrivals poisson")
+    if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
+        p.error("--length-spread must be within [0, 1) and keep the longest request at most 3000 tokens")
     return args
 
 
@@ -173,7 +211,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
-        stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
+        t2w_fifo=args.t2w_fifo,
+        stream=StreamConfig(
+            fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
+        ),
+        text_workers=None if args.text_workers < 0 else args.text_workers,
     )
 
 
@@ -190,6 +232,8 @@ async def sweep(
     target: Target, args: argparse.Namespace, levels: Sequence[int], save: Save, done: Sequence[Level] = ()
 ) -> list[Level]:
     """Every mode x concurrency level; ``done``: levels of earlier sweeps in this run (saved with these)."""
+    if args.arrivals == "poisson":
+        return await open_sweep(target, args, save)
     prompt = prompt_audio()
     out: list[Level] = []
     for mode in args.modes:
@@ -204,6 +248,25 @@ async def sweep(
             _check_length(level, args.tokens)
             out.append(level)
             save([*done, *out])
+    return out
+
+
+async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> list[Level]:
+    """Every mode x rate, open loop; ``--requests`` raises a level's arrivals above rate x duration."""
+    from bench.open_loop import OpenLoop, run_open_level
+
+    prompt = prompt_audio()
+    out: list[Level] = []
+    for mode in args.modes:
+        workload = Workload(tokens=args.tokens, stream=mode == "stream")
+        if args.warmup:
+            await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
+        for rate in args.rate:
+            load = OpenLoop(rate, max(args.requests, round(rate * args.duration_s), 1), args.length_spread)
+            level = await run_open_level(target, workload, load, prompt, args.seed)
+            log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)
+            out.append(level)
+            save(out)
     return out
 
 
@@ -277,6 +340,8 @@ def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, Any]) ->
         "command": "python -m bench " + shlex.join(argv),
         "hardware": args.hardware or host_hardware(),
         "tokens": args.tokens,
+        "arrivals": args.arrivals,
+        "length_spread": args.length_spread,
         "git": git_commit(),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),

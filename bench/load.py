@@ -4,7 +4,8 @@ A *target* runs one ``SynthesisRequest`` and reports what it sees to a ``Recorde
 the queue and when each piece of audio arrived. Targets: ``EngineTarget`` (``TTSEngine.stream``
 in-process), ``HttpTarget`` (``POST /v1/audio/speech`` streaming raw pcm) and, in ``bench.baseline``, the
 reference-style path. ``run_level`` drives one target closed-loop: ``concurrency`` workers each send their
-next request as soon as the previous one ends, until ``requests`` are done.
+next request as soon as the previous one ends, until ``requests`` are done (``bench.open_loop``: arrivals
+at a rate instead).
 
 Definitions (all measured by the client; seconds of audio at 24 kHz):
 - queue wait: submit -> the request starts computing (engine metrics; the X-Queue-Wait-Ms header over HTTP);
@@ -318,9 +319,13 @@ class Level:
     ttfa_parts_ms_mean: dict[str, float]  # where the TTFA went (in-process engine only), mean per request
     errors: list[str]
     per_request: list[RequestResult]
+    # open loop (bench.open_loop): arrivals per second, and the streams active (time-weighted mean, max)
+    rate: float | None = None
+    active_mean: float | None = None
+    active_max: int | None = None
 
 
-async def _one(target: Target, req: SynthesisRequest, index: int) -> RequestResult:
+async def one_request(target: Target, req: SynthesisRequest, index: int) -> RequestResult:
     rec = Recorder()
     try:
         await target.run(req, rec)
@@ -342,7 +347,7 @@ async def run_level(
 
     async def worker() -> None:
         for i in pending:
-            results.append(await _one(target, workload.request(seed + i, prompt), i))
+            results.append(await one_request(target, workload.request(seed + i, prompt), i))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -1,4 +1,5 @@
-"""Bench results -> results.json, results.md (tables) and results.png (TTFA and RTF vs concurrency).
+"""Bench results -> results.json, results.md (tables), results.png (TTFA and RTF vs concurrency) and, for
+open-loop runs, results_open.png (TTFA, underruns and active streams vs the arrival rate).
 
 Everything here works on the JSON form (``{"meta": {...}, "levels": [...]}``), so a saved run can be
 re-rendered anywhere: ``python -m bench.report DIR/results.json``.
@@ -38,6 +39,28 @@ def _row(level: Result) -> list[str]:
     ]  # fmt: skip
 
 
+OPEN_COLUMNS = (
+    "rate /s", "requests", "failed", "active mean", "active max", "TTFA p50 ms", "TTFA p95 ms",
+    "TTFA p99 ms", "RTF p50", "queue p95 ms", "underrun streams", "underrun s", "audio s/s",
+)  # fmt: skip
+
+
+def is_open(levels: list[Result]) -> bool:
+    """Open-loop levels (bench.open_loop) carry their arrival rate."""
+    return any(lv.get("rate") is not None for lv in levels)
+
+
+def _open_row(level: Result) -> list[str]:
+    t, r, q = level["ttfa_ms"], level["rtf"], level["queue_wait_ms"]
+    return [
+        _num(level["rate"], 2), str(level["requests"]), str(level["failed"]),
+        _num(level["active_mean"], 1), str(level["active_max"]),
+        _num(t["p50"], 0), _num(t["p95"], 0), _num(t["p99"], 0), _num(r["p50"], 3), _num(q["p95"], 0),
+        f"{level['underrun_requests']}/{level['requests'] - level['failed']}",
+        _num(level["underrun_s"], 2), _num(level["audio_s_per_s"], 2),
+    ]  # fmt: skip
+
+
 def table(header: Sequence[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -48,7 +71,13 @@ def groups(result: Result) -> dict[tuple[str, str], list[Result]]:
     out: dict[tuple[str, str], list[Result]] = {}
     for level in result["levels"]:
         out.setdefault((level["system"], level["mode"]), []).append(level)
-    return {k: sorted(v, key=lambda lv: lv["concurrency"]) for k, v in out.items()}
+    return {k: sorted(v, key=_order) for k, v in out.items()}
+
+
+def _order(level: Result) -> float:
+    """Closed loop by concurrency, open loop by rate."""
+    rate = level.get("rate")
+    return float(level["concurrency"] if rate is None else rate)
 
 
 def realtime_streams(levels: list[Result]) -> int:
@@ -67,7 +96,8 @@ def ttfa_part_rows(levels: list[Result]) -> list[list[str]]:
         parts = lv.get("ttfa_parts_ms_mean") or {}
         if parts:
             values = list(parts.values())
-            rows.append([str(lv["concurrency"]), *(_num(v, 0) for v in values), _num(sum(values), 0)])
+            label = str(lv["concurrency"]) if lv.get("rate") is None else _num(lv["rate"], 2)
+            rows.append([label, *(_num(v, 0) for v in values), _num(sum(values), 0)])
     return rows
 
 
@@ -111,14 +141,25 @@ def markdown(result: Result) -> str:
             f"- device memory peak (torch, MiB): loading {meta['device_peak_mb_load']:.0f}, warm-up "
             f"{meta['device_peak_mb_warmup']:.0f}; each level's own peak is in its row"
         )
+    if meta.get("arrivals") == "poisson":
+        spread = meta["length_spread"]
+        parts.append(
+            f"- open loop: Poisson arrivals; lengths uniform in [{meta['tokens'] * (1 - spread):.0f}, "
+            f"{meta['tokens'] * (1 + spread):.0f}] speech tokens; active streams = requests sent and not "
+            "yet fully received (time-weighted mean, max)"
+        )
     for (system, mode), levels in groups(result).items():
-        parts += [f"\n## {system} · {mode}\n", table(COLUMNS, [_row(lv) for lv in levels])]
+        if is_open(levels):
+            parts += [f"\n## {system} · {mode}\n", table(OPEN_COLUMNS, [_open_row(lv) for lv in levels])]
+        else:
+            parts += [f"\n## {system} · {mode}\n", table(COLUMNS, [_row(lv) for lv in levels])]
         if mode == "stream":
             parts.append(f"\nStreams held in real time (no underrun, no failure): {realtime_streams(levels)}")
         if rows := ttfa_part_rows(levels):
+            first = "rate /s" if is_open(levels) else TTFA_COLUMNS[0]
             parts += [
                 "\nWhere the time to first audio went (mean ms per request):\n",
-                table(TTFA_COLUMNS, rows),
+                table((first, *TTFA_COLUMNS[1:]), rows),
             ]
     if rows := ratio_rows(result):
         header = ("mode", "streams", "TTFA p50 ×", "TTFA p95 ×", "RTF p50 ×", "audio s/s ×")
@@ -139,8 +180,10 @@ def plot(result: Result, path: Path) -> bool:
             "matplotlib is not installed: no plot (pip install matplotlib; then python -m bench.report)"
         )
         return False
-    by = groups(result)
+    by = {k: v for k, v in groups(result).items() if not is_open(v)}
     modes = list(dict.fromkeys(mode for _, mode in by))  # in run order
+    if not modes:
+        return False
     fig, axes = plt.subplots(len(modes), 2, figsize=(11, 3.6 * len(modes)), squeeze=False)
     for row, mode in enumerate(modes):
         for col, (key, label) in enumerate((("ttfa_ms", "time to first audio (ms)"), ("rtf", "RTF"))):
@@ -168,18 +211,57 @@ def _panel(ax: Any, systems: dict[str, list[Result]], key: str, title: str) -> N
     ax.legend(fontsize=8)
 
 
+def plot_open(result: Result, path: Path) -> bool:
+    """Open loop: TTFA p50/p95/p99 and, on a second panel, active streams (mean, max) and streams with an
+    underrun, all against the arrival rate. False without matplotlib or without open-loop levels."""
+    opened = {k: v for k, v in groups(result).items() if is_open(v)}
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no open-loop plot")
+        return False
+    if not opened:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for n, ((system, mode), levels) in enumerate(opened.items()):
+        rates = [lv["rate"] for lv in levels]
+        for pct, style in (("p50", "-o"), ("p95", "--s"), ("p99", ":^")):
+            ys = [float("nan") if lv["ttfa_ms"][pct] is None else lv["ttfa_ms"][pct] for lv in levels]
+            left.plot(rates, ys, style, color=f"C{n}", label=f"{system} {mode} {pct}")
+        right.plot(rates, [lv["active_mean"] for lv in levels], "-o", color=f"C{n}", label="active (mean)")
+        right.plot(rates, [lv["active_max"] for lv in levels], "--s", color=f"C{n}", label="active (max)")
+        under = [lv["underrun_requests"] for lv in levels]
+        right.plot(rates, under, ":x", color=f"C{n + 1}", label="streams with an underrun")
+    left.set_title("time to first audio (ms) vs arrival rate", fontsize=10)
+    right.set_title("streams vs arrival rate", fontsize=10)
+    for ax in (left, right):
+        ax.set_xlabel("requests per second (Poisson)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result['meta']['model']} on {result['meta']['hardware']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def write_report(result: Result, out: str | Path, with_plot: bool = True) -> dict[str, Path]:
     """Write results.json, results.md and (with matplotlib) results.png into ``out``; returns the paths.
     The json is written to a temporary name and renamed: a run killed mid-write keeps its last full one."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "results.md", "plot": out / "results.png"}
+    paths["open_plot"] = out / "results_open.png"
     tmp = paths["json"].with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(paths["json"])
     paths["markdown"].write_text(markdown(result))
-    if not with_plot or not plot(result, paths["plot"]):
-        del paths["plot"]
+    for key, draw in (("plot", plot), ("open_plot", plot_open)):
+        if not with_plot or not draw(result, paths[key]):
+            del paths[key]
     return paths
 
 

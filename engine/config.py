@@ -53,6 +53,18 @@ class StreamConfig:
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
+    # Adaptive hops (engine.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
+    # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
+    # fewer, larger flow calls under load. Exact for v3 (chunks end on the reference's boundaries; CPU test
+    # on the tiny model); v2's vocoder seams would move, so None (auto) adapts only v3 streams that start
+    # while at least adaptive_min_active requests compute.
+    adaptive_hop: bool | None = None
+    adaptive_min_active: int = 8
+    hold_buffer_s: float = 3.0
+    max_adaptive_hop: int = 200  # tokens (8 s of speech)
+    # token2wav scheduling (engine.job_queue): a chunk whose audio is needed within this many seconds is
+    # urgent and joins the next batch even when it makes that flow call longer
+    urgent_slack_s: float = 0.3
 
     def __post_init__(self) -> None:
         if not 1 <= self.token_hop <= self.max_token_hop:
@@ -65,6 +77,12 @@ class StreamConfig:
             raise ValueError("fast_start_max_active must be >= 1")
         if not 5 <= self.min_first_hop < self.token_hop:
             raise ValueError("need 5 <= min_first_hop < token_hop (v3 holds back 4 tokens of each chunk)")
+        if self.adaptive_hop not in (None, True, False):
+            raise ValueError(f"adaptive_hop must be None (auto), True or False, got {self.adaptive_hop!r}")
+        if self.adaptive_min_active < 1 or self.hold_buffer_s < 0 or self.urgent_slack_s < 0:
+            raise ValueError("need adaptive_min_active >= 1, hold_buffer_s >= 0 and urgent_slack_s >= 0")
+        if self.max_adaptive_hop < self.max_token_hop:
+            raise ValueError("max_adaptive_hop must be >= max_token_hop (it merges whole reference chunks)")
 
     def splits_first_chunk(self, family: str, active: int) -> bool:
         """Whether a request that starts with ``active`` requests computing (itself included) gets the
@@ -72,6 +90,13 @@ class StreamConfig:
         if self.fast_start is not None:
             return self.fast_start
         return family == "cosyvoice3" and active <= self.fast_start_max_active
+
+    def adapts_hops(self, family: str, active: int) -> bool:
+        """Whether a request that starts with ``active`` requests computing gets adaptive hops: as set, or
+        in auto for v3 under load."""
+        if self.adaptive_hop is not None:
+            return self.adaptive_hop
+        return family == "cosyvoice3" and active >= self.adaptive_min_active
 
 
 FAST_START_CHOICES = ("auto", "on", "off")
@@ -150,6 +175,13 @@ class EngineConfig:
     # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
     # Off until measured on a GPU (bench --t2w-own-stream); exactness is checked by a GPU test.
     t2w_own_stream: bool = False
+    # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
+    # earliest playback deadline first inside frame buckets (engine.job_queue): the A/B for the scheduler
+    t2w_fifo: bool = False
+    # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
+    # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
+    # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)
+    text_workers: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     limits: Limits = field(default_factory=Limits)
@@ -168,6 +200,8 @@ class EngineConfig:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
         if not 0 <= self.prompt_cache_size <= 4096:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
+        if self.text_workers is not None and not 0 <= self.text_workers <= 64:
+            raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
         if not 1 <= self.flow_batch <= 64:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:

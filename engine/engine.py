@@ -36,10 +36,13 @@ from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
 from engine.models.flow import CausalCFM
 from engine.models.hift import CausalHiFTGenerator
+from engine.models.speech_lm import SpeechLM
 from engine.plan import Plan, Planner
+from engine.playback import Playback
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.text import TextFrontend, instruct_presets, load_tokenizer
+from engine.text_pool import TextPool, text_job
 from engine.token2wav import Token2Wav, Utterance
 from engine.voices import Voice, VoiceLibrary
 
@@ -52,6 +55,8 @@ class _Active:
 
     request_id: str
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by abort(), any thread
+    # when the audio delivered so far runs out: each chunk's token2wav deadline
+    playback: Playback = field(default_factory=lambda: Playback(time.perf_counter))
 
 
 class TTSEngine:
@@ -64,15 +69,18 @@ class TTSEngine:
         backend: LMBackend,
         voices: VoiceLibrary,
         hift_graphs: GraphedHiFT | None = None,
+        text_pool: TextPool | None = None,
     ):
         self.cfg, self.model, self.frontend, self.text = cfg, model, frontend, text
+        self.text_pool = text_pool or TextPool(text, 0)
         self.backend, self.voices = backend, voices
         self.family, self.sample_rate = model.family, 24000
         self.model_name = str(model.model_dir.name)
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
         self.token2wav = Token2Wav(
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
-            cfg.t2w_own_stream, hift_graphs,
+            cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
+            fifo=cfg.t2w_fifo,
         )  # fmt: skip
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()
@@ -103,8 +111,13 @@ class TTSEngine:
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
         _precapture(model.flow.decoder, vocoder, cfg, dev)
         voices = VoiceLibrary(Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices", model.family)
+        workers = cfg.text_workers
+        if workers is None:
+            workers = 4 if devices.is_accelerator(dev) else 0
+        pool = TextPool(text, workers, files.qwen)
+        pool.start()
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
-        return cls(cfg, model, frontend, text, backend, voices, vocoder)
+        return cls(cfg, model, frontend, text, backend, voices, vocoder, pool)
 
     async def warmup(self) -> None:
         """One short synthesis so the first user does not pay for lazy initialisation."""
@@ -119,6 +132,7 @@ class TTSEngine:
         self.ready = False
         self.backend.close()
         self.token2wav.close()
+        self.text_pool.close()
 
     # ------------------------------------------------------------------ public surface
     def split_preview(self, text: str, language: str = "auto") -> list[str]:
@@ -202,7 +216,7 @@ class TTSEngine:
     ) -> AsyncIterator[AudioChunk]:
         watch.started()
         t0 = time.perf_counter()
-        plan = await asyncio.to_thread(self.planner.plan, req)
+        plan = await self._plan(req)
         watch.add_stage("frontend", time.perf_counter() - t0)
         watch.mark("frontend_done")
         index = 0
@@ -211,6 +225,7 @@ class TTSEngine:
             if time.monotonic() > deadline:
                 raise SynthesisFailed(f"request took longer than {self.cfg.limits.request_timeout_s:.0f} s")
             watch.add_audio(len(pcm) / self.sample_rate)
+            active.playback.delivered(len(pcm) / self.sample_rate)
             yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot())
             index += 1
         if not active.cancelled.is_set():
@@ -218,12 +233,25 @@ class TTSEngine:
                 np.zeros(0, np.float32), self.sample_rate, index, True, watch.snapshot(done=True)
             )
 
+    async def _plan(self, req: SynthesisRequest) -> Plan:
+        """Prompt features in a thread (ONNX and numpy release the GIL; the prompt cache is shared), then
+        the text in the text pool: neither runs on the event loop, and requests do not queue on the GIL."""
+        if req.mode == Mode.VC:
+            return await asyncio.to_thread(self.planner.vc_plan, req)
+        prompt, transcript = await asyncio.to_thread(self.planner.prompt, req)
+        ids = await self.text_pool.run(text_job(req, transcript))
+        return self.planner.assemble(req, prompt, ids)
+
     async def _audio(
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
     ) -> AsyncIterator[np.ndarray]:
         stream = req.stream and req.speed == 1.0  # speed re-times a whole mel: applied per segment
-        split = self.cfg.stream.splits_first_chunk(self.family, self.admission.active)
-        schedule = replace(self.cfg.stream, fast_start=split)
+        load = self.admission.active
+        schedule = replace(
+            self.cfg.stream,
+            fast_start=self.cfg.stream.splits_first_chunk(self.family, load),
+            adaptive_hop=self.cfg.stream.adapts_hops(self.family, load),
+        )
         if plan.source_tokens is not None:
             utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
             utt.tokens.extend(plan.source_tokens)
@@ -251,8 +279,7 @@ class TTSEngine:
         active: _Active,
     ) -> AsyncIterator[np.ndarray]:
         lm = self.model.lm
-        with torch.inference_mode():
-            prefix = lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids))
+        prefix = await asyncio.to_thread(_prefix, lm, text_ids, prompt_ids, speech_ids)
         min_len, max_len = token_limits(len(text_ids), self.cfg.sampling)
         if req.forced_tokens is not None:  # fixed compute for benchmarks: no stop before, none after
             min_len = max_len = req.forced_tokens
@@ -280,13 +307,16 @@ class TTSEngine:
     async def _drain(
         self, utt: Utterance, lm_done: bool, active: _Active, watch: Stopwatch
     ) -> AsyncIterator[np.ndarray]:
-        """Run every chunk the planner has ready."""
-        while not active.cancelled.is_set() and (job := utt.planner.next_job(len(utt.tokens), lm_done)):
+        """Run every chunk the planner has ready, each due when the client's buffered audio runs out."""
+        playback = active.playback
+        while not active.cancelled.is_set() and (
+            job := utt.planner.next_job(len(utt.tokens), lm_done, playback.buffered_s())
+        ):
             if job.end == 0:
                 return
             before = dict(utt.stage_s)
             watch.mark("first_chunk_ready")
-            pcm = await self.token2wav.run(utt, job)
+            pcm = await self.token2wav.run(utt, job, playback.deadline())
             if utt.first_job_started is not None:
                 watch.mark("first_chunk_started", utt.first_job_started)
             for stage in ("flow", "hift"):
@@ -309,6 +339,12 @@ class TTSEngine:
 
 def _ids(ids: list[int]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
+
+
+def _prefix(lm: SpeechLM, text_ids: list[int], prompt_ids: list[int], speech_ids: list[int]) -> torch.Tensor:
+    """The LM's prompt embeddings (device work: off the event loop)."""
+    with torch.inference_mode():
+        return lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids))
 
 
 def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBackend:

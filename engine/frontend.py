@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,7 @@ class Frontend:
             speech_tokenizer, device_mod.onnx_providers(dev), intra_op_threads, inputs=2
         )
         self._cache: OrderedDict[str, PromptFeatures] = OrderedDict()
+        self._running: dict[str, Future[PromptFeatures]] = {}  # content hash -> its computation in flight
         self._lock = threading.Lock()
 
     @classmethod
@@ -116,11 +118,7 @@ class Frontend:
     def extract(self, source: AudioInput, trim: bool = True) -> PromptFeatures:
         """Features of a prompt (a bare array is 24 kHz); ``trim=False``: untrimmed, for VC (spec §3.7)."""
         wav16, wav24 = self._decode(source)
-        key = _content_hash(wav16, wav24)
-        features = self._cached(key)
-        if features is None:
-            features = self._compute(wav16, wav24, key)
-            self._store(key, features)
+        features = self._once(_content_hash(wav16, wav24), wav16, wav24)
         return features.trim() if trim else features
 
     def speech_tokens(self, source: AudioInput) -> np.ndarray:
@@ -179,15 +177,33 @@ class Frontend:
             raise ModelError(f"campplus returned {embedding.size} values, expected {EMBEDDING_DIM}")
         return embedding.astype(np.float32)
 
-    def _cached(self, key: str) -> PromptFeatures | None:
+    def _once(self, key: str, wav16: np.ndarray, wav24: np.ndarray) -> PromptFeatures:
+        """Cached features, or computed once for all requests that bring the same prompt at the same time
+        (a wave of new visitors with one example voice): the first computes, the others wait for it."""
         with self._lock:
             features = self._cache.get(key)
             if features is not None:
                 self._cache.move_to_end(key)
-            return features
+                return features
+            running = self._running.get(key)
+            if running is None:
+                mine = self._running[key] = Future()
+        if running is not None:
+            return running.result()
+        try:
+            features = self._compute(wav16, wav24, key)
+        except BaseException as err:
+            with self._lock:
+                del self._running[key]
+            mine.set_exception(err)
+            raise
+        self._store(key, features)
+        mine.set_result(features)
+        return features
 
     def _store(self, key: str, features: PromptFeatures) -> None:
         with self._lock:
+            del self._running[key]
             self._cache[key] = features
             self._cache.move_to_end(key)
             while len(self._cache) > self.cache_size:

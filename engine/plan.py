@@ -16,6 +16,7 @@ from engine.errors import InvalidInput, TooLarge
 from engine.frontend import Frontend, PromptFeatures
 from engine.request import Mode, SynthesisRequest
 from engine.text import TextFrontend
+from engine.text_pool import TextIds, text_ids, text_job
 from engine.voices import Voice, VoiceLibrary
 
 
@@ -65,26 +66,28 @@ class Planner:
             raise InvalidInput(message, field=field)
 
     def plan(self, req: SynthesisRequest) -> Plan:
-        """The heavy part (audio decoding, ONNX features, normalisation): run it off the event loop."""
+        """All of it in this thread (the engine splits it: ``prompt`` in a thread, ``text_ids`` wherever
+        its text pool runs it, then ``assemble``)."""
         if req.mode == Mode.VC:
-            prompt, _ = self._prompt(req, trim=False)  # the reference does not trim the VC prompt
-            source = req.source_audio if req.source_audio is not None else req.source_wav
-            assert source is not None  # check() guarantees it
-            return Plan([], prompt, list(self.frontend.speech_tokens(source)))
-        prompt, transcript = self._prompt(req, trim=True)
-        cross = req.mode == Mode.CROSS_LINGUAL
-        segments = self.text.prepare(req.text, req.language, req.text_frontend, cross_lingual=cross)
-        if not segments:
-            raise InvalidInput("the text has nothing to speak after normalisation", field="text")
-        prompt_ids: list[int] = []
-        speech: list[int] = []
-        if req.mode == Mode.ZERO_SHOT:
-            transcript = self.text.prompt_text(transcript, req.language, req.text_frontend)
-            prompt_ids = self.text.tokenize(transcript)
-            speech = [int(t) for t in prompt.speech_tokens]
-        elif req.mode == Mode.INSTRUCT:
-            prompt_ids = self.text.tokenize(self.text.instruct_text(req.instruct_text))
-        return Plan([(self.text.tokenize(s), prompt_ids, speech) for s in segments], prompt)
+            return self.vc_plan(req)
+        prompt, transcript = self.prompt(req)
+        return self.assemble(req, prompt, text_ids(self.text, text_job(req, transcript)))
+
+    def vc_plan(self, req: SynthesisRequest) -> Plan:
+        """Voice conversion: prompt features and the source speech's tokens, no text."""
+        prompt, _ = self._prompt(req, trim=False)  # the reference does not trim the VC prompt
+        source = req.source_audio if req.source_audio is not None else req.source_wav
+        assert source is not None  # check() guarantees it
+        return Plan([], prompt, list(self.frontend.speech_tokens(source)))
+
+    def prompt(self, req: SynthesisRequest) -> tuple[PromptFeatures, str]:
+        """The (trimmed) prompt features and the transcript that goes with them: audio decoding and ONNX
+        features, or a saved voice read from disk. Blocking: run it off the event loop."""
+        return self._prompt(req, trim=True)
+
+    def assemble(self, req: SynthesisRequest, prompt: PromptFeatures, ids: TextIds) -> Plan:
+        speech = [int(t) for t in prompt.speech_tokens] if req.mode == Mode.ZERO_SHOT else []
+        return Plan([(seg, ids.prompt, speech) for seg in ids.segments], prompt)
 
     def _prompt(self, req: SynthesisRequest, trim: bool) -> tuple[PromptFeatures, str]:
         """The voice's features and transcript: a saved voice, or the request's prompt audio."""

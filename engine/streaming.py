@@ -38,38 +38,92 @@ class ChunkJob:
 
 
 class ChunkPlanner:
-    """Decides when a chunk is ready; one per request."""
+    """Decides when a chunk is ready; one per request.
+
+    The reference schedule is a sequence of boundaries (token offsets): hop + pad, then hops growing to
+    ``max_token_hop`` (or, with the split first chunk, pad then hop). Every streaming chunk ends on one of
+    them. With ``cfg.adaptive_hop`` a chunk may span several consecutive boundaries: while the client has
+    ``hold_buffer_s`` of audio buffered (``buffered_s``, from the request's playback clock) a ready chunk
+    waits to grow up to ``max_adaptive_hop`` tokens, and when the buffer runs low every ready boundary goes
+    in one flow call. v3's flow is chunk-causal and its HiFT causal, so merging chunks that end on the
+    reference's boundaries leaves the audio as it was (the split first chunk is the same fact the other way
+    round); the final boundary is the same too, because the last streaming chunk still ends on the last
+    boundary whose look-ahead the tokens cover.
+    """
 
     def __init__(self, prompt_tokens: int, cfg: StreamConfig, stream: bool = True):
         self.cfg, self.stream = cfg, stream
-        self.offset = 0  # tokens already turned into audio
         pad = math.ceil(prompt_tokens / cfg.token_hop) * cfg.token_hop - prompt_tokens
-        self.hop = cfg.token_hop
-        self.this_hop = cfg.token_hop + pad
-        self.split_first = bool(cfg.fast_start) and pad >= cfg.min_first_hop  # None (unresolved): off
-        if self.split_first:
-            self.this_hop = pad  # then hop: the reference's first chunk ends on this same grid line
+        split = bool(cfg.fast_start) and pad >= cfg.min_first_hop  # None (unresolved): off
+        # split: pad tokens, then hop: the reference's first chunk ends on this same grid line
+        self.at = _Boundary(0, pad if split else cfg.token_hop + pad, cfg.token_hop, split)
         self.done = False
 
-    def next_job(self, n_tokens: int, lm_done: bool) -> ChunkJob | None:
-        """The next flow job given ``n_tokens`` buffered tokens, or None to wait for more."""
+    @property
+    def offset(self) -> int:
+        """Tokens already turned into audio."""
+        return self.at.offset
+
+    @property
+    def this_hop(self) -> int:
+        """Tokens in the reference's next chunk."""
+        return self.at.this_hop
+
+    def next_job(self, n_tokens: int, lm_done: bool, buffered_s: float = 0.0) -> ChunkJob | None:
+        """The next flow job given ``n_tokens`` buffered tokens, or None to wait for more.
+        ``buffered_s``: seconds of audio the client has not played yet (only adaptive hops read it)."""
         if self.done:
             return None
-        if self.stream and n_tokens - self.offset >= self.this_hop + self.cfg.lookahead:
-            job = ChunkJob(
-                self.offset + self.this_hop + self.cfg.lookahead, self.offset * TOKEN_MEL_RATIO, False
-            )
-            self.offset += self.this_hop
-            if self.split_first:  # the split-off piece: the rest of the reference's first chunk comes next
-                self.split_first = False
-            else:
-                self.hop = min(self.cfg.max_token_hop, self.hop * self.cfg.hop_growth)
-            self.this_hop = self.hop
-            return job
+        if self.stream and self._ready(self.at, n_tokens):
+            last = self._merged(n_tokens)
+            if not lm_done and self._holds(last, buffered_s):
+                return None
+            start, self.at = self.at.offset, last.next(self.cfg)
+            return ChunkJob(self.at.offset + self.cfg.lookahead, start * TOKEN_MEL_RATIO, False)
         if not lm_done:
             return None
         self.done = True
         return ChunkJob(n_tokens, self.offset * TOKEN_MEL_RATIO, True)
+
+    def _ready(self, chunk: _Boundary, n_tokens: int) -> bool:
+        """That chunk's tokens and their look-ahead are buffered."""
+        return n_tokens >= chunk.end + self.cfg.lookahead
+
+    def _merged(self, n_tokens: int) -> _Boundary:
+        """The last reference chunk the next job covers: the next one, or (adaptive) every ready one after
+        it while the job stays within ``max_adaptive_hop`` tokens."""
+        last = self.at
+        while self.cfg.adaptive_hop:
+            after = last.next(self.cfg)
+            if not self._ready(after, n_tokens) or after.end - self.at.offset > self.cfg.max_adaptive_hop:
+                break
+            last = after
+        return last
+
+    def _holds(self, last: _Boundary, buffered_s: float) -> bool:
+        """Adaptive: wait for one more reference chunk while the client's buffer covers the wait and the
+        job can still grow."""
+        if not self.cfg.adaptive_hop or buffered_s < self.cfg.hold_buffer_s:
+            return False
+        return last.next(self.cfg).end - self.at.offset <= self.cfg.max_adaptive_hop
+
+
+@dataclass(frozen=True)
+class _Boundary:
+    """One chunk of the reference schedule: tokens [offset, offset + this_hop); ``hop`` grows after it."""
+
+    offset: int
+    this_hop: int
+    hop: int
+    split_first: bool  # this is the split-off first piece: the hop does not grow after it
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.this_hop
+
+    def next(self, cfg: StreamConfig) -> _Boundary:
+        hop = self.hop if self.split_first else min(cfg.max_token_hop, self.hop * cfg.hop_growth)
+        return _Boundary(self.end, hop, hop, False)
 
 
 Hift2 = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

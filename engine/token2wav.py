@@ -1,8 +1,9 @@
 """Speech tokens -> waveform: flow matching then HiFT, run by one worker thread per device.
 
 Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, vocoder continuation); the
-worker takes chunk jobs from all active requests, in arrival order, so GPU work is serialised by one owner
-we time instead of interleaving threads. ``run`` is awaited by the request's coroutine.
+worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
+(``engine.job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
+``run`` is awaited by the request's coroutine.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
+import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,9 +25,17 @@ from engine import device as devices
 from engine.config import EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
+from engine.job_queue import DeadlineQueue
 from engine.models.flow import Flow
 from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
-from engine.streaming import ChunkJob, ChunkPlanner, Hift3, V2VocoderState, V3VocoderState
+from engine.streaming import (
+    TOKEN_MEL_RATIO,
+    ChunkJob,
+    ChunkPlanner,
+    Hift3,
+    V2VocoderState,
+    V3VocoderState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +62,16 @@ class _Job:
     chunk: ChunkJob
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[np.ndarray]
+    deadline: float  # clock s when the client needs this audio
+
+    @property
+    def frames(self) -> int:
+        """Mel frames of this job's flow call: prompt and tokens so far, 2 frames a token."""
+        return TOKEN_MEL_RATIO * (self.utt.prompt_tokens.shape[1] + self.chunk.end)
+
+    @property
+    def finalize(self) -> bool:
+        return self.chunk.finalize
 
 
 class Token2Wav:
@@ -65,11 +85,16 @@ class Token2Wav:
         max_batch: int = EngineConfig.flow_batch,  # chunks per flow (and v3 HiFT) call
         own_stream: bool = False,
         hift_graphs: Hift3 | None = None,  # v3: GraphedHiFT, called like CausalHiFTGenerator.inference
+        frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
+        clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
+        fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
         self.hift_graphs = hift_graphs
-        self.stream_cfg, self.max_batch, self.own_stream = stream_cfg, max_batch, own_stream
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
+        # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
+        urgent_s = math.inf if fifo else stream_cfg.urgent_slack_s
+        self._jobs: DeadlineQueue[_Job] = DeadlineQueue(clock, max_batch, frame_bucket, urgent_s)
         self.pending = 0
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
         self._thread.start()
@@ -95,20 +120,31 @@ class Token2Wav:
             return Utterance(tokens, feat, emb, planner, V2VocoderState(self.stream_cfg), gen, speed)
         return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed)
 
-    async def run(self, utt: Utterance, chunk: ChunkJob) -> np.ndarray:
-        """Compute one chunk's new audio: float32 [samples] at 24 kHz."""
+    async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:
+        """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the client
+        needs it (``clock`` s; default now, as for a first chunk)."""
         loop = asyncio.get_running_loop()
-        job = _Job(utt, chunk, loop, loop.create_future())
+        due = self.clock() if deadline is None or self.fifo else deadline
+        job = _Job(utt, chunk, loop, loop.create_future(), due)
         self.pending += 1
         self._jobs.put(job)
         return await job.future
+
+    @property
+    def max_batch(self) -> int:
+        """Chunks per flow (and v3 HiFT) call; the queue forms the batches."""
+        return self._jobs.max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:
+        self._jobs.max_batch = value
 
     @property
     def healthy(self) -> bool:
         return self._thread.is_alive()
 
     def close(self) -> None:
-        self._jobs.put(None)
+        self._jobs.close()
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
@@ -116,29 +152,15 @@ class Token2Wav:
             self._serve()
 
     def _serve(self) -> None:
-        while (first := self._jobs.get()) is not None:
-            jobs, stop = self._take_more([first])
+        """One batch at a time, re-ordered after each: a chunk queued meanwhile with an earlier deadline
+        runs next instead of after everything that was already waiting."""
+        while (jobs := self._jobs.take()) is not None:
             if self.own_stream:
                 devices.after_default_stream(self.device)
             self.pending -= len(jobs)
             live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
-            for finalize in (False, True):
-                group = [j for j in live if j.chunk.finalize == finalize]
-                for i in range(0, len(group), self.max_batch):
-                    self._run_batch(group[i : i + self.max_batch])
-            if stop:
-                return
-
-    def _take_more(self, jobs: list[_Job]) -> tuple[list[_Job], bool]:
-        """Everything already queued joins this round: flow runs once for all of them."""
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                return jobs, False
-            if job is None:
-                return jobs, True
-            jobs.append(job)
+            if live:
+                self._run_batch(live)
 
     def _run_batch(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()

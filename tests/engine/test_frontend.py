@@ -159,6 +159,53 @@ def test_thread_safe_concurrent_extraction():
     assert frontend.cache_info()[0] <= 4
 
 
+def test_one_prompt_arriving_many_times_at_once_is_computed_once(monkeypatch):
+    """Requests that bring the same new prompt together wait for the first one's features instead of each
+    computing them (a wave of visitors with one example voice)."""
+    import engine.frontend as frontend_module
+
+    frontend = make_frontend()
+    computing, release, hashed = threading.Event(), threading.Event(), threading.Semaphore(0)
+    real_compute, real_hash, runs = frontend._compute, frontend_module._content_hash, []
+
+    def slow_compute(*args):
+        runs.append(1)
+        computing.set()
+        release.wait(timeout=30)
+        return real_compute(*args)
+
+    def counted_hash(*args):
+        hashed.release()
+        return real_hash(*args)
+
+    monkeypatch.setattr(frontend, "_compute", slow_compute)
+    monkeypatch.setattr(frontend_module, "_content_hash", counted_hash)
+    clip = speechy(1.0, seed=5)
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(frontend.extract, clip)
+        assert computing.wait(timeout=30)
+        others = [pool.submit(frontend.extract, clip) for _ in range(2)]
+        for _ in range(3):  # the first request's hash and both others': they are past it
+            assert hashed.acquire(timeout=30)
+        release.set()
+        results = [first.result(), *(f.result() for f in others)]
+    assert len(runs) == 1
+    assert all(r.content_hash == results[0].content_hash for r in results)
+    assert frontend.cache_info()[0] == 1
+
+
+def test_a_failed_computation_fails_its_waiters_and_leaves_nothing_behind(monkeypatch):
+    frontend = make_frontend()
+
+    def broken(*args):
+        raise RuntimeError("onnx failed")
+
+    monkeypatch.setattr(frontend, "_compute", broken)
+    with pytest.raises(RuntimeError, match="onnx"):
+        frontend.extract(speechy(1.0, seed=6))
+    assert frontend._running == {} and frontend.cache_info()[0] == 0
+
+
 def test_vc_source_tokens():
     frontend = make_frontend()
     x = speechy(1.2)

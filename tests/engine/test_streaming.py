@@ -1,5 +1,7 @@
 """Chunk schedule and vocoder continuations (with fake vocoders; the real ones are tested in models/)."""
 
+from collections.abc import Callable
+
 import torch
 
 from engine.config import StreamConfig
@@ -119,3 +121,62 @@ def test_min_first_hop_must_leave_audio_and_stay_below_the_hop():
     for bad in (4, 25):
         with pytest.raises(ValueError, match="min_first_hop"):
             StreamConfig(min_first_hop=bad)
+
+
+ADAPTIVE = StreamConfig(adaptive_hop=True, hold_buffer_s=3.0, max_adaptive_hop=200)
+
+
+def drain_buffered(planner: ChunkPlanner, total: int, buffered: Callable[[int], float]) -> list[ChunkJob]:
+    """As ``drain``, with ``buffered(n)`` seconds of audio at the client when the n-th token arrives."""
+    jobs = []
+    for n in range(1, total + 1):
+        while (job := planner.next_job(n, lm_done=False, buffered_s=buffered(n))) is not None:
+            jobs.append(job)
+    while (job := planner.next_job(total, lm_done=True, buffered_s=buffered(total))) is not None:
+        jobs.append(job)
+    return jobs
+
+
+def boundaries(jobs: list[ChunkJob]) -> set[int]:
+    return {j.mel_start // 2 for j in jobs}
+
+
+def test_adaptive_hops_merge_reference_chunks_while_the_buffer_is_full():
+    ref = drain(ChunkPlanner(10, CFG), 700)  # boundaries 40, 90, 190, 290, ... ; final from 690
+    got = drain_buffered(ChunkPlanner(10, ADAPTIVE), 700, lambda n: 0.0 if n < 100 else 5.0)
+    assert boundaries(got) <= boundaries(ref)  # every chunk starts (and ends) on a reference boundary
+    assert got[-1] == ref[-1]  # the same final call
+    assert [j.end for j in got] == [43, 93, 293, 493, 693, 700]  # 40, 50, then 200 + 200 + 200
+    assert all(j.end - 3 - j.mel_start // 2 <= 200 for j in got[:-1])
+
+
+def test_adaptive_hops_without_buffered_audio_follow_the_reference():
+    ref = drain(ChunkPlanner(10, CFG), 700)
+    assert drain_buffered(ChunkPlanner(10, ADAPTIVE), 700, lambda n: 0.0) == ref
+    assert drain_buffered(ChunkPlanner(10, CFG), 700, lambda n: 9.0) == ref  # off: buffer ignored
+
+
+def test_a_buffer_running_low_releases_every_ready_boundary_in_one_chunk():
+    # full buffer from token 96 to 349: the reference chunks 90-190 and 190-290 are held (a third would
+    # still fit 400 tokens); when the buffer runs low at token 350 both go out as one job, the rest as usual
+    cfg = StreamConfig(adaptive_hop=True, hold_buffer_s=3.0, max_adaptive_hop=400)
+    got = drain_buffered(ChunkPlanner(10, cfg), 500, lambda n: 5.0 if 95 < n < 350 else 0.0)
+    assert [(j.mel_start // 2, j.end) for j in got] == [
+        (0, 43),
+        (40, 93),
+        (90, 293),
+        (290, 393),
+        (390, 493),
+        (490, 500),
+    ]
+    assert boundaries(got) <= boundaries(drain(ChunkPlanner(10, CFG), 500))
+
+
+def test_adaptive_settings_are_checked():
+    import pytest
+
+    with pytest.raises(ValueError, match="max_adaptive_hop"):
+        StreamConfig(max_adaptive_hop=50)
+    assert StreamConfig().adapts_hops("cosyvoice3", 8) and not StreamConfig().adapts_hops("cosyvoice3", 7)
+    assert not StreamConfig().adapts_hops("cosyvoice2", 64)
+    assert StreamConfig(adaptive_hop=True).adapts_hops("cosyvoice2", 1)

@@ -268,3 +268,124 @@ def test_v3_vocoder_graphs_give_the_same_stream_audio(tmp_path, monkeypatch):
     for a, b in zip(outs[True], outs[False]):
         assert len(a) == len(b) > 1
         np.testing.assert_allclose(np.concatenate(b), np.concatenate(a), atol=1e-4)
+
+
+async def run_streamed(
+    t2w: Token2Wav, features: PromptFeatures, tokens: list[int], buffered_s: float
+) -> list[np.ndarray]:
+    """Tokens arrive one at a time as from the LM; once audio came out, the client has ``buffered_s``."""
+    utt = t2w.utterance(features, seed=0, stream=True)
+    out = []
+    for n, token in enumerate(tokens, 1):
+        utt.tokens.append(token)
+        while (job := utt.planner.next_job(n, False, buffered_s if out else 0.0)) is not None:
+            out.append(await t2w.run(utt, job))
+    while (job := utt.planner.next_job(len(tokens), True, buffered_s)) is not None:
+        out.append(await t2w.run(utt, job))
+    return out
+
+
+def test_v3_adaptive_hops_give_the_same_audio_in_fewer_chunks(tmp_path):
+    """Merged chunks end on the reference's boundaries; v3's chunk-causal flow and causal HiFT then compute
+    the same samples as the fixed schedule, in fewer flow calls."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    features, tokens = random_prompt(10, 360)
+    fixed, adaptive = StreamConfig(), StreamConfig(adaptive_hop=True, max_adaptive_hop=200)
+    chunks = {}
+    for name, cfg in (("fixed", fixed), ("adaptive", adaptive)):
+        t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, cfg)
+        try:
+            chunks[name] = asyncio.run(run_streamed(t2w, features, tokens, buffered_s=5.0))
+        finally:
+            t2w.close()
+    # fixed: 40, 50, 100, 100 tokens then the final 70; adaptive: 40, then 150 (50 + 100: one more would
+    # pass 200), 100 (held for a second one when the LM ended) and the same final call
+    assert len(chunks["fixed"]) == 5 and len(chunks["adaptive"]) == 4
+    assert chunks["adaptive"][1].size > chunks["fixed"][1].size + chunks["fixed"][2].size / 2
+    np.testing.assert_allclose(np.concatenate(chunks["adaptive"]), np.concatenate(chunks["fixed"]), atol=1e-4)
+
+
+class BlockedWorker:
+    """A fake batch runner for ``Token2Wav._run_batch``: records each batch's chunks and holds the
+    worker in its first batch until released, so later jobs queue up meanwhile."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.batches: list[list[int]] = []
+
+    def __call__(self, jobs) -> None:
+        from engine.token2wav import _deliver
+
+        self.batches.append([j.chunk.end for j in jobs])
+        self.entered.set()
+        self.release.wait(timeout=30)
+        for job in jobs:
+            _deliver(job, np.zeros(1, np.float32), None)
+
+
+def test_the_worker_runs_queued_chunks_earliest_deadline_first(tmp_path):
+    """While the worker is busy, a long chunk with seconds of slack and then a first chunk are queued:
+    the first chunk runs next, alone (the long one would move it into a larger frame bucket)."""
+    from bench.make_model import build_model_dir
+    from engine.streaming import ChunkJob
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    clock = [0.0]
+    t2w = Token2Wav(
+        model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), clock=lambda: clock[0]
+    )
+    worker = BlockedWorker()
+    t2w._run_batch = worker  # type: ignore[method-assign]
+    features, _ = random_prompt(10, 10)
+
+    async def scenario() -> None:
+        busy = asyncio.ensure_future(t2w.run(t2w.utterance(features, 0, True), ChunkJob(1, 0, False)))
+        await asyncio.to_thread(worker.entered.wait, 30)
+        long = asyncio.ensure_future(t2w.run(t2w.utterance(features, 1, True), ChunkJob(400, 0, False), 6.0))
+        first = asyncio.ensure_future(t2w.run(t2w.utterance(features, 2, True), ChunkJob(43, 0, False)))
+        await asyncio.sleep(0)  # both queued
+        worker.release.set()
+        await asyncio.gather(busy, long, first)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        t2w.close()
+    assert worker.batches == [[1], [43], [400]]
+
+
+def test_fifo_takes_queued_chunks_in_arrival_order_in_one_batch(tmp_path):
+    """The A/B setting: the same scenario runs the long chunk and the first chunk together, as queued."""
+    from bench.make_model import build_model_dir
+    from engine.streaming import ChunkJob
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), fifo=True)
+    worker = BlockedWorker()
+    t2w._run_batch = worker  # type: ignore[method-assign]
+    features, _ = random_prompt(10, 10)
+
+    async def scenario() -> None:
+        busy = asyncio.ensure_future(t2w.run(t2w.utterance(features, 0, True), ChunkJob(1, 0, False)))
+        await asyncio.to_thread(worker.entered.wait, 30)
+        long = asyncio.ensure_future(t2w.run(t2w.utterance(features, 1, True), ChunkJob(400, 0, False), 6.0))
+        first = asyncio.ensure_future(t2w.run(t2w.utterance(features, 2, True), ChunkJob(43, 0, False)))
+        await asyncio.sleep(0)
+        worker.release.set()
+        await asyncio.gather(busy, long, first)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        t2w.close()
+    assert worker.batches == [[1], [400, 43]]

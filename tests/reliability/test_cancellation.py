@@ -239,19 +239,19 @@ def poison_flow(engine: TTSEngine, monkeypatch, tokens: int) -> None:
 
 
 def one_batch(engine: TTSEngine, monkeypatch, n: int) -> None:
-    """The token2wav worker's first round waits (<= 5 s) until ``n`` jobs are queued, so they share one
-    flow batch whatever the thread timing."""
-    t2w, waited = engine.token2wav, []
-    real = t2w._take_more
+    """The token2wav worker's first batch waits (<= 5 s) until ``n`` jobs are queued, so they share one
+    flow batch whatever the thread timing (they are all due now: urgent jobs always join the batch)."""
+    import engine.job_queue as job_queue
 
-    def take_more(jobs):
-        deadline = time.monotonic() + 5
-        while not waited and t2w._jobs.qsize() < n - len(jobs) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        waited.append(True)
-        return real(jobs)
+    queue, real, waited = engine.token2wav._jobs, job_queue.pick_batch, []
 
-    monkeypatch.setattr(t2w, "_take_more", take_more)
+    def pick_batch(queued, *args):  # called by the worker with the queue's lock held
+        if not waited:
+            waited.append(True)  # the wait releases the lock, so requests can queue their jobs
+            queue._changed.wait_for(lambda: len(queued) >= n, timeout=5)
+        return real(queued, *args)
+
+    monkeypatch.setattr(job_queue, "pick_batch", pick_batch)
 
 
 def spy_prefill(engine: TTSEngine, monkeypatch) -> list[int]:

@@ -1,0 +1,88 @@
+"""Open-loop load: requests arrive as a Poisson process at a fixed rate, whatever the server is doing.
+
+Closed-loop waves (``bench.load.run_level``) send the next request only when one finishes, so a slow server
+is offered less work; real visitors do not wait for each other. Here request i is sent at its own arrival
+time (exponential gaps of mean 1 / rate s, seeded), with a length drawn uniformly from
+[tokens x (1 - spread), tokens x (1 + spread)] speech tokens (25 tokens = 1 s of audio; the bench fixes
+the length with ``forced_tokens``, so the drawn length is the compute the request costs). The level reports
+the same client-side TTFA, RTF and underruns as a closed-loop one, plus how many streams were active.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+
+import numpy as np
+
+from bench.load import Level, RequestResult, Target, Workload, one_request, summarize
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenLoop:
+    """One open-loop level: ``requests`` arrivals at ``rate`` per second, lengths spread around the
+    workload's ``tokens``."""
+
+    rate: float
+    requests: int
+    spread: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0 or self.requests < 1:
+            raise ValueError(f"need rate > 0 and requests >= 1, got {self.rate} and {self.requests}")
+        if not 0.0 <= self.spread < 1.0:
+            raise ValueError(f"spread must be within [0, 1), got {self.spread}")
+
+    def arrivals(self, rng: random.Random) -> list[float]:
+        """Send times (s from the level's start): cumulative exponential gaps; the first at 0."""
+        times, t = [], 0.0
+        for _ in range(self.requests):
+            times.append(t)
+            t += rng.expovariate(self.rate)
+        return times
+
+    def lengths(self, tokens: int, rng: random.Random) -> list[int]:
+        """Speech tokens per request, uniform over the spread (at least 1)."""
+        lo, hi = max(1, round(tokens * (1 - self.spread))), max(1, round(tokens * (1 + self.spread)))
+        return [rng.randint(lo, hi) for _ in range(self.requests)]
+
+
+def active_streams(intervals: list[tuple[float, float]], wall_s: float) -> tuple[float, int]:
+    """(time-weighted mean, max) of how many [start, end) intervals overlap over ``wall_s`` seconds."""
+    if not intervals or wall_s <= 0:
+        return 0.0, 0
+    busy = sum(end - start for start, end in intervals)
+    edges = sorted(
+        [(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1])
+    )
+    now = most = 0
+    for _, step in edges:  # ends sort before starts at the same instant: touching intervals do not overlap
+        now += step
+        most = max(most, now)
+    return busy / wall_s, most
+
+
+async def run_open_level(
+    target: Target, workload: Workload, load: OpenLoop, prompt: np.ndarray, seed: int = 0
+) -> Level:
+    """Send every request at its arrival time (request i: seed ``seed + i``) and wait for all of them."""
+    rng = random.Random(seed)
+    sends, lengths = load.arrivals(rng), load.lengths(workload.tokens, rng)
+    target.reset_peak_memory()
+    t0 = time.perf_counter()
+
+    async def send(i: int) -> tuple[float, RequestResult]:
+        await asyncio.sleep(max(0.0, t0 + sends[i] - time.perf_counter()))  # the schedule, not a poll
+        sent = time.perf_counter() - t0
+        req = dataclasses.replace(workload, tokens=lengths[i]).request(seed + i, prompt)
+        return sent, await one_request(target, req, i)
+
+    done = await asyncio.gather(*(send(i) for i in range(load.requests)))
+    wall = time.perf_counter() - t0
+    mode = "stream" if workload.stream else "offline"
+    results = [r for _, r in done]
+    mean, most = active_streams([(s, s + r.total_ms / 1000.0) for s, r in done], wall)
+    level = summarize(target, f"{mode} open-loop", most, results, wall)
+    return dataclasses.replace(level, rate=load.rate, active_mean=mean, active_max=most)

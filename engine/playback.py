@@ -1,0 +1,32 @@
+"""One client's playback clock: when the audio delivered so far runs out (the next chunk's deadline).
+
+The model is the bench's player (``bench.load.underruns``): playback starts when the first audio is
+delivered and runs without gaps; audio delivered after the buffer ran dry starts again from its arrival.
+Owned by its request (the engine's stream generator), read by that request only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Playback:
+    def __init__(self, clock: Callable[[], float]):
+        self.clock = clock
+        self.runs_out_at: float | None = None  # clock s; None until the first audio is delivered
+
+    def deadline(self) -> float:
+        """When the next audio is needed: now before the first audio, else when the buffer runs dry."""
+        return self.clock() if self.runs_out_at is None else self.runs_out_at
+
+    def buffered_s(self) -> float:
+        """Seconds of delivered audio not yet played (0 before the first audio and after a stall)."""
+        return 0.0 if self.runs_out_at is None else max(0.0, self.runs_out_at - self.clock())
+
+    def delivered(self, seconds: float) -> None:
+        """``seconds`` of audio reached the client now."""
+        if seconds <= 0:
+            return
+        now = self.clock()
+        start = now if self.runs_out_at is None else max(self.runs_out_at, now)
+        self.runs_out_at = start + seconds

@@ -1,0 +1,71 @@
+"""Open-loop load: the arrival process, the length draw, the active-stream count, and the CLI end to end
+on the tiny v3 model (the demo-tiny kind)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+
+from bench.__main__ import main
+from bench.open_loop import OpenLoop, active_streams
+
+
+def test_arrivals_are_a_poisson_process_at_the_rate():
+    sends = OpenLoop(rate=4.0, requests=4000).arrivals(random.Random(1))
+    gaps = [b - a for a, b in itertools.pairwise(sends)]
+    assert sends[0] == 0.0 and min(gaps) >= 0
+    assert sum(gaps) / len(gaps) == pytest.approx(0.25, rel=0.05)  # mean gap 1 / rate
+    # exponential gaps: about e^-1 of them are longer than the mean
+    assert sum(g > 0.25 for g in gaps) / len(gaps) == pytest.approx(0.368, abs=0.03)
+    assert OpenLoop(4.0, 50).arrivals(random.Random(7)) == OpenLoop(4.0, 50).arrivals(random.Random(7))
+
+
+def test_lengths_are_uniform_over_the_spread():
+    lengths = OpenLoop(1.0, 3000, spread=0.5).lengths(200, random.Random(0))
+    assert min(lengths) == 100 and max(lengths) == 300
+    assert sum(lengths) / len(lengths) == pytest.approx(200, rel=0.03)
+    assert set(OpenLoop(1.0, 10, spread=0.0).lengths(200, random.Random(0))) == {200}
+
+
+def test_active_streams_is_the_time_weighted_overlap():
+    # 0-4 and 1-3 overlap for 2 s; 4-5 touches the first without overlapping
+    mean, most = active_streams([(0.0, 4.0), (1.0, 3.0), (4.0, 5.0)], wall_s=5.0)
+    assert mean == pytest.approx((4 + 2 + 1) / 5.0) and most == 2
+    assert active_streams([], 1.0) == (0.0, 0)
+
+
+def test_bad_open_loop_settings_are_refused():
+    for kw in (
+        {"rate": 0.0, "requests": 1},
+        {"rate": 1.0, "requests": 0},
+        {"rate": 1, "requests": 1, "spread": 1},
+    ):
+        with pytest.raises(ValueError):
+            OpenLoop(**kw)
+
+
+def test_cli_open_loop_on_the_tiny_v3_model_reports_ttfa_underruns_and_active_streams(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--rate", "2,4", "--duration-s", "2", "--tokens", "40"]
+    paths = main([*argv, "--modes", "stream", "--warmup", "0", "--out", str(out)])
+    result = json.loads(paths["json"].read_text())
+    assert result["meta"]["arrivals"] == "poisson" and result["meta"]["complete"] is True
+    levels = result["levels"]
+    assert [(lv["mode"], lv["rate"], lv["requests"]) for lv in levels] == [
+        ("stream open-loop", 2.0, 4),
+        ("stream open-loop", 4.0, 8),
+    ]
+    for lv in levels:
+        assert lv["failed"] == 0 and lv["concurrency"] == lv["active_max"] >= 1
+        assert 0 < lv["active_mean"] <= lv["active_max"]
+        t = lv["ttfa_ms"]
+        assert 0 < t["p50"] <= t["p95"] <= t["p99"] <= t["max"]
+        lengths = {round(r["audio_s"] * 25) for r in lv["per_request"]}  # 20-60 tokens, v3 may thin silence
+        assert max(lengths) <= 60 and len(lengths) > 1
+    md = paths["markdown"].read_text()
+    assert "## cosystream · stream open-loop" in md and "| 4.00 | 8 | 0 |" in md and "Poisson" in md
+    assert paths["open_plot"].read_bytes()[:4] == b"\x89PNG" and "plot" not in paths

@@ -1,0 +1,80 @@
+"""The text pool: the same ids from a worker process as from this one, errors carried back, and a dead
+worker failing only the request that met it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from bench.tiny_tokenizer import write_tiny_tokenizer
+from engine.errors import InvalidInput, SynthesisFailed
+from engine.request import Mode
+from engine.text import TextFrontend, load_tokenizer
+from engine.text_pool import TextJob, TextPool, text_ids
+
+JOBS = [
+    TextJob("On 2024-05-03 it was 25 degrees. Then it rained!", Mode.ZERO_SHOT, "en", True, "A prompt.", ""),
+    TextJob("今天是2024年5月3日。", Mode.CROSS_LINGUAL, "auto", True, "", ""),
+    TextJob("Speak up.", Mode.INSTRUCT, "auto", True, "", "speak happily"),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tok") / "CosyVoice-BlankEN"
+    write_tiny_tokenizer(root, "cosyvoice3")
+    return root
+
+
+@pytest.fixture(scope="module")
+def text(tokenizer_dir) -> TextFrontend:
+    return TextFrontend(load_tokenizer(tokenizer_dir, "cosyvoice3"))
+
+
+@pytest.fixture(scope="module")
+def pool(text, tokenizer_dir):
+    pool = TextPool(text, 1, tokenizer_dir)
+    pool.start()
+    yield pool
+    pool.close()
+
+
+def test_a_worker_process_gives_the_ids_this_process_computes(text, pool):
+    async def all_jobs():
+        return await asyncio.gather(*(pool.run(job) for job in JOBS))
+
+    got = asyncio.run(all_jobs())
+    want = [text_ids(text, job) for job in JOBS]
+    assert got == want
+    assert got[0].prompt and not got[1].prompt and got[2].prompt  # zero-shot, cross-lingual, instruct
+
+
+def test_errors_come_back_from_the_worker_as_raised(pool):
+    with pytest.raises(InvalidInput, match="nothing to speak"):
+        asyncio.run(pool.run(TextJob("...", Mode.CROSS_LINGUAL, "auto", True, "", "")))
+
+
+def test_a_dead_worker_fails_one_request_and_the_pool_comes_back(text, tokenizer_dir):
+    pool = TextPool(text, 1, tokenizer_dir)
+    try:
+        pool.start()
+        for pid in list(pool._pool._processes):  # type: ignore[union-attr]
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SynthesisFailed, match="try again"):
+            asyncio.run(pool.run(JOBS[0]))
+        assert asyncio.run(pool.run(JOBS[0])) == text_ids(text, JOBS[0])
+    finally:
+        pool.close()
+
+
+def test_no_workers_runs_in_a_thread_here(text):
+    pool = TextPool(text, workers=0)
+    assert asyncio.run(pool.run(JOBS[2])) == text_ids(text, JOBS[2])
+    with pytest.raises(ValueError):
+        TextPool(text, workers=-1)
+    with pytest.raises(ValueError, match="tokenizer directory"):
+        TextPool(text, workers=2)
