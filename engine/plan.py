@@ -15,7 +15,7 @@ from engine.config import Limits
 from engine.errors import InvalidInput, TooLarge
 from engine.frontend import Frontend, PromptFeatures
 from engine.request import Mode, SynthesisRequest
-from engine.text import TextFrontend
+from engine.text import TextFrontend, format_cross_lingual
 from engine.voices import Voice, VoiceLibrary
 
 
@@ -35,7 +35,9 @@ class Planner:
 
     def check(self, req: SynthesisRequest) -> None:
         """Cheap checks before the request takes a slot: InvalidInput / TooLarge with a user-fit message."""
-        if req.mode != Mode.VC:
+        if req.text_stream is not None and req.mode == Mode.VC:
+            raise InvalidInput("voice conversion converts speech, it takes no streamed text")
+        if req.mode != Mode.VC and req.text_stream is None:
             if not req.text or not req.text.strip():
                 raise InvalidInput("the text to speak is empty")
             self._check_text("the text", req.text)
@@ -69,9 +71,21 @@ class Planner:
             return Plan([], prompt, list(self.frontend.speech_tokens(source)))
         prompt, transcript = self._prompt(req, trim=True)
         cross = req.mode == Mode.CROSS_LINGUAL
+        if req.text_stream is not None:  # the text comes later, in pieces: only the prompt part now
+            prompt_ids, speech = self._prompt_part(req, prompt, transcript)
+            if cross:  # v3: the system prompt leads the input (its text arrives later)
+                prompt_ids = self.text.tokenize(format_cross_lingual(self.family, ""))
+            return Plan([([], prompt_ids, speech)], prompt)
         segments = self.text.prepare(req.text, req.language, req.text_frontend, cross_lingual=cross)
         if not segments:
             raise InvalidInput("the text has nothing to speak after normalisation")
+        prompt_ids, speech = self._prompt_part(req, prompt, transcript)
+        return Plan([(self.text.tokenize(s), prompt_ids, speech) for s in segments], prompt)
+
+    def _prompt_part(
+        self, req: SynthesisRequest, prompt: PromptFeatures, transcript: str
+    ) -> tuple[list[int], list[int]]:
+        """The mode's prompt-text ids and prompt speech ids (spec section 4)."""
         prompt_ids: list[int] = []
         speech: list[int] = []
         if req.mode == Mode.ZERO_SHOT:
@@ -80,7 +94,7 @@ class Planner:
             speech = [int(t) for t in prompt.speech_tokens]
         elif req.mode == Mode.INSTRUCT:
             prompt_ids = self.text.tokenize(self.text.instruct_text(req.instruct_text))
-        return Plan([(self.text.tokenize(s), prompt_ids, speech) for s in segments], prompt)
+        return prompt_ids, speech
 
     def _prompt(self, req: SynthesisRequest, trim: bool) -> tuple[PromptFeatures, str]:
         """The voice's features and transcript: a saved voice, or the request's prompt audio."""

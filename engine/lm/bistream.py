@@ -135,14 +135,17 @@ class Interleaver:
         self.out += [int(t) for t in tokens]
         self._next_fill = len(self.out) - 1 + MIX_RATIO[1] + 1
 
-    def final_round(self, sampling: SamplingConfig) -> Round:
-        """After the last piece: [lm_input, all remaining text, task id] (+ leftover prompt speech)."""
+    def final_round(self, sampling: SamplingConfig, forced_tokens: int | None = None) -> Round:
+        """After the last piece: [lm_input, all remaining text, task id] (+ leftover prompt speech).
+        ``forced_tokens`` (bench, tests): exactly that many speech tokens in all, if not already past."""
         feeds = [*self._input, Feed(Table.TEXT, tuple(self._text)), self.layout.task]
         if self._speech:  # fix: the reference drops it; the one-shot layout has it after the task id
             feeds.append(Feed(Table.SPEECH, tuple(self._speech)))
         feeds = [f for f in feeds if f.ids]
         self._text, self._speech = [], []
         min_len, max_len = token_limits(self.received, sampling)
+        if forced_tokens is not None:
+            min_len = max_len = forced_tokens
         spoken = self.spoken
         return Round(tuple(feeds), max(0, max_len - spoken), final=True, min_tokens=max(0, min_len - spoken))
 
@@ -249,7 +252,11 @@ async def run_round(
 
 
 async def bistream_tokens(
-    session: LMSession, interleaver: Interleaver, pieces: AsyncIterable[list[int]], sampling: SamplingConfig
+    session: LMSession,
+    interleaver: Interleaver,
+    pieces: AsyncIterable[list[int]],
+    sampling: SamplingConfig,
+    forced_tokens: int | None = None,
 ) -> AsyncIterator[int]:
     """Speech-token ids as the text pieces (token ids) arrive; fills and the stop id are not yielded."""
     speech = interleaver.layout.speech_token_size
@@ -262,7 +269,7 @@ async def bistream_tokens(
                 if tok < speech:
                     yield tok
             interleaver.record(tokens)
-    async for tok in session.round(interleaver.final_round(sampling)):
+    async for tok in session.round(interleaver.final_round(sampling, forced_tokens)):
         interleaver.out.append(tok)
         if tok < speech:
             yield tok
