@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api import ops, speech, voices
+from api import ops, realtime, speech, voices
 from api.auth import resolve_api_key
 from api.context import ApiContext, EngineLike
 from api.telemetry import Telemetry
@@ -17,7 +17,7 @@ def mount_api(
     """Add every API route to ``app``. Call it before mounting the Gradio UI at "/", whose mount would
     otherwise catch these paths. ``api_key`` None falls back to ``COSYSTREAM_API_KEY``; empty = no key."""
     ctx = ApiContext(engine, limits or Limits(), resolve_api_key(api_key), Telemetry(engine))
-    for module in (ops, speech, voices):
+    for module in (ops, speech, realtime, voices):
         app.include_router(module.routes(ctx))
     app.state.cosystream_api = ctx
     return ctx
