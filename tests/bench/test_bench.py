@@ -17,6 +17,7 @@ from bench.load import (
     HttpTarget,
     Recorder,
     Workload,
+    paced_words,
     percentile,
     prompt_audio,
     run_level,
@@ -274,3 +275,25 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
         0,
     )
     assert (knobs.t2w_own_stream, knobs.stream.fast_start, knobs.flow_dtype) == (True, False, "float32")
+
+
+def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):
+    argv = ["--random-tiny", "v2", "--cache-dir", str(cache), "--concurrency", "1,2", "--tokens", "60"]
+    argv += ["--modes", "stream", "--out", str(tmp_path / "out"), "--warmup", "0", "--text-stream", "40"]
+    result = json.loads(main(argv)["json"].read_text())
+    assert result["meta"]["text_stream_wps"] == 40.0
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 2]
+    for lv in result["levels"]:
+        assert lv["failed"] == 0 and lv["ttfa_ms"]["p50"] > 0
+        for r in lv["per_request"]:
+            assert r["audio_s"] >= 60 / 25 - 0.05  # at least the forced length: bistream may speak more
+
+
+async def test_paced_words_rebuild_the_text():
+    workload = Workload(tokens=100, text_wps=1000)
+    words = workload.live_words()
+    assert len(words) == 10 and words[0] == workload.text.split()[0]
+    got = [w async for w in paced_words(words, 1000)]
+    assert "".join(got) == " ".join(words)
+    req = workload.request(1, np.zeros(10, np.float32))
+    assert req.text_stream is not None and req.text == ""
