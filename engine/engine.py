@@ -178,7 +178,8 @@ class TTSEngine:
         active = _Active(req.request_id)
         self._active.add(active)
         # a streamed text is read as it arrives, from now on: its first piece starts the TTFA clock
-        prefetch = Prefetch(req.text_stream, watch.first_text) if req.text_stream is not None else None
+        limit = self.cfg.limits.max_text_chars
+        prefetch = Prefetch(req.text_stream, watch.first_text, limit) if req.text_stream is not None else None
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
             try:

@@ -89,15 +89,19 @@ class Prefetch:
     """Reads a text stream as it arrives, from the moment the request is submitted, into a queue the
     decoder drains: ``on_piece`` then sees each piece's arrival, not the time the decoder got to it."""
 
-    def __init__(self, source: AsyncIterable[str], on_piece: Callable[[], None]):
+    def __init__(self, source: AsyncIterable[str], on_piece: Callable[[], None], max_chars: int):
         self._queue: asyncio.Queue[str | Exception | None] = asyncio.Queue()
-        self._task = asyncio.create_task(self._read(source, on_piece))
+        self._task = asyncio.create_task(self._read(source, on_piece, max_chars))
 
-    async def _read(self, source: AsyncIterable[str], on_piece: Callable[[], None]) -> None:
+    async def _read(self, source: AsyncIterable[str], on_piece: Callable[[], None], max_chars: int) -> None:
+        chars = 0  # counted here too: a request waiting in line must not buffer an unbounded text
         try:
             async for piece in source:
                 if not isinstance(piece, str):
                     raise InvalidInput(f"text pieces must be strings, got {type(piece).__name__}")
+                chars += len(piece)
+                if chars > max_chars:
+                    raise TooLarge(f"the streamed text has passed {max_chars} characters, the limit")
                 if piece:
                     on_piece()
                 self._queue.put_nowait(piece)
