@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api import ops, speech, voices
+from api import ops, realtime, speech, voices
 from api.auth import resolve_api_key
 from api.context import ApiContext, EngineLike
 from api.route import fallback_routes
@@ -18,7 +18,7 @@ def mount_api(
     """Add every API route to ``app``. Call it before mounting the Gradio UI at "/", whose mount would
     otherwise catch these paths. ``api_key`` None falls back to ``COSYSTREAM_API_KEY``; empty = no key."""
     ctx = ApiContext(engine, limits or Limits(), resolve_api_key(api_key), Telemetry(engine))
-    routers = [module.routes(ctx) for module in (ops, speech, voices)]
+    routers = [module.routes(ctx) for module in (ops, speech, realtime, voices)]
     for router in routers:
         app.include_router(router)
     app.include_router(fallback_routes((r for router in routers for r in router.routes), ctx.telemetry))

@@ -143,6 +143,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--profile-dir", help="after the sweep, profile one streaming wave at 1 and at max concurrency"
     )
+    p.add_argument(
+        "--text-stream",
+        type=float,
+        metavar="WPS",
+        help="text-streaming input (bistream): each request's words arrive at WPS words/s; TTFA then counts "
+        "from the first word",
+    )
     args = p.parse_args(argv)
     if not (args.url or args.model or args.random_full or args.random_tiny):
         p.error("name a model (--model, --random-full, --random-tiny) or a server (--url)")
@@ -150,6 +157,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--profile-dir profiles the in-process engine: run it without --url")
     if args.url and args.baseline:
         p.error("the baseline runs in-process: run it without --url")
+    if args.text_stream is not None and (args.url or args.baseline):
+        p.error("--text-stream drives the in-process engine: run it without --url and --baseline")
+    if args.text_stream is not None and not 0 < args.text_stream <= 1000:
+        p.error(f"--text-stream must be within (0, 1000] words/s, got {args.text_stream}")
     if not 1 <= args.tokens <= 3000:
         p.error(f"--tokens must be within [1, 3000], got {args.tokens}")
     if args.arrivals == "poisson" and (args.baseline or args.profile_dir):
@@ -237,7 +248,7 @@ async def sweep(
     prompt = prompt_audio()
     out: list[Level] = []
     for mode in args.modes:
-        workload = Workload(tokens=args.tokens, stream=mode == "stream")
+        workload = Workload(tokens=args.tokens, stream=mode == "stream", text_wps=args.text_stream)
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
         for c in levels:
@@ -320,7 +331,7 @@ async def run_engine(args: argparse.Namespace, save: SaveRun) -> tuple[list[Leve
 async def profile_levels(target: Target, args: argparse.Namespace) -> None:
     from bench.profile import profile_level
 
-    workload = Workload(tokens=args.tokens, stream=True)
+    workload = Workload(tokens=args.tokens, stream=True, text_wps=args.text_stream)
     for c in sorted({1, max(args.concurrency)}):
         await profile_level(target, workload, c, prompt_audio(), Path(args.profile_dir))
 
@@ -342,6 +353,7 @@ def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, Any]) ->
         "tokens": args.tokens,
         "arrivals": args.arrivals,
         "length_spread": args.length_spread,
+        "text_stream_wps": args.text_stream,
         "git": git_commit(),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),

@@ -9,7 +9,8 @@ at a rate instead).
 
 Definitions (all measured by the client; seconds of audio at 24 kHz):
 - queue wait: submit -> the request starts computing (engine metrics; the X-Queue-Wait-Ms header over HTTP);
-- TTFA: submit -> first non-empty audio arrives (includes the queue wait);
+- TTFA: submit -> first non-empty audio arrives (includes the queue wait); with ``text_wps`` (text-streaming
+  input) the first word is sent at submit, so this is the TTFA from the first text piece;
 - RTF: (last audio arrival - submit) / audio seconds: what the client waits per second of audio, queue
   included (the engine's own ``RequestMetrics.rtf`` leaves the queue out; with as many engine slots as
   streams, as the bench sets them, the two agree);
@@ -27,7 +28,7 @@ import logging
 import math
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,17 +65,39 @@ class Workload:
     mode: Mode = Mode.ZERO_SHOT
     text: str = TEXT
     transcript: str = TRANSCRIPT
+    text_wps: float | None = None  # text-streaming input: the words arrive at this many per second
+
+    def __post_init__(self) -> None:
+        if self.text_wps is not None and not 0 < self.text_wps <= 1000:
+            raise ValueError(f"text_wps must be within (0, 1000], got {self.text_wps}")
 
     def request(self, seed: int, prompt: np.ndarray) -> SynthesisRequest:
+        live = self.text_wps is not None
         return SynthesisRequest(
-            text=self.text,
+            text="" if live else self.text,
             mode=self.mode,
             prompt_audio=(prompt, SAMPLE_RATE),
             prompt_text=self.transcript,
             stream=self.stream,
             seed=seed,
             forced_tokens=self.tokens,
+            text_stream=paced_words(self.live_words(), self.text_wps) if self.text_wps else None,
         )
+
+    def live_words(self) -> list[str]:
+        """The streamed text: the sentence's words repeated to 1 word per 10 speech tokens (at least 5),
+        about the speaking rate, so the text paces the streaming phase and the forced length the rest."""
+        words = self.text.split()
+        n = max(5, self.tokens // 10)
+        return [words[i % len(words)] for i in range(n)]
+
+
+async def paced_words(words: Sequence[str], wps: float) -> AsyncIterator[str]:
+    """Word i at i / wps seconds after the first is asked for (an LLM writing at a steady rate)."""
+    t0 = time.perf_counter()
+    for i, word in enumerate(words):
+        await asyncio.sleep(max(0.0, t0 + i / wps - time.perf_counter()))
+        yield word if i == 0 else " " + word
 
 
 # --------------------------------------------------------------------------------------------- math

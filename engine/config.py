@@ -125,6 +125,7 @@ class Limits:
     max_concurrency: int = 16  # streams computing at once
     max_queue: int = 64  # requests waiting for a slot
     request_timeout_s: float = 300.0
+    text_idle_s: float = 30.0  # a text-streaming request fails when no piece comes for this long
 
     def __post_init__(self) -> None:
         if self.max_text_chars < 1 or self.max_upload_bytes < 1:
@@ -133,6 +134,8 @@ class Limits:
             raise ValueError("need 0 < min_prompt_s < max_prompt_s <= 30 (the speech tokenizer's limit)")
         if self.max_concurrency < 1 or self.max_queue < 0 or self.request_timeout_s <= 0:
             raise ValueError("max_concurrency >= 1, max_queue >= 0, request_timeout_s > 0 required")
+        if self.text_idle_s <= 0:
+            raise ValueError(f"text_idle_s must be > 0, got {self.text_idle_s}")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from engine.frontend import Frontend
 from engine.hift_graphs import GraphedHiFT
 from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
+from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.sampling import token_limits
 from engine.metrics import ServerStats, Stopwatch
 from engine.models.flow import CausalCFM
@@ -43,6 +44,7 @@ from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.text import TextFrontend, instruct_presets, load_tokenizer
 from engine.text_pool import TextPool, text_job
+from engine.text_stream import Prefetch, text_pieces, token_pieces
 from engine.token2wav import Token2Wav, Utterance
 from engine.voices import Voice, VoiceLibrary
 
@@ -190,11 +192,14 @@ class TTSEngine:
         watch = Stopwatch(req.request_id, seed)
         active = _Active(req.request_id)
         self._active.add(active)
+        # a streamed text is read as it arrives, from now on: its first piece starts the TTFA clock
+        limit = self.cfg.limits.max_text_chars
+        prefetch = Prefetch(req.text_stream, watch.first_text, limit) if req.text_stream is not None else None
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
             try:
                 if not active.cancelled.is_set():  # aborted while it waited in line: nothing to compute
-                    async for chunk in self._run(req, seed, watch, active):
+                    async for chunk in self._run(req, seed, watch, active, prefetch):
                         yield chunk
             finally:
                 self.admission.release()
@@ -206,13 +211,15 @@ class TTSEngine:
             self._counts["failed"] += 1
             raise
         finally:
+            if prefetch is not None:
+                await prefetch.aclose()
             self._active.discard(active)
             self._counts["audio_s"] += watch.audio_s
             self._counts["tokens"] += watch.lm_tokens
 
     # ------------------------------------------------------------------ one request
     async def _run(
-        self, req: SynthesisRequest, seed: int, watch: Stopwatch, active: _Active
+        self, req: SynthesisRequest, seed: int, watch: Stopwatch, active: _Active, prefetch: Prefetch | None
     ) -> AsyncIterator[AudioChunk]:
         watch.started()
         t0 = time.perf_counter()
@@ -221,7 +228,12 @@ class TTSEngine:
         watch.mark("frontend_done")
         index = 0
         deadline = time.monotonic() + self.cfg.limits.request_timeout_s
-        async for pcm in self._audio(req, plan, seed, watch, active):
+        audio = (
+            self._audio(req, plan, seed, watch, active)
+            if prefetch is None
+            else self._live(req, plan, seed, watch, active, prefetch)
+        )
+        async for pcm in audio:
             if time.monotonic() > deadline:
                 raise SynthesisFailed(f"request took longer than {self.cfg.limits.request_timeout_s:.0f} s")
             watch.add_audio(len(pcm) / self.sample_rate)
@@ -239,6 +251,8 @@ class TTSEngine:
         if req.mode == Mode.VC:
             return await asyncio.to_thread(self.planner.vc_plan, req)
         prompt, transcript = await asyncio.to_thread(self.planner.prompt, req)
+        if req.text_stream is not None:  # its text comes later, in pieces: the prompt part now
+            return await asyncio.to_thread(self.planner.stream_plan, req, prompt, transcript)
         ids = await self.text_pool.run(text_job(req, transcript))
         return self.planner.assemble(req, prompt, ids)
 
@@ -286,8 +300,36 @@ class TTSEngine:
         lm_req = LMRequest(
             f"{req.request_id}:{seed}", prefix, seed, min_len, max_len, tuple(sorted(lm.config.stop_ids))
         )
+        async for pcm in self._speak(utt, self.backend.generate(lm_req), watch, active):
+            yield pcm
+
+    async def _live(
+        self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active, text: Prefetch
+    ) -> AsyncIterator[np.ndarray]:
+        """Text-streaming input: one bistream decode over the pieces as they arrive (lm/bistream.py)."""
+        stream = req.stream and req.speed == 1.0
+        schedule = replace(
+            self.cfg.stream, fast_start=self.cfg.stream.splits_first_chunk(self.family, self.admission.active)
+        )
+        utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
+        _, prompt_ids, speech_ids = plan.segments[0]
+        interleaver = Interleaver(Layout.of(self.model.lm.config), prompt_ids, speech_ids)
+        limits = self.cfg.limits
+        pieces = text_pieces(self.text, req.language, req.text_frontend, limits.max_text_chars)
+        ids = token_pieces(text.pieces(), pieces, self.text.tokenize, limits.text_idle_s)
+        session = self.backend.session(f"{req.request_id}:{seed}", seed)
+        try:
+            tokens = bistream_tokens(session, interleaver, ids, self.cfg.sampling, req.forced_tokens)
+            async for pcm in self._speak(utt, tokens, watch, active):
+                yield pcm
+        finally:
+            await session.aclose()
+
+    async def _speak(
+        self, utt: Utterance, tokens: AsyncIterator[int], watch: Stopwatch, active: _Active
+    ) -> AsyncIterator[np.ndarray]:
+        """Speech tokens as they come -> audio chunks; closing ``tokens`` aborts the LM request."""
         keep = SilenceFilter(SILENT_TOKENS_V3).keep if self.family == "cosyvoice3" else (lambda _t: True)
-        tokens = self.backend.generate(lm_req)
         t_lm = time.perf_counter()
         try:
             async for tok in tokens:
@@ -357,7 +399,7 @@ def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBacken
 
         cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         hf_dir = export_hf(model.lm, model.qwen_config, files.llm, cache)
-        return VLLMBackend(hf_dir, cfg.sampling, cfg.gpu_memory_utilization)
+        return VLLMBackend(hf_dir, cfg.sampling, cfg.gpu_memory_utilization, lm=model.lm)
     from engine.lm.native import NativeLM
 
     return NativeLM(model.lm, cfg.sampling)

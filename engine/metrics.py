@@ -47,6 +47,7 @@ class Stopwatch:
         self.t_start: float | None = None
         self.t_first_audio: float | None = None
         self.t_lm_start: float | None = None
+        self.t_first_text: float | None = None  # text-streaming requests: TTFA counts from here
         self.lm_tokens = 0
         self.audio_s = 0.0
         self.stage_ms = dict.fromkeys(STAGES, 0.0)
@@ -59,6 +60,11 @@ class Stopwatch:
         """The request left the queue and began computing."""
         self.t_start = self._clock()
         self.mark("started", self.t_start)
+
+    def first_text(self) -> None:
+        """The first piece of a streamed text arrived (called for every piece; the first one counts)."""
+        if self.t_first_text is None:
+            self.t_first_text = self._clock()
 
     def mark(self, milestone: str, at: float | None = None) -> None:
         """Record the first time ``milestone`` (one of the TTFA milestones) happened: now, or ``at``
@@ -93,11 +99,12 @@ class Stopwatch:
         now = self._clock()
         start = self.t_start if self.t_start is not None else now
         lm_s = now - self.t_lm_start if self.t_lm_start is not None else 0.0
+        origin = self.t_submit if self.t_first_text is None else max(self.t_submit, self.t_first_text)
         return RequestMetrics(
             request_id=self.request_id,
             seed=self.seed,
             queue_wait_ms=(start - self.t_submit) * 1000.0,
-            ttfa_ms=None if self.t_first_audio is None else (self.t_first_audio - self.t_submit) * 1000.0,
+            ttfa_ms=None if self.t_first_audio is None else (self.t_first_audio - origin) * 1000.0,
             elapsed_ms=(now - start) * 1000.0,
             audio_s=self.audio_s,
             lm_tokens=self.lm_tokens,

@@ -15,7 +15,7 @@ from engine.config import Limits
 from engine.errors import InvalidInput, TooLarge
 from engine.frontend import Frontend, PromptFeatures
 from engine.request import Mode, SynthesisRequest
-from engine.text import TextFrontend
+from engine.text import TextFrontend, format_cross_lingual
 from engine.text_pool import TextIds, text_ids, text_job
 from engine.voices import Voice, VoiceLibrary
 
@@ -36,7 +36,9 @@ class Planner:
 
     def check(self, req: SynthesisRequest) -> None:
         """Cheap checks before the request takes a slot: InvalidInput / TooLarge with a user-fit message."""
-        if req.mode != Mode.VC:
+        if req.text_stream is not None and req.mode == Mode.VC:
+            raise InvalidInput("voice conversion converts speech, it takes no streamed text")
+        if req.mode != Mode.VC and req.text_stream is None:
             if not req.text or not req.text.strip():
                 raise InvalidInput("the text to speak is empty", field="text")
             self._check_text("the text", req.text, "text")
@@ -71,6 +73,8 @@ class Planner:
         if req.mode == Mode.VC:
             return self.vc_plan(req)
         prompt, transcript = self.prompt(req)
+        if req.text_stream is not None:
+            return self.stream_plan(req, prompt, transcript)
         return self.assemble(req, prompt, text_ids(self.text, text_job(req, transcript)))
 
     def vc_plan(self, req: SynthesisRequest) -> Plan:
@@ -88,6 +92,27 @@ class Planner:
     def assemble(self, req: SynthesisRequest, prompt: PromptFeatures, ids: TextIds) -> Plan:
         speech = [int(t) for t in prompt.speech_tokens] if req.mode == Mode.ZERO_SHOT else []
         return Plan([(seg, ids.prompt, speech) for seg in ids.segments], prompt)
+
+    def stream_plan(self, req: SynthesisRequest, prompt: PromptFeatures, transcript: str) -> Plan:
+        """A text-streaming request: only the prompt part now; its text comes later, in pieces."""
+        prompt_ids, speech = self._prompt_part(req, prompt, transcript)
+        if req.mode == Mode.CROSS_LINGUAL:  # v3: the system prompt leads the input (its text arrives later)
+            prompt_ids = self.text.tokenize(format_cross_lingual(self.family, ""))
+        return Plan([([], prompt_ids, speech)], prompt)
+
+    def _prompt_part(
+        self, req: SynthesisRequest, prompt: PromptFeatures, transcript: str
+    ) -> tuple[list[int], list[int]]:
+        """The mode's prompt-text ids and prompt speech ids (spec section 4)."""
+        prompt_ids: list[int] = []
+        speech: list[int] = []
+        if req.mode == Mode.ZERO_SHOT:
+            transcript = self.text.prompt_text(transcript, req.language, req.text_frontend)
+            prompt_ids = self.text.tokenize(transcript)
+            speech = [int(t) for t in prompt.speech_tokens]
+        elif req.mode == Mode.INSTRUCT:
+            prompt_ids = self.text.tokenize(self.text.instruct_text(req.instruct_text))
+        return prompt_ids, speech
 
     def _prompt(self, req: SynthesisRequest, trim: bool) -> tuple[PromptFeatures, str]:
         """The voice's features and transcript: a saved voice, or the request's prompt audio."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +32,8 @@ class SynthesisRequest:
     ``prompt_audio`` is (samples float32 mono in [-1, 1], sample rate Hz) when the caller already decoded it.
     ``source_wav`` is the speech to convert in ``vc`` mode. ``speed`` is a playback-rate factor (1.0 = as
     generated). ``seed`` None draws a fresh seed which the engine reports back in the metrics.
+    ``text_stream``, when given, replaces ``text``: the text arrives in pieces as it is written (bistream
+    decoding; the time to first audio counts from the first piece).
     """
 
     text: str = ""
@@ -51,6 +54,7 @@ class SynthesisRequest:
         None  # bench/tests: exactly this many speech tokens per segment (not in the API)
     )
     request_id: str = field(default_factory=new_request_id)
+    text_stream: AsyncIterable[str] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))

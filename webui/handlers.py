@@ -16,6 +16,7 @@ import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import gradio as gr
@@ -27,6 +28,7 @@ from engine.errors import Busy, EngineError
 from engine.metrics import RequestMetrics, ServerStats
 from engine.request import AudioChunk, Mode, SynthesisRequest, new_request_id
 from webui import views
+from webui.live_text import LiveTexts
 from webui.stream_route import RID, AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -83,6 +85,7 @@ class Studio:
         self.mode_labels = {m: t(f"mode_{m}") for m in UI_MODES}
         self._samples: deque[tuple[float, float]] = deque(maxlen=90)  # (monotonic s, audio s total)
         self._stopped: OrderedDict[str, None] = OrderedDict()  # request ids Stop was pressed for
+        self.live = LiveTexts()  # live-text feeds of running requests
 
     # ---- input checks -------------------------------------------------------------------------------
     def check_prompt(self, path: str | None) -> None:
@@ -106,9 +109,10 @@ class Studio:
     def build_request(
         self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
         voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str,
+        rid: str, live: bool = False,
     ) -> SynthesisRequest:  # fmt: skip
-        """Validate the UI values for ``mode`` and build the engine request (``gr.Error`` on a bad input)."""
+        """Validate the UI values for ``mode`` and build the engine request (``gr.Error`` on a bad input).
+        ``live``: the text comes later, as it is written (it may start empty)."""
         text, prompt_text, instruct_text = (
             (text or "").strip(),
             (prompt_text or "").strip(),
@@ -116,7 +120,7 @@ class Studio:
         )
         if mode not in UI_MODES:
             raise user_error(self.t("err_bad_setting", error=f"mode {mode!r}"))
-        if mode != "vc":
+        if mode != "vc" and not live:
             self.check_text(text)
         if mode == "voice" and not voice_id:
             raise user_error(self.t("err_no_voice"))
@@ -155,22 +159,45 @@ class Studio:
     async def generate(
         self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
         voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str, history: list[views.HistoryEntry],
+        rid: str, history: list[views.HistoryEntry], live: bool = False, wps: float = 4.0,
     ) -> AsyncIterator[tuple[Any, ...]]:  # fmt: skip
         """Yields (final audio, metrics html, status html, history, history html) per chunk, then the file.
 
         ``rid`` is drawn by the browser at click time so its live player can ask for the PCM before this
-        handler runs; with streaming on every chunk's PCM is published to the hub under that id.
+        handler runs; with streaming on every chunk's PCM is published to the hub under that id. ``live``:
+        the text box feeds the engine while it is written (``live_text.py``), at ``wps`` words per second.
         """
         rid = rid if RID.match(rid or "") else new_request_id()
+        live = bool(live) and mode != "vc"
         try:  # the browser's player is waiting on rid: a bad input must close it too
             req = self.build_request(
                 mode, prompt_wav, prompt_text, instruct_text, source_wav, voice_id, language, text, stream,
-                speed, seed, rid,
+                speed, seed, rid, live,
             )  # fmt: skip
         except gr.Error:
             self.hub.close(rid)
             raise
+        if live:
+            feed = self.live.open(rid, text or "", max(1.0, float(wps or 4.0)))
+            req = replace(req, text="", text_stream=feed.pieces())
+        updates = self._generate(req, history)
+        try:
+            async for update in updates:
+                yield update
+        finally:
+            await updates.aclose()  # now, not at garbage collection: its finally aborts the engine
+            self.live.close(rid)
+
+    async def live_typed(self, text: str, rid: str) -> None:
+        """The text box changed: a running live-text request gets the new words (a coroutine, so Gradio
+        runs it on the event loop the feed waits on, not in a worker thread)."""
+        if RID.match(rid or ""):
+            self.live.update(rid, text or "")
+
+    async def _generate(
+        self, req: SynthesisRequest, history: list[views.HistoryEntry]
+    ) -> AsyncGenerator[tuple[Any, ...], None]:
+        rid = req.request_id
         parts: list[np.ndarray] = []
         last: AudioChunk | None = None
         if rid in self._stopped:  # Stop came while this event waited in Gradio's queue

@@ -108,6 +108,9 @@ def _ask_column(t: Texts, engine: Engine, limits: Limits) -> dict[str, Any]:
             label=t("text"), placeholder=t("text_ph"), lines=5, max_lines=14, elem_id="cosy-text"
         )
         c["counter"] = gr.HTML(views.counter_text("", limits.max_text_chars, 0, t), js_on_load=None)
+        with gr.Row(equal_height=True):
+            c["live_text"] = gr.Checkbox(False, label=t("live_text"), info=t("live_text_info"), scale=2)
+            c["live_wps"] = gr.Slider(1, 20, value=4, step=1, label=t("live_wps"), scale=1)
         with gr.Accordion(t("split_preview"), open=False):
             c["split"] = gr.HTML(views.split_preview_html([]), js_on_load=None)
     with gr.Column(elem_classes=CARD):
@@ -178,13 +181,14 @@ def _listen(
         "stream",
         "speed",
     ]
-    inputs = [*(a[k] for k in names), a["seed"], rid, history]
+    inputs = [*(a[k] for k in names), a["seed"], rid, history, a["live_text"], a["live_wps"]]
     outputs = [b["audio"], b["metrics"], b["status"], history, b["history"]]
     js = player.generate_js(len(inputs), names.index("stream"), inputs.index(rid))
     a["generate"].click(
         studio.generate, inputs, outputs, js=js, show_progress="minimal", show_progress_on=b["status"], **gpu
     )
     a["stop"].click(studio.stop, rid, b["status"], js=player.STOP_JS, **light)
+    a["text"].input(studio.live_typed, [a["text"], rid], None, js=player.TYPED_JS, **light)
     gr.Timer(1.0).tick(studio.server_panel, None, b["server"], **light)
     demo.load(studio.voice_dropdown, None, a["voice"], **light)
     demo.load(studio.server_panel, None, b["server"], **light)

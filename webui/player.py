@@ -55,3 +55,7 @@ def generate_js(n_inputs: int, stream_index: int, rid_index: int) -> str:
 STOP_JS = (
     "(rid) => { const p = window.cosyPlayer; if (!p) return [rid]; const r = p.rid; p.stop(); return [r]; }"
 )
+
+
+# The text box's input event in live-text mode: the handler gets the box and the live player's request id.
+TYPED_JS = "(text, rid) => { const p = window.cosyPlayer; return [text, p && p.rid ? p.rid : rid]; }"

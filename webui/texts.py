@@ -58,6 +58,10 @@ EN: dict[str, str] = {
     "settings": "Settings",
     "streaming": "Stream",
     "streaming_info": "Play while generating",
+    "live_text": "Live text",
+    "live_text_info": "Speak the text while it is written: the box's words at the rate below, then what "
+    "you type (first sound counts from the first word)",
+    "live_wps": "Words per second",
     "speed": "Speed",
     "seed": "Seed",
     "seed_info": "-1 = new random seed each time",
@@ -178,6 +182,10 @@ ZH: dict[str, str] = {
     "settings": "设置",
     "streaming": "流式",
     "streaming_info": "边生成边播放",
+    "live_text": "实时文本",
+    "live_text_info": "边写边说：先按下方速率逐词送出文本框内容，再送出您继续输入的文字"
+    "（首包时延从第一个词算起）",
+    "live_wps": "每秒词数",
     "speed": "语速",
     "seed": "随机种子",
     "seed_info": "-1 = 每次随机",

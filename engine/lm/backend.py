@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 
+from engine.lm.bistream import LMSession
 from engine.lm.sampling import SamplerState
 
 
@@ -31,6 +32,10 @@ class LMBackend(Protocol):
 
     def generate(self, req: LMRequest) -> AsyncIterator[int]:
         """Speech-token ids as sampled (stop id excluded); closing the iterator aborts the request."""
+        ...
+
+    def session(self, request_id: str, seed: int) -> LMSession:
+        """A text-streaming (bistream) request: rounds of input, each decoded until its fill / stop."""
         ...
 
     @property

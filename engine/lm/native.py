@@ -9,10 +9,12 @@ cache, sampler, output queue, abort flag) lives in the request's own ``_Sequence
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +22,7 @@ from engine import device as devices
 from engine.config import SamplingConfig
 from engine.errors import SynthesisFailed
 from engine.lm.backend import LMRequest
+from engine.lm.bistream import Feed, Layout, Picker, RASPicker, Round, Step, embed, run_round
 from engine.lm.sampling import SamplerState, sample_step
 from engine.models.speech_lm import KVCache, SpeechLM
 
@@ -55,6 +58,7 @@ class NativeLM:
         self._device, self._dtype = weight.device, weight.dtype
         self._pending: list[_Sequence] = []
         self._running: list[_Sequence] = []
+        self._calls: list[_Call] = []  # bistream forwards, run between two steps
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="native-lm", daemon=True)
@@ -85,6 +89,22 @@ class NativeLM:
     def healthy(self) -> bool:
         return self._thread.is_alive()
 
+    def session(self, request_id: str, seed: int) -> NativeSession:
+        """A bistream request: its own KV cache kept across rounds, RAS seeded with ``seed``."""
+        speech = self.lm.config.speech_token_size
+        return NativeSession(self, RASPicker(seed, self.sampling, speech))
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the decode thread, between two batched steps (the model is only used from there)."""
+        loop = asyncio.get_running_loop()
+        call = _Call(fn, loop, loop.create_future())
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the LM backend is closed")
+            self._calls.append(call)
+            self._cond.notify()
+        return await call.future
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -94,14 +114,17 @@ class NativeLM:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._closed or self._pending or self._running):
+                while not (self._closed or self._pending or self._running or self._calls):
                     self._cond.wait()
                 if self._closed:
                     return
                 room = self.max_batch - len(self._running)
                 new, self._pending = self._pending[:room], self._pending[room:]
+                calls, self._calls = self._calls, []
             try:
                 with torch.inference_mode():
+                    for call in calls:
+                        call.run()
                     self._step(new)
             except Exception:  # never let the decode thread die: later requests would wait forever
                 log.exception("LM loop step failed")
@@ -158,3 +181,58 @@ class NativeLM:
                 seq.emit(_END)
                 seq.aborted, seq.cache = True, None  # finished: leaves the batch, frees its KV cache
             seq.last = tok
+
+
+@dataclass(eq=False)
+class _Call:
+    fn: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+    def run(self) -> None:
+        try:
+            result, error = self.fn(), None
+        except Exception as err:  # handed to the caller, who raises it in its own request
+            result, error = None, err
+        with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody is waiting
+            self.loop.call_soon_threadsafe(self._settle, result, error)
+
+    def _settle(self, result: Any, error: Exception | None) -> None:
+        if self.future.done():  # the caller was cancelled meanwhile
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
+
+
+class NativeSession:
+    """One bistream request on the native backend: rounds run step by step against its own KV cache."""
+
+    def __init__(self, native: NativeLM, picker: Picker, trace: list[Step] | None = None):
+        self.native, self.picker, self.trace = native, picker, trace
+        config = native.lm.config
+        self.layout = Layout.of(config)
+        self.specials = tuple(sorted(config.stop_ids))
+        self.cache: KVCache | None = native.lm.new_cache()
+
+    def round(self, rnd: Round) -> AsyncIterator[int]:
+        return run_round(rnd, self._forward, self.picker, self.layout, self.specials)
+
+    async def _forward(self, feeds: tuple[Feed, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        result: tuple[torch.Tensor, torch.Tensor] = await self.native.call(lambda: self._step(feeds))
+        return result
+
+    def _step(self, feeds: tuple[Feed, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward on the decode thread: hidden [H] and log-probs [V] at the last fed position."""
+        if self.cache is None:
+            raise RuntimeError("the bistream session is closed")
+        lm, start = self.native.lm, self.cache.length
+        hidden = lm.prefill(embed(lm, feeds), self.cache)
+        logp = lm.logprobs(hidden)
+        if self.trace is not None:
+            self.trace.append(Step(feeds, start, hidden.float().cpu(), logp.cpu()))
+        return hidden, logp
+
+    async def aclose(self) -> None:
+        self.cache = None  # frees the KV cache; a forward still queued fails into nobody's hands

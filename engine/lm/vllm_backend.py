@@ -11,6 +11,11 @@
   requests run greedy). Stop ids are masked before min_len there too, so vLLM's min_tokens is not used.
 * ``VLLMBackend``: AsyncLLM with prompt embeddings and delta outputs; ``generate`` streams ids; closing the
   iterator aborts the vLLM request.
+* ``VLLMSession`` (text-streaming input, engine/lm/bistream.py): vLLM 0.26 has no way to append input to a
+  running request, so each round is a new request whose prompt is everything fed so far plus the round's
+  input; prefix caching (block hashes cover the prompt embeddings) finds the earlier rounds' blocks, so a
+  round prefills only ~its own input and the last partial block. The RAS state continues across rounds
+  (the token history travels in the request). UNTESTED ON GPU until the lead's run (README).
 Untested in CI (no vLLM there); exercised by tests marked ``gpu`` and by bench/ on an H200.
 """
 
@@ -31,7 +36,9 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from engine.config import SamplingConfig
 from engine.lm.backend import LMRequest
+from engine.lm.bistream import Feed, Layout, Round, Table, embed
 from engine.lm.sampling import DeviceRAS
+from engine.models.speech_lm import SpeechLM
 
 log = logging.getLogger(__name__)
 EXPORT_VERSION = 1
@@ -75,7 +82,8 @@ class RASLogitsProcessor(LogitsProcessor):
             self.ras = DeviceRAS(
                 vocab, self.device, SamplingConfig(**args["sampling"]), self.rows, self.steps
             )
-        self.ras.add(index, args["seed"], args["min_len"], args["stop_ids"], bool(args["greedy"]), output_ids)
+        history = [*args.get("history", ()), *output_ids]  # bistream: the earlier rounds' tokens
+        self.ras.add(index, args["seed"], args["min_len"], args["stop_ids"], bool(args["greedy"]), history)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.bias is not None:
@@ -131,6 +139,7 @@ class VLLMBackend:
         gpu_memory_utilization: float,
         max_num_seqs: int = 128,
         dtype: str = "bfloat16",
+        lm: SpeechLM | None = None,
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -147,10 +156,11 @@ class VLLMBackend:
             gpu_memory_utilization=gpu_memory_utilization,
             max_num_seqs=max_num_seqs,
             max_model_len=4096,
+            enable_prefix_caching=True,  # bistream rounds re-submit their grown prompt
             logits_processors=[f"{__name__}:RASLogitsProcessor"],
         )
         self.engine = AsyncLLM.from_engine_args(args)
-        self.sampling, self.dtype = sampling, getattr(torch, dtype)
+        self.sampling, self.dtype, self.lm = sampling, getattr(torch, dtype), lm
         self.vocab = int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
         self._active = 0
 
@@ -162,7 +172,19 @@ class VLLMBackend:
     def healthy(self) -> bool:
         return not self.engine.errored  # AsyncLLM: its engine-core process died or its output loop stopped
 
-    def _params(self, req: LMRequest, greedy: bool = False) -> Any:
+    def session(self, request_id: str, seed: int) -> VLLMSession:
+        if self.lm is None:
+            raise RuntimeError("text-streaming input needs the VLLMBackend built with the SpeechLM")
+        return VLLMSession(self, self.lm, request_id, seed)
+
+    def _params(
+        self,
+        req: LMRequest,
+        greedy: bool = False,
+        ends: list[int] | None = None,
+        history: list[int] | None = None,
+    ) -> Any:
+        """Sampling through our processor; ``ends``: the ids that end the request (default: stop ids)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -174,11 +196,12 @@ class VLLMBackend:
             "sampling": dataclasses.asdict(self.sampling),
             "greedy": greedy,
             "vocab": self.vocab,
+            "history": history or [],
         }
         return SamplingParams(
             temperature=0.0,
             max_tokens=req.max_len,
-            stop_token_ids=list(req.stop_ids),
+            stop_token_ids=list(req.stop_ids) if ends is None else ends,
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
             extra_args={_ARGS: args},
@@ -211,3 +234,70 @@ class VLLMBackend:
 
     def close(self) -> None:
         self.engine.shutdown()
+
+
+class VLLMSession:
+    """One bistream request on vLLM: a round = a new request over (all fed so far ++ the round's input)."""
+
+    def __init__(self, backend: VLLMBackend, lm: SpeechLM, request_id: str, seed: int):
+        self.backend, self.lm, self.request_id, self.seed = backend, lm, request_id, seed
+        self.layout = Layout.of(lm.config)
+        self.specials = sorted(lm.config.stop_ids)
+        self.fed: list[torch.Tensor] = []  # [P_i, H] in vLLM's dtype, on the CPU: the prompt so far
+        self.history: list[int] = []  # every token appended (fills included): the RAS window
+        self.rounds = 0
+
+    def _embeds(self, feeds: tuple[Feed, ...]) -> torch.Tensor:
+        with torch.inference_mode():
+            return embed(self.lm, feeds).detach().to("cpu", self.backend.dtype)
+
+    def _request(self, rnd: Round) -> tuple[LMRequest, list[int]]:
+        """The round as a vLLM request: (its LMRequest, the ids that end it)."""
+        fill, used = self.layout.fill_id, len(self.history)
+        if rnd.final:  # stop ids masked for min_tokens more steps, any of them ends it
+            stops, min_len, ends = self.specials, used + rnd.min_tokens, self.specials
+        else:  # every special but fill masked for good; fill ends the round
+            stops, min_len, ends = [t for t in self.specials if t != fill], 1 << 30, [fill]
+        prompt = torch.cat(self.fed)
+        rid = f"{self.request_id}:r{self.rounds}"
+        return LMRequest(rid, prompt, self.seed, min_len, rnd.budget, tuple(stops)), ends
+
+    async def round(self, rnd: Round) -> AsyncIterator[int]:
+        self.fed.append(self._embeds(rnd.feeds))
+        self.rounds += 1
+        if rnd.budget == 0:  # nothing may be sampled: a forced fill right after feeding (streaming)
+            if not rnd.final:
+                self.history.append(self.layout.fill_id)
+                yield self.layout.fill_id
+            return
+        req, ends = self._request(rnd)
+        tokens: list[int] = []
+        async for tok in self._generate(req, ends):
+            tokens.append(tok)
+            yield tok
+        speech = [t for t in tokens if t < self.layout.speech_token_size]
+        if speech:  # fed by the calls that produced the next token (the native KV cache holds them)
+            self.fed.append(self._embeds((Feed(Table.SPEECH, tuple(speech)),)))
+        if not rnd.final and len(speech) == rnd.budget:  # budget reached: the loop forces the fill
+            self.history.append(self.layout.fill_id)
+            yield self.layout.fill_id
+
+    async def _generate(self, req: LMRequest, ends: list[int]) -> AsyncIterator[int]:
+        backend = self.backend
+        params = backend._params(req, ends=ends, history=list(self.history))
+        prompt = {"prompt_embeds": req.prefix}
+        backend._active += 1
+        finished = False
+        try:
+            async for out in backend.engine.generate(prompt, params, req.request_id):
+                for tok in out.outputs[0].token_ids:
+                    self.history.append(tok)
+                    yield tok
+                finished = out.finished
+        finally:
+            backend._active -= 1
+            if not finished:
+                await backend.engine.abort(req.request_id)
+
+    async def aclose(self) -> None:
+        self.fed = []

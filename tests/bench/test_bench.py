@@ -17,6 +17,7 @@ from bench.load import (
     HttpTarget,
     Recorder,
     Workload,
+    paced_words,
     percentile,
     prompt_audio,
     run_level,
@@ -280,3 +281,25 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert (plain.stream.adaptive_hop, plain.text_workers) == (defaults.stream.adaptive_hop, None)
     assert (knobs.stream.adaptive_hop, knobs.text_workers, knobs.t2w_fifo) == (True, 2, True)
     assert plain.t2w_fifo is defaults.t2w_fifo is False
+
+
+def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):
+    argv = ["--random-tiny", "v2", "--cache-dir", str(cache), "--concurrency", "1,2", "--tokens", "60"]
+    argv += ["--modes", "stream", "--out", str(tmp_path / "out"), "--warmup", "0", "--text-stream", "40"]
+    result = json.loads(main(argv)["json"].read_text())
+    assert result["meta"]["text_stream_wps"] == 40.0
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 2]
+    for lv in result["levels"]:
+        assert lv["failed"] == 0 and lv["ttfa_ms"]["p50"] > 0
+        for r in lv["per_request"]:
+            assert r["audio_s"] >= 60 / 25 - 0.05  # at least the forced length: bistream may speak more
+
+
+async def test_paced_words_rebuild_the_text():
+    workload = Workload(tokens=100, text_wps=1000)
+    words = workload.live_words()
+    assert len(words) == 10 and words[0] == workload.text.split()[0]
+    got = [w async for w in paced_words(words, 1000)]
+    assert "".join(got) == " ".join(words)
+    req = workload.request(1, np.zeros(10, np.float32))
+    assert req.text_stream is not None and req.text == ""

@@ -99,3 +99,44 @@ def test_engine_streams_with_the_vllm_backend(model_dir):
         engine.close()
     # 100 tokens -> up to 4 s (v3 drops silent tokens past a run of 5 before the flow)
     assert all(0 < o.size <= 100 * 960 and o.size % 480 == 0 and np.isfinite(o).all() for o in outs)
+
+
+def test_text_streaming_requests_run_on_the_vllm_backend(model_dir):
+    """Bistream on vLLM (a new request per round, prefix caching): 4 live requests, words as they come."""
+    from engine.config import EngineConfig, Limits
+    from engine.engine import TTSEngine
+    from engine.request import Mode, SynthesisRequest
+    from tests.sounds import speech_like
+
+    engine = TTSEngine.load(
+        EngineConfig(
+            model=str(model_dir), backend="vllm", gpu_memory_utilization=0.2, limits=Limits(max_concurrency=4)
+        )
+    )
+    engine.ready = True
+    prompt = (speech_like(2.0, 24000), 24000)
+    text = "Text written by a language model arrives here one word after another, and we speak it."
+    words = text.split(" ")
+
+    async def pieces():
+        for i, word in enumerate(words):
+            await asyncio.sleep(0.02)
+            yield word if i == 0 else " " + word
+
+    async def one(i: int):
+        req = SynthesisRequest(
+            mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=i, forced_tokens=150, text_stream=pieces()
+        )
+        return [c async for c in engine.stream(req)]
+
+    async def run():
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    try:
+        results = bounded(run())
+    finally:
+        engine.close()
+    for chunks in results:
+        audio = np.concatenate([c.pcm for c in chunks])
+        assert chunks[-1].is_last and chunks[-1].metrics.lm_tokens >= 150
+        assert audio.size > 0 and np.isfinite(audio).all() and chunks[-1].metrics.ttfa_ms is not None

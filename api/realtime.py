@@ -1,0 +1,266 @@
+"""``WS /v1/audio/speech/realtime``: text in as it is written, audio out as it is spoken (bistream).
+
+Message shapes follow OpenAI Realtime's event naming (JSON text frames, each with a ``type``):
+
+client -> server
+  ``session.update``          {"session": {voice | ref_audio + ref_text, mode, instructions, language,
+                               response_format: "pcm" | "wav", sample_rate, seed}}; first, once
+  ``input_text_buffer.append`` {"text": "..."}; any number, as the text is written
+  ``input_text_buffer.commit`` {}: the text is complete
+  ``response.cancel``          {}: stop now
+server -> client
+  ``session.updated``          {"session": {..., "id"}}: the request is open, send text
+  ``response.audio.delta``     {"response_id", "delta": base64 of pcm s16le / wav bytes}
+  ``response.audio.done``, then ``response.done`` {"response": {"id", "status", "metrics"}}
+  ``error``                    {"error": {"message", "type", "param", "code"}} (OpenAI's error body)
+
+The API key (``Authorization: Bearer``) is checked at the handshake; a client that leaves aborts the
+request. Every failure becomes one ``error`` event, then the socket closes; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from api.auth import bearer_token, key_matches
+from api.context import ApiContext
+from api.encode import StreamEncoder, stream_encoder
+from api.errors import ApiError, from_engine
+from api.ops import check_model
+from api.speech import check_length, check_ready, close, decode_audio_field
+from engine.errors import EngineError
+from engine.request import AudioChunk, Mode, SynthesisRequest
+
+log = logging.getLogger(__name__)
+PATH = "/v1/audio/speech/realtime"
+_END = None  # queued after the last text piece
+
+
+class Session(BaseModel):
+    """``session.update``'s ``session``: the voice and output, as in ``POST /v1/audio/speech``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    voice: str | None = None
+    ref_audio: str | None = None
+    ref_text: str = ""
+    mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = None
+    instructions: str = ""
+    language: str = "auto"
+    response_format: Literal["pcm", "wav"] = "pcm"
+    sample_rate: int = Field(24000, ge=8000, le=48000)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+
+    def resolved_mode(self) -> Mode:
+        if self.mode is not None:
+            return Mode(self.mode)
+        return Mode.INSTRUCT if self.instructions.strip() else Mode.ZERO_SHOT
+
+
+def routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.websocket(PATH)
+    async def realtime(ws: WebSocket) -> None:
+        await ws.accept()
+        try:
+            await serve(ctx, ws)
+        except ApiError as err:
+            await send_error(ws, err)
+        except WebSocketDisconnect:
+            log.info("realtime client left")
+        except Exception:  # a bug: logged with its trace, the client gets a plain server error
+            log.exception("realtime session failed")
+            await send_error(ws, ApiError(500, "internal error", code="internal_error"))
+
+    return router
+
+
+async def serve(ctx: ApiContext, ws: WebSocket) -> None:
+    check_key(ctx, ws)
+    session = await first_session(ws)
+    check_ready(ctx.engine)
+    check_model(session.model, ctx.engine)
+    text: asyncio.Queue[str | None] = asyncio.Queue()
+    req = await build_request(ctx, session, pieces(text))
+    await send(
+        ws, "session.updated", session={**session.model_dump(exclude={"ref_audio"}), "id": req.request_id}
+    )
+    reader = asyncio.create_task(read_text(ws, text, ctx, req.request_id))
+    try:
+        await speak(ctx, ws, req, session, reader)
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+    await ws.close()
+
+
+def check_key(ctx: ApiContext, ws: WebSocket) -> None:
+    if ctx.api_key is None:
+        return
+    token = bearer_token(ws.headers.get("authorization"))
+    if not key_matches(token, ctx.api_key):
+        raise ApiError(401, "missing API key" if token is None else "invalid API key", code="invalid_api_key")
+
+
+async def receive(ws: WebSocket) -> dict[str, Any]:
+    """The next client event (a JSON object with a string ``type``)."""
+    raw = await ws.receive_text()
+    try:
+        event = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ApiError(400, "events must be JSON objects", code="invalid_json") from err
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise ApiError(400, "every event needs a string 'type'", param="type", code="invalid_event")
+    return event
+
+
+async def first_session(ws: WebSocket) -> Session:
+    event = await receive(ws)
+    if event["type"] != "session.update":
+        message = f"the first event must be session.update, got {event['type']!r}"
+        raise ApiError(400, message, param="type", code="invalid_event")
+    try:
+        return Session.model_validate(event.get("session") or {})
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = "session." + ".".join(str(p) for p in first.get("loc", ()))
+        raise ApiError(422, f"{param}: {first.get('msg')}", param=param, code="invalid_value") from err
+
+
+async def build_request(ctx: ApiContext, session: Session, text: AsyncIterator[str]) -> SynthesisRequest:
+    for param in ("ref_text", "instructions"):
+        check_length(getattr(session, param), f"session.{param}", ctx.limits.max_text_chars)
+    mode = session.resolved_mode()
+    if mode == Mode.ZERO_SHOT and session.ref_audio and not session.ref_text.strip():
+        message = "zero-shot cloning needs ref_text, the transcript of ref_audio (or mode 'cross_lingual')"
+        raise ApiError(422, message, param="session.ref_text", code="missing_ref_text")
+    if mode == Mode.INSTRUCT and not session.instructions.strip():
+        message = "mode 'instruct' needs instructions"
+        raise ApiError(422, message, param="session.instructions", code="missing_instructions")
+    prompt = await decode_audio_field(session.ref_audio, "ref_audio", ctx) if session.ref_audio else None
+    return SynthesisRequest(
+        mode=mode,
+        prompt_audio=prompt,
+        voice_id=None if prompt is not None else session.voice,
+        prompt_text=session.ref_text,
+        instruct_text=session.instructions,
+        language=session.language,
+        seed=session.seed,
+        text_stream=text,
+    )
+
+
+async def pieces(queue: asyncio.Queue[str | None]) -> AsyncIterator[str]:
+    while (piece := await queue.get()) is not _END:
+        yield piece
+
+
+async def read_text(
+    ws: WebSocket, queue: asyncio.Queue[str | None], ctx: ApiContext, request_id: str
+) -> ApiError | None:
+    """Client events -> the text queue; a client that leaves (or cancels, or errs) aborts the request.
+    Returns the client's error, which ``speak`` reports once the aborted stream has ended."""
+    try:
+        while True:
+            event = await receive(ws)
+            kind = event["type"]
+            if kind == "input_text_buffer.append":
+                piece = event.get("text")
+                if not isinstance(piece, str):
+                    raise ApiError(400, "input_text_buffer.append needs a string 'text'", param="text")
+                queue.put_nowait(piece)
+            elif kind == "input_text_buffer.commit":
+                queue.put_nowait(_END)
+            elif kind == "response.cancel":
+                ctx.engine.abort(request_id)
+            else:
+                raise ApiError(400, f"unknown event type {kind!r}", param="type", code="invalid_event")
+    except WebSocketDisconnect:
+        ctx.telemetry.disconnects.inc()
+        ctx.engine.abort(request_id)
+        queue.put_nowait(_END)
+        return None
+    except ApiError as err:
+        ctx.engine.abort(request_id)
+        queue.put_nowait(_END)
+        return err
+
+
+async def speak(
+    ctx: ApiContext, ws: WebSocket, req: SynthesisRequest, session: Session, reader: asyncio.Task[Any]
+) -> None:
+    """Engine chunks -> ``response.audio.delta`` events, then the done events with the final metrics."""
+    encoder = Resampled(stream_encoder(session.response_format, ctx.engine.sample_rate), session.sample_rate)
+    last: AudioChunk | None = None
+    rid = req.request_id
+    ctx.telemetry.api_streams.inc()
+    stream = ctx.engine.stream(req)
+    try:
+        async for chunk in stream:
+            if last is None:
+                ctx.telemetry.first_audio(chunk.metrics)
+            last = chunk
+            if data := encoder.feed(chunk.pcm):
+                await send(ws, "response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
+    except EngineError as err:
+        raise from_engine(err) from err
+    finally:
+        ctx.telemetry.api_streams.dec()
+        await close(stream)
+    if reader.done() and (client_error := reader.result()) is not None:
+        raise client_error
+    if tail := encoder.finish():
+        await send(ws, "response.audio.delta", response_id=rid, delta=base64.b64encode(tail).decode())
+    done = last is not None and last.is_last
+    await send(ws, "response.audio.done", response_id=rid)
+    metrics = asdict(last.metrics) if last is not None else None
+    response = {"id": rid, "status": "completed" if done else "cancelled", "metrics": metrics}
+    await send(ws, "response.done", response=response)
+
+
+class Resampled:
+    """The format's encoder fed at the client's sample rate (soxr's streaming resampler: no seams)."""
+
+    def __init__(self, encoder: StreamEncoder, rate: int):
+        import soxr
+
+        self.encoder, source = encoder, encoder.sample_rate
+        encoder.sample_rate = rate  # the wav header states the rate the client gets
+        self.stream = None if rate == source else soxr.ResampleStream(source, rate, 1, dtype="float32")
+
+    def feed(self, pcm: np.ndarray) -> bytes:
+        if self.stream is not None:
+            pcm = self.stream.resample_chunk(np.asarray(pcm, np.float32))
+        return self.encoder.feed(pcm)
+
+    def finish(self) -> bytes:
+        tail = b""
+        if self.stream is not None:
+            tail = self.encoder.feed(self.stream.resample_chunk(np.zeros(0, np.float32), last=True))
+        return tail + self.encoder.finish()
+
+
+async def send(ws: WebSocket, kind: str, **fields: Any) -> None:
+    await ws.send_text(json.dumps({"type": kind, **fields}))
+
+
+async def send_error(ws: WebSocket, err: ApiError) -> None:
+    """The error event, then close (1008 for a refused key, 1011 for a server fault, else 1000)."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client may be gone already
+        await send(ws, "error", **err.body())
+        code = 1008 if err.status_code == 401 else (1011 if err.status_code >= 500 else 1000)
+        await ws.close(code=code)
