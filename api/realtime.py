@@ -38,7 +38,7 @@ from api.context import ApiContext
 from api.encode import StreamEncoder, stream_encoder
 from api.errors import ApiError, from_engine
 from api.ops import check_model
-from api.speech import check_length, check_ready, close, decode_audio_field
+from api.speech import SPEECH_PARAMS, check_length, check_ready, close, decode_audio_field
 from engine.errors import EngineError
 from engine.request import AudioChunk, Mode, SynthesisRequest
 
@@ -217,7 +217,7 @@ async def speak(
             if data := encoder.feed(chunk.pcm):
                 await send(ws, "response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
     except EngineError as err:
-        raise from_engine(err) from err
+        raise from_engine(err, SPEECH_PARAMS) from err  # the session's fields are speech's
     finally:
         ctx.telemetry.api_streams.dec()
         await close(stream)

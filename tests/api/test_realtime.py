@@ -126,14 +126,14 @@ def test_a_wrong_key_gets_an_error_event(url: str) -> None:
     [
         ({"type": "input_text_buffer.append", "text": "hi"}, "invalid_event", "type"),
         ({"type": "session.update", "session": {"response_format": "mp3"}}, "invalid_value", None),
-        ({"type": "session.update", "session": {"voice": "nobody"}}, "not_found", None),
+        ({"type": "session.update", "session": {"voice": "nobody"}}, "voice_not_found", "voice"),
     ],
     ids=["append-before-session", "bad-format", "unknown-voice"],
 )
 def test_bad_sessions_get_openai_style_error_events(url: str, first: dict[str, Any], code: str, param):
     with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         ws.send(json.dumps(first))
-        if first["type"] == "session.update" and code == "not_found":
+        if first["type"] == "session.update" and code == "voice_not_found":
             send(ws, "input_text_buffer.append", text="Hello there.")
             send(ws, "input_text_buffer.commit")
         got = [e for e in events(ws) if e["type"] == "error"]
