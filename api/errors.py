@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine.errors import Busy, EngineError, InvalidInput, NotFound, NotReady, TooLarge
+from engine.errors import Busy, EngineError, Forbidden, InvalidInput, NotFound, NotReady, TooLarge
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,8 @@ def from_engine(err: EngineError) -> ApiError:
         return ApiError(429, message, code="queue_full", headers=retry_after(err.retry_after_s))
     if isinstance(err, TooLarge):
         return ApiError(413, message, code="too_large")
+    if isinstance(err, Forbidden):
+        return ApiError(403, message, code="forbidden")
     if isinstance(err, NotFound):
         return ApiError(404, message, code="not_found")
     if isinstance(err, InvalidInput):
