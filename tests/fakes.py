@@ -116,7 +116,7 @@ class FakeEngine:
 
     def list_voices(self, owner: str | None = None) -> list[FakeVoice]:
         mine = [v for (o, _), v in self.voices.items() if o is None or (owner is not None and o == owner)]
-        return sorted(mine, key=lambda v: (v.name, v.id))
+        return sorted(mine, key=lambda v: (v.name.casefold(), v.public, v.id))  # as the real library
 
     def delete_voice(self, voice_id: str, owner: str | None = None) -> None:
         if (owner, voice_id) in self.voices:

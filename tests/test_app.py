@@ -19,20 +19,20 @@ from tests.fakes import FakeEngine
 def test_defaults() -> None:
     args = app.parse_args([])
     assert (args.model, args.host, args.port, args.ui_lang, args.share) == (
-        DEFAULT_MODEL, "127.0.0.1", 7860, "zh", False,
+        DEFAULT_MODEL, "127.0.0.1", 7860, "auto", False,
     )  # fmt: skip
-    assert app.engine_config(args) == EngineConfig()
+    assert app.engine_config(args) == EngineConfig(asr_model="auto")  # the library's default is "none"
 
 
 def test_flags_reach_the_engine_config() -> None:
     args = app.parse_args(
         ["--model", "demo-tiny", "--device", "cpu", "--backend", "native", "--max-concurrency", "4",
-         "--ui-lang", "en", "--port", "9000", "--api-key", "k"]
+         "--ui-lang", "en", "--port", "9000", "--api-key", "k", "--api-key", "k2", "--asr-model", "none"]
     )  # fmt: skip
     cfg = app.engine_config(args)
     assert (cfg.model, cfg.device, cfg.backend) == ("demo-tiny", "cpu", "native")
     assert cfg.limits == Limits(max_concurrency=4)
-    assert (args.ui_lang, args.port, args.api_key) == ("en", 9000, "k")
+    assert (args.ui_lang, args.port, args.api_key, cfg.asr_model) == ("en", 9000, ["k", "k2"], "none")
     assert cfg.stream.fast_start is None  # auto, as StreamConfig
     assert app.engine_config(app.parse_args(["--fast-start", "auto"])).stream.fast_start is None
     assert app.engine_config(app.parse_args(["--fast-start", "off"])).stream.fast_start is False
