@@ -45,7 +45,7 @@ MAX_HISTORY = 50
 BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (OWNER_JS)
 STUDIO_OWNER = "studio:"  # keeps browser ids apart from API keys in the voice library
 # Reads the browser's id from localStorage, drawing one on the first visit (never a server-side guess).
-OWNER_JS = """() => {
+OWNER_JS = """(current) => {
   const key = "cosystream-browser-id";
   let id = localStorage.getItem(key);
   if (!id || !/^[0-9a-f]{32}$/.test(id)) {
@@ -348,6 +348,12 @@ class Studio:
 
     async def voice_dropdown(self, browser_id: str | None = None) -> Any:
         return gr.Dropdown(choices=await self.voice_choices(browser_id))
+
+    async def browser_voices(self, browser_id: str | None) -> tuple[str, Any]:
+        """On load, after OWNER_JS put the browser's id in the input: (the id for the hidden field, the
+        saved-voice list this browser may use)."""
+        known = browser_id if browser_id and owner_of(browser_id) else ""
+        return known, await self.voice_dropdown(known)
 
     async def save_voice(
         self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str = ""

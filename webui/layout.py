@@ -54,14 +54,16 @@ def build_demo(
     studios = Studios(studio, ui_lang)
     with gr.Blocks(title=t("title"), analytics_enabled=False) as demo:
         header = gr.HTML(studio.page()[0], js_on_load=None)
+        ask = _filled_by_examples(lbl, t)  # placed below; made first so the examples can sit above them
         with gr.Row(equal_height=False, elem_classes="cosy-main"):
             with gr.Column(scale=10, min_width=360):
-                ask = _voice_column(lbl, t, engine)
+                ask |= _voice_column(lbl, t, engine, studio, ask)
             with gr.Column(scale=10, min_width=360):
-                ask |= _text_column(lbl, t, limits)
+                ask |= _text_column(lbl, t, limits, ask)
             with gr.Column(scale=10, min_width=360, elem_classes="cosy-answer"):
                 answer = _answer_column(lbl, t)
-        _examples(lbl, studio, ask)
+        texts = [[text, lang] for lang, text in EXAMPLES]
+        gr.Examples(texts, [ask["text"], ask["language"]], label=lbl("examples"))
         with gr.Accordion(lbl("history"), open=True, elem_classes=CARD):
             answer["history"] = gr.HTML(views.note_html(t("history_empty")), js_on_load=None)
         answer["header"] = header
@@ -73,25 +75,43 @@ def build_demo(
     return demo
 
 
-def _voice_column(lbl: Labels, t: Texts, engine: Engine) -> dict[str, Any]:
+def _filled_by_examples(lbl: Labels, t: Texts) -> dict[str, Any]:
+    """Prompt, transcript, language and text, unrendered: ``render()`` places them in their columns."""
+    wave = gr.WaveformOptions(waveform_color="#a78bfa", waveform_progress_color="#7c3aed")
+    return {
+        "prompt": gr.Audio(
+            sources=["upload", "microphone"], type="filepath", label=lbl("prompt_audio"),
+            waveform_options=wave, elem_id="cosy-prompt", render=False,
+        ),
+        "prompt_text": gr.Textbox(
+            label=lbl("prompt_text"), placeholder=lbl("prompt_text_ph"), lines=2, elem_id="cosy-transcript",
+            render=False,
+        ),
+        "language": gr.Dropdown(
+            [(t(f"lang_{x}"), x) for x in LANGUAGES], value="auto", label=lbl("language"),
+            elem_id="cosy-lang", render=False,
+        ),
+        "text": gr.Textbox(
+            label=lbl("text"), placeholder=lbl("text_ph"), lines=5, max_lines=12, elem_id="cosy-text",
+            render=False,
+        ),
+    }  # fmt: skip
+
+
+def _voice_column(
+    lbl: Labels, t: Texts, engine: Engine, studio: Studio, filled: dict[str, Any]
+) -> dict[str, Any]:
     c: dict[str, Any] = {}
     with gr.Column(elem_classes=CARD):
         c["mode"] = gr.Radio([(t(f"mode_{m}"), m) for m in UI_MODES], value="zero_shot", label=lbl("mode"))
         c["mode_help"] = gr.HTML(views.note_html(t("mode_help_zero_shot")), js_on_load=None)
     with gr.Column(elem_classes=CARD):
         with gr.Column() as c["prompt_box"]:
-            wave = gr.WaveformOptions(waveform_color="#a78bfa", waveform_progress_color="#7c3aed")
-            c["prompt"] = gr.Audio(
-                sources=["upload", "microphone"], type="filepath", label=lbl("prompt_audio"),
-                waveform_options=wave, elem_id="cosy-prompt",
-            )  # fmt: skip
+            _example_voices(lbl, studio, filled)
+            filled["prompt"].render()
             c["prompt_note"] = gr.HTML(views.note_html(t("prompt_none")), js_on_load=None)
-            c["prompt_text"] = gr.Textbox(
-                label=lbl("prompt_text"),
-                placeholder=lbl("prompt_text_ph"),
-                lines=2,
-                elem_id="cosy-transcript",
-            )
+            with gr.Column() as c["transcript_box"]:  # a box: hiding a late-rendered field itself fails
+                filled["prompt_text"].render()
             with gr.Row(equal_height=True):
                 c["save_name"] = gr.Textbox(label=lbl("save_name"), placeholder=lbl("save_name_ph"), scale=3)
                 c["save"] = gr.Button(lbl("save_btn"), scale=1, size="md", elem_id="cosy-save")
@@ -112,15 +132,11 @@ def _voice_column(lbl: Labels, t: Texts, engine: Engine) -> dict[str, Any]:
     return c
 
 
-def _text_column(lbl: Labels, t: Texts, limits: Limits) -> dict[str, Any]:
+def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) -> dict[str, Any]:
     c: dict[str, Any] = {}
     with gr.Column(elem_classes=CARD) as c["text_box"]:
-        c["language"] = gr.Dropdown(
-            [(t(f"lang_{x}"), x) for x in LANGUAGES], value="auto", label=lbl("language"), elem_id="cosy-lang"
-        )
-        c["text"] = gr.Textbox(
-            label=lbl("text"), placeholder=lbl("text_ph"), lines=6, max_lines=12, elem_id="cosy-text"
-        )
+        filled["language"].render()
+        filled["text"].render()
         c["counter"] = gr.HTML(views.counter_text("", limits.max_text_chars, 0, t), js_on_load=None)
         with gr.Accordion(lbl("split_preview"), open=False):
             c["split"] = gr.HTML(views.split_preview_html([]), js_on_load=None)
@@ -160,17 +176,12 @@ def _answer_column(lbl: Labels, t: Texts) -> dict[str, Any]:
     return c
 
 
-def _examples(lbl: Labels, studio: Studio, ask: dict[str, Any]) -> None:
-    """Example voices (fill prompt, transcript, language and a text) and example texts, below the columns."""
+def _example_voices(lbl: Labels, studio: Studio, filled: dict[str, Any]) -> None:
+    """The example voices as chips: a click fills prompt, transcript, language and a text to speak."""
     rows, labels = studio.example_rows()
-    with gr.Row(equal_height=False):
-        if rows:
-            fields = [ask["prompt"], ask["prompt_text"], ask["language"], ask["text"]]
-            gr.Examples(
-                rows, fields, label=lbl("example_voices"), example_labels=labels, elem_id="cosy-examples"
-            )
-        texts = [[text, lang] for lang, text in EXAMPLES]
-        gr.Examples(texts, [ask["text"], ask["language"]], label=lbl("examples"))
+    if rows:
+        fields = [filled[k] for k in ("prompt", "prompt_text", "language", "text")]
+        gr.Examples(rows, fields, label=lbl("example_voices"), example_labels=labels, elem_id="cosy-examples")
 
 
 def _listen(
@@ -180,7 +191,8 @@ def _listen(
     on = studios.listener  # the event function for a Studio method, in the session's language
     light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}  # UI-only work skips the GPU queue
     gpu: dict[str, Any] = {"concurrency_id": GPU, "concurrency_limit": limits.max_concurrency}
-    boxes = ["prompt_box", "prompt_text", "voice_box", "instruct_box", "source_box", "text_box", "mode_help"]
+    boxes = ["prompt_box", "transcript_box", "voice_box", "instruct_box", "source_box", "text_box"]
+    boxes.append("mode_help")
     a["mode"].change(on("mode_changed"), a["mode"], [a[k] for k in boxes], **light)
     a["prompt"].change(on("prompt_info"), a["prompt"], a["prompt_note"], **light)
     asr_out = [a["prompt_text"], a["language"], a["prompt_note"]]
@@ -221,5 +233,6 @@ def _listen(
     page = [b["header"], a["mode"], a["language"], a["mode_help"], a["prompt_note"], a["counter"]]
     page += [b["status"], b["metrics"], b["live"], b["history"]]
     demo.load(on("page"), None, page, **light)
-    demo.load(None, None, owner, js=OWNER_JS).then(on("voice_dropdown"), owner, a["voice"], **light)
+    # the script draws or reads the id in the browser and hands it over as the input
+    demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)
     demo.load(on("server_panel"), None, b["server"], **light)

@@ -100,6 +100,13 @@ def test_demo_banner_and_missing_prompt_error(page) -> None:
     page.get_by_text("A prompt voice is needed").first.wait_for(timeout=10_000)
 
 
+def test_demo_upload_is_transcribed_by_the_tiny_whisper(page, prompt_wav) -> None:
+    """The real ASR path: a random-weight Whisper fills the transcript with noise, and the note says so."""
+    page.locator("#cosy-prompt input[type=file]").set_input_files(prompt_wav)
+    page.get_by_text("RANDOM-weight Whisper").first.wait_for(timeout=60_000)
+    assert page.locator("#cosy-transcript textarea").input_value().strip()
+
+
 def test_demo_streams_plays_and_shows_metrics(page, prompt_wav) -> None:
     fill_request(page, prompt_wav, "Hello there. This is the real engine speaking, streaming as it goes.")
     page.locator("#cosy-generate").click()
