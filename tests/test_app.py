@@ -159,3 +159,18 @@ def test_every_limit_has_a_flag():
     limits = app.engine_config(args).limits
     assert (limits.max_queue, limits.max_text_chars, limits.max_upload_bytes) == (3, 500, 2 * 2**20)
     assert (limits.max_prompt_s, limits.request_timeout_s, limits.max_concurrency) == (20, 60, 2)
+
+
+def test_api_keys_put_the_studio_behind_a_login() -> None:
+    """With keys, Gradio's own routes refuse a visitor until they log in with one of the keys."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app.create_app(FakeEngine(), ui_lang="en", api_key=["k1", "k2"])) as client:
+        assert client.get("/config").status_code == 401
+        assert client.post("/login", data={"username": "anyone", "password": "nope"}).status_code == 400
+        assert client.post("/login", data={"username": "anyone", "password": "k2"}).status_code == 200
+        assert client.get("/config").status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
+        assert client.get("/v1/models").status_code == 401
+    with TestClient(app.create_app(FakeEngine(), ui_lang="en", api_key="")) as client:
+        assert client.get("/config").status_code == 200  # no keys: an open demo
