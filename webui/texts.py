@@ -55,11 +55,11 @@ EN: dict[str, str] = {
     "text_group": "Text",
     "language": "Language",
     "lang_auto": "Auto",
-    "lang_zh": "Chinese",
+    "lang_zh": "中文 (Chinese)",
     "lang_en": "English",
-    "lang_ja": "Japanese",
-    "lang_ko": "Korean",
-    "lang_yue": "Cantonese",
+    "lang_ja": "日本語 (Japanese)",
+    "lang_ko": "한국어 (Korean)",
+    "lang_yue": "粵語 (Cantonese)",
     "text": "Text to speak",
     "text_ph": "Type or paste text; long text is split into segments and streamed.",
     "counter": "{chars} / {limit} characters · segments: {segments}",
@@ -190,10 +190,10 @@ ZH: dict[str, str] = {
     "language": "语言",
     "lang_auto": "自动",
     "lang_zh": "中文",
-    "lang_en": "英语",
-    "lang_ja": "日语",
-    "lang_ko": "韩语",
-    "lang_yue": "粤语",
+    "lang_en": "English (英语)",
+    "lang_ja": "日本語 (日语)",
+    "lang_ko": "한국어 (韩语)",
+    "lang_yue": "粵語 (粤语)",
     "text": "合成文本",
     "text_ph": "输入或粘贴文本；长文本会自动分段并流式生成。",
     "counter": "{chars} / {limit} 字符 · 分段：{segments}",
@@ -286,7 +286,9 @@ ZH: dict[str, str] = {
 
 TABLES = {"en": EN, "zh": ZH}
 
-# (language code sent to the engine, label key); "auto" lets the engine detect the script.
+# (language code sent to the engine, label key); "auto" lets the engine detect the script. The labels lead
+# with each language's own name: a choice list's labels are not translated by Gradio's i18n, so a value set
+# by an example keeps its first label, and a native name reads right in either UI language.
 LANGUAGES = ("auto", "zh", "en", "ja", "ko", "yue")
 
 EXAMPLES = (

@@ -31,6 +31,7 @@ from api.app import build_api
 from engine.engine import TTSEngine
 from engine.errors import InvalidInput, NotFound, TooLarge
 from engine.request import Mode
+from engine.voices import OWNERS, owner_dir_name
 from tests.api.support import assert_openai_error
 from tests.reliability.support import (
     BAD_AUDIO,
@@ -47,7 +48,7 @@ from tests.reliability.support import (
     write_bad,
 )
 from tests.sounds import speech_like
-from webui.handlers import Studio
+from webui.handlers import STUDIO_OWNER, Studio
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -522,6 +523,9 @@ UI_CASES = [
 ]
 
 
+BROWSER = "c3" * 16  # a browser id as the page's script draws it
+
+
 @pytest.fixture
 def studio(engine, tmp_path) -> Studio:
     return Studio(Bounded(engine), LIMITS, Texts("en"), StreamHub(), AudioStore(tmp_path / "store"))
@@ -539,11 +543,11 @@ async def ui_action(studio: Studio, case: UiCase, prompt: Path, bad_dir: Path) -
     if case.action == "save":
         root = studio.engine.voices.root
         with stays_inside(root):
-            dropdown, _ = await studio.save_voice(values["name"], str(prompt), "A prompt transcript.")
-        assert_voice_entry(root, dropdown.value)
-        await studio.delete_voice(dropdown.value)
+            dropdown, _ = await studio.save_voice(values["name"], str(prompt), "A transcript.", BROWSER)
+        assert_voice_entry(root / OWNERS / owner_dir_name(STUDIO_OWNER + BROWSER), dropdown.value)
+        await studio.delete_voice(dropdown.value, BROWSER)
     elif case.action == "delete":
-        await studio.delete_voice(values["voice_id"])
+        await studio.delete_voice(values["voice_id"], BROWSER)
     else:
         if values.get("prompt_wav") in UI_AUDIO:
             values["prompt_wav"] = str(write_bad(bad_dir, values["prompt_wav"]))
