@@ -509,7 +509,7 @@ UI_CASES = [
         "unknown_voice",
         "generate",
         {"mode": "voice", "voice_id": "nobody"},
-        "no saved voice with id 'nobody'",
+        "gone or not yours",  # the engine's NotFound, in the page's language
     ),
     UiCase("voice_dotdot", "generate", {"mode": "voice", "voice_id": "../etc/passwd"}, "invalid voice id"),
     UiCase("voice_very_long", "generate", {"mode": "voice", "voice_id": "a" * 300}, "invalid voice id"),
