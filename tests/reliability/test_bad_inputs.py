@@ -28,6 +28,7 @@ import soundfile as sf
 
 import engine.__main__ as cli
 from api.app import build_api
+from api.auth import owner_of as api_owner
 from engine.engine import TTSEngine
 from engine.errors import InvalidInput, NotFound, TooLarge
 from engine.request import Mode
@@ -406,8 +407,9 @@ def check_http(case: HttpCase, r: httpx.Response, engine: TTSEngine) -> None:
     elif case.status == 201:
         assert r.status_code == 201, r.text
         voice_id = r.json()["voice"]["id"]
-        assert_voice_entry(engine.voices.root, voice_id)
-        engine.delete_voice(voice_id)
+        anonymous = api_owner(None)  # the API without keys: one anonymous caller's namespace
+        assert_voice_entry(engine.voices.root / OWNERS / owner_dir_name(anonymous), voice_id)
+        engine.delete_voice(voice_id, anonymous)
     elif case.status == 200:
         assert r.status_code == 200, r.text
         check_pcm(sf.read(io.BytesIO(r.content), dtype="float32")[0])
