@@ -14,7 +14,9 @@ import secrets
 import socket
 import threading
 import warnings
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
@@ -28,7 +30,7 @@ from engine.config import (
     fast_start_choice,
     fast_start_flag,
 )
-from webui.texts import UI_LANGS
+from webui.texts import UI_LANG_CHOICES
 
 if TYPE_CHECKING:
     import uvicorn
@@ -97,10 +99,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--voices-dir", default=None,
         help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
     )  # fmt: skip
-    p.add_argument("--ui-lang", choices=UI_LANGS, default="zh", help="language of the web UI's labels")
     p.add_argument(
-        "--api-key", default=None, help="bearer key the API requires (default: COSYSTREAM_API_KEY)"
-    )
+        "--ui-lang", choices=UI_LANG_CHOICES, default="auto",
+        help="language of the web UI (auto: the browser's; zh or en force one)",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key", action="append", default=None,
+        help="a bearer key the API requires; repeat for several (each its own voice namespace). The studio "
+        "then asks for a login: any user name, one of the keys as the password (default: "
+        "COSYSTREAM_API_KEY, comma-separated)",
+    )  # fmt: skip
+    p.add_argument(
+        "--asr-model", default="auto",
+        help="Whisper that transcribes prompts: auto (large-v3-turbo on GPU, small on CPU), a Hugging Face "
+        f"id or local dir, or none; '{DEMO_TINY}' uses a tiny random-weight Whisper",
+    )  # fmt: skip
     add_cluster_flags(p)
     args = p.parse_args(argv)
     if args.replicas < 0:
@@ -150,6 +163,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         voices_dir=args.voices_dir,
         limits=limits,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
+        asr_model=args.asr_model,
     )
 
 
@@ -157,18 +171,23 @@ def build_engine(cfg: EngineConfig) -> Any:
     """Load the checkpoint (downloading it on first use) and return the resident engine.
 
     ``demo-tiny`` writes a tiny random-weight model in the released layout first (offline, seconds), so the
-    whole stack runs on a fresh CPU machine; its audio is noise and the UI says so.
+    whole stack runs on a fresh CPU machine; its audio is noise and the UI says so. With ``--asr-model auto``
+    it gets a tiny random-weight Whisper too (its transcripts are noise, and the UI says so as well).
     """
     from engine.engine import TTSEngine  # torch and the models load here, not at import
 
     if cfg.model != DEMO_TINY:
         return TTSEngine.load(cfg)
     from bench.make_model import build_demo_tiny
+    from bench.tiny_whisper import build_whisper_dir
 
+    if cfg.asr_model == "auto":  # a tiny random-weight Whisper beside the tiny model
+        root = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream") / f"{DEMO_TINY}-whisper"
+        cfg = replace(cfg, asr_model=str(build_whisper_dir(root)))
     return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))
 
 
-def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | None) -> bool:
+def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | Sequence[str] | None) -> bool:
     """Add the OpenAI-style API (``api.app.mount_api``) when that package is present; before the UI mount."""
     try:
         from api.app import mount_api as mount
@@ -184,16 +203,18 @@ def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | None) ->
 def create_app(
     engine: Any,
     *,
-    ui_lang: str = "zh",
+    ui_lang: str = "auto",
     limits: Limits | None = None,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     random_weights: bool = False,
 ) -> FastAPI:
     """One FastAPI app: the API, the studio's PCM / download routes, then the Gradio UI at "/" (last,
-    because a mount at "/" catches every path registered after it)."""
+    because a mount at "/" catches every path registered after it). With API keys the studio needs a
+    Gradio login (any user name, a key as the password), so nobody uses it without a key."""
     import gradio as gr
     from fastapi import FastAPI
 
+    from api.auth import resolve_api_keys
     from webui import stream_route
     from webui.layout import build_demo, page_options
 
@@ -218,7 +239,10 @@ def create_app(
     app.include_router(stream_route.router(hub, store, open_timeout_s=limits.request_timeout_s))
     demo = build_demo(engine, ui_lang, limits, hub=hub, store=store, random_weights=random_weights)
     # uploads over the limit are refused before they are written to disk
-    options = page_options() | {"max_file_size": limits.max_upload_bytes}
+    options = page_options(ui_lang) | {"max_file_size": limits.max_upload_bytes}
+    keys = resolve_api_keys(api_key)
+    if keys:
+        options["auth"] = studio_login(keys)
     return gr.mount_gradio_app(app, demo, path="/", **options)
 
 
@@ -232,6 +256,16 @@ def quiet_gradio_deprecations() -> None:
         r"The copy keyword is deprecated",
     ):
         warnings.filterwarnings("ignore", message=message, module=r"gradio\.")
+
+
+def studio_login(keys: Sequence[str]) -> Callable[[str, str], bool]:
+    """Gradio's auth check: any user name with one of the API keys as the password."""
+    from api.auth import matching_key
+
+    def check(_username: str, password: str) -> bool:
+        return matching_key(password, keys) is not None
+
+    return check
 
 
 def open_share_link(host: str, port: int) -> None:

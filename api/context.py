@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from api.telemetry import Telemetry
 from engine.config import Limits
 from engine.metrics import ServerStats
@@ -40,16 +42,21 @@ class EngineLike(Protocol):
 
     def stats(self) -> ServerStats: ...
 
-    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, /) -> Any: ...
+    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, owner: str | None, /) -> Any: ...
 
-    def list_voices(self) -> Any: ...  # a Sequence of voices, or a coroutine of one
+    def list_voices(self, owner: str | None, /) -> Any: ...  # a Sequence of voices, or a coroutine of one
 
-    def delete_voice(self, voice_id: str, /) -> Any: ...
+    def delete_voice(self, voice_id: str, owner: str | None, /) -> Any: ...
+
+    @property
+    def asr_model(self) -> str | None: ...
+
+    async def transcribe(self, audio: tuple[np.ndarray, int], language: str | None, /) -> Any: ...
 
 
 @dataclass(frozen=True)
 class ApiContext:
     engine: EngineLike
     limits: Limits
-    api_key: str | None
+    api_keys: tuple[str, ...]  # empty: no key needed (every client is one anonymous voice owner)
     telemetry: Telemetry

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine.errors import Busy, EngineError, InvalidInput, NotFound, NotReady, TooLarge
+from engine.errors import Busy, EngineError, Forbidden, InvalidInput, NotFound, NotReady, TooLarge
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def from_engine(err: EngineError, params: Mapping[str, str] | None = None) -> Ap
         return ApiError(429, message, code="queue_full", headers=retry_after(err.retry_after_s))
     if isinstance(err, TooLarge):
         return ApiError(413, message, param=param, code="too_large")
+    if isinstance(err, Forbidden):
+        return ApiError(403, message, param=param, code="forbidden")
     if isinstance(err, NotFound):  # one code per missing thing, whichever route asked for it
         code = "voice_not_found" if err.field == "voice_id" else "not_found"
         return ApiError(404, message, param=param, code=code)

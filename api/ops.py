@@ -52,7 +52,7 @@ def model_card(engine: EngineLike, started: int) -> ModelCard:
 def routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter(route_class=guarded_route(ctx.telemetry, PROBE_BODY_CAP))
     engine, started = ctx.engine, int(time.time())
-    auth = [Depends(require_key(ctx.api_key))]
+    auth = [Depends(require_key(ctx.api_keys))]
 
     @router.get("/health")
     async def health() -> dict[str, str]:

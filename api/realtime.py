@@ -33,7 +33,7 @@ import numpy as np
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from api.auth import bearer_token, key_matches
+from api.auth import bearer_token, matching_key, owner_of
 from api.context import ApiContext
 from api.encode import StreamEncoder, stream_encoder
 from api.errors import ApiError, from_engine
@@ -89,12 +89,12 @@ def routes(ctx: ApiContext) -> APIRouter:
 
 
 async def serve(ctx: ApiContext, ws: WebSocket) -> None:
-    check_key(ctx, ws)
+    owner = check_key(ctx, ws)
     session = await first_session(ws)
     check_ready(ctx.engine)
     check_model(session.model, ctx.engine)
     text: asyncio.Queue[str | None] = asyncio.Queue()
-    req = await build_request(ctx, session, pieces(text))
+    req = await build_request(ctx, session, pieces(text), owner)
     await send(
         ws, "session.updated", session={**session.model_dump(exclude={"ref_audio"}), "id": req.request_id}
     )
@@ -108,12 +108,15 @@ async def serve(ctx: ApiContext, ws: WebSocket) -> None:
     await ws.close()
 
 
-def check_key(ctx: ApiContext, ws: WebSocket) -> None:
-    if ctx.api_key is None:
-        return
+def check_key(ctx: ApiContext, ws: WebSocket) -> str:
+    """The caller's voice owner (as for the HTTP routes), or 401 without one of the server's keys."""
+    if not ctx.api_keys:
+        return owner_of(None)
     token = bearer_token(ws.headers.get("authorization"))
-    if not key_matches(token, ctx.api_key):
+    key = matching_key(token, ctx.api_keys)
+    if key is None:
         raise ApiError(401, "missing API key" if token is None else "invalid API key", code="invalid_api_key")
+    return owner_of(key)
 
 
 async def receive(ws: WebSocket) -> dict[str, Any]:
@@ -141,7 +144,9 @@ async def first_session(ws: WebSocket) -> Session:
         raise ApiError(422, f"{param}: {first.get('msg')}", param=param, code="invalid_value") from err
 
 
-async def build_request(ctx: ApiContext, session: Session, text: AsyncIterator[str]) -> SynthesisRequest:
+async def build_request(
+    ctx: ApiContext, session: Session, text: AsyncIterator[str], owner: str
+) -> SynthesisRequest:
     for param in ("ref_text", "instructions"):
         check_length(getattr(session, param), f"session.{param}", ctx.limits.max_text_chars)
     mode = session.resolved_mode()
@@ -156,6 +161,7 @@ async def build_request(ctx: ApiContext, session: Session, text: AsyncIterator[s
         mode=mode,
         prompt_audio=prompt,
         voice_id=None if prompt is not None else session.voice,
+        voice_owner=owner,
         prompt_text=session.ref_text,
         instruct_text=session.instructions,
         language=session.language,

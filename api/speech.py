@@ -56,23 +56,22 @@ def body_cap(ctx: ApiContext) -> int:
 
 
 def routes(ctx: ApiContext) -> APIRouter:
-    router = APIRouter(
-        route_class=guarded_route(ctx.telemetry, body_cap(ctx)),
-        dependencies=[Depends(require_key(ctx.api_key))],
-    )
+    router = APIRouter(route_class=guarded_route(ctx.telemetry, body_cap(ctx)))
+    # the caller's voice namespace; a default (not Annotated): string annotations cannot see this local
+    owner = Depends(require_key(ctx.api_keys))
 
     @router.post("/v1/audio/speech", response_model=None)
-    async def create_speech(body: SpeechRequest, request: Request) -> Response:
-        return await speak(ctx, body, request)
+    async def create_speech(body: SpeechRequest, request: Request, caller: str = owner) -> Response:
+        return await speak(ctx, body, request, caller)
 
     return router
 
 
-async def speak(ctx: ApiContext, body: SpeechRequest, request: Request) -> Response:
+async def speak(ctx: ApiContext, body: SpeechRequest, request: Request, owner: str) -> Response:
     check_ready(ctx.engine)
     check_model(body.model, ctx.engine)
     check_format(body.response_format)
-    req = await build_request(ctx, body)
+    req = await build_request(ctx, body, owner)
     # Built before the engine stream opens, so nothing between opening and responding can fail.
     encoder = stream_encoder(body.response_format, ctx.engine.sample_rate) if body.streams() else None
     try:
@@ -140,22 +139,26 @@ def check_length(text: str, param: str, max_chars: int) -> None:
 # ------------------------------------------------------------------------------------ request building
 
 
-async def build_request(ctx: ApiContext, body: SpeechRequest) -> SynthesisRequest:
+async def build_request(ctx: ApiContext, body: SpeechRequest, owner: str | None = None) -> SynthesisRequest:
     for param in ("input", "ref_text", "instructions"):
         check_length(getattr(body, param), param, ctx.limits.max_text_chars)
     mode = body.resolved_mode()
     if mode != Mode.VC and not body.input.strip():
         raise ApiError(422, "input is empty", param="input", code="empty_input")
-    check_mode_inputs(body, mode)  # before decoding: cheap refusals first
+    check_mode_inputs(body, mode, bool(ctx.engine.asr_model))  # before decoding: cheap refusals first
     prompt = await decode_audio_field(body.ref_audio, "ref_audio", ctx) if body.ref_audio else None
     source = await decode_audio_field(body.source_audio, "source_audio", ctx) if body.source_audio else None
+    ref_text = body.ref_text
+    if mode == Mode.ZERO_SHOT and prompt is not None and not ref_text.strip():
+        ref_text = await transcribe_prompt(ctx.engine, prompt, "auto")  # the transcript zero-shot needs
     try:
         return SynthesisRequest(
             text=body.input,
             mode=mode,
             prompt_audio=prompt,
             voice_id=None if prompt is not None else (body.voice_id() or None),  # ref_audio wins
-            prompt_text=body.ref_text,
+            voice_owner=owner,
+            prompt_text=ref_text,
             instruct_text=body.instructions,
             source_audio=source,
             language=body.language,
@@ -167,18 +170,32 @@ async def build_request(ctx: ApiContext, body: SpeechRequest) -> SynthesisReques
         raise ApiError(422, str(err), code="invalid_value") from err
 
 
-def check_mode_inputs(body: SpeechRequest, mode: Mode) -> None:
+def check_mode_inputs(body: SpeechRequest, mode: Mode, has_asr: bool = False) -> None:
     if mode == Mode.VC and not body.source_audio:
         raise ApiError(422, "mode 'vc' needs source_audio", param="source_audio", code="missing_source")
-    if mode == Mode.ZERO_SHOT and body.ref_audio and not body.ref_text.strip():
+    if mode == Mode.ZERO_SHOT and body.ref_audio and not body.ref_text.strip() and not has_asr:
         message = (
-            "zero-shot cloning needs ref_text, the transcript of ref_audio (or use mode 'cross_lingual')"
+            "zero-shot cloning needs ref_text, the transcript of ref_audio (this server has no ASR to make"
+            " it; or use mode 'cross_lingual')"
         )
         raise ApiError(422, message, param="ref_text", code="missing_ref_text")
     if mode == Mode.INSTRUCT and not body.instructions.strip():
         raise ApiError(
             422, "mode 'instruct' needs instructions", param="instructions", code="missing_instructions"
         )
+
+
+async def transcribe_prompt(engine: EngineLike, prompt: Prompt, language: str) -> str:
+    """The prompt's transcript from the server's ASR (a worker thread; synthesis keeps running)."""
+    try:
+        result = await engine.transcribe(prompt, language)
+    except EngineError as err:
+        raise from_engine(err) from err
+    text = str(result.text).strip()
+    if not text:
+        message = "no speech was recognised in ref_audio: send ref_text, its transcript"
+        raise ApiError(422, message, param="ref_text", code="missing_ref_text")
+    return text
 
 
 def base64_payload(value: str, param: str, max_bytes: int) -> bytes:

@@ -1,5 +1,9 @@
 """``/v1/audio/voices``: list, create (multipart: audio + transcript) and delete saved voices.
 
+Every route works in the caller's namespace (``api.auth.require_key`` answers who calls: one per API key):
+a caller lists the examples, the public voices and their own, and deletes only their own. A missing
+transcript is made by the server's ASR when it has one.
+
 An upload is size-checked before it is read, decoded with the engine's own checks (so a bad file is a
 clear 4xx here), written to a temporary file and handed to ``engine.add_voice``, which stores what it
 needs (features, metadata) in its voice library; the temporary file is removed afterwards.
@@ -21,7 +25,7 @@ from api.context import ApiContext
 from api.errors import ApiError
 from api.route import guarded_route
 from api.schemas import VoiceCreated, VoiceDeleted, VoiceInfo, VoiceList
-from api.speech import read_prompt
+from api.speech import read_prompt, transcribe_prompt
 
 MAX_NAME_CHARS = 64
 FORM_SLACK_BYTES = 64 * 1024  # multipart boundaries, headers and the text fields
@@ -29,19 +33,19 @@ FORM_SLACK_BYTES = 64 * 1024  # multipart boundaries, headers and the text field
 
 def routes(ctx: ApiContext) -> APIRouter:
     cap = ctx.limits.max_upload_bytes + ctx.limits.max_text_chars * 4 + FORM_SLACK_BYTES
-    router = APIRouter(
-        route_class=guarded_route(ctx.telemetry, cap), dependencies=[Depends(require_key(ctx.api_key))]
-    )
+    router = APIRouter(route_class=guarded_route(ctx.telemetry, cap))
     engine = ctx.engine
+    # the caller's voice namespace; a default (not Annotated): string annotations cannot see this local
+    owner_dep = Depends(require_key(ctx.api_keys))
 
     @router.get("/v1/audio/voices")
-    async def list_voices() -> VoiceList:
-        voices = [VoiceInfo.of(v) for v in await call(engine.list_voices)]
+    async def list_voices(owner: str = owner_dep) -> VoiceList:
+        voices = [VoiceInfo.of(v) for v in await call(engine.list_voices, owner)]
         return VoiceList(data=voices, voices=[v.id for v in voices])
 
     @router.get("/v1/audio/voices/{voice_id}")
-    async def get_voice(voice_id: str) -> VoiceInfo:
-        for voice in await call(engine.list_voices):
+    async def get_voice(voice_id: str, owner: str = owner_dep) -> VoiceInfo:
+        for voice in await call(engine.list_voices, owner):
             if VoiceInfo.of(voice).id == voice_id:
                 return VoiceInfo.of(voice)
         raise ApiError(404, f"no saved voice {voice_id!r}", param="voice_id", code="voice_not_found")
@@ -52,14 +56,15 @@ def routes(ctx: ApiContext) -> APIRouter:
         ref_text: Annotated[str, Form()] = "",
         audio_sample: Annotated[UploadFile | None, File()] = None,
         file: Annotated[UploadFile | None, File()] = None,  # the field name many clients use
+        owner: str = owner_dep,
     ) -> JSONResponse:
         upload = audio_sample or file
-        voice = await save_voice(ctx, name, ref_text, upload)
+        voice = await save_voice(ctx, name, ref_text, upload, owner)
         return JSONResponse(VoiceCreated(voice=VoiceInfo.of(voice)).model_dump(), status_code=201)
 
     @router.delete("/v1/audio/voices/{voice_id}")
-    async def delete_voice(voice_id: str) -> VoiceDeleted:
-        await call(engine.delete_voice, voice_id)
+    async def delete_voice(voice_id: str, owner: str = owner_dep) -> VoiceDeleted:
+        await call(engine.delete_voice, voice_id, owner)
         return VoiceDeleted(id=voice_id)
 
     return router
@@ -77,8 +82,8 @@ def check_form(ctx: ApiContext, name: str, ref_text: str, upload: UploadFile | N
         raise ApiError(
             422, f"name must have 1-{MAX_NAME_CHARS} characters", param="name", code="invalid_name"
         )
-    if not ref_text.strip():
-        message = "ref_text (the transcript of the audio) is required: zero-shot cloning needs it"
+    if not ref_text.strip() and not ctx.engine.asr_model:
+        message = "ref_text (the transcript of the audio) is required: this server has no ASR to make it"
         raise ApiError(422, message, param="ref_text", code="missing_ref_text")
     if len(ref_text) > ctx.limits.max_text_chars:
         raise ApiError(413, f"ref_text is over {ctx.limits.max_text_chars} characters", param="ref_text")
@@ -90,17 +95,18 @@ def check_form(ctx: ApiContext, name: str, ref_text: str, upload: UploadFile | N
     return upload
 
 
-async def save_voice(ctx: ApiContext, name: str, ref_text: str, upload: UploadFile | None) -> Any:
+async def save_voice(ctx: ApiContext, name: str, ref_text: str, upload: UploadFile | None, owner: str) -> Any:
     upload = check_form(ctx, name, ref_text, upload)
     data = await upload.read(ctx.limits.max_upload_bytes + 1)
     if len(data) > ctx.limits.max_upload_bytes:
         raise ApiError(
             413, "audio_sample is over the upload limit", param="audio_sample", code="upload_too_large"
         )
-    await anyio.to_thread.run_sync(read_prompt, data, ctx, "audio_sample")  # validate before storing
+    prompt = await anyio.to_thread.run_sync(read_prompt, data, ctx, "audio_sample")  # validate first
+    ref_text = ref_text.strip() or await transcribe_prompt(ctx.engine, prompt, "auto")
     suffix = os.path.splitext(upload.filename or "")[1][:8] or ".wav"
     with tempfile.TemporaryDirectory(prefix="cosystream-voice-") as tmp:
         path = os.path.join(tmp, f"prompt{suffix}")
         with open(path, "wb") as f:
             f.write(data)
-        return await call(ctx.engine.add_voice, name.strip(), path, ref_text.strip())
+        return await call(ctx.engine.add_voice, name.strip(), path, ref_text, owner)

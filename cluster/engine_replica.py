@@ -41,6 +41,8 @@ class EngineInfo:
     family: str
     sample_rate: int
     instruct_presets: tuple[str, ...]
+    asr_model: str | None = None  # the replicas' Whisper, None when transcription is off
+    examples: tuple[Any, ...] = ()  # the example voices (``ExampleVoice``), the same files on every host
 
 
 def board_actor(name: str, stale_s: float) -> Any:
@@ -86,8 +88,14 @@ class EngineReplica:
                 yield chunk
 
     def info(self) -> EngineInfo:
-        presets = tuple(self.engine.instruct_presets())
-        return EngineInfo(self.engine.model_name, self.engine.family, self.engine.sample_rate, presets)
+        eng = self.engine
+        presets, examples = tuple(eng.instruct_presets()), tuple(eng.example_voices())
+        return EngineInfo(eng.model_name, eng.family, eng.sample_rate, presets, eng.asr_model, examples)
+
+    async def transcribe(self, audio: Any, language: str | None = None) -> Any:
+        """``audio`` as for ``add_voice``; the engine's Whisper runs in its worker thread."""
+        with local_audio(audio) as local:
+            return await self.engine.transcribe(local, language)
 
     async def add_voice(self, name: str, audio: Any, prompt_text: str, *args: Any) -> Any:
         """``audio`` is a ``ShippedFile`` from the ingress's host or decoded audio; ``args`` pass through

@@ -45,6 +45,7 @@ class RemoteEngine:
         self.streams = handle.options(stream=True)  # shares the handle's router: one queue, one view of load
         self.model_name, self.family, self.sample_rate = info.model_name, info.family, info.sample_rate
         self.presets = list(info.instruct_presets)
+        self.asr_model, self.examples = info.asr_model, list(info.examples)
         self._reports: list[ReplicaReport] = []
         self._calls: set[_Call] = set()
         self._watcher: asyncio.Task[None] | None = None
@@ -127,6 +128,13 @@ class RemoteEngine:
 
     async def list_voices(self, *args: Any) -> Any:
         return await _call(lambda: self.handle.list_voices.remote(*args))
+
+    def example_voices(self) -> list[Any]:
+        return list(self.examples)
+
+    async def transcribe(self, audio: Any, language: str | None = None) -> Any:
+        shipped = await asyncio.to_thread(ship_audio, audio)
+        return await _call(lambda: self.handle.transcribe.remote(shipped, language))
 
     async def delete_voice(self, voice_id: str, *args: Any) -> Any:
         return await _call(lambda: self.handle.delete_voice.remote(voice_id, *args))

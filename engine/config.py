@@ -149,6 +149,10 @@ class EngineConfig:
     llm_variant: str = "base"  # "rl" loads llm.rl.pt when present
     cache_dir: str | None = None
     voices_dir: str | None = None
+    examples_dir: str | None = None  # example voices (name.wav + name.txt); None: the repo's assets/voices
+    # Whisper for prompt transcription: "auto" (large-v3-turbo on a GPU, small on CPU), a Hugging Face id
+    # or a local dir, "none" (the library default; app.py and the CLI default to "auto")
+    asr_model: str = "none"
     gpu_memory_utilization: float = 0.3
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     # also v3's non-final HiFT calls (with cuda_graphs; eager they are launch-bound, 46-55 ms a call on the
@@ -197,6 +201,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not self.model:
             raise ValueError("model must name a directory or a hub id")
+        if not self.asr_model:
+            raise ValueError("asr_model must be 'auto', 'none', a Hugging Face id or a local dir")
         if self.flow_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"flow_dtype must be float32 or bfloat16, got {self.flow_dtype!r}")
         if not 0.0 <= self.graph_warmup_s <= 300.0:

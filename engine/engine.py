@@ -22,7 +22,8 @@ import torch
 
 from engine import device as devices
 from engine.admission import Admission
-from engine.audio import AudioLimits
+from engine.asr import Transcriber, Transcript, model_choice
+from engine.audio import AudioInput, AudioLimits
 from engine.checkpoint import LoadedModel, load_model
 from engine.compiled_estimator import use_compile_cache
 from engine.config import EngineConfig
@@ -46,7 +47,7 @@ from engine.text import TextFrontend, instruct_presets, load_tokenizer
 from engine.text_pool import TextPool, text_job
 from engine.text_stream import Prefetch, text_pieces, token_pieces
 from engine.token2wav import Token2Wav, Utterance
-from engine.voices import Voice, VoiceLibrary
+from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,11 @@ class TTSEngine:
         voices: VoiceLibrary,
         hift_graphs: GraphedHiFT | None = None,
         text_pool: TextPool | None = None,
+        asr: Transcriber | None = None,
     ):
         self.cfg, self.model, self.frontend, self.text = cfg, model, frontend, text
         self.text_pool = text_pool or TextPool(text, 0)
-        self.backend, self.voices = backend, voices
+        self.backend, self.voices, self.asr = backend, voices, asr
         self.family, self.sample_rate = model.family, 24000
         self.model_name = str(model.model_dir.name)
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
@@ -112,14 +114,17 @@ class TTSEngine:
         # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
         _precapture(model.flow.decoder, vocoder, cfg, dev)
-        voices = VoiceLibrary(Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices", model.family)
+        root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
+        voices = VoiceLibrary(root, model.family, load_examples(cfg.examples_dir))
+        asr_name = model_choice(cfg.asr_model, dev)
+        asr = Transcriber.load(asr_name, dev) if asr_name else None
         workers = cfg.text_workers
         if workers is None:
             workers = 4 if devices.is_accelerator(dev) else 0
         pool = TextPool(text, workers, files.qwen)
         pool.start()
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
-        return cls(cfg, model, frontend, text, backend, voices, vocoder, pool)
+        return cls(cfg, model, frontend, text, backend, voices, vocoder, pool, asr)
 
     async def warmup(self) -> None:
         """One short synthesis so the first user does not pay for lazy initialisation."""
@@ -366,17 +371,35 @@ class TTSEngine:
             yield pcm
 
     # ------------------------------------------------------------------ voices
-    def add_voice(self, name: str, prompt_wav: str | tuple[np.ndarray, int], prompt_text: str) -> Voice:
+    def add_voice(
+        self, name: str, prompt_wav: str | tuple[np.ndarray, int], prompt_text: str, owner: str | None = None
+    ) -> Voice:
+        """Save a voice for ``owner`` (a browser id or API key; None: a public voice, the operator's)."""
         if not prompt_text.strip():
             raise InvalidInput("a saved voice needs the transcript of its prompt audio")
         features = self.frontend.extract(prompt_wav, trim=True)
-        return self.voices.add(name, features, prompt_text.strip(), self.family, preview=prompt_wav)
+        return self.voices.add(name, features, prompt_text.strip(), self.family, prompt_wav, owner)
 
-    def list_voices(self) -> list[Voice]:
-        return self.voices.list()
+    def list_voices(self, owner: str | None = None) -> list[Voice]:
+        """The examples, the public voices and ``owner``'s own."""
+        return self.voices.list(owner)
 
-    def delete_voice(self, voice_id: str) -> None:
-        self.voices.delete(voice_id)
+    def delete_voice(self, voice_id: str, owner: str | None = None) -> None:
+        self.voices.delete(voice_id, owner)
+
+    @property
+    def asr_model(self) -> str | None:
+        """The loaded Whisper's name, None when transcription is off."""
+        return self.asr.name if self.asr is not None else None
+
+    async def transcribe(self, audio: AudioInput, language: str | None = None) -> Transcript:
+        """The prompt's text and language, computed in a worker thread (synthesis keeps running)."""
+        if self.asr is None:
+            raise InvalidInput("transcription is off on this server (--asr-model none): type the transcript")
+        return await asyncio.to_thread(self.asr.transcribe, audio, language)
+
+    def example_voices(self) -> list[ExampleVoice]:
+        return list(self.voices.examples.values())
 
 
 def _ids(ids: list[int]) -> torch.Tensor:

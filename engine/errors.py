@@ -33,6 +33,12 @@ class NotFound(InvalidInput):
     status = 404
 
 
+class Forbidden(InvalidInput):
+    """The caller may not do this to that thing (delete a public or example voice): HTTP 403."""
+
+    status = 403
+
+
 class Busy(EngineError):
     """No capacity now; try again after ``retry_after_s``: HTTP 429 (queue full) or 503 (not ready)."""
 

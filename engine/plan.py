@@ -117,7 +117,10 @@ class Planner:
     def _prompt(self, req: SynthesisRequest, trim: bool) -> tuple[PromptFeatures, str]:
         """The voice's features and transcript: a saved voice, or the request's prompt audio."""
         if req.voice_id is not None and req.prompt_wav is None and req.prompt_audio is None:
-            voice, features = self.voices.get(req.voice_id)
+            example = self.voices.example(req.voice_id, req.voice_owner)
+            if example is not None:  # a recording in assets/: its features are cached by the frontend
+                return self.frontend.extract(str(example.wav), trim=trim), example.transcript
+            voice, features = self.voices.get(req.voice_id, req.voice_owner)
             self._check_family(voice)
             return features, voice.prompt_text
         source = req.prompt_audio if req.prompt_audio is not None else req.prompt_wav

@@ -31,9 +31,11 @@ class SynthesisRequest:
 
     ``prompt_audio`` is (samples float32 mono in [-1, 1], sample rate Hz) when the caller already decoded it.
     ``source_wav`` is the speech to convert in ``vc`` mode. ``speed`` is a playback-rate factor (1.0 = as
-    generated). ``seed`` None draws a fresh seed which the engine reports back in the metrics.
-    ``text_stream``, when given, replaces ``text``: the text arrives in pieces as it is written (bistream
-    decoding; the time to first audio counts from the first piece).
+    generated). ``voice_owner`` is the browser id or API key whose private voices ``voice_id`` may name;
+    ``voice_id`` may also be an example voice or a stock OpenAI name. ``seed`` None draws a fresh seed
+    which the engine reports back in the metrics. ``text_stream``, when given, replaces ``text``: the text
+    arrives in pieces as it is written (bistream decoding; the time to first audio counts from the first
+    piece).
     """
 
     text: str = ""
@@ -41,6 +43,7 @@ class SynthesisRequest:
     prompt_wav: str | None = None
     prompt_audio: tuple[np.ndarray, int] | None = field(default=None, compare=False, repr=False)
     voice_id: str | None = None
+    voice_owner: str | None = None  # whose saved voices voice_id may name (None: the public ones only)
     prompt_text: str = ""
     instruct_text: str = ""
     source_wav: str | None = None

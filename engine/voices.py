@@ -1,5 +1,11 @@
 """Saved voices on disk: ``<root>/<id>/`` holds features.npz, meta.json and prompt.wav (a preview).
 
+Public voices (the operator's) live at the root; a visitor's private voices live under
+``<root>/_owners/<sha256(owner)[:32]>/<id>/`` (the owner string, a browser id or an API key, is never
+written to disk). An owner sees the public voices and their own; nobody else's. Example voices are
+``name.wav`` + ``name.txt`` pairs in an assets folder: public and read-only, their features are extracted
+on use (the frontend caches them by content hash). Stock OpenAI voice names map onto the examples.
+
 An entry is built in a hidden temporary directory and renamed into place, so a crash leaves either a whole
 voice or none; deletion renames it away before removing it. The voice id is the directory name, a slug of
 the display name. Features are family-specific (the v2 and v3 speech tokenizers differ), so voices saved
@@ -8,6 +14,7 @@ with another family are listed but flagged, and ``get`` refuses them.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import json
@@ -28,7 +35,7 @@ import numpy as np
 
 from engine import audio as audio_io
 from engine.audio import AudioInput
-from engine.errors import InvalidInput, NotFound
+from engine.errors import Forbidden, InvalidInput, NotFound
 from engine.frontend import PromptFeatures
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,16 @@ FEATURES, META, PREVIEW = "features.npz", "meta.json", "prompt.wav"
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
 _TMP, _TRASH = ".tmp-", ".trash-"
 _FORMAT = 1
+OWNERS = "_owners"  # not a valid id (underscore), so the public listing never shows it
+MAX_OWNER_CHARS = 256
+DEFAULT_EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "assets" / "voices"
+EXAMPLE_LANGUAGES = ("zh", "en", "ja", "ko", "yue")  # a file name "<lang>-<name>.wav" sets the language
+# Stock OpenAI voice names -> example voice ids (assets/voices), so a stock client works with no set-up.
+OPENAI_VOICES: dict[str, str] = {
+    "alloy": "en-amy", "ash": "en-ben", "ballad": "en-ben", "coral": "en-amy", "echo": "en-ben",
+    "fable": "en-amy", "onyx": "en-ben", "nova": "zh-lan", "sage": "zh-lan", "shimmer": "ja-yuki",
+    "verse": "ko-minji", "marin": "yue-wing", "cedar": "en-ben",
+}  # fmt: skip
 _PREVIEW_LIMITS = audio_io.AudioLimits(max_seconds=60.0, min_rms=0.0)
 
 
@@ -53,14 +70,79 @@ class Voice:
     duration_s: float
     created_at: float  # unix seconds
     compatible: bool = True
+    public: bool = True  # False: one owner's private voice
+    example: bool = False  # an assets/ example: read-only, features extracted on use
+
+
+@dataclass(frozen=True)
+class ExampleVoice:
+    """A public example voice: a short recording and its transcript, in a known language (or "auto")."""
+
+    id: str
+    name: str
+    language: str
+    wav: Path
+    transcript: str
+
+    def as_voice(self, family: str) -> Voice:
+        return Voice(self.id, self.name, self.transcript, family, 0.0, 0.0, public=True, example=True)
+
+
+def load_examples(root: str | os.PathLike[str] | None = None) -> list[ExampleVoice]:
+    """Every ``name.wav`` with a ``name.txt`` beside it, sorted by id; a pair that cannot be read is
+    skipped with a warning (an operator's typo must not stop the server)."""
+    folder = Path(root) if root is not None else DEFAULT_EXAMPLES_DIR
+    if not folder.is_dir():
+        return []
+    examples = []
+    for wav in sorted(folder.glob("*.wav")):
+        try:
+            examples.append(_example(wav))
+        except (OSError, ValueError, InvalidInput) as err:
+            log.warning("skipping example voice %s: %s", wav, err)
+    return examples
+
+
+def _example(wav: Path) -> ExampleVoice:
+    transcript = _validate_prompt_text(wav.with_suffix(".txt").read_text(encoding="utf-8").strip())
+    if not transcript:
+        raise ValueError("its transcript is empty")
+    name = validate_name(wav.stem)
+    prefix = name.split("-", 1)[0].lower()
+    language = prefix if prefix in EXAMPLE_LANGUAGES else "auto"
+    return ExampleVoice(slugify(name), name, language, wav, transcript)
+
+
+def check_owner(owner: str | None) -> str | None:
+    """An owner is an opaque non-empty string (a browser id, an API key); None is the operator."""
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or not owner or len(owner) > MAX_OWNER_CHARS:
+        raise InvalidInput(f"voice owner must be a string of 1-{MAX_OWNER_CHARS} characters")
+    return owner
+
+
+def owner_dir_name(owner: str) -> str:
+    """The owner's folder: a hash, so no key or browser id is stored in clear on disk."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:32]
 
 
 class VoiceLibrary:
-    """Thread-safe store of saved voices under ``root_dir`` for a model ``family`` (None = accept all)."""
+    """Thread-safe store of saved voices under ``root_dir`` for a model ``family`` (None = accept all).
 
-    def __init__(self, root_dir: str | os.PathLike[str], family: str | None = None):
+    Every method takes ``owner``: None is the operator (the public voices), a string is one visitor's
+    namespace. ``examples`` are the read-only public example voices (``load_examples``).
+    """
+
+    def __init__(
+        self,
+        root_dir: str | os.PathLike[str],
+        family: str | None = None,
+        examples: list[ExampleVoice] | None = None,
+    ):
         self.root = Path(root_dir).expanduser()
         self.family = family
+        self.examples = {e.id: e for e in examples or []}
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._sweep_leftovers()
@@ -72,10 +154,13 @@ class VoiceLibrary:
         prompt_text: str = "",
         family: str | None = None,
         preview: AudioInput | None = None,
+        owner: str | None = None,
     ) -> Voice:
-        """Save a voice; its id is a slug of ``name`` made unique with -2, -3 ..."""
+        """Save a voice in ``owner``'s namespace (None: public); its id is a slug of ``name`` made unique
+        with -2, -3 ... among the voices that owner can see."""
         name = validate_name(name)
         prompt_text = _validate_prompt_text(prompt_text)
+        folder = self._folder(check_owner(owner), create=True)
         family = family or features.family
         if family != features.family:
             raise InvalidInput(f"features were extracted for {features.family}, not {family}")
@@ -85,31 +170,31 @@ class VoiceLibrary:
             "created_at": time.time(),
             "content_hash": features.content_hash,
         }
-        staging = Path(tempfile.mkdtemp(prefix=_TMP, dir=self.root))
+        staging = Path(tempfile.mkdtemp(prefix=_TMP, dir=folder))
         try:
             _write_entry(staging, meta, features, preview)
-            voice_id = self._publish(staging, slugify(name))
+            voice_id = self._publish(staging, folder, slugify(name))
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        log.info("saved voice %s (%r, %s)", voice_id, name, family)
-        return self._voice(voice_id, meta)
+        scope = "public" if owner is None else "private"
+        log.info("saved voice %s (%r, %s, %s)", voice_id, name, family, scope)
+        return self._voice(voice_id, meta, public=owner is None)
 
-    def list(self) -> list[Voice]:
-        """Every readable voice, sorted by name; a damaged entry is skipped with a warning."""
-        voices = []
-        for entry in _entries(self.root):
-            try:
-                voices.append(self._voice(entry.name, _read_meta(entry)))
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                log.warning("skipping damaged voice entry %s: %s", entry, err)
-        return sorted(voices, key=lambda v: (v.name.casefold(), v.id))
+    def list(self, owner: str | None = None) -> list[Voice]:
+        """What ``owner`` may use: the examples, the public voices and their own, sorted by name."""
+        voices = [e.as_voice(self.family or "") for e in self.examples.values()]
+        voices += self._list(self.root, public=True)
+        if check_owner(owner) is not None:
+            voices += self._list(self._folder(owner), public=False)
+        return sorted(voices, key=lambda v: (v.name.casefold(), v.public, v.id))
 
-    def get(self, voice_id: str) -> tuple[Voice, PromptFeatures]:
-        """The voice and its features; InvalidInput when it belongs to another family, NotFound if absent."""
-        entry = self._entry(voice_id)
+    def get(self, voice_id: str, owner: str | None = None) -> tuple[Voice, PromptFeatures]:
+        """The voice and its features, the owner's own first, then the public one; InvalidInput when it
+        belongs to another family, NotFound when absent (or another owner's: nobody learns it exists)."""
+        entry, public = self._find(voice_id, check_owner(owner))
         try:
-            voice = self._voice(voice_id, _read_meta(entry))
+            voice = self._voice(voice_id, _read_meta(entry), public)
             features = _read_features(entry / FEATURES)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise NotFound(
@@ -123,44 +208,90 @@ class VoiceLibrary:
             )
         return voice, features
 
-    def delete(self, voice_id: str) -> None:
-        """Remove a voice (rename away first, so readers never see half an entry)."""
+    def example(self, voice_id: str, owner: str | None = None) -> ExampleVoice | None:
+        """The example ``voice_id`` (or the stock OpenAI name) names, unless a saved voice the owner can
+        see has that id (saved voices win, so an operator can rebind ``alloy``)."""
+        if not isinstance(voice_id, str):
+            return None
+        key = OPENAI_VOICES.get(voice_id.lower(), voice_id)
+        if key not in self.examples:
+            return None
+        try:
+            self._find(voice_id, check_owner(owner))
+        except (NotFound, InvalidInput):
+            return self.examples[key]
+        return None
+
+    def delete(self, voice_id: str, owner: str | None = None) -> None:
+        """Remove one of ``owner``'s voices (None: a public one). Examples and, for a visitor, public
+        voices are read-only (Forbidden); another owner's voice is NotFound."""
+        owner = check_owner(owner)
+        if voice_id in self.examples:
+            raise Forbidden(
+                f"{voice_id!r} is an example voice: remove its files from the assets folder", field="voice_id"
+            )
         with self._lock:
-            entry = self._entry(voice_id)
-            trash = self.root / f"{_TRASH}{voice_id}-{uuid.uuid4().hex[:8]}"
+            entry, public = self._find(voice_id, owner)
+            if public and owner is not None:
+                raise Forbidden(
+                    f"voice {voice_id!r} is public: only the operator can delete it", field="voice_id"
+                )
+            trash = entry.parent / f"{_TRASH}{voice_id}-{uuid.uuid4().hex[:8]}"
             os.rename(entry, trash)
         shutil.rmtree(trash, ignore_errors=True)
         log.info("deleted voice %s", voice_id)
 
-    def preview_path(self, voice_id: str) -> Path | None:
+    def preview_path(self, voice_id: str, owner: str | None = None) -> Path | None:
         """The stored prompt.wav, if the voice has one."""
-        path = self._entry(voice_id) / PREVIEW
+        path = self._find(voice_id, check_owner(owner))[0] / PREVIEW
         return path if path.is_file() else None
 
     # ------------------------------------------------------------------------------------------ internals
 
-    def _publish(self, staging: Path, slug: str) -> str:
-        """Rename the complete staging directory to the first free id; the rename is the commit point."""
+    def _folder(self, owner: str | None, create: bool = False) -> Path:
+        if owner is None:
+            return self.root
+        folder = self.root / OWNERS / owner_dir_name(owner)
+        if create:
+            folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _find(self, voice_id: str, owner: str | None) -> tuple[Path, bool]:
+        """(entry folder, is public): the owner's own entry first, then the public one."""
+        if not isinstance(voice_id, str) or not _ID.match(voice_id):
+            raise InvalidInput(
+                f"invalid voice id {voice_id!r} (lowercase letters, digits and '-')", field="voice_id"
+            )
+        if owner is not None and (self._folder(owner) / voice_id).is_dir():
+            return self._folder(owner) / voice_id, False
+        if (self.root / voice_id).is_dir():
+            return self.root / voice_id, True
+        raise NotFound(f"no saved voice with id {voice_id!r}", field="voice_id")
+
+    def _list(self, folder: Path, public: bool) -> builtins.list[Voice]:
+        voices = []
+        for entry in _entries(folder):
+            try:
+                voices.append(self._voice(entry.name, _read_meta(entry), public))
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("skipping damaged voice entry %s: %s", entry, err)
+        return voices
+
+    def _publish(self, staging: Path, folder: Path, slug: str) -> str:
+        """Rename the complete staging directory to the first free id; the rename is the commit point.
+        Ids taken publicly or by an example are skipped too, so an owner's ids never shadow them."""
         with self._lock:
             for n in range(1, 10_000):
                 voice_id = slug if n == 1 else f"{slug}-{n}"
-                if (self.root / voice_id).exists():
+                taken = (folder / voice_id).exists() or (self.root / voice_id).exists()
+                if taken or voice_id in self.examples:
                     continue
-                os.rename(staging, self.root / voice_id)
-                _fsync_dir(self.root)
+                os.rename(staging, folder / voice_id)
+                _fsync_dir(folder)
                 return voice_id
         raise InvalidInput(f"too many voices named like {slug!r}")
 
-    def _entry(self, voice_id: str) -> Path:
-        if not isinstance(voice_id, str) or not _ID.match(voice_id):
-            message = f"invalid voice id {voice_id!r} (lowercase letters, digits and '-')"
-            raise InvalidInput(message, field="voice_id")
-        entry = self.root / voice_id
-        if not entry.is_dir():
-            raise NotFound(f"no saved voice with id {voice_id!r}", field="voice_id")
-        return entry
-
-    def _voice(self, voice_id: str, meta: dict[str, Any]) -> Voice:
+    def _voice(self, voice_id: str, meta: dict[str, Any], public: bool = True) -> Voice:
         family = str(meta["family"])
         return Voice(
             id=voice_id,
@@ -170,18 +301,25 @@ class VoiceLibrary:
             duration_s=float(meta["duration_s"]),
             created_at=float(meta["created_at"]),
             compatible=self.family is None or family == self.family,
+            public=public,
         )
 
     def _sweep_leftovers(self) -> None:
-        """Staging/trash directories left by a crash are garbage: remove them."""
-        for path in self.root.iterdir():
-            if path.is_dir() and path.name.startswith((_TMP, _TRASH)):
-                log.warning("removing leftover %s", path)
-                shutil.rmtree(path, ignore_errors=True)
+        """Staging/trash directories left by a crash are garbage: remove them (every namespace)."""
+        owners = self.root / OWNERS
+        folders = [self.root, *(p for p in owners.iterdir() if p.is_dir())] if owners.is_dir() else []
+        folders = folders or [self.root]
+        for folder in folders:
+            for path in folder.iterdir():
+                if path.is_dir() and path.name.startswith((_TMP, _TRASH)):
+                    log.warning("removing leftover %s", path)
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _entries(root: Path) -> list[Path]:
-    """Voice directories (hidden staging/trash directories never match the id pattern)."""
+    """Voice directories (hidden staging/trash directories and ``_owners`` never match the id pattern)."""
+    if not root.is_dir():
+        return []
     return [p for p in root.iterdir() if p.is_dir() and _ID.match(p.name)]
 
 

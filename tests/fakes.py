@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.errors import InvalidInput, NotFound
+from engine.asr import Transcript
+from engine.errors import Forbidden, InvalidInput, NotFound
 from engine.metrics import ServerStats, Stopwatch
 from engine.request import AudioChunk, Mode, SynthesisRequest
 
@@ -26,6 +27,7 @@ class FakeVoice:
     prompt_text: str
     duration_s: float = 3.0
     created_at: float = field(default_factory=time.time)
+    public: bool = True
 
 
 class FakeEngine:
@@ -38,7 +40,9 @@ class FakeEngine:
         self.active: dict[str, asyncio.Event] = {}
         self.aborted: list[str] = []
         self.completed = 0
-        self.voices: dict[str, FakeVoice] = {}
+        self.voices: dict[tuple[str | None, str], FakeVoice] = {}  # (owner, id); owner None = public
+        self.asr_model: str | None = "fake-whisper"
+        self.transcripts: list[str] = []  # the language each transcribe() call was given
         self.ready = True
         self.healthy = True
 
@@ -48,7 +52,7 @@ class FakeEngine:
     def check(self, req: SynthesisRequest) -> None:
         if req.mode != Mode.VC and not req.text.strip():
             raise InvalidInput("text is empty", field="text")
-        if req.voice_id is not None and req.voice_id not in self.voices:
+        if req.voice_id is not None and self._find(req.voice_id, req.voice_owner) is None:
             raise NotFound(f"no saved voice {req.voice_id!r}", field="voice_id")
         if (
             req.mode != Mode.VC
@@ -100,14 +104,36 @@ class FakeEngine:
     def stats(self) -> ServerStats:
         return ServerStats(active_streams=len(self.active), completed=self.completed)
 
-    def add_voice(self, name: str, prompt_wav: str, prompt_text: str) -> FakeVoice:
-        voice = FakeVoice(id=name, name=name, prompt_text=prompt_text)
-        self.voices[voice.id] = voice
+    def _find(self, voice_id: str, owner: str | None) -> FakeVoice | None:
+        return self.voices.get((owner, voice_id)) or self.voices.get((None, voice_id))
+
+    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, owner: str | None = None) -> FakeVoice:
+        voice_id = name.lower()
+        while self._find(voice_id, owner) is not None:  # the real library's -2, -3 ... suffixes
+            voice_id += "-2"
+        voice = FakeVoice(id=voice_id, name=name, prompt_text=prompt_text, public=owner is None)
+        self.voices[(owner, voice.id)] = voice
         return voice
 
-    def list_voices(self) -> list[FakeVoice]:
-        return sorted(self.voices.values(), key=lambda v: v.name)
+    def list_voices(self, owner: str | None = None) -> list[FakeVoice]:
+        mine = [v for (o, _), v in self.voices.items() if o is None or (owner is not None and o == owner)]
+        return sorted(mine, key=lambda v: (v.name.casefold(), v.public, v.id))  # as the real library
 
-    def delete_voice(self, voice_id: str) -> None:
-        if self.voices.pop(voice_id, None) is None:
+    def delete_voice(self, voice_id: str, owner: str | None = None) -> None:
+        if (owner, voice_id) in self.voices:
+            del self.voices[(owner, voice_id)]
+        elif (None, voice_id) in self.voices:
+            raise Forbidden(
+                f"voice {voice_id!r} is public: only the operator can delete it", field="voice_id"
+            )
+        else:
             raise NotFound(f"no saved voice {voice_id!r}", field="voice_id")
+
+    def example_voices(self) -> list[object]:
+        return []
+
+    async def transcribe(self, audio: object, language: str | None = None) -> Transcript:
+        if self.asr_model is None:
+            raise InvalidInput("transcription is off on this server (--asr-model none): type the transcript")
+        self.transcripts.append(language or "auto")
+        return Transcript("fake transcript", "en" if language in (None, "auto") else language, 3.0)

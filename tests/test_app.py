@@ -23,20 +23,20 @@ from tests.fakes import FakeEngine
 def test_defaults() -> None:
     args = app.parse_args([])
     assert (args.model, args.host, args.port, args.ui_lang, args.share) == (
-        DEFAULT_MODEL, "127.0.0.1", 7860, "zh", False,
+        DEFAULT_MODEL, "127.0.0.1", 7860, "auto", False,
     )  # fmt: skip
-    assert app.engine_config(args) == EngineConfig()
+    assert app.engine_config(args) == EngineConfig(asr_model="auto")  # the library's default is "none"
 
 
 def test_flags_reach_the_engine_config() -> None:
     args = app.parse_args(
         ["--model", "demo-tiny", "--device", "cpu", "--backend", "native", "--max-concurrency", "4",
-         "--ui-lang", "en", "--port", "9000", "--api-key", "k"]
+         "--ui-lang", "en", "--port", "9000", "--api-key", "k", "--api-key", "k2", "--asr-model", "none"]
     )  # fmt: skip
     cfg = app.engine_config(args)
     assert (cfg.model, cfg.device, cfg.backend) == ("demo-tiny", "cpu", "native")
     assert cfg.limits == Limits(max_concurrency=4)
-    assert (args.ui_lang, args.port, args.api_key) == ("en", 9000, "k")
+    assert (args.ui_lang, args.port, args.api_key, cfg.asr_model) == ("en", 9000, ["k", "k2"], "none")
     assert cfg.stream.fast_start is None  # auto, as StreamConfig
     assert app.engine_config(app.parse_args(["--fast-start", "auto"])).stream.fast_start is None
     assert app.engine_config(app.parse_args(["--fast-start", "off"])).stream.fast_start is False
@@ -218,3 +218,18 @@ def test_the_url_is_logged_once_the_port_listens() -> None:
         app.log.removeHandler(probe)
         app.log.setLevel(level)
     assert len(connected) == 1 and "(model fake)" in connected[0], connected
+
+
+def test_api_keys_put_the_studio_behind_a_login() -> None:
+    """With keys, Gradio's own routes refuse a visitor until they log in with one of the keys."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(app.create_app(FakeEngine(), ui_lang="en", api_key=["k1", "k2"])) as client:
+        assert client.get("/config").status_code == 401
+        assert client.post("/login", data={"username": "anyone", "password": "nope"}).status_code == 400
+        assert client.post("/login", data={"username": "anyone", "password": "k2"}).status_code == 200
+        assert client.get("/config").status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
+        assert client.get("/v1/models").status_code == 401
+    with TestClient(app.create_app(FakeEngine(), ui_lang="en", api_key="")) as client:
+        assert client.get("/config").status_code == 200  # no keys: an open demo

@@ -3,19 +3,26 @@
 ``Studio`` holds what the listeners share (engine, limits, labels, the live-PCM hub, the audio store); its
 methods are the listener functions ``layout.py`` wires up. Input checks that need only the UI's values
 happen here so a bad input fails before it queues for the GPU; everything else is the engine's to judge and
-comes back as an ``engine.errors`` exception, shown as ``gr.Error`` with the engine's message. This is the
-only module that raises ``gr.Error``.
+comes back as an ``engine.errors`` exception, shown as a translated ``gr.Error``. This is the only module
+that raises ``gr.Error``.
+
+Languages: ``Studios`` holds one ``Studio`` per UI language (sharing the server panel's samples and the
+stopped-request ids) and hands each event to the one its request's Accept-Language picks (or the forced
+``--ui-lang``). Voice ownership: the browser sends its random id (kept in localStorage, ``OWNER_JS``) with
+every voice event; the studio saves, lists and deletes in that id's namespace only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import logging
 import random
+import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -24,19 +31,33 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import Limits
-from engine.errors import Busy, EngineError
+from engine.errors import Busy, EngineError, Forbidden, InvalidInput, NotFound
 from engine.metrics import RequestMetrics, ServerStats
 from engine.request import AudioChunk, Mode, SynthesisRequest, new_request_id
 from webui import views
 from webui.live_text import LiveTexts
 from webui.stream_route import RID, AudioStore, StreamHub
-from webui.texts import Texts
+from webui.texts import EXAMPLES, LANGUAGES, UI_LANGS, Texts, browser_lang
 
 log = logging.getLogger(__name__)
 
 UI_MODES = ("zero_shot", "cross_lingual", "instruct", "vc", "voice")  # "voice" = zero-shot with a saved voice
 PROMPT_MIN_S = 3.0  # shorter prompts clone poorly; the engine's own floor (Limits.min_prompt_s) is lower
 MAX_HISTORY = 50
+BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (OWNER_JS)
+STUDIO_OWNER = "studio:"  # keeps browser ids apart from API keys in the voice library
+# Reads the browser's id from localStorage, drawing one on the first visit (never a server-side guess).
+OWNER_JS = """(current) => {
+  const key = "cosystream-browser-id";
+  let id = localStorage.getItem(key);
+  if (!id || !/^[0-9a-f]{32}$/.test(id)) {
+    const bytes = crypto.getRandomValues(new Uint8Array(16));
+    id = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+    localStorage.setItem(key, id);
+  }
+  return id;
+}"""
+SAMPLE_TEXTS = dict(EXAMPLES)  # language -> a text to speak, for the example voices
 
 
 class Engine(Protocol):
@@ -49,9 +70,10 @@ class Engine(Protocol):
     def abort(self, request_id: str) -> bool: ...
     def stats(self) -> ServerStats: ...
     def instruct_presets(self) -> Sequence[Any]: ...
-    def add_voice(self, name: str, prompt_wav: str, prompt_text: str) -> Any: ...
-    def list_voices(self) -> Any: ...  # a Sequence of voices, or a coroutine of one (call_engine)
-    def delete_voice(self, voice_id: str) -> Any: ...
+    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, owner: str | None = None) -> Any: ...
+    def list_voices(self, owner: str | None = None) -> Any: ...  # a Sequence, or a coroutine (call_engine)
+    def delete_voice(self, voice_id: str, owner: str | None = None) -> Any: ...
+    def example_voices(self) -> Sequence[Any]: ...
 
 
 def user_error(message: str) -> gr.Error:
@@ -78,14 +100,30 @@ async def call_engine(fn: Any, *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
+def owner_of(browser_id: str | None) -> str | None:
+    """The voice namespace of a browser id; None (public voices only) for anything not drawn by OWNER_JS."""
+    return STUDIO_OWNER + browser_id if browser_id and BROWSER_ID.match(browser_id) else None
+
+
 class Studio:
-    def __init__(self, engine: Engine, limits: Limits, t: Texts, hub: StreamHub, store: AudioStore):
+    def __init__(
+        self, engine: Engine, limits: Limits, t: Texts, hub: StreamHub, store: AudioStore,
+        random_weights: bool = False,
+    ):  # fmt: skip
         self.engine, self.limits, self.t, self.hub, self.store = engine, limits, t, hub, store
+        self.random_weights = random_weights
+        self.chips: dict[str, str] = {}  # the header's model facts (name, family, rate)
         self.prompt_min_s = max(PROMPT_MIN_S, limits.min_prompt_s)
         self.mode_labels = {m: t(f"mode_{m}") for m in UI_MODES}
         self._samples: deque[tuple[float, float]] = deque(maxlen=90)  # (monotonic s, audio s total)
         self._stopped: OrderedDict[str, None] = OrderedDict()  # request ids Stop was pressed for
         self.live = LiveTexts()  # live-text feeds of running requests
+
+    def in_language(self, t: Texts) -> Studio:
+        """The same studio speaking ``t``'s language (shares the engine, hub, store and per-server state)."""
+        other = copy.copy(self)
+        other.t, other.mode_labels = t, {m: t(f"mode_{m}") for m in UI_MODES}
+        return other
 
     # ---- input checks -------------------------------------------------------------------------------
     def check_prompt(self, path: str | None) -> None:
@@ -109,7 +147,7 @@ class Studio:
     def build_request(
         self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
         voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str, live: bool = False,
+        rid: str, browser_id: str = "", live: bool = False,
     ) -> SynthesisRequest:  # fmt: skip
         """Validate the UI values for ``mode`` and build the engine request (``gr.Error`` on a bad input).
         ``live``: the text comes later, as it is written (it may start empty)."""
@@ -138,6 +176,7 @@ class Studio:
                 mode=Mode.ZERO_SHOT if mode == "voice" else Mode(mode),
                 prompt_wav=None if mode == "voice" else prompt_wav,
                 voice_id=voice_id if mode == "voice" else None,
+                voice_owner=owner_of(browser_id),
                 prompt_text=prompt_text if mode == "zero_shot" else "",
                 instruct_text=instruct_text.strip() if mode == "instruct" else "",
                 source_wav=source_wav if mode == "vc" else None,
@@ -151,15 +190,23 @@ class Studio:
             raise user_error(self.t("err_bad_setting", error=err)) from err
 
     def engine_error(self, err: EngineError) -> gr.Error:
+        """The engine's refusal in the page's language (its own English detail in brackets)."""
         if isinstance(err, Busy):
             return user_error(self.t("err_busy", error=str(err)))
-        return user_error(str(err))
+        if isinstance(err, Forbidden):
+            return user_error(self.t("err_voice_public"))
+        if isinstance(err, NotFound):
+            return user_error(self.t("err_voice_missing"))
+        if isinstance(err, InvalidInput):
+            return user_error(self.t("err_input", error=str(err)))
+        return user_error(self.t("err_failed", error=str(err)))
 
     # ---- generate / stop -----------------------------------------------------------------------------
     async def generate(
         self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
         voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str, history: list[views.HistoryEntry], live: bool = False, wps: float = 4.0,
+        rid: str, history: list[views.HistoryEntry], browser_id: str = "", live: bool = False,
+        wps: float = 4.0,
     ) -> AsyncIterator[tuple[Any, ...]]:  # fmt: skip
         """Yields (final audio, metrics html, status html, history, history html) per chunk, then the file.
 
@@ -172,7 +219,7 @@ class Studio:
         try:  # the browser's player is waiting on rid: a bad input must close it too
             req = self.build_request(
                 mode, prompt_wav, prompt_text, instruct_text, source_wav, voice_id, language, text, stream,
-                speed, seed, rid, live,
+                speed, seed, rid, browser_id, live,
             )  # fmt: skip
         except gr.Error:
             self.hub.close(rid)
@@ -316,36 +363,100 @@ class Studio:
     def pick_preset(preset: str | None) -> Any:
         return preset if preset else gr.skip()
 
-    # ---- saved voices --------------------------------------------------------------------------------
-    async def voice_choices(self) -> list[tuple[str, str]]:
-        voices = await call_engine(self.engine.list_voices)
-        return [(str(v.name), str(v.id)) for v in voices]
+    # ---- saved voices (the browser's own, the public ones, the examples) -----------------------------
+    def browser_owner(self, browser_id: str | None) -> str:
+        owner = owner_of(browser_id)
+        if owner is None:
+            raise user_error(self.t("err_no_browser_id"))
+        return owner
 
-    async def voice_dropdown(self) -> Any:
-        return gr.Dropdown(choices=await self.voice_choices())
+    async def voice_choices(self, browser_id: str | None = None) -> list[tuple[str, str]]:
+        voices = await call_engine(self.engine.list_voices, owner_of(browser_id))
+        return views.voice_choices(voices, self.t)
 
-    async def save_voice(self, name: str, prompt_wav: str | None, prompt_text: str) -> tuple[Any, str]:
+    async def voice_dropdown(self, browser_id: str | None = None) -> Any:
+        return gr.Dropdown(choices=await self.voice_choices(browser_id))
+
+    async def browser_voices(self, browser_id: str | None) -> tuple[str, Any]:
+        """On load, after OWNER_JS put the browser's id in the input: (the id for the hidden field, the
+        saved-voice list this browser may use)."""
+        known = browser_id if browser_id and owner_of(browser_id) else ""
+        return known, await self.voice_dropdown(known)
+
+    async def save_voice(
+        self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str = ""
+    ) -> tuple[Any, str]:
+        owner = self.browser_owner(browser_id)
         name = (name or "").strip()
         if not name:
             raise user_error(self.t("err_no_voice_name"))
         self.check_prompt(prompt_wav)
+        text = (prompt_text or "").strip()
         try:
-            voice = await call_engine(self.engine.add_voice, name, prompt_wav, (prompt_text or "").strip())
+            voice = await call_engine(self.engine.add_voice, name, prompt_wav, text, owner)
         except EngineError as err:
             raise self.engine_error(err) from err
-        choices = await self.voice_choices()
+        choices = await self.voice_choices(browser_id)
         note = views.note_html(self.t("saved_as", name=voice.name), "good")
         return gr.Dropdown(choices=choices, value=str(voice.id)), note
 
-    async def delete_voice(self, voice_id: str | None) -> tuple[Any, str]:
+    async def delete_voice(self, voice_id: str | None, browser_id: str = "") -> tuple[Any, str]:
+        owner = self.browser_owner(browser_id)
         if not voice_id:
             raise user_error(self.t("err_no_voice"))
         try:
-            await call_engine(self.engine.delete_voice, voice_id)
+            await call_engine(self.engine.delete_voice, voice_id, owner)
         except EngineError as err:
             raise self.engine_error(err) from err
         note = views.note_html(self.t("deleted", name=voice_id))
-        return gr.Dropdown(choices=await self.voice_choices(), value=None), note
+        return gr.Dropdown(choices=await self.voice_choices(browser_id), value=None), note
+
+    def example_rows(self) -> tuple[list[list[str]], list[str]]:
+        """(rows of prompt wav, transcript, language, a text to speak; their labels) for ``gr.Examples``."""
+        rows, labels = [], []
+        for ex in self.engine.example_voices():
+            language = ex.language if ex.language in LANGUAGES else "auto"
+            text = SAMPLE_TEXTS.get(ex.language, SAMPLE_TEXTS["en"])
+            rows.append([str(ex.wav), ex.transcript, language, text])
+            labels.append(f"{ex.name}")
+        return rows, labels
+
+    # ---- transcription -------------------------------------------------------------------------------
+    async def transcribe(self, path: str | None, language: str) -> tuple[Any, Any, str]:
+        """On upload or recording: (transcript field, language control, prompt note). The detected language
+        is offered to the language control while it is on auto."""
+        if not path:
+            return gr.skip(), gr.skip(), self.prompt_info(path)
+        if not getattr(self.engine, "asr_model", None):
+            return gr.skip(), gr.skip(), views.note_html(self.t("asr_off"))
+        try:
+            result = await self.engine.transcribe(path, None)  # type: ignore[attr-defined]
+        except EngineError as err:
+            note = self.t("transcribe_failed", error=str(err))
+            return gr.skip(), gr.skip(), views.note_html(note, "bad")
+        code = str(result.language)
+        shown = self.t(f"lang_{code}") if code in LANGUAGES else code
+        key = "transcribed_noise" if self.random_weights else "transcribed"
+        offer = code if code in LANGUAGES and (language or "auto") == "auto" else gr.skip()
+        note = self.prompt_info(path) + views.note_html(self.t(key, language=shown), "good")
+        return str(result.text), offer, note
+
+    # ---- the page in the session's language -----------------------------------------------------------
+    def page(self) -> tuple[Any, ...]:
+        """On load: every server-rendered text and choice list in this studio's language (labels follow
+        the browser through Gradio's i18n): header, mode, language, mode help, prompt note, counter,
+        status, metrics, live card, history."""
+        from webui import player
+
+        modes = gr.update(choices=[(self.mode_labels[m], m) for m in UI_MODES])
+        langs = gr.update(choices=[(self.t(f"lang_{x}"), x) for x in LANGUAGES])
+        banner = self.t("banner_random") if self.random_weights else None
+        return (
+            views.header_html(self.t, self.chips, banner), modes, langs,
+            views.note_html(self.t("mode_help_zero_shot")), self.prompt_info(None),
+            views.counter_text("", self.limits.max_text_chars, 0, self.t), self.status("idle"),
+            views.metrics_html(None, self.t), player.card_html(self.t), self.history_view([]),
+        )  # fmt: skip
 
     # ---- server panel --------------------------------------------------------------------------------
     def server_panel(self) -> str:
@@ -354,3 +465,44 @@ class Studio:
         if not self._samples or now - self._samples[-1][0] >= 0.5:
             self._samples.append((now, stats.audio_s_total))
         return views.server_html(stats, views.throughput_rates(list(self._samples)), self.t)
+
+
+class Studios:
+    """One ``Studio`` per UI language; ``listener(name)`` is the event function Gradio calls, which hands
+    the event to the studio the request's language (or the forced ``ui_lang``) picks."""
+
+    def __init__(self, studio: Studio, ui_lang: str = "auto"):
+        self.forced = ui_lang if ui_lang in UI_LANGS else None
+        self.by_lang = {lang: studio.in_language(Texts(lang)) for lang in UI_LANGS}
+
+    def pick(self, request: gr.Request | None) -> Studio:
+        if self.forced is not None:
+            return self.by_lang[self.forced]
+        headers = getattr(request, "headers", None) or {}
+        return self.by_lang[browser_lang(headers.get("accept-language"))]
+
+    def listener(self, name: str) -> Callable[..., Any]:
+        """``request`` first: Gradio inserts it at the annotated parameter's position, the inputs follow."""
+        method = getattr(Studio, name)
+        fn: Callable[..., Any]
+        if inspect.isasyncgenfunction(method):
+
+            async def stream(request: gr.Request, *args: Any) -> AsyncIterator[Any]:
+                async for out in getattr(self.pick(request), name)(*args):
+                    yield out
+
+            fn = stream
+        elif inspect.iscoroutinefunction(method):
+
+            async def coro(request: gr.Request, *args: Any) -> Any:
+                return await getattr(self.pick(request), name)(*args)
+
+            fn = coro
+        else:
+
+            def plain(request: gr.Request, *args: Any) -> Any:
+                return getattr(self.pick(request), name)(*args)
+
+            fn = plain
+        fn.__name__ = fn.__qualname__ = name  # Gradio names the event's API endpoint after it
+        return fn

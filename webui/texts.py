@@ -1,11 +1,20 @@
 """Every user-facing string of the web UI in English and Chinese; ``Texts(lang)(key, **fields)`` looks one up.
 
 Keys are shared by both languages (tests check the two tables have the same keys and the same ``{fields}``).
+``ui_lang`` "auto" follows the browser: labels through Gradio's i18n (``i18n``), the rest (notes, errors,
+readouts) through the request's Accept-Language (``browser_lang``).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import gradio as gr
+
 UI_LANGS = ("zh", "en")
+UI_LANG_CHOICES = ("auto", *UI_LANGS)  # auto: follow the browser
+I18N_PREFIX = "cosy_"  # keeps our keys apart from Gradio's own translation keys
 
 EN: dict[str, str] = {
     "title": "CosyStream Studio",
@@ -46,14 +55,14 @@ EN: dict[str, str] = {
     "text_group": "Text",
     "language": "Language",
     "lang_auto": "Auto",
-    "lang_zh": "Chinese",
+    "lang_zh": "中文 (Chinese)",
     "lang_en": "English",
-    "lang_ja": "Japanese",
-    "lang_ko": "Korean",
-    "lang_yue": "Cantonese",
+    "lang_ja": "日本語 (Japanese)",
+    "lang_ko": "한국어 (Korean)",
+    "lang_yue": "粵語 (Cantonese)",
     "text": "Text to speak",
     "text_ph": "Type or paste text; long text is split into segments and streamed.",
-    "counter": "{chars} / {limit} characters · {segments} segments",
+    "counter": "{chars} / {limit} characters · segments: {segments}",
     "split_preview": "Split preview",
     "settings": "Settings",
     "streaming": "Stream",
@@ -129,6 +138,20 @@ EN: dict[str, str] = {
     "err_no_voice_name": "Give the voice a name first.",
     "err_bad_setting": "Invalid setting: {error}",
     "err_busy": "The server is busy ({error}). Please try again in a few seconds.",
+    "err_voice_missing": "That saved voice is gone or not yours; pick another one.",
+    "err_voice_public": "That voice is public: only the server's operator can delete it.",
+    "err_prompt_bad": "The prompt audio cannot be used: {error}",
+    "err_input": "The request was refused: {error}",
+    "err_no_browser_id": "This page has no browser id yet; reload it (saved voices need it).",
+    "err_failed": "Generation failed on the server: {error}",
+    "transcribing": "Transcribing the prompt…",
+    "transcribed": "Transcribed ({language}); check it and edit if needed.",
+    "transcribed_noise": "Transcribed ({language}) by a RANDOM-weight Whisper: the text is noise.",
+    "transcribe_failed": "Could not transcribe the prompt ({error}); type the transcript.",
+    "asr_off": "Automatic transcription is off on this server: type the transcript.",
+    "example_voices": "Example voices (click to fill the form)",
+    "voice_public": "public",
+    "voice_example": "example",
 }
 
 ZH: dict[str, str] = {
@@ -171,13 +194,13 @@ ZH: dict[str, str] = {
     "language": "语言",
     "lang_auto": "自动",
     "lang_zh": "中文",
-    "lang_en": "英语",
-    "lang_ja": "日语",
-    "lang_ko": "韩语",
-    "lang_yue": "粤语",
+    "lang_en": "English (英语)",
+    "lang_ja": "日本語 (日语)",
+    "lang_ko": "한국어 (韩语)",
+    "lang_yue": "粵語 (粤语)",
     "text": "合成文本",
     "text_ph": "输入或粘贴文本；长文本会自动分段并流式生成。",
-    "counter": "{chars} / {limit} 字符 · {segments} 段",
+    "counter": "{chars} / {limit} 字符 · 分段：{segments}",
     "split_preview": "分段预览",
     "settings": "设置",
     "streaming": "流式",
@@ -253,11 +276,27 @@ ZH: dict[str, str] = {
     "err_no_voice_name": "请先给音色起个名字。",
     "err_bad_setting": "设置无效：{error}",
     "err_busy": "服务器繁忙（{error}）。请几秒后重试。",
+    "err_voice_missing": "该已存音色不存在或不属于你；请选择其他音色。",
+    "err_voice_public": "该音色是公共音色：只有服务器管理员可以删除。",
+    "err_prompt_bad": "参考音频无法使用：{error}",
+    "err_input": "请求被拒绝：{error}",
+    "err_no_browser_id": "页面尚未生成浏览器标识；请刷新页面（保存音色需要它）。",
+    "err_failed": "服务器生成失败：{error}",
+    "transcribing": "正在识别参考音频…",
+    "transcribed": "已识别（{language}）；请核对并按需修改。",
+    "transcribed_noise": "已由随机权重的 Whisper 识别（{language}）：文本是噪声。",
+    "transcribe_failed": "无法识别参考音频（{error}）；请手动输入文本。",
+    "asr_off": "此服务器未开启自动识别：请手动输入参考文本。",
+    "example_voices": "示例音色（点击填入表单）",
+    "voice_public": "公共",
+    "voice_example": "示例",
 }
 
 TABLES = {"en": EN, "zh": ZH}
 
-# (language code sent to the engine, label key); "auto" lets the engine detect the script.
+# (language code sent to the engine, label key); "auto" lets the engine detect the script. The labels lead
+# with each language's own name: a choice list's labels are not translated by Gradio's i18n, so a value set
+# by an example keeps its first label, and a native name reads right in either UI language.
 LANGUAGES = ("auto", "zh", "en", "ja", "ko", "yue")
 
 EXAMPLES = (
@@ -267,6 +306,23 @@ EXAMPLES = (
     ("ko", "오늘 날씨가 정말 좋네요. 같이 산책하러 갈까요?"),
     ("yue", "今日天气好好，我哋一齐去饮茶啦。"),
 )
+
+
+def browser_lang(accept_language: str | None) -> str:
+    """The first UI language an Accept-Language header names ("zh-CN,zh;q=0.9" -> "zh"); else English."""
+    for part in (accept_language or "").split(","):
+        primary = part.split(";")[0].strip().split("-")[0].lower()
+        if primary in UI_LANGS:
+            return primary
+    return "en"
+
+
+def i18n() -> gr.I18n:
+    """Gradio's i18n tables (labels, placeholders, buttons): the browser's language picks one."""
+    import gradio as gr  # here, not at import: app.py reads UI_LANG_CHOICES without loading Gradio
+
+    tables = {lang: {I18N_PREFIX + k: v for k, v in table.items()} for lang, table in TABLES.items()}
+    return gr.I18n(**tables)
 
 
 class Texts:
@@ -279,3 +335,20 @@ class Texts:
 
     def __call__(self, key: str, **fields: object) -> str:
         return self._table[key].format(**fields) if fields else self._table[key]
+
+
+class Labels:
+    """Component labels: the fixed language's strings, or (``auto``) Gradio i18n keys the browser resolves."""
+
+    def __init__(self, ui_lang: str):
+        if ui_lang not in UI_LANG_CHOICES:
+            raise ValueError(f"ui language must be one of {UI_LANG_CHOICES}, got {ui_lang!r}")
+        self.auto = ui_lang == "auto"
+        self.texts = Texts("en" if self.auto else ui_lang)
+        self._i18n = i18n() if self.auto else None
+
+    def __call__(self, key: str) -> Any:
+        if self._i18n is not None:
+            self.texts(key)  # unknown keys fail here, as with fixed strings
+            return self._i18n(I18N_PREFIX + key)
+        return self.texts(key)

@@ -11,8 +11,10 @@ import html
 import itertools
 import re
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -207,6 +209,21 @@ def prompt_status_html(seconds: float | None, rate: int, min_s: float, max_s: fl
     if seconds > max_s:
         return note_html(t("prompt_long", seconds=seconds, max_s=max_s), "bad")
     return note_html(t("prompt_ok", seconds=seconds, rate=rate), "good")
+
+
+def voice_choices(voices: Sequence[Any], t: Texts) -> list[tuple[str, str]]:
+    """Dropdown (label, id) pairs: public and example voices are marked, and a label shown twice gets the
+    voice's id, so two voices with one name stay apart."""
+    labels = []
+    for v in voices:
+        scope = "voice_example" if getattr(v, "example", False) else "voice_public"
+        public = getattr(v, "public", False)
+        labels.append(f"{v.name} · {t(scope)}" if public else str(v.name))
+    counts = Counter(labels)
+    return [
+        (f"{label} ({v.id})" if counts[label] > 1 else label, str(v.id))
+        for label, v in zip(labels, voices, strict=True)
+    ]
 
 
 def preset_choices(presets: Sequence[object]) -> list[tuple[str, str]]:

@@ -43,13 +43,13 @@ class RecordingEngine(FakeEngine):
             if self.fail_after is not None:
                 raise self.fail_after
 
-    def add_voice(self, name: str, prompt_wav: str, prompt_text: str) -> Any:
+    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, owner: str | None = None) -> Any:
         data = None
         if os.path.exists(prompt_wav):  # an upload's file must exist while the engine reads it
             with open(prompt_wav, "rb") as f:
                 data = f.read()
         self.voice_calls.append({"name": name, "path": prompt_wav, "text": prompt_text, "data": data})
-        return super().add_voice(name, prompt_wav, prompt_text)
+        return super().add_voice(name, prompt_wav, prompt_text, owner)
 
 
 def expected_samples(engine: FakeEngine) -> int:

@@ -77,3 +77,22 @@ def test_bad_input_is_a_clear_error(model, tmp_path, capsys):
     ]
     assert main(args) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_public_voice_transcribed_by_the_asr(model, tmp_path, capsys):
+    """``voices add --public`` without a transcript: Whisper (tiny, random) writes one; only --public rm
+    removes a public voice."""
+    from bench.tiny_whisper import build_whisper_dir
+
+    whisper = str(build_whisper_dir(tmp_path / "whisper"))
+    prompt = write_wav(tmp_path / "p.wav")
+    common = ["--model", model, "--device", "cpu", "--voices-dir", str(tmp_path / "v")]
+    add = ["voices", "add", *common, "--name", "Pub", "--prompt-wav", str(prompt), "--asr-model", whisper]
+    assert main([*add, "--public"]) == 0
+    assert "saved pub" in (out := capsys.readouterr().out) and "public" in out
+    assert main(["voices", "list", *common]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("pub\t"))
+    assert line.split("\t")[2] == "public" and line.split("\t")[-1].strip()  # a (noise) transcript
+    assert main(["voices", "rm", *common, "pub"]) == 2
+    assert "public" in capsys.readouterr().err
+    assert main(["voices", "rm", *common, "pub", "--public"]) == 0

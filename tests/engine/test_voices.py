@@ -14,7 +14,7 @@ import soundfile as sf
 
 from engine import voices as voices_mod
 from engine.audio import Audio
-from engine.errors import InvalidInput, NotFound
+from engine.errors import Forbidden, InvalidInput, NotFound
 from engine.frontend import PromptFeatures
 from engine.voices import VoiceLibrary
 
@@ -238,3 +238,89 @@ def test_concurrent_adds_and_deletes(tmp_path):
     listed = {v.id for v in lib.list()}
     assert listed == set(ids) | {"keep-2", "keep-3"}
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+# ---- owners: a visitor's voices are private; public voices and examples are read-only to visitors
+
+
+def test_owners_see_public_voices_and_only_their_own(tmp_path):
+    lib = VoiceLibrary(tmp_path, family="cosyvoice3")
+    lib.add("Shared", features(seed=1), "public text")
+    lib.add("Alice", features(seed=2), "alice text", owner="browser-a")
+    lib.add("Bob", features(seed=3), "bob text", owner="key-b")
+    assert [(v.name, v.public) for v in lib.list("browser-a")] == [("Alice", False), ("Shared", True)]
+    assert [v.name for v in lib.list("key-b")] == ["Bob", "Shared"]
+    assert [v.name for v in lib.list()] == ["Shared"]
+    assert lib.get("alice", "browser-a")[0].prompt_text == "alice text"
+    with pytest.raises(NotFound):
+        lib.get("alice", "key-b")  # another owner's voice is as good as absent
+    with pytest.raises(NotFound):
+        lib.get("alice")
+    assert not any("browser-a" in str(p) for p in tmp_path.rglob("*"))  # the owner string is hashed
+
+
+def test_only_the_owner_deletes_and_public_voices_are_the_operators(tmp_path):
+    lib = VoiceLibrary(tmp_path, family="cosyvoice3")
+    lib.add("Shared", features(seed=1), "t")
+    lib.add("Alice", features(seed=2), "t", owner="a")
+    with pytest.raises(NotFound):
+        lib.delete("alice", "b")
+    with pytest.raises(Forbidden):
+        lib.delete("shared", "a")
+    lib.delete("alice", "a")
+    assert [v.name for v in lib.list("a")] == ["Shared"]
+    lib.delete("shared")  # the operator (owner None) may
+    assert lib.list("a") == []
+
+
+def test_private_ids_never_shadow_public_ones(tmp_path):
+    lib = VoiceLibrary(tmp_path, family="cosyvoice3")
+    lib.add("Alice", features(seed=1), "public")
+    mine = lib.add("Alice", features(seed=2), "mine", owner="a")
+    assert mine.id == "alice-2" and lib.get("alice", "a")[0].prompt_text == "public"
+    names = [(v.id, v.public) for v in lib.list("a")]
+    assert names == [("alice-2", False), ("alice", True)]  # same display name, told apart by id and scope
+
+
+def write_example(folder, stem: str, text: str, seconds: float = 4.0) -> None:
+    sf.write(folder / f"{stem}.wav", tone(seconds, 16000), 16000)
+    (folder / f"{stem}.txt").write_text(text + "\n", encoding="utf-8")
+
+
+def test_examples_are_read_from_wav_and_txt_pairs(tmp_path, caplog):
+    write_example(tmp_path, "zh-lan", "大家好")
+    write_example(tmp_path, "narrator", "Hello.")
+    sf.write(tmp_path / "orphan.wav", tone(4.0, 16000), 16000)  # no transcript: skipped
+    (tmp_path / "blank.wav").write_bytes(b"")
+    (tmp_path / "blank.txt").write_text("  \n")  # empty transcript: skipped with a warning
+    with caplog.at_level(logging.WARNING):
+        examples = voices_mod.load_examples(tmp_path)
+    assert [(e.id, e.language, e.transcript) for e in examples] == [
+        ("narrator", "auto", "Hello."),
+        ("zh-lan", "zh", "大家好"),
+    ]
+    assert "orphan.wav" in caplog.text and "blank.wav" in caplog.text
+
+
+def test_examples_are_public_read_only_and_answer_to_openai_names(tmp_path):
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    write_example(assets, "en-amy", "Hello there.")
+    lib = VoiceLibrary(tmp_path / "lib", "cosyvoice3", voices_mod.load_examples(assets))
+    assert [(v.id, v.public, v.example) for v in lib.list("anyone")] == [("en-amy", True, True)]
+    assert lib.example("en-amy", "anyone").transcript == "Hello there."
+    assert lib.example("alloy").id == "en-amy" and lib.example("ALLOY").id == "en-amy"
+    assert lib.example("nova") is None  # its example (zh-lan) is not in this folder
+    with pytest.raises(Forbidden):
+        lib.delete("en-amy")
+    lib.add("alloy", features(), "operator's own alloy")
+    assert lib.example("alloy") is None  # a saved voice with that id wins
+
+
+def test_shipped_examples_cover_the_openai_names():
+    examples = {e.id: e for e in voices_mod.load_examples()}
+    assert {e.language for e in examples.values()} >= {"zh", "en", "ja", "ko", "yue"}
+    assert set(voices_mod.OPENAI_VOICES.values()) <= set(examples)
+    for e in examples.values():
+        info = sf.info(e.wav)
+        assert 16000 <= info.samplerate <= 24000 and 3.0 <= info.duration <= 10.0 and e.transcript

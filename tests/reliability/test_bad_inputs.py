@@ -28,9 +28,11 @@ import soundfile as sf
 
 import engine.__main__ as cli
 from api.app import build_api
+from api.auth import owner_of as api_owner
 from engine.engine import TTSEngine
 from engine.errors import InvalidInput, NotFound, TooLarge
 from engine.request import Mode
+from engine.voices import OWNERS, owner_dir_name
 from tests.api.support import assert_openai_error
 from tests.reliability.support import (
     BAD_AUDIO,
@@ -47,7 +49,7 @@ from tests.reliability.support import (
     write_bad,
 )
 from tests.sounds import speech_like
-from webui.handlers import Studio
+from webui.handlers import STUDIO_OWNER, Studio
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -421,8 +423,9 @@ def check_http(case: HttpCase, r: httpx.Response, engine: TTSEngine) -> None:
     if case.status == 201:
         assert r.status_code == 201, r.text
         voice_id = r.json()["voice"]["id"]
-        assert_voice_entry(engine.voices.root, voice_id)
-        engine.delete_voice(voice_id)
+        anonymous = api_owner(None)  # the API without keys: one anonymous caller's namespace
+        assert_voice_entry(engine.voices.root / OWNERS / owner_dir_name(anonymous), voice_id)
+        engine.delete_voice(voice_id, anonymous)
     elif case.status == 200:
         assert r.status_code == 200, r.text
         check_pcm(sf.read(io.BytesIO(r.content), dtype="float32")[0])
@@ -526,7 +529,7 @@ UI_CASES = [
         "unknown_voice",
         "generate",
         {"mode": "voice", "voice_id": "nobody"},
-        "no saved voice with id 'nobody'",
+        "gone or not yours",  # the engine's NotFound, in the page's language
     ),
     UiCase("voice_dotdot", "generate", {"mode": "voice", "voice_id": "../etc/passwd"}, "invalid voice id"),
     UiCase("voice_very_long", "generate", {"mode": "voice", "voice_id": "a" * 300}, "invalid voice id"),
@@ -538,6 +541,9 @@ UI_CASES = [
     UiCase("voice_name_empty", "save", {"name": " "}, "Give the voice a name first"),
     UiCase("delete_voice_dotdot", "delete", {"voice_id": "../voices"}, "invalid voice id"),
 ]
+
+
+BROWSER = "c3" * 16  # a browser id as the page's script draws it
 
 
 @pytest.fixture
@@ -557,11 +563,11 @@ async def ui_action(studio: Studio, case: UiCase, prompt: Path, bad_dir: Path) -
     if case.action == "save":
         root = studio.engine.voices.root
         with stays_inside(root):
-            dropdown, _ = await studio.save_voice(values["name"], str(prompt), "A prompt transcript.")
-        assert_voice_entry(root, dropdown.value)
-        await studio.delete_voice(dropdown.value)
+            dropdown, _ = await studio.save_voice(values["name"], str(prompt), "A transcript.", BROWSER)
+        assert_voice_entry(root / OWNERS / owner_dir_name(STUDIO_OWNER + BROWSER), dropdown.value)
+        await studio.delete_voice(dropdown.value, BROWSER)
     elif case.action == "delete":
-        await studio.delete_voice(values["voice_id"])
+        await studio.delete_voice(values["voice_id"], BROWSER)
     else:
         if values.get("prompt_wav") in UI_AUDIO:
             values["prompt_wav"] = str(write_bad(bad_dir, values["prompt_wav"]))

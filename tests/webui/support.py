@@ -17,10 +17,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+TRANSCRIBED = "document.querySelector('#cosy-transcript textarea').value !== ''"
+
+
 def fill_request(page: Any, prompt: str | None, text: str = "Hello there. This is a streaming test!") -> None:
     if prompt:
         page.locator("#cosy-prompt input[type=file]").set_input_files(prompt)
-        page.locator(".cosy-note.cosy-good").wait_for(timeout=10_000)  # duration checked: "4.0 s ... ok"
+        page.locator(".cosy-note.cosy-good").first.wait_for(timeout=10_000)  # duration: "4.0 s ... ok"
+        # the upload is transcribed into the field: wait for it, so it cannot overwrite what is typed next
+        page.wait_for_function(TRANSCRIBED, timeout=60_000)
         page.locator("#cosy-transcript textarea").fill("this is the prompt")
     page.locator("#cosy-text textarea").fill(text)
 

@@ -15,7 +15,8 @@ import app
 from engine.metrics import Stopwatch
 from engine.request import AudioChunk, SynthesisRequest
 from tests.fakes import FakeEngine
-from tests.webui.test_browser import fill_request, free_port, player, prompt_wav  # noqa: F401 (fixture)
+from tests.webui.support import fill_request, free_port, player
+from tests.webui.test_browser import prompt_wav  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.browser
 

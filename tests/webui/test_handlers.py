@@ -131,7 +131,7 @@ BAD_INPUTS = [
     ({"mode": "instruct", "instruct_text": " "}, "needs an instruction"),
     ({"mode": "vc", "text": ""}, "needs the source speech"),
     ({"mode": "voice", "voice_id": None}, "Pick a saved voice"),
-    ({"mode": "voice", "voice_id": "ghost"}, "no saved voice 'ghost'"),  # the engine's NotFound
+    ({"mode": "voice", "voice_id": "ghost"}, "gone or not yours"),  # the engine's NotFound, translated
     ({"speed": 3.0}, "speed must be within"),
     ({"mode": "sing"}, "mode 'sing'"),
 ]
@@ -211,25 +211,57 @@ async def test_history_accumulates_with_settings(studio, prompt) -> None:
     assert studio.store.path("a" * 32, "mp3") is not None
 
 
+BROWSER_A, BROWSER_B = "a1" * 16, "b2" * 16
+
+
 async def test_save_and_delete_voice(studio, engine, prompt) -> None:
-    dropdown, note = await studio.save_voice("  alice ", prompt, "hello there")
+    dropdown, note = await studio.save_voice("  alice ", prompt, "hello there", BROWSER_A)
     assert ("alice", "alice") in dropdown.choices and dropdown.value == "alice" and "alice" in note
-    assert engine.voices["alice"].prompt_text == "hello there"
+    assert engine.voices[("studio:" + BROWSER_A, "alice")].prompt_text == "hello there"
     with pytest.raises(gr.Error, match="name"):
-        await studio.save_voice(" ", prompt, "x")
+        await studio.save_voice(" ", prompt, "x", BROWSER_A)
     with pytest.raises(gr.Error, match="upload or record"):
-        await studio.save_voice("bob", None, "x")
-    dropdown, _ = await studio.delete_voice("alice")
-    assert dropdown.choices == [] and "alice" not in engine.voices
-    with pytest.raises(gr.Error, match="no saved voice"):
-        await studio.delete_voice("alice")
+        await studio.save_voice("bob", None, "x", BROWSER_A)
+    dropdown, _ = await studio.delete_voice("alice", BROWSER_A)
+    assert dropdown.choices == [] and engine.voices == {}
+    with pytest.raises(gr.Error, match="gone or not yours"):
+        await studio.delete_voice("alice", BROWSER_A)
+
+
+async def test_voices_belong_to_their_browser(studio, engine, prompt) -> None:
+    """Browser B neither lists, uses nor deletes A's voice; a public voice is listed, marked, read-only."""
+    engine.add_voice("Shared", prompt, "t", None)
+    await studio.save_voice("Alice", prompt, "hello", BROWSER_A)
+    assert await studio.voice_choices(BROWSER_A) == [("Alice", "alice"), ("Shared · public", "shared")]
+    assert await studio.voice_choices(BROWSER_B) == [("Shared · public", "shared")]
+    with pytest.raises(gr.Error, match="gone or not yours"):
+        await studio.delete_voice("alice", BROWSER_B)
+    with pytest.raises(gr.Error, match="only the server's operator"):
+        await studio.delete_voice("shared", BROWSER_A)
+    with pytest.raises(gr.Error, match="gone or not yours"):
+        await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_B)
+    assert (await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_A))[-1][0] is not None
+    for bad in ("", "not-a-browser-id", "A1" * 16):  # only ids drawn by the page's script are owners
+        with pytest.raises(gr.Error, match="browser id"):
+            await studio.save_voice("Eve", prompt, "t", bad)
+
+
+async def test_duplicate_names_are_told_apart(studio, engine, prompt) -> None:
+    engine.add_voice("Alice", prompt, "t", None)
+    await studio.save_voice("Alice", prompt, "t", BROWSER_A)
+    assert await studio.voice_choices(BROWSER_A) == [
+        ("Alice", "alice-2"), ("Alice · public", "alice")
+    ]  # fmt: skip
+    await studio.save_voice("Alice", prompt, "t", BROWSER_A)
+    labels = [label for label, _ in await studio.voice_choices(BROWSER_A)]
+    assert len(set(labels)) == 3 and "Alice (alice-2)" in labels
 
 
 def test_prompt_info_and_text_info(studio, prompt) -> None:
     assert "4.0 s" in studio.prompt_info(prompt) and "cosy-good" in studio.prompt_info(prompt)
     assert "No prompt" in studio.prompt_info(None)
     counter, split = studio.text_info("One. Two! " * 3, "en")
-    assert "30 / 50 characters · 1 segments" in counter and split.count("<li>") == 1
+    assert "30 / 50 characters · segments: 1" in counter and split.count("<li>") == 1
     assert "cosy-over" in studio.text_info("x" * 51, "en")[0]
 
 

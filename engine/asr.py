@@ -1,0 +1,97 @@
+"""Prompt transcription with Whisper through ``transformers``: audio -> ``Transcript`` (text, language).
+
+Loaded once on the engine's device (``Transcriber.load``); ``transcribe`` is blocking and serialised by a
+lock, so callers run it in a worker thread (``TTSEngine.transcribe``) and synthesis never waits for it: it
+takes no engine slot and no token2wav batch. One 30 s window at most (the prompt limit); the language is
+detected by Whisper's own language-token step unless the caller names one the model knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine import device as devices
+from engine.audio import AudioInput, AudioLimits, as_audio
+from engine.errors import InvalidInput, ModelError
+
+log = logging.getLogger(__name__)
+
+ASR_AUTO, ASR_NONE = "auto", "none"
+GPU_DEFAULT = "openai/whisper-large-v3-turbo"  # large-v3 quality at 4 decoder layers; knows yue
+CPU_DEFAULT = "openai/whisper-small"  # ~0.5 s for a 10 s prompt on a few CPU cores
+SAMPLE_RATE = 16000  # Whisper's input rate
+MAX_SECONDS = 30.0  # one Whisper window
+_LIMITS = AudioLimits(max_seconds=MAX_SECONDS, min_rms=0.0)
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    language: str  # ISO 639 code Whisper detected or was given ("zh", "en", "yue", ...)
+    duration_s: float  # of the input audio
+
+
+def model_choice(choice: str, device: torch.device) -> str | None:
+    """``--asr-model`` -> what to load: None when off, the GPU or CPU default for "auto", else as given."""
+    if choice == ASR_NONE:
+        return None
+    if choice == ASR_AUTO:
+        return GPU_DEFAULT if devices.is_accelerator(device) else CPU_DEFAULT
+    return choice
+
+
+class Transcriber:
+    def __init__(self, model: Any, processor: Any, device: torch.device, name: str):
+        self.model, self.processor, self.device, self.name = model, processor, device, name
+        self.dtype = next(model.parameters()).dtype
+        generation = model.generation_config
+        self.languages: dict[str, int] = {
+            tok.strip("<|>"): int(i) for tok, i in (getattr(generation, "lang_to_id", None) or {}).items()
+        }
+        self._by_id = {i: code for code, i in self.languages.items()}
+        self._max_new = int(model.config.max_target_positions) - 8  # room for the start/language/task tokens
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, name: str, device: torch.device) -> Transcriber:
+        """A Hugging Face id (downloaded on first use) or a local folder in the released Whisper layout."""
+        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+        dtype = devices.default_dtype(device)
+        try:
+            processor = WhisperProcessor.from_pretrained(name)
+            model = WhisperForConditionalGeneration.from_pretrained(name, dtype=dtype)
+        except OSError as err:
+            message = f"could not load the ASR model {name!r} ({err}); --asr-model none turns it off"
+            raise ModelError(message) from err
+        model.to(device).eval()
+        log.info("loaded ASR model %s on %s (%s)", name, device, dtype)
+        return cls(model, processor, device, Path(name).name if Path(name).is_dir() else name)
+
+    def transcribe(self, audio: AudioInput, language: str | None = None) -> Transcript:
+        """Text of up to 30 s of speech; ``language`` None or "auto" detects it."""
+        clip = as_audio(audio, _LIMITS, SAMPLE_RATE)
+        inputs = self.processor(clip.at(SAMPLE_RATE), sampling_rate=SAMPLE_RATE, return_tensors="pt")
+        features = inputs.input_features.to(self.device, self.dtype)  # [1, n_mels, 3000]
+        with self._lock, torch.inference_mode():
+            code = self._language(features, language)
+            ids = self.model.generate(
+                features, language=code, task="transcribe", max_new_tokens=self._max_new
+            )
+        text = self.processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
+        return Transcript(text, code, clip.duration_s)
+
+    def _language(self, features: torch.Tensor, language: str | None) -> str:
+        if language and language != "auto":
+            if language not in self.languages:
+                known = ", ".join(sorted(self.languages))
+                raise InvalidInput(f"language {language!r} is not one the ASR model knows ({known})")
+            return language
+        token = int(self.model.detect_language(features)[0])  # Whisper's language-token step
+        return self._by_id.get(token, "en")

@@ -1,0 +1,174 @@
+"""What a visitor meets, in headless Chromium at 1440x900 (issue 18): voices private to each browser, an
+example voice that fills the form and generates, an upload that fills the transcript, Generate / Stop /
+text / live readouts on one screen, fields a mode does not use hidden, the UI in the browser's language.
+
+The app is ``app.create_app(ui_lang="auto")`` around the fake engine (its ASR answers "fake transcript")
+with the shipped example voices, on 127.0.0.1. Screenshots at 1440x900 in en and zh go to
+``test-output/`` and, when it exists, ``/work/notes/shots/``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import app
+from engine.request import AudioChunk, SynthesisRequest
+from engine.voices import load_examples
+from tests.fakes import FakeEngine
+from tests.sounds import write_wav
+from tests.webui.support import OUT, TRANSCRIBED, free_port
+
+pytestmark = pytest.mark.browser
+SHOTS = Path("/work/notes/shots")
+VIEW = {"width": 1440, "height": 900}
+ASSETS = Path(app.__file__).parent / "assets" / "voices"
+
+
+class VisitorEngine(FakeEngine):
+    """The fake engine with the shipped example voices; it keeps every request it streamed."""
+
+    def __init__(self) -> None:
+        super().__init__(n_chunks=6, chunk_s=0.2, delay_s=0.02)
+        self.requests: list[SynthesisRequest] = []
+
+    def example_voices(self) -> list[Any]:
+        return list(load_examples())
+
+    def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        self.requests.append(req)
+        return super().stream(req)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, VisitorEngine]]:
+    import uvicorn
+
+    engine = VisitorEngine()
+    config = uvicorn.Config(app.create_app(engine), "127.0.0.1", free_port(), log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the app did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{config.port}/", engine
+    srv.should_exit = True
+    thread.join(10)
+
+
+def open_page(browser: Any, url: str, locale: str = "en-US") -> tuple[Any, Any]:
+    context = browser.new_context(viewport=VIEW, locale=locale)
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=30_000)
+    return context, page
+
+
+def browser_id(page: Any) -> str:
+    page.wait_for_function("localStorage.getItem('cosystream-browser-id') !== null", timeout=10_000)
+    return str(page.evaluate("localStorage.getItem('cosystream-browser-id')"))
+
+
+def saved_voice_choices(page: Any) -> list[str]:
+    page.get_by_label("Saved voice", exact=True).first.check()  # the mode radio
+    page.locator("#cosy-voice input").click()
+    options = page.locator("ul.options li").all_inner_texts()
+    page.keyboard.press("Escape")
+    return [o.strip() for o in options]
+
+
+def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -> None:
+    url, engine = server
+    prompt = str(write_wav(tmp_path / "prompt.wav", seconds=4.0))
+    ctx_a, a = open_page(browser, url)
+    ctx_b, b = open_page(browser, url)
+    try:
+        id_a, id_b = browser_id(a), browser_id(b)
+        assert id_a != id_b and len(id_a) == 32
+        a.locator("#cosy-prompt input[type=file]").set_input_files(prompt)
+        a.wait_for_function(TRANSCRIBED, timeout=10_000)
+        a.get_by_label("Save this prompt as").fill("Alice private")
+        a.locator("#cosy-save").click()
+        a.get_by_text("Saved voice “Alice private”").first.wait_for(timeout=10_000)
+        assert ("studio:" + id_a, "alice private") in engine.voices
+        a.reload()
+        a.wait_for_function("window.cosyPlayer", timeout=30_000)
+        assert browser_id(a) == id_a  # the id lives in the browser, across reloads
+        assert "Alice private" in saved_voice_choices(a)
+        assert not any("Alice" in o for o in saved_voice_choices(b))  # B's list lacks A's voice
+    finally:
+        ctx_a.close()
+        ctx_b.close()
+
+
+def test_example_voice_fills_the_form_and_generates(browser, server) -> None:
+    url, engine = server
+    ctx, page = open_page(browser, url)
+    try:
+        page.locator("#cosy-examples").get_by_text("en-amy", exact=True).click()
+        transcript = (ASSETS / "en-amy.txt").read_text().strip()
+        page.wait_for_function(TRANSCRIBED, timeout=10_000)
+        assert page.locator("#cosy-transcript textarea").input_value() == transcript
+        assert page.locator("#cosy-text textarea").input_value().startswith("The quick brown fox")
+        assert page.locator("#cosy-lang input").input_value() == "English"
+        page.locator("#cosy-generate").click()
+        page.locator('.cosy-status[data-state="done"]').wait_for(timeout=20_000)
+        req = engine.requests[-1]
+        assert req.prompt_text == transcript and req.language == "en" and req.prompt_wav
+        assert (
+            Path(req.prompt_wav).read_bytes()
+            == (Path(app.__file__).parent / "assets/voices/en-amy.wav").read_bytes()
+        )
+    finally:
+        ctx.close()
+
+
+def test_upload_fills_the_transcript_and_offers_the_language(browser, server, tmp_path) -> None:
+    ctx, page = open_page(browser, server[0])
+    try:
+        page.locator("#cosy-prompt input[type=file]").set_input_files(str(write_wav(tmp_path / "p.wav", 4.0)))
+        page.wait_for_function(
+            "document.querySelector('#cosy-transcript textarea').value === 'fake transcript'", timeout=10_000
+        )
+        page.get_by_text("Transcribed (English)").first.wait_for(timeout=5_000)
+        assert page.locator("#cosy-lang input").input_value() == "English"  # offered while on Auto
+    finally:
+        ctx.close()
+
+
+def in_view(page: Any, selector: str) -> bool:
+    box = page.locator(selector).first.bounding_box()
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= VIEW["height"]
+
+
+@pytest.mark.parametrize(
+    ("locale", "generate", "ready"), [("en-US", "Generate", "Ready."), ("zh-CN", "生成", "就绪。")]
+)
+def test_one_screen_in_the_browsers_language(browser, server, locale, generate, ready) -> None:
+    url, _ = server
+    ctx, page = open_page(browser, url, locale)
+    try:
+        page.locator("#cosy-generate", has_text=generate).wait_for(timeout=10_000)
+        page.locator(".cosy-status", has_text=ready).wait_for(timeout=10_000)  # server-rendered, translated
+        readouts = ("#cosy-live", '[data-metric="ttfa_server"]', '[data-metric="rtf"]')
+        for selector in ("#cosy-text", "#cosy-generate", "#cosy-stop", *readouts):
+            assert in_view(page, selector), f"{selector} is not on the first screen at 1440x900"
+        assert page.locator("#cosy-transcript").is_visible()
+        OUT.mkdir(exist_ok=True)
+        for folder in (OUT, SHOTS) if SHOTS.is_dir() else (OUT,):
+            page.screenshot(path=str(folder / f"studio-{locale[:2]}-1440x900.png"))
+        label = "Cross-lingual" if locale == "en-US" else "跨语种"
+        page.get_by_label(label, exact=True).first.check()
+        page.locator("#cosy-transcript").wait_for(state="hidden", timeout=5_000)  # zero-shot only
+        label = "Voice conversion" if locale == "en-US" else "声音转换"
+        page.get_by_label(label, exact=True).first.check()
+        page.locator("#cosy-text").wait_for(state="hidden", timeout=5_000)  # VC speaks no text
+    finally:
+        ctx.close()
