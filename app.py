@@ -16,7 +16,6 @@ import threading
 import warnings
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
@@ -178,12 +177,9 @@ def build_engine(cfg: EngineConfig) -> Any:
 
     if cfg.model != DEMO_TINY:
         return TTSEngine.load(cfg)
-    from bench.make_model import build_demo_tiny
-    from bench.tiny_whisper import build_whisper_dir
+    from bench.make_model import build_demo_tiny, demo_tiny_whisper
 
-    if cfg.asr_model == "auto":  # a tiny random-weight Whisper beside the tiny model
-        root = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream") / f"{DEMO_TINY}-whisper"
-        cfg = replace(cfg, asr_model=str(build_whisper_dir(root)))
+    cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
     return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))
 
 

@@ -105,6 +105,17 @@ def build_model_dir(out: str | Path, family: str = "cosyvoice3", size: str = "ti
     return out
 
 
+def demo_tiny_whisper(cache_dir: str | None, asr_model: str) -> str:
+    """``--asr-model auto`` with demo-tiny: a tiny random-weight Whisper beside the tiny model (offline; its
+    transcripts are noise); any other choice is kept as it is."""
+    if asr_model != "auto":
+        return asr_model
+    from bench.tiny_whisper import build_whisper_dir
+
+    root = Path(cache_dir or Path.home() / ".cache" / "cosystream") / "demo-tiny-whisper"
+    return str(build_whisper_dir(root))
+
+
 def build_demo_tiny(cache_dir: str | None = None) -> Path:
     """``--model demo-tiny`` (app.py and ``python -m engine``): a tiny random-weight v3 directory in the
     released layout under the cache, written again on each start (seconds, offline)."""

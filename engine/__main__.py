@@ -95,8 +95,9 @@ def _engine(args: argparse.Namespace):
     )
     model_dir = None
     if args.model == "demo-tiny":  # as app.py: the entry points may build the bench's tiny model
-        from bench.make_model import build_demo_tiny
+        from bench.make_model import build_demo_tiny, demo_tiny_whisper
 
+        cfg = replace(cfg, asr_model=demo_tiny_whisper(None, cfg.asr_model))
         model_dir = build_demo_tiny()
     engine = TTSEngine.load(cfg, model_dir=model_dir)
     engine.ready = True

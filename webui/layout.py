@@ -138,11 +138,13 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
         filled["language"].render()
         filled["text"].render()
         c["counter"] = gr.HTML(views.counter_text("", limits.max_text_chars, 0, t), js_on_load=None)
+        # side by side and closed: the live-text controls cost no height, so Generate stays on the screen
         with gr.Row(equal_height=True):
-            c["live_text"] = gr.Checkbox(False, label=lbl("live_text"), info=lbl("live_text_info"), scale=2)
-            c["live_wps"] = gr.Slider(1, 20, value=4, step=1, label=lbl("live_wps"), scale=1)
-        with gr.Accordion(lbl("split_preview"), open=False):
-            c["split"] = gr.HTML(views.split_preview_html([]), js_on_load=None)
+            with gr.Accordion(lbl("split_preview"), open=False):
+                c["split"] = gr.HTML(views.split_preview_html([]), js_on_load=None)
+            with gr.Accordion(lbl("live_text"), open=False, elem_id="cosy-live-text"):
+                c["live_text"] = gr.Checkbox(False, label=lbl("live_text"), info=lbl("live_text_info"))
+                c["live_wps"] = gr.Slider(1, 20, value=4, step=1, label=lbl("live_wps"))
     with gr.Column(elem_classes=[*CARD, "cosy-actions"]):
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
             c["stream"] = gr.Checkbox(True, label=lbl("streaming"), info=lbl("streaming_info"), scale=1)
@@ -232,7 +234,10 @@ def _listen(
         on("generate"), inputs, outputs, js=js, show_progress="minimal", show_progress_on=b["status"], **gpu
     )
     a["stop"].click(on("stop"), rid, b["status"], js=player.STOP_JS, **light)
-    a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **light)
+    # always_last: .input's default ("once") drops keystrokes while one is being handled, so the box's
+    # final words could never reach a live-text request
+    typed = {**light, "trigger_mode": "always_last"}
+    a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **typed)
     gr.Timer(1.0).tick(on("server_panel"), None, b["server"], **light)
     page = [b["header"], a["mode"], a["language"], a["mode_help"], a["prompt_note"], a["counter"]]
     page += [b["status"], b["metrics"], b["live"], b["history"]]

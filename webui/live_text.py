@@ -55,12 +55,14 @@ class LiveText:
 class LiveTexts:
     """Live-text feeds by request id (a bounded registry: the oldest go first)."""
 
-    def __init__(self, max_feeds: int = 256):
-        self.max_feeds = max_feeds
+    IDLE_S = 3.0  # the text ends this long after the box's last change
+
+    def __init__(self, max_feeds: int = 256, idle_s: float | None = None):
+        self.max_feeds, self.idle_s = max_feeds, self.IDLE_S if idle_s is None else idle_s
         self._feeds: OrderedDict[str, LiveText] = OrderedDict()
 
-    def open(self, rid: str, text: str, wps: float, idle_s: float = 3.0) -> LiveText:
-        feed = self._feeds[rid] = LiveText(text, wps, idle_s)
+    def open(self, rid: str, text: str, wps: float) -> LiveText:
+        feed = self._feeds[rid] = LiveText(text, wps, self.idle_s)
         while len(self._feeds) > self.max_feeds:
             self._feeds.popitem(last=False)
         return feed

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(fastapi_app: Any) -> Iterator[str]:
+    """The app on a free 127.0.0.1 port in a thread, its URL while the block runs, then stopped."""
+    import uvicorn
+
+    srv = uvicorn.Server(uvicorn.Config(fastapi_app, "127.0.0.1", free_port(), log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the app did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{srv.config.port}/"
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+
+
+def studio_page(browser: Any, url: str) -> Any:
+    """A 1400x1000 page on the studio, once its player script has loaded."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=30_000)
+    return page
 
 
 TRANSCRIBED = "document.querySelector('#cosy-transcript textarea').value !== ''"

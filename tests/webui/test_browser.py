@@ -9,7 +9,6 @@ browser vs the server's time to first audio).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,7 +20,7 @@ from engine.metrics import ServerStats
 from engine.request import SynthesisRequest
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from tests.webui.support import OUT, fill_request, free_port, metric, player
+from tests.webui.support import OUT, fill_request, metric, player, serving, studio_page
 
 pytestmark = pytest.mark.browser
 
@@ -46,29 +45,14 @@ class BrowserEngine(FakeEngine):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, BrowserEngine]]:
-    import uvicorn
-
     engine = BrowserEngine()
-    port = free_port()
-    fastapi_app = app.create_app(engine, ui_lang="en", random_weights=True)
-    config = uvicorn.Config(fastapi_app, "127.0.0.1", port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the app did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/", engine
-    srv.should_exit = True
-    thread.join(10)
+    with serving(app.create_app(engine, ui_lang="en", random_weights=True)) as url:
+        yield url, engine
 
 
 @pytest.fixture
 def page(browser, server) -> Iterator[Any]:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(server[0])
-    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=30_000)
+    page = studio_page(browser, server[0])
     yield page
     page.close()
 

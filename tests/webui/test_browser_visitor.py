@@ -9,8 +9,6 @@ with the shipped example voices, on 127.0.0.1. Screenshots at 1440x900 in en and
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from engine.request import AudioChunk, SynthesisRequest
 from engine.voices import load_examples
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from tests.webui.support import OUT, TRANSCRIBED, free_port
+from tests.webui.support import OUT, TRANSCRIBED, serving
 
 pytestmark = pytest.mark.browser
 SHOTS = Path("/work/notes/shots")
@@ -47,20 +45,9 @@ class VisitorEngine(FakeEngine):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, VisitorEngine]]:
-    import uvicorn
-
     engine = VisitorEngine()
-    config = uvicorn.Config(app.create_app(engine), "127.0.0.1", free_port(), log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the app did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{config.port}/", engine
-    srv.should_exit = True
-    thread.join(10)
+    with serving(app.create_app(engine)) as url:
+        yield url, engine
 
 
 def open_page(browser: Any, url: str, locale: str = "en-US") -> tuple[Any, Any]:
@@ -93,7 +80,7 @@ def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -
         id_a, id_b = browser_id(a), browser_id(b)
         assert id_a != id_b and len(id_a) == 32
         a.locator("#cosy-prompt input[type=file]").set_input_files(prompt)
-        a.wait_for_function(TRANSCRIBED, timeout=10_000)
+        a.wait_for_function(TRANSCRIBED, timeout=60_000)
         a.get_by_label("Save this prompt as").fill("Alice private")
         a.locator("#cosy-save").click()
         a.get_by_text("Saved voice “Alice private”").first.wait_for(timeout=10_000)
@@ -114,7 +101,7 @@ def test_example_voice_fills_the_form_and_generates(browser, server) -> None:
     try:
         page.locator("#cosy-examples").get_by_text("en-amy", exact=True).click()
         transcript = (ASSETS / "en-amy.txt").read_text().strip()
-        page.wait_for_function(TRANSCRIBED, timeout=10_000)
+        page.wait_for_function(TRANSCRIBED, timeout=60_000)
         assert page.locator("#cosy-transcript textarea").input_value() == transcript
         assert page.locator("#cosy-text textarea").input_value().startswith("The quick brown fox")
         assert page.locator("#cosy-lang input").input_value() == "English"

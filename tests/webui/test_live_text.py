@@ -10,8 +10,8 @@ RID = "a" * 32
 
 
 async def test_words_go_out_then_typed_text_then_the_feed_ends_when_idle() -> None:
-    feeds = LiveTexts()
-    feed = feeds.open(RID, "Hello there", wps=1000, idle_s=0.3)
+    feeds = LiveTexts(idle_s=0.3)
+    feed = feeds.open(RID, "Hello there", wps=1000)
     it = feed.pieces()
     assert [await anext(it), await anext(it)] == ["Hello", " there"]
     pending = asyncio.ensure_future(anext(it))  # waits: nothing new yet
@@ -26,8 +26,8 @@ async def test_words_go_out_then_typed_text_then_the_feed_ends_when_idle() -> No
 
 
 async def test_text_edited_before_the_spoken_part_is_not_sent() -> None:
-    feeds = LiveTexts()
-    feed = feeds.open(RID, "One two", wps=1000, idle_s=0.2)
+    feeds = LiveTexts(idle_s=0.2)
+    feed = feeds.open(RID, "One two", wps=1000)
     got = [await anext(feed.pieces())]
     feeds.update(RID, "Uno two three")  # rewrote what was already spoken
     got += [p async for p in feed.pieces()]
