@@ -37,7 +37,7 @@ class GraphedCFM(nn.Module):
         compiled: bool = False,
     ):
         super().__init__()
-        self.cfm, self.dtype, self.frame_bucket = cfm, dtype, frame_bucket
+        self.cfm, self.frame_bucket = cfm, frame_bucket
         self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled))
         self.graphs = GraphCache("flow solver", max_graphs)
 

@@ -10,8 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
-import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ import app
 from engine.config import EngineConfig
 from tests.conftest import REPO
 from tests.sounds import write_wav
-from tests.webui.support import free_port
+from tests.webui.support import serving
 
 MARKER = "<!-- readme-test -->"
 README_PORT = "127.0.0.1:7860"
@@ -52,8 +50,6 @@ def test_the_readme_has_marked_blocks() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The README's "Run it" server (``python app.py --model demo-tiny``), in this process."""
-    import uvicorn
-
     home = tmp_path_factory.mktemp("readme-home")
     cfg = EngineConfig(
         model="demo-tiny",
@@ -63,17 +59,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         voices_dir=str(home / "voices"),
     )
     fastapi_app = app.create_app(app.build_engine(cfg), ui_lang="en", random_weights=True)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(fastapi_app, "127.0.0.1", port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not srv.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the demo-tiny app did not start"
-        time.sleep(0.05)
-    yield f"127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with serving(fastapi_app, start_s=120) as url:  # its start-up runs a warm-up synthesis
+        yield url.removeprefix("http://").rstrip("/")
 
 
 @pytest.fixture(scope="module")

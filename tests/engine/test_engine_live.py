@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from bench.make_model import build_model_dir
-from engine.config import EngineConfig, Limits
-from engine.engine import TTSEngine
+from engine.config import Limits
 from engine.errors import InvalidInput, SynthesisFailed, TooLarge
 from engine.request import Mode, SynthesisRequest
+from tests.reliability.support import load_engine
 from tests.sounds import write_wav
 
 WORDS = ["Hello", "there,", "this", "is", "a", "short", "test", "sentence"]
@@ -23,15 +23,8 @@ WORDS += ["that", "arrives", "word", "by", "word."]
 def engine(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     model_dir = build_model_dir(root / "model", request.param, "tiny")
-    cfg = EngineConfig(
-        model=str(model_dir),
-        device="cpu",
-        backend="native",
-        voices_dir=str(root / "voices"),
-        limits=Limits(max_concurrency=4, max_queue=8, max_text_chars=400, text_idle_s=2),
-    )
-    eng = TTSEngine.load(cfg)
-    eng.ready = True
+    limits = Limits(max_concurrency=4, max_queue=8, max_text_chars=400, text_idle_s=2)
+    eng = load_engine(model_dir, root / "voices", limits)
     eng.prompt = write_wav(root / "prompt.wav", 3.0)
     yield eng
     eng.close()

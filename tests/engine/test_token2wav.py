@@ -329,9 +329,9 @@ class BlockedWorker:
             _deliver(job, np.zeros(1, np.float32), None)
 
 
-def test_the_worker_runs_queued_chunks_earliest_deadline_first(tmp_path):
-    """While the worker is busy, a long chunk with seconds of slack and then a first chunk are queued:
-    the first chunk runs next, alone (the long one would move it into a larger frame bucket)."""
+def queued_batches(tmp_path, fifo: bool) -> list[list[int]]:
+    """The worker's batches (token counts) when, while it is busy with a 1-token chunk, a long chunk with
+    6 s of slack and then a first chunk are queued."""
     from bench.make_model import build_model_dir
     from engine.streaming import ChunkJob
 
@@ -340,7 +340,7 @@ def test_the_worker_runs_queued_chunks_earliest_deadline_first(tmp_path):
     )
     clock = [0.0]
     t2w = Token2Wav(
-        model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), clock=lambda: clock[0]
+        model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), clock=lambda: clock[0], fifo=fifo
     )
     worker = BlockedWorker()
     t2w._run_batch = worker  # type: ignore[method-assign]
@@ -359,33 +359,14 @@ def test_the_worker_runs_queued_chunks_earliest_deadline_first(tmp_path):
         asyncio.run(scenario())
     finally:
         t2w.close()
-    assert worker.batches == [[1], [43], [400]]
+    return worker.batches
+
+
+def test_the_worker_runs_queued_chunks_earliest_deadline_first(tmp_path):
+    """The first chunk runs next, alone (the long one would move it into a larger frame bucket)."""
+    assert queued_batches(tmp_path, fifo=False) == [[1], [43], [400]]
 
 
 def test_fifo_takes_queued_chunks_in_arrival_order_in_one_batch(tmp_path):
     """The A/B setting: the same scenario runs the long chunk and the first chunk together, as queued."""
-    from bench.make_model import build_model_dir
-    from engine.streaming import ChunkJob
-
-    model = load_model(
-        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
-    )
-    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), fifo=True)
-    worker = BlockedWorker()
-    t2w._run_batch = worker  # type: ignore[method-assign]
-    features, _ = random_prompt(10, 10)
-
-    async def scenario() -> None:
-        busy = asyncio.ensure_future(t2w.run(t2w.utterance(features, 0, True), ChunkJob(1, 0, False)))
-        await asyncio.to_thread(worker.entered.wait, 30)
-        long = asyncio.ensure_future(t2w.run(t2w.utterance(features, 1, True), ChunkJob(400, 0, False), 6.0))
-        first = asyncio.ensure_future(t2w.run(t2w.utterance(features, 2, True), ChunkJob(43, 0, False)))
-        await asyncio.sleep(0)
-        worker.release.set()
-        await asyncio.gather(busy, long, first)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        t2w.close()
-    assert worker.batches == [[1], [400, 43]]
+    assert queued_batches(tmp_path, fifo=True) == [[1], [400, 43]]

@@ -22,14 +22,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(fastapi_app: Any) -> Iterator[str]:
+def serving(fastapi_app: Any, start_s: float = 30.0) -> Iterator[str]:
     """The app on a free 127.0.0.1 port in a thread, its URL while the block runs, then stopped."""
     import uvicorn
 
     srv = uvicorn.Server(uvicorn.Config(fastapi_app, "127.0.0.1", free_port(), log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + start_s
     while not srv.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the app did not start"
         time.sleep(0.05)
