@@ -72,7 +72,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
-        help="capture the flow's CUDA graphs for mel up to this many seconds at load (15: ~90 s on an H200)",
+        help="capture the flow/HiFT CUDA graphs for mel up to this many seconds at load; 0: on first use",
     )  # fmt: skip
     p.add_argument(
         "--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,

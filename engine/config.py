@@ -167,11 +167,11 @@ class EngineConfig:
     # dynamic program for every bucket), kernels kept on disk under cache_dir/compile so a restart reuses
     # them. False = the eager estimator inside the graphs (the A/B; bench --no-flow-compile).
     flow_compile: bool = True
-    # load pre-captures the flow graphs for mel up to this long (prompt + speech), after vLLM has started;
-    # 0 = capture each bucket on first use (~1 s for the first request that meets it). On the H200, 15 s =
-    # 80 flow graphs in 92-96 s and 40 v3 HiFT graphs in 8 s of load time, host RSS 5.6 -> 11.7 GiB:
-    # opt-in for servers, off for quick starts.
-    graph_warmup_s: float = 0.0
+    # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
+    # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
+    # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
+    # 16 = 80 flow + 40 HiFT buckets (load time in BENCHMARKS.md). 0 = capture each bucket on first use.
+    graph_warmup_s: float = 16.0
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16

@@ -5,8 +5,8 @@ between them; a captured graph replays them in one launch. Shapes are bucketed: 
 frames up to a multiple of ``frame_bucket``. Padding is exact for the real rows and frames: padded frames
 are masked out of attention and every conv is causal (left context only), and padded rows are independent.
 Graphs are captured lazily on first use of a bucket and kept in an LRU (``graph_cache``); ``precapture``
-records every bucket up to a batch and length before serving (the engine's warmup), so no request pays for
-a capture.
+records every bucket up to a batch and length before serving (the engine's load), so no request pays for
+a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured.
 """
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ class GraphedCFM(nn.Module):
         bb, tt = self.bucket(b, frames)
         call = self._graph(bb, tt, streaming, inputs.mu.device)
         with record_function("t2w.flow.solver"):
-            out = call(*_padded(inputs, bb, tt))
+            padded = _padded(inputs, bb, tt)
+            # precaptured, and not this bucket: no capture on a request's path, but the bucket's shape (the
+            # compiled estimator was traced at bucket shapes; a raw length could cost a recompile)
+            out = self._solver(streaming)(*padded) if call is None else call(*padded)
         return out[:b, :, :frames]
 
     def precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
@@ -65,7 +68,9 @@ class GraphedCFM(nn.Module):
         ]
         return self.graphs.precapture(keys, lambda key: self._graph(*key, device), device)
 
-    def _graph(self, batch: int, frames: int, streaming: bool, dev: torch.device) -> devices.CapturedCall:
+    def _graph(
+        self, batch: int, frames: int, streaming: bool, dev: torch.device
+    ) -> devices.CapturedCall | None:
         return self.graphs.get(
             (batch, frames, streaming), self._solver(streaming), lambda: _statics(batch, frames, dev)
         )

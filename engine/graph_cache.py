@@ -35,12 +35,18 @@ def largest_first(top_batch: int, top_frames: int, frame_bucket: int) -> list[tu
 
 
 class GraphCache:
-    """``key -> CapturedCall``, captured on first use, least recently used dropped past ``max_graphs``."""
+    """``key -> CapturedCall``, captured on first use, least recently used dropped past ``max_graphs``.
+
+    After ``precapture`` the cache is frozen: a key it did not capture gets no graph (``get`` returns None
+    and the caller runs uncaptured), so no request ever waits for a capture (~1 s for a large flow bucket).
+    """
 
     def __init__(self, name: str, max_graphs: int):
         self.name, self.max_graphs = name, max_graphs
         self._graphs: OrderedDict[Hashable, devices.CapturedCall] = OrderedDict()
         self._pool = self._stream = None  # created on the first capture (CUDA only)
+        self.frozen = False
+        self._missed: set[Hashable] = set()  # keys logged once as run uncaptured
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -55,6 +61,7 @@ class GraphCache:
             for key in keys:  # graph alive (the H200 filled up after ~70 flow captures)
                 capture(key)
         devices.empty_cache(dev)  # the warm-up runs' activations
+        self.frozen = True
         return len(keys)
 
     def get(
@@ -62,9 +69,15 @@ class GraphCache:
         key: Hashable,
         fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]],
         statics: Callable[[], tuple[torch.Tensor, ...]],
-    ) -> devices.CapturedCall:
-        """The graph of ``fn`` for ``key``, recording it on ``statics()`` (its input buffers) if new."""
+    ) -> devices.CapturedCall | None:
+        """The graph of ``fn`` for ``key``, recording it on ``statics()`` (its input buffers) if new;
+        None for a new key once frozen (the caller runs ``fn`` uncaptured)."""
         call = self._graphs.get(key)
+        if call is None and self.frozen:
+            if key not in self._missed:
+                self._missed.add(key)
+                log.info("no %s graph was captured for %s: such calls run uncaptured", self.name, key)
+            return None
         if call is None:
             if self._pool is None:
                 self._pool, self._stream = devices.graph_pool(), devices.capture_stream()

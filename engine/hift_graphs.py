@@ -44,6 +44,8 @@ class GraphedHiFT:
         if finalize or tt > self.max_frames or not self._fits_noise(tt):
             return self.hift.inference(mel, finalize)
         call = self._graph(bb, tt, mel.device)
+        if call is None:  # precaptured, and not this bucket: no capture on a request's path
+            return self.hift.inference(mel, finalize)
         with record_function("t2w.hift.graph"):
             speech, source = call.replay(_padded(mel, bb, tt))
         c = self.hift.config
@@ -65,7 +67,7 @@ class GraphedHiFT:
         c = self.hift.config
         return (frames - c.f0_predictor.look_ahead) * c.samples_per_frame <= c.noise_max_samples
 
-    def _graph(self, batch: int, frames: int, dev: torch.device) -> devices.CapturedCall:
+    def _graph(self, batch: int, frames: int, dev: torch.device) -> devices.CapturedCall | None:
         def run(mel: Tensor) -> tuple[Tensor, Tensor]:
             return self.hift.inference(mel, False)
 

@@ -175,3 +175,20 @@ def test_graphed_forward_pads_replays_and_slices_like_eager(flow, monkeypatch):
     torch.testing.assert_close(a, kept, atol=0, rtol=0)
     valid = first.mask.bool().expand_as(eager)
     torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
+
+
+def test_after_precapture_a_longer_call_runs_uncaptured(flow, monkeypatch):
+    """Mel beyond the pre-captured buckets takes the solver uncaptured, exactly, and captures nothing."""
+    from tests.engine.test_graph_cache import emulate_capture
+
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    graphed = GraphedCFM(flow.decoder, frame_bucket=100)
+    assert graphed.precapture(2, 100, torch.device("cpu")) == len(made) == 4  # batch 2, 1 x 100 x streaming
+    x = inputs(flow, [(20, 90)], finalize=False, streaming=True)  # > 100 frames
+    assert x.mu.size(2) > 100
+    with torch.inference_mode():
+        got, eager = graphed(x, True), flow.decoder(x, True)
+    assert len(made) == 4
+    valid = x.mask.bool().expand_as(eager)
+    torch.testing.assert_close(got[valid], eager[valid], atol=1e-5, rtol=1e-5)

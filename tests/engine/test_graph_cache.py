@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar
 
 import torch
@@ -64,3 +65,22 @@ def test_cache_captures_once_per_key_and_drops_the_least_recently_used(monkeypat
     assert len(cache) == 2 and len(made) == 3
     get(3)
     assert len(made) == 4  # captured again
+
+
+def test_once_precaptured_a_new_key_gets_no_graph(monkeypatch, caplog):
+    """After ``precapture`` nothing is captured on a request's path: an unknown key returns None (the
+    caller runs uncaptured), logged once per key."""
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    cache = GraphCache("test", max_graphs=1)
+
+    def get(n: int):
+        return cache.get(n, lambda x: x * n, lambda: (torch.zeros(n),))
+
+    assert not cache.frozen
+    assert cache.precapture([2, 3], get, torch.device("cpu")) == 2 and cache.frozen
+    assert get(2) is cache[2] and get(3) is cache[3]  # room for every pre-captured key
+    with caplog.at_level(logging.INFO, "engine.graph_cache"):
+        assert get(4) is None and get(4) is None
+    assert len(made) == 2 and len(cache) == 2
+    assert sum("run uncaptured" in r.getMessage() for r in caplog.records) == 1

@@ -88,3 +88,15 @@ def test_captured_vocoder_matches_eager_on_cuda(hift):
     assert len(graphed.graphs) == 1
     torch.testing.assert_close(a, kept, atol=0, rtol=0)
     torch.testing.assert_close(a, eager, atol=1e-4, rtol=1e-4)
+
+
+def test_after_precapture_an_uncaptured_bucket_runs_eager(hift, monkeypatch):
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.hift_graphs.devices.empty_cache", lambda dev: None)
+    graphed = GraphedHiFT(hift, frame_bucket=100, max_frames=200)
+    assert graphed.precapture(1, 100, torch.device("cpu")) == 1
+    mel = mels(2, 150)  # batch 2, 200 frames: within max_frames, never captured
+    with torch.inference_mode():
+        want = hift.inference(mel, False)[0]
+        torch.testing.assert_close(graphed(mel, False)[0], want, atol=0, rtol=0)
+    assert made == [((1, 80, 100),)]
