@@ -9,11 +9,12 @@ in the generator's locals and the objects it owns; its ``finally`` aborts the LM
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -204,8 +205,11 @@ class TTSEngine:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
             try:
                 if not active.cancelled.is_set():  # aborted while it waited in line: nothing to compute
-                    async for chunk in self._run(req, seed, watch, active, prefetch):
-                        yield chunk
+                    # closed explicitly, down the chain to the LM request: a caller that leaves aborts
+                    # its decode now, not when the garbage collector finalises the inner generators
+                    async with contextlib.aclosing(self._run(req, seed, watch, active, prefetch)) as run:
+                        async for chunk in run:
+                            yield chunk
             finally:
                 self.admission.release()
             self._counts["cancelled" if active.cancelled.is_set() else "completed"] += 1
@@ -225,7 +229,7 @@ class TTSEngine:
     # ------------------------------------------------------------------ one request
     async def _run(
         self, req: SynthesisRequest, seed: int, watch: Stopwatch, active: _Active, prefetch: Prefetch | None
-    ) -> AsyncIterator[AudioChunk]:
+    ) -> AsyncGenerator[AudioChunk, None]:
         watch.started()
         t0 = time.perf_counter()
         plan = await self._plan(req)
@@ -238,13 +242,15 @@ class TTSEngine:
             if prefetch is None
             else self._live(req, plan, seed, watch, active, prefetch)
         )
-        async for pcm in audio:
-            if time.monotonic() > deadline:
-                raise SynthesisFailed(f"request took longer than {self.cfg.limits.request_timeout_s:.0f} s")
-            watch.add_audio(len(pcm) / self.sample_rate)
-            active.playback.delivered(len(pcm) / self.sample_rate)
-            yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot())
-            index += 1
+        async with contextlib.aclosing(audio):
+            async for pcm in audio:
+                if time.monotonic() > deadline:
+                    limit = self.cfg.limits.request_timeout_s
+                    raise SynthesisFailed(f"request took longer than {limit:.0f} s")
+                watch.add_audio(len(pcm) / self.sample_rate)
+                active.playback.delivered(len(pcm) / self.sample_rate)
+                yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot())
+                index += 1
         if not active.cancelled.is_set():
             yield AudioChunk(
                 np.zeros(0, np.float32), self.sample_rate, index, True, watch.snapshot(done=True)
@@ -263,7 +269,7 @@ class TTSEngine:
 
     async def _audio(
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
-    ) -> AsyncIterator[np.ndarray]:
+    ) -> AsyncGenerator[np.ndarray, None]:
         stream = req.stream and req.speed == 1.0  # speed re-times a whole mel: applied per segment
         load = self.admission.active
         schedule = replace(
@@ -279,10 +285,10 @@ class TTSEngine:
             return
         for i, (text_ids, prompt_ids, speech_ids) in enumerate(plan.segments):
             utt = self.token2wav.utterance(plan.flow_prompt, seed + i, stream, req.speed, schedule)
-            async for pcm in self._segment(
-                req, utt, text_ids, prompt_ids, speech_ids, seed + i, watch, active
-            ):
-                yield pcm
+            segment = self._segment(req, utt, text_ids, prompt_ids, speech_ids, seed + i, watch, active)
+            async with contextlib.aclosing(segment):
+                async for pcm in segment:
+                    yield pcm
             if active.cancelled.is_set():
                 return
 
@@ -296,21 +302,31 @@ class TTSEngine:
         seed: int,
         watch: Stopwatch,
         active: _Active,
-    ) -> AsyncIterator[np.ndarray]:
+    ) -> AsyncGenerator[np.ndarray, None]:
         lm = self.model.lm
         prefix = await asyncio.to_thread(_prefix, lm, text_ids, prompt_ids, speech_ids)
         min_len, max_len = token_limits(len(text_ids), self.cfg.sampling)
         if req.forced_tokens is not None:  # fixed compute for benchmarks: no stop before, none after
             min_len = max_len = req.forced_tokens
+        urgent = active.playback.buffered_s() <= 0.0  # nothing left to play: this listener is waiting
         lm_req = LMRequest(
-            f"{req.request_id}:{seed}", prefix, seed, min_len, max_len, tuple(sorted(lm.config.stop_ids))
+            f"{req.request_id}:{seed}",
+            prefix,
+            seed,
+            min_len,
+            max_len,
+            tuple(sorted(lm.config.stop_ids)),
+            LMRequest.URGENT if urgent else LMRequest.BUFFERED,
         )
-        async for pcm in self._speak(utt, self.backend.generate(lm_req), watch, active):
-            yield pcm
+        async with contextlib.aclosing(
+            self._speak(utt, self.backend.generate(lm_req), watch, active)
+        ) as audio:
+            async for pcm in audio:
+                yield pcm
 
     async def _live(
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active, text: Prefetch
-    ) -> AsyncIterator[np.ndarray]:
+    ) -> AsyncGenerator[np.ndarray, None]:
         """Text-streaming input: one bistream decode over the pieces as they arrive (lm/bistream.py)."""
         stream = req.stream and req.speed == 1.0
         schedule = replace(
@@ -325,14 +341,15 @@ class TTSEngine:
         session = self.backend.session(f"{req.request_id}:{seed}", seed)
         try:
             tokens = bistream_tokens(session, interleaver, ids, self.cfg.sampling, req.forced_tokens)
-            async for pcm in self._speak(utt, tokens, watch, active):
-                yield pcm
+            async with contextlib.aclosing(self._speak(utt, tokens, watch, active)) as audio:
+                async for pcm in audio:
+                    yield pcm
         finally:
             await session.aclose()
 
     async def _speak(
         self, utt: Utterance, tokens: AsyncIterator[int], watch: Stopwatch, active: _Active
-    ) -> AsyncIterator[np.ndarray]:
+    ) -> AsyncGenerator[np.ndarray, None]:
         """Speech tokens as they come -> audio chunks; closing ``tokens`` aborts the LM request."""
         keep = SilenceFilter(SILENT_TOKENS_V3).keep if self.family == "cosyvoice3" else (lambda _t: True)
         t_lm = time.perf_counter()

@@ -14,7 +14,15 @@ from engine.lm.sampling import SamplerState
 
 @dataclass(frozen=True, eq=False)
 class LMRequest:
-    """One segment's decode: prefix embeddings [P, H] (float32, any device) and its sampling limits."""
+    """One segment's decode: prefix embeddings [P, H] (float32, any device) and its sampling limits.
+
+    ``priority``: lower goes first where a backend must choose whom to start or keep (vLLM's priority
+    scheduler, the native loop's admission): ``URGENT`` for a listener with no audio buffered (a first
+    segment, or one whose buffer ran dry), ``BUFFERED`` for a later segment of a request still playing.
+    """
+
+    URGENT = 0
+    BUFFERED = 1
 
     request_id: str
     prefix: torch.Tensor
@@ -22,6 +30,7 @@ class LMRequest:
     min_len: int
     max_len: int
     stop_ids: tuple[int, ...]
+    priority: int = URGENT
 
     def sampler(self) -> SamplerState:
         return SamplerState.seeded(self.seed, self.min_len, self.max_len, self.stop_ids)

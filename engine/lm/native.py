@@ -119,6 +119,7 @@ class NativeLM:
                 if self._closed:
                     return
                 room = self.max_batch - len(self._running)
+                self._pending.sort(key=lambda s: s.req.priority)  # stable: arrival order within a priority
                 new, self._pending = self._pending[:room], self._pending[room:]
                 calls, self._calls = self._calls, []
             try:

@@ -21,6 +21,7 @@ Untested in CI (no vLLM there); exercised by tests marked ``gpu`` and by bench/ 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -157,6 +158,7 @@ class VLLMBackend:
             max_num_seqs=max_num_seqs,
             max_model_len=4096,
             enable_prefix_caching=True,  # bistream rounds re-submit their grown prompt
+            scheduling_policy="priority",  # LMRequest.priority: a waiting listener's segment goes first
             logits_processors=[f"{__name__}:RASLogitsProcessor"],
         )
         self.engine = AsyncLLM.from_engine_args(args)
@@ -209,13 +211,21 @@ class VLLMBackend:
 
     async def generate(self, req: LMRequest) -> AsyncIterator[int]:
         prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
+        async with contextlib.aclosing(self.tokens(prompt, self._params(req), req)) as tokens:
+            async for tok in tokens:
+                if tok not in req.stop_ids:
+                    yield tok
+
+    async def tokens(self, prompt: dict[str, Any], params: Any, req: LMRequest) -> AsyncIterator[int]:
+        """Every id vLLM emits for one request; closed before its end (or failing), the request is aborted
+        there. Callers close it explicitly (``contextlib.aclosing``) so the abort is not left to the GC."""
         self._active += 1
         finished = False
         try:
-            async for out in self.engine.generate(prompt, self._params(req), req.request_id):
+            stream = self.engine.generate(prompt, params, req.request_id, priority=req.priority)
+            async for out in stream:
                 for tok in out.outputs[0].token_ids:
-                    if tok not in req.stop_ids:
-                        yield tok
+                    yield tok
                 finished = out.finished
         finally:
             self._active -= 1
@@ -283,21 +293,12 @@ class VLLMSession:
             yield self.layout.fill_id
 
     async def _generate(self, req: LMRequest, ends: list[int]) -> AsyncIterator[int]:
-        backend = self.backend
-        params = backend._params(req, ends=ends, history=list(self.history))
+        params = self.backend._params(req, ends=ends, history=list(self.history))
         prompt = {"prompt_embeds": req.prefix}
-        backend._active += 1
-        finished = False
-        try:
-            async for out in backend.engine.generate(prompt, params, req.request_id):
-                for tok in out.outputs[0].token_ids:
-                    self.history.append(tok)
-                    yield tok
-                finished = out.finished
-        finally:
-            backend._active -= 1
-            if not finished:
-                await backend.engine.abort(req.request_id)
+        async with contextlib.aclosing(self.backend.tokens(prompt, params, req)) as ids:
+            async for tok in ids:
+                self.history.append(tok)
+                yield tok
 
     async def aclose(self) -> None:
         self.fed = []

@@ -13,6 +13,7 @@ from bench.make_model import build_model_dir
 from engine.config import EngineConfig, Limits
 from engine.engine import TTSEngine
 from engine.errors import InvalidInput, NotFound, NotReady, TooLarge
+from engine.lm.backend import LMRequest
 from engine.request import Mode, SynthesisRequest
 from tests.sounds import speech_like, write_wav
 
@@ -129,6 +130,41 @@ async def test_flow_batch_one_runs_every_chunk_alone_with_the_same_audio(engine,
     assert rows and set(rows) == {1}
     for x, y in zip(batched, alone):
         np.testing.assert_allclose(pcm(y), pcm(x), atol=1e-4)
+
+
+async def test_a_segment_whose_listener_waits_is_urgent_for_the_lm(engine, monkeypatch):
+    """The first segment's LM request is URGENT (nothing to play yet); a later one, while the earlier
+    segments' audio still plays, is BUFFERED (the LM backends start URGENT requests first)."""
+    text = " ".join(
+        f"This is sentence number {n}, which is long enough to be its own piece." for n in range(8)
+    )
+    assert len(engine.split_preview(text)) >= 2
+    seen, real = [], engine.backend.generate
+    monkeypatch.setattr(engine.backend, "generate", lambda r: seen.append(r.priority) or real(r))
+    await collect(engine, req(engine, text=text, forced_tokens=150))  # 6 s of audio per segment
+    assert seen[0] == LMRequest.URGENT and len(seen) >= 2
+    assert set(seen[1:]) == {LMRequest.BUFFERED}
+
+
+async def test_closing_a_stream_closes_its_lm_request_at_once(engine, monkeypatch):
+    """A caller that leaves after the first chunk ends its LM decode when its stream is closed, not later
+    when the garbage collector finalises the generators in between."""
+    closed, real = [], engine.backend.generate
+
+    async def generate(r):
+        try:
+            async for tok in real(r):
+                yield tok
+        finally:
+            closed.append(r.request_id)
+
+    monkeypatch.setattr(engine.backend, "generate", generate)
+    stream = engine.stream(req(engine, forced_tokens=300))
+    async for _ in stream:
+        break
+    assert closed == []
+    await stream.aclose()
+    assert len(closed) == 1  # no await in between: closed down the chain by aclose itself
 
 
 def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ Every wait is bounded, so a hang fails its test instead of eating the GPU sessio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 
 import numpy as np
@@ -79,6 +80,7 @@ def test_engine_streams_with_the_vllm_backend(model_dir):
             backend="vllm",
             gpu_memory_utilization=0.2,
             limits=Limits(max_concurrency=16),
+            graph_warmup_s=2.0,  # buckets to 100 frames: these requests' longer calls run uncaptured
         )
     )
     engine.ready = True
@@ -93,8 +95,18 @@ def test_engine_streams_with_the_vllm_backend(model_dir):
     async def run() -> list[np.ndarray]:
         return await asyncio.gather(*(one(i) for i in range(16)))
 
+    async def leave_after_the_first_chunk() -> int:
+        req = SynthesisRequest(
+            text="Hello there.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=99, forced_tokens=400
+        )
+        async with contextlib.aclosing(engine.stream(req)) as chunks:
+            async for _ in chunks:
+                break
+        return engine.backend.active  # the vLLM request was aborted when the stream closed
+
     try:
         outs = bounded(run())
+        assert bounded(leave_after_the_first_chunk()) == 0
     finally:
         engine.close()
     # 100 tokens -> up to 4 s (v3 drops silent tokens past a run of 5 before the flow)
@@ -110,7 +122,11 @@ def test_text_streaming_requests_run_on_the_vllm_backend(model_dir):
 
     engine = TTSEngine.load(
         EngineConfig(
-            model=str(model_dir), backend="vllm", gpu_memory_utilization=0.2, limits=Limits(max_concurrency=4)
+            model=str(model_dir),
+            backend="vllm",
+            gpu_memory_utilization=0.2,
+            limits=Limits(max_concurrency=4),
+            graph_warmup_s=2.0,
         )
     )
     engine.ready = True
