@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidInput, SynthesisFailed
 from engine.request import Mode, SynthesisRequest
-from engine.text import TextFrontend, load_tokenizer
+from engine.text import TextFrontend, load_normalizers, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ _worker_text: TextFrontend | None = None  # in a worker process: its own copy, s
 def _start_worker(tokenizer_dir: str, family: str) -> None:
     global _worker_text
     _worker_text = TextFrontend(load_tokenizer(tokenizer_dir, family))
+    load_normalizers()  # before the first job, not during it
 
 
 def _run_in_worker(job: TextJob) -> TextIds:

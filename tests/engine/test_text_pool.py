@@ -78,3 +78,21 @@ def test_no_workers_runs_in_a_thread_here(text):
         TextPool(text, workers=-1)
     with pytest.raises(ValueError, match="tokenizer directory"):
         TextPool(text, workers=2)
+
+
+def loaded_normalizers() -> int:
+    """Run in a worker: how many wetext normalisers it has built."""
+    from engine.text import _wetext
+
+    return _wetext.cache_info().currsize
+
+
+def test_a_worker_loads_its_normalizers_before_its_first_job(text, tokenizer_dir):
+    """A fresh worker builds both wetext normalisers as it starts, so no request waits for them."""
+    fresh = TextPool(text, 1, tokenizer_dir)
+    try:
+        fresh.start()
+        assert fresh._pool is not None
+        assert fresh._pool.submit(loaded_normalizers).result(timeout=60) == 2
+    finally:
+        fresh.close()
