@@ -84,9 +84,8 @@ def run_local(ns: argparse.Namespace) -> None:
     from app import engine_config
 
     # a new Ray on this machine (not one a `ray start` left running); its workers import this checkout
-    env = {"env_vars": {"PYTHONPATH": str(REPO)}}
     slow_host_tolerance()
-    ray.init(address="local", namespace="cosystream", runtime_env=env)
+    ray.init(address="local", namespace="cosystream", runtime_env=worker_env())
     gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
     cluster = cluster_config(ns, gpus)
     serve.start(http_options={"host": ns.host, "port": ns.port})
@@ -94,6 +93,13 @@ def run_local(ns: argparse.Namespace) -> None:
              cluster.gpus_per_replica, ns.host, ns.port)  # fmt: skip
     app = application(engine_config(ns), cluster, ui_lang=ns.ui_lang, api_key=ns.api_key)
     serve.run(app, name=cluster.app_name, route_prefix="/", blocking=True)
+
+
+def worker_env() -> dict[str, Any]:
+    """Ray's runtime env for the replicas: this checkout first on their path, then whatever this process
+    had there (packages installed with ``pip --target``, as on an offline GPU host, stay importable)."""
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}}
 
 
 def slow_host_tolerance() -> None:

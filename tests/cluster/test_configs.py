@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ pytest.importorskip("ray.serve")
 from ray.serve import Application
 from ray.serve.schema import ServeDeploySchema
 
-from cluster.application import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT, build
+from cluster.application import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT, REPO, build, worker_env
 
 CLUSTER = Path(__file__).resolve().parents[2] / "cluster"
 
@@ -48,3 +49,11 @@ def test_config_is_valid_and_its_application_builds(config: dict[str, Any]) -> N
 def test_build_refuses_an_unknown_flag() -> None:
     with pytest.raises(SystemExit):
         build({"no-such-flag": 1})
+
+
+def test_replicas_import_this_checkout_then_the_callers_path(monkeypatch) -> None:
+    """Packages installed with ``pip --target`` (the offline GPU host) reach the replicas' workers."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site", str(REPO), "/opt/more"]))
+    assert worker_env()["env_vars"]["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/opt/site", "/opt/more"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert worker_env() == {"env_vars": {"PYTHONPATH": str(REPO)}}
