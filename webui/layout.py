@@ -62,8 +62,7 @@ def build_demo(
                 ask |= _text_column(lbl, t, limits, ask)
             with gr.Column(scale=10, min_width=360, elem_classes="cosy-answer"):
                 answer = _answer_column(lbl, t)
-        texts = [[text, lang] for lang, text in EXAMPLES]
-        gr.Examples(texts, [ask["text"], ask["language"]], label=lbl("examples"))
+        _example_texts(lbl, t, ask)
         with gr.Accordion(lbl("history"), open=True, elem_classes=CARD):
             answer["history"] = gr.HTML(views.note_html(t("history_empty")), js_on_load=None)
         answer["header"] = header
@@ -187,6 +186,20 @@ def _example_voices(lbl: Labels, studio: Studio, filled: dict[str, Any]) -> None
     if rows:
         fields = [filled[k] for k in ("prompt", "prompt_text", "language", "text")]
         gr.Examples(rows, fields, label=lbl("example_voices"), example_labels=labels, elem_id="cosy-examples")
+
+
+def _example_texts(lbl: Labels, t: Texts, filled: dict[str, Any]) -> None:
+    """The example texts as labelled chips: a click fills the text and its language.
+
+    Labelled, not a table (issue 15): Gradio 6.17's examples table mounts each cell's component once its
+    code has loaded; when that runs in a later Svelte batch while the one that first set the table's props
+    is still pending, the props read as unset and ``component_props[i]`` throws "Cannot read properties
+    of undefined (reading '0')", on most uncached loads of this page. Its headers also showed the fields'
+    i18n keys raw. Labelled examples are plain buttons: no cell components, no headers."""
+    rows = [[text, lang] for lang, text in EXAMPLES]
+    labels = [f"{t(f'lang_{lang}')} · {text}" for lang, text in EXAMPLES]
+    fields = [filled["text"], filled["language"]]
+    gr.Examples(rows, fields, label=lbl("examples"), example_labels=labels, elem_id="cosy-example-texts")
 
 
 def _listen(

@@ -40,9 +40,12 @@ def serving(fastapi_app: Any, start_s: float = 30.0) -> Iterator[str]:
         thread.join(10)
 
 
-def studio_page(browser: Any, url: str) -> Any:
-    """A 1400x1000 page on the studio, once its player script has loaded."""
+def studio_page(browser: Any, url: str, errors: list[str] | None = None) -> Any:
+    """A 1400x1000 page on the studio (a fresh context: nothing cached), once its player script has loaded.
+    ``errors`` collects the page's uncaught script errors, from before it starts loading."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    if errors is not None:
+        page.on("pageerror", lambda err: errors.append(f"{err}\n{err.stack or ''}"))
     page.goto(url)
     page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=30_000)
     return page
