@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+FAMILIES = ("cosyvoice2", "cosyvoice3")  # the fixture format's families: cosyvoice{2,3}/ under the root
+NO_CASES = "no cosyvoice*/tiny case under the fixture root (COSYSTREAM_FIXTURES or ../shared/fixtures)"
 
 
 def fixture_root() -> Path | None:
@@ -25,6 +27,16 @@ def tiny_cases(family: str | None = None) -> list[Path]:
         return []
     pattern = f"{family}/tiny" if family else "cosyvoice*/tiny"
     return sorted(p for p in root.glob(pattern) if p.is_dir())
+
+
+def case_params(family: str | None = None) -> pytest.MarkDecorator:
+    """``@case_params()``: one test per fixture case (``case``: its tiny/ directory), or one skipped test
+    naming what is missing when the root has none."""
+    cases = tiny_cases(family)
+    if cases:
+        return pytest.mark.parametrize("case", cases, ids=[c.parent.name for c in cases])
+    reason = NO_CASES.replace("cosyvoice*", family) if family else NO_CASES
+    return pytest.mark.parametrize("case", [pytest.param(None, marks=pytest.mark.skip(reason=reason))])
 
 
 def fixture_file(*parts: str | Path) -> Path:

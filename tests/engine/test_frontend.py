@@ -13,15 +13,16 @@ import pytest
 from engine import audio
 from engine.errors import InvalidInput, ModelError, TooLarge
 from engine.frontend import Frontend, PromptFeatures
-from tests.conftest import fixture_root
+from tests.conftest import fixture_file, fixture_root
 
 ROOT = fixture_root()
 ONNX = ROOT / "onnx" if ROOT else None
-pytestmark = pytest.mark.skipif(
-    ONNX is None or not (ONNX / "standin_io.npz").is_file(),
-    reason="fixtures/onnx (ONNX stand-ins) not found; set COSYSTREAM_FIXTURES",
-)
 FAMILIES = {"cosyvoice2": "v2", "cosyvoice3": "v3"}
+STANDINS = ["campplus_standin.onnx", *(f"speech_tokenizer_{v}_standin.onnx" for v in FAMILIES.values())]
+pytestmark = pytest.mark.skipif(
+    ONNX is None or not all((ONNX / name).is_file() for name in STANDINS),
+    reason=f"no fixture root with onnx/{{{','.join(STANDINS)}}} (COSYSTREAM_FIXTURES or ../shared/fixtures)",
+)
 
 
 def make_frontend(family: str = "cosyvoice3", **kwargs) -> Frontend:
@@ -54,7 +55,7 @@ class CountingSession:
 
 @pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
 def test_positional_calls_reproduce_standin_io(family):
-    ref = np.load(ONNX / "standin_io.npz")
+    ref = np.load(fixture_file("onnx", "standin_io.npz"))
     frontend = make_frontend(family)
     tokens = frontend._run_tokenizer(ref["tokenizer_in_feats"][0])
     np.testing.assert_array_equal(tokens, ref[f"tokenizer_{FAMILIES[family]}_out"].reshape(-1))

@@ -2,10 +2,13 @@
 
 from collections.abc import Callable
 
+import numpy as np
+import pytest
 import torch
 
 from engine.config import StreamConfig
 from engine.streaming import ChunkJob, ChunkPlanner, V2VocoderState, V3VocoderState, crossfade, hamming
+from tests.conftest import fixture_file, tiny_cases
 
 CFG = StreamConfig()
 
@@ -31,9 +34,23 @@ def test_first_hop_pads_to_the_chunk_grid_then_doubles_to_100():
 
 
 def test_matches_the_reference_v3_e2e_schedule():
-    # fixtures ref_e2e: 10 prompt tokens, 50 tokens -> chunk of 43 tokens, then the final flush.
+    # the official tts loop: 10 prompt tokens, 50 tokens -> chunk of 43 tokens, then the final flush.
     jobs = drain(ChunkPlanner(10, CFG), 50)
     assert jobs == [ChunkJob(43, 0, False), ChunkJob(50, 80, True)]
+
+
+E2E_CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
+
+
+@pytest.mark.skipif(not E2E_CASES, reason="no fixture case with ref_e2e.npz")
+@pytest.mark.parametrize("case", E2E_CASES, ids=[c.parent.name for c in E2E_CASES])
+def test_matches_each_fixture_e2e_schedule(case):
+    """As many chunks as the reference's streaming tts gave, the first one as long as its first chunk."""
+    flow_in, e2e = np.load(fixture_file(case / "ref_flow.npz")), np.load(case / "ref_e2e.npz")
+    jobs = drain(ChunkPlanner(flow_in["prompt_token"].shape[1], CFG), flow_in["token"].shape[1])
+    assert len(jobs) == int(e2e["stream_num_chunks"])
+    if len(jobs) > 1:
+        assert jobs[0].end == int(flow_in["stream_chunk0_num_tokens"])
 
 
 def test_each_request_starts_at_the_first_hop():

@@ -19,7 +19,7 @@ from engine.config import StreamConfig
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
 from engine.token2wav import Token2Wav
-from tests.conftest import fixture_file, tiny_cases
+from tests.conftest import fixture_file, tiny_cases, tiny_yaml
 
 CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
 
@@ -28,12 +28,12 @@ def model_dir_from_fixture(case: Path, out: Path) -> Path:
     """The fixture's tiny files laid out as a released model directory."""
     family = case.parent.name
     out.mkdir()
-    shutil.copyfile(case / f"{family}_tiny.yaml", out / f"{family}.yaml")
+    shutil.copyfile(fixture_file(case / f"{family}_tiny.yaml"), out / f"{family}.yaml")
     for name in ("llm.pt", "flow.pt", "hift.pt"):
-        shutil.copyfile(case / name, out / name)
+        shutil.copyfile(fixture_file(case / name), out / name)
     blank = out / "CosyVoice-BlankEN"
     write_tiny_tokenizer(blank, family)
-    config = json.loads((case / "CosyVoice-BlankEN_config.json").read_text())
+    config = json.loads(fixture_file(case / "CosyVoice-BlankEN_config.json").read_text())
     (blank / "config.json").write_text(json.dumps(config))
     write_onnx(out, family)
     return out
@@ -58,11 +58,13 @@ def test_stream_and_non_stream_reproduce_the_reference(case, tmp_path):
     family = case.parent.name
     model = load_model(validate_model_dir(model_dir_from_fixture(case, tmp_path / "m")), torch.device("cpu"))
     flow_in, ref = np.load(fixture_file(case / "ref_flow.npz")), np.load(case / "ref_e2e.npz")
+    y = tiny_yaml(case)  # audio samples per prompt mel frame
+    per_frame = y["sample_rate"] // (y["token_frame_rate"] * y["token_mel_ratio"])
     features = PromptFeatures(
         speech_tokens=flow_in["prompt_token"][0].astype(np.int32),
         speaker_embedding=flow_in["embedding"][0],
         prompt_mel=flow_in["prompt_feat"][0],
-        num_samples=flow_in["prompt_feat"].shape[1] * 480,
+        num_samples=flow_in["prompt_feat"].shape[1] * per_frame,
         content_hash="fixture",
         family=family,
         trimmed=False,

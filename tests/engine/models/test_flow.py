@@ -15,12 +15,10 @@ import torch
 from engine.errors import TooLarge
 from engine.models.attention import attention_mask
 from engine.models.flow import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
-from tests.conftest import fixture_file, fixture_root, tiny_cases, tiny_yaml
+from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases, tiny_yaml
 
 CASES = tiny_cases()
-ROOT = fixture_root()
-FAMILIES = sorted(p.parent.name for p in ROOT.glob("cosyvoice*/manifest_flow.json")) if ROOT else []
-needs_fixtures = pytest.mark.skipif(not CASES, reason="golden fixtures (../shared/fixtures) not found")
+needs_fixtures = pytest.mark.skipif(not CASES, reason=NO_CASES)
 case_param = pytest.mark.parametrize("case", CASES, ids=[p.parent.name for p in CASES])
 FULL_SIZE = {"CausalMaskedDiffWithXvec": CosyVoice2Flow, "CausalMaskedDiffWithDiT": CosyVoice3Flow}
 
@@ -92,10 +90,8 @@ def test_first_streaming_chunk_matches_reference(case: Path) -> None:
     assert not torch.allclose(mel, flow.inference(*args, streaming=False, finalize=False), atol=1e-3)
 
 
-@pytest.mark.skipif(not FAMILIES, reason="golden fixtures (../shared/fixtures) not found")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_full_size_layout_matches_release_manifest(family: str) -> None:
-    assert ROOT is not None
     manifest = json.loads(fixture_file(family, "manifest_flow.json").read_text())
     with torch.device("meta"):
         flow = FULL_SIZE[manifest["class"].rsplit(".", 1)[-1]]()
@@ -104,10 +100,8 @@ def test_full_size_layout_matches_release_manifest(family: str) -> None:
     assert sum(p.numel() for p in flow.parameters()) == manifest["num_parameters_unique"]
 
 
-@pytest.mark.skipif(not FAMILIES, reason="golden fixtures (../shared/fixtures) not found")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_noise_buffer_fingerprint_and_global_rng_untouched(family: str) -> None:
-    assert ROOT is not None
     want = json.loads(fixture_file(family, "full_size_inference_noise.json").read_text())[
         "flow.decoder.rand_noise"
     ]

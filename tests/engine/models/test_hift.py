@@ -15,14 +15,9 @@ from engine.models.hift import CausalHiFTGenerator, HiFTGenerator, build_hift
 from engine.models.hift_config import SOURCE_CACHE_SAMPLES, F0PredictorConfig, HiftConfig
 from engine.models.hift_layers import causal_padding
 from engine.models.hift_noise import HiftNoise
-from tests.conftest import fixture_file, fixture_root, tiny_cases, tiny_yaml
+from tests.conftest import FAMILIES, case_params, fixture_file, tiny_yaml
 
 ATOL = 1e-4
-CASES = tiny_cases()
-
-
-def _ids(paths: list[Path]) -> list[str]:
-    return [p.parent.name for p in paths]
 
 
 def _config(case: Path) -> HiftConfig:
@@ -57,7 +52,7 @@ def _v2_run(
     return {"speech": speech, "source": source, "call2_speech": speech2, "call2_source": source2}
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@case_params()
 def test_config_from_tiny_yaml(case: Path) -> None:
     cfg, node = _config(case), tiny_yaml(case)["hift"]
     assert cfg.causal == node["__tag__"].endswith(".CausalHiFTGenerator")
@@ -87,7 +82,7 @@ def test_config_defaults_and_validation() -> None:
         HiftConfig.from_yaml({"__tag__": "new:x.HiFiGANGenerator"})
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@case_params()
 def test_tiny_parity(case: Path) -> None:
     z = np.load(fixture_file(case / "ref_hift.npz"))
     hift = _loaded(case)
@@ -107,7 +102,7 @@ def test_tiny_parity(case: Path) -> None:
         assert hift.f0_predictor.classifier.weight.dtype == torch.float64
 
 
-@pytest.mark.parametrize("case", tiny_cases("cosyvoice2"), ids=_ids(tiny_cases("cosyvoice2")))
+@case_params("cosyvoice2")
 def test_v2_private_generator_matches_global_stream(case: Path) -> None:
     z = np.load(fixture_file(case / "ref_hift.npz"))
     hift = _loaded(case)
@@ -121,7 +116,7 @@ def test_v2_private_generator_matches_global_stream(case: Path) -> None:
     assert not torch.allclose(other, outs["speech"]), "the noise must depend on the generator"
 
 
-@pytest.mark.parametrize("case", tiny_cases("cosyvoice3"), ids=_ids(tiny_cases("cosyvoice3")))
+@case_params("cosyvoice3")
 def test_v3_recipe_noise_and_streaming_prefix(case: Path) -> None:
     z = np.load(fixture_file(case / "ref_hift.npz"))
     mel, cfg = torch.from_numpy(z["mel"]), _config(case)
@@ -137,7 +132,7 @@ def test_v3_recipe_noise_and_streaming_prefix(case: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@case_params()
 def test_legacy_weight_g_v_keys_and_folding(case: Path) -> None:
     state = torch.load(fixture_file(case / "hift.pt"), weights_only=True)
     legacy = {
@@ -166,7 +161,7 @@ def _run_fixed(hift: HiFTGenerator | CausalHiFTGenerator, mel: torch.Tensor) -> 
     return hift.inference(mel)[0]
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+@case_params()
 def test_bad_inputs_fail_loudly(case: Path) -> None:
     hift, cfg = _loaded(case), _config(case)
     mels, per_frame = cfg.in_channels, cfg.samples_per_frame
@@ -183,12 +178,9 @@ def test_bad_inputs_fail_loudly(case: Path) -> None:
             hift.inference(torch.zeros(1, mels, 2), torch.zeros(1, 1, 2 * per_frame + 1))
 
 
-MANIFESTS = sorted(fixture_root().glob("cosyvoice*/manifest_hift.json")) if fixture_root() else []
-
-
-@pytest.mark.parametrize("manifest", MANIFESTS, ids=[m.parent.name for m in MANIFESTS])
-def test_full_size_structure_matches_manifest(manifest: Path) -> None:
-    info = json.loads(manifest.read_text())
+@pytest.mark.parametrize("family", FAMILIES)
+def test_full_size_structure_matches_manifest(family: str) -> None:
+    info = json.loads(fixture_file(family, "manifest_hift.json").read_text())
     causal = info["class"].endswith(".CausalHiFTGenerator")
     with torch.device("meta"):
         hift = build_hift(HiftConfig(causal=causal, f0_predictor=F0PredictorConfig(causal=causal)))

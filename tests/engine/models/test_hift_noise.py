@@ -14,17 +14,12 @@ from torch import nn
 from engine.models.f0_predictor import F0Predictor
 from engine.models.hift_config import FULL_NOISE_SAMPLES, F0PredictorConfig
 from engine.models.hift_noise import build_noise, shared_noise
-from tests.conftest import fixture_file, fixture_root, tiny_cases, tiny_yaml
+from tests.conftest import case_params, fixture_file, tiny_yaml
 
-V3_TINY = tiny_cases("cosyvoice3")
-NOISE_JSONS = (
-    sorted(fixture_root().glob("cosyvoice*/full_size_inference_noise.json")) if fixture_root() else []
-)
-HIFT_JSONS = [p for p in NOISE_JSONS if "hift.m_source.uv" in json.loads(p.read_text())]
 TINY_F0 = F0PredictorConfig(causal=True, cond_channels=32)  # a small causal predictor
 
 
-@pytest.mark.parametrize("case", V3_TINY, ids=[p.parent.name for p in V3_TINY])
+@case_params("cosyvoice3")
 def test_tiny_recipe_equals_fixture_buffers(case: Path) -> None:
     z = np.load(fixture_file(case / "ref_hift_noise.npz"))
     f0 = F0PredictorConfig.from_yaml(tiny_yaml(case)["hift"]["f0_predictor"])  # its inits draw first
@@ -51,9 +46,9 @@ def test_private_stream_matches_real_constructors() -> None:
     assert torch.equal(noise.sine_waves, first_sines)
 
 
-@pytest.mark.parametrize("path", HIFT_JSONS, ids=[p.parent.name for p in HIFT_JSONS])
-def test_full_size_recipe_matches_fingerprints(path: Path) -> None:
-    info = json.loads(path.read_text())
+def test_full_size_recipe_matches_fingerprints() -> None:
+    # v3 only (fixtures README): v2's HiFT keeps no noise buffers, it draws noise on every call
+    info = json.loads(fixture_file("cosyvoice3", "full_size_inference_noise.json").read_text())
     noise = build_noise(F0PredictorConfig(causal=True))
     assert noise.rand_ini.tolist() == info["hift.m_source.l_sin_gen.rand_ini"]["values"]
     for key, tensor in (

@@ -13,10 +13,10 @@ import torch
 from engine.errors import InvalidInput, ModelError
 from engine.models.lm_config import SpeechLMConfig
 from engine.models.speech_lm import SpeechLM
-from tests.conftest import fixture_file, tiny_cases
+from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases
 
 CASES = tiny_cases()
-needs_fixtures = pytest.mark.skipif(not CASES, reason="golden fixtures (../shared/fixtures) not found")
+needs_fixtures = pytest.mark.skipif(not CASES, reason=NO_CASES)
 case_param = pytest.mark.parametrize("case", CASES, ids=[p.parent.name for p in CASES])
 
 
@@ -75,8 +75,9 @@ def test_teacher_forced_pass(case: Path) -> None:
 @torch.no_grad()
 def test_greedy_kv_cache_decode(case: Path) -> None:
     model, r = load_tiny(case), ref(case)
-    cache = model.new_cache(capacity=8)  # smaller than the prefix: the cache must grow
-    hidden = model.prefill(reference_prefix(model, r), cache)
+    prefix = reference_prefix(model, r)
+    cache = model.new_cache(capacity=max(1, len(prefix) // 2))  # smaller than the prefix: the cache must grow
+    hidden = model.prefill(prefix, cache)
     tokens = []
     for step, expected in enumerate(torch.from_numpy(r["decode_step_scores"])):
         logp = model.logprobs(hidden)
@@ -107,7 +108,8 @@ def run_alone(model: SpeechLM, prefix: torch.Tensor, steps: int) -> tuple[list[t
 def test_batched_decode_equals_each_alone(case: Path) -> None:
     model, r = load_tiny(case), ref(case)
     full = reference_prefix(model, r)
-    prefixes = [full, full[:-7], full[:9]]  # three different lengths: padding and masks matter
+    n = len(full)
+    prefixes = [full, full[: max(1, 2 * n // 3)], full[: max(1, n // 3)]]  # other lengths: padding, masks
     alone = [run_alone(model, p, steps=6) for p in prefixes]
     caches = [model.new_cache(capacity=2) for _ in prefixes]
     for p, c in zip(prefixes, caches):
@@ -126,9 +128,9 @@ def test_chunked_prefill_equals_one_prefill(case: Path) -> None:
     model, r = load_tiny(case), ref(case)
     prefix = reference_prefix(model, r)
     whole = model.prefill(prefix, model.new_cache())
-    cache = model.new_cache(capacity=1)
-    model.prefill(prefix[:5], cache)
-    torch.testing.assert_close(model.prefill(prefix[5:], cache), whole, atol=1e-5, rtol=0)
+    cache, split = model.new_cache(capacity=1), max(1, len(prefix) // 2)
+    model.prefill(prefix[:split], cache)
+    torch.testing.assert_close(model.prefill(prefix[split:], cache), whole, atol=1e-5, rtol=0)
 
 
 @needs_fixtures
@@ -160,7 +162,7 @@ def test_prefix_rejects_out_of_range_ids(case: Path) -> None:
         model.prefix_embeds(torch.tensor([model.config.text_vocab_size]))
 
 
-@pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_full_size_structure_matches_manifest(family: str) -> None:
     manifest = json.loads(fixture_file(family, "manifest_llm.json").read_text())
     config = SpeechLMConfig.from_qwen_config(family, manifest["qwen2_config_assumed"])
