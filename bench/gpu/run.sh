@@ -75,7 +75,9 @@ step_unpack() {  # H200: this call's part joins the earlier ones; the call that 
     mkdir -p "$VB/b"
     (cd "$VB" && xargs cat < PARTS) | tar -x -C "$VB/b"
     xz -dc "$VB/b/vllm-slim.tar.xz" | tar -x -C "$SITE"
-    install_wheels "$VB"/b/deps/*.whl "$VB"/b/wheels/*.whl
+    local wheels=()
+    for whl in "$VB"/b/deps/*.whl "$VB"/b/wheels/*.whl; do [ -f "$whl" ] && wheels+=("$whl"); done
+    if [ ${#wheels[@]} -gt 0 ]; then install_wheels "${wheels[@]}"; fi
     touch "$SITE/.vllm-done"
   fi
   echo "vLLM and the wheels installed in $SITE"

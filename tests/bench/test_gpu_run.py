@@ -41,9 +41,9 @@ def checkout(tmp_path: Path) -> Path:
     bundle = tar_bytes({"vllm-slim.tar.xz": slim})
     half = len(bundle) // 2
     (root / ".vb").mkdir()
-    (root / ".vb" / "vllm-bundle.part.aa").write_bytes(bundle[:half])
-    (root / ".vb" / "vllm-bundle.part.ab").write_bytes(bundle[half:])
-    (root / ".vb" / "PARTS").write_text("vllm-bundle.part.aa\nvllm-bundle.part.ab\n")
+    (root / ".vb" / "bundle.part.aa").write_bytes(bundle[:half])
+    (root / ".vb" / "bundle.part.ab").write_bytes(bundle[half:])
+    (root / ".vb" / "PARTS").write_text("bundle.part.aa\nbundle.part.ab\n")
     return root
 
 
@@ -59,7 +59,7 @@ def run_sh(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def carry_only(root: Path, part: str) -> None:
     """What one device call sees: PARTS and this one part (the others stayed on the earlier calls)."""
-    for p in (root / ".vb").glob("vllm-bundle.part.*"):
+    for p in (root / ".vb").glob("bundle.part.*"):
         if p.name != part:
             p.rename(root.parent / p.name)
     if not (root / ".vb" / part).exists():
@@ -68,12 +68,12 @@ def carry_only(root: Path, part: str) -> None:
 
 def test_unpack_installs_once_the_last_part_arrives(checkout: Path) -> None:
     site = checkout.parent / "site"
-    carry_only(checkout, "vllm-bundle.part.aa")
+    carry_only(checkout, "bundle.part.aa")
     first = run_sh(checkout, "unpack")
     assert first.returncode == 0, first.stderr
-    assert "parts still to come: vllm-bundle.part.ab" in first.stdout
+    assert "parts still to come: bundle.part.ab" in first.stdout
     assert not (site / "vllm").exists()
-    carry_only(checkout, "vllm-bundle.part.ab")
+    carry_only(checkout, "bundle.part.ab")
     second = run_sh(checkout, "unpack")
     assert second.returncode == 0, second.stderr
     assert (site / "vllm" / "__init__.py").read_text() == "__version__ = 'stand-in'\n"
