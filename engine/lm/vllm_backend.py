@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +216,7 @@ class VLLMBackend:
                 if tok not in req.stop_ids:
                     yield tok
 
-    async def tokens(self, prompt: dict[str, Any], params: Any, req: LMRequest) -> AsyncIterator[int]:
+    async def tokens(self, prompt: dict[str, Any], params: Any, req: LMRequest) -> AsyncGenerator[int, None]:
         """Every id vLLM emits for one request; closed before its end (or failing), the request is aborted
         there. Callers close it explicitly (``contextlib.aclosing``) so the abort is not left to the GC."""
         self._active += 1
