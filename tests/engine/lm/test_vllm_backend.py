@@ -68,22 +68,29 @@ def test_greedy_tokens_match_the_native_backend_to_the_bf16_tolerance(model_dir,
     assert parity(native, rows, got, BF16_TIE_NATS)["within_tolerance"]
 
 
-def test_engine_streams_with_the_vllm_backend(model_dir):
+def vllm_engine(model_dir, max_concurrency: int):
+    """A ready TTSEngine on vLLM; graphs pre-captured for mel up to 100 frames only, so these requests'
+    longer flow calls take the uncaptured path."""
     from engine.config import EngineConfig, Limits
     from engine.engine import TTSEngine
+
+    cfg = EngineConfig(
+        model=str(model_dir),
+        backend="vllm",
+        gpu_memory_utilization=0.2,
+        limits=Limits(max_concurrency=max_concurrency),
+        graph_warmup_s=2.0,
+    )
+    engine = TTSEngine.load(cfg)
+    engine.ready = True
+    return engine
+
+
+def test_engine_streams_with_the_vllm_backend(model_dir):
     from engine.request import Mode, SynthesisRequest
     from tests.sounds import speech_like
 
-    engine = TTSEngine.load(
-        EngineConfig(
-            model=str(model_dir),
-            backend="vllm",
-            gpu_memory_utilization=0.2,
-            limits=Limits(max_concurrency=16),
-            graph_warmup_s=2.0,  # buckets to 100 frames: these requests' longer calls run uncaptured
-        )
-    )
-    engine.ready = True
+    engine = vllm_engine(model_dir, max_concurrency=16)
     prompt = (speech_like(3.0, 24000), 24000)
 
     async def one(i: int) -> np.ndarray:
@@ -115,21 +122,10 @@ def test_engine_streams_with_the_vllm_backend(model_dir):
 
 def test_text_streaming_requests_run_on_the_vllm_backend(model_dir):
     """Bistream on vLLM (a new request per round, prefix caching): 4 live requests, words as they come."""
-    from engine.config import EngineConfig, Limits
-    from engine.engine import TTSEngine
     from engine.request import Mode, SynthesisRequest
     from tests.sounds import speech_like
 
-    engine = TTSEngine.load(
-        EngineConfig(
-            model=str(model_dir),
-            backend="vllm",
-            gpu_memory_utilization=0.2,
-            limits=Limits(max_concurrency=4),
-            graph_warmup_s=2.0,
-        )
-    )
-    engine.ready = True
+    engine = vllm_engine(model_dir, max_concurrency=4)
     prompt = (speech_like(2.0, 24000), 24000)
     text = "Text written by a language model arrives here one word after another, and we speak it."
     words = text.split(" ")
