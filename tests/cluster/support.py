@@ -59,10 +59,11 @@ def local_cluster(model_dir: Path, voices_dir: Path) -> Iterator[Cluster]:
     import ray
     from ray import serve
 
-    from cluster.application import application, slow_host_tolerance
+    from cluster.application import application, fast_path, slow_host_tolerance
 
     port = free_port()
     slow_host_tolerance()
+    fast_path()  # the serving mode app.py --replicas runs: HAProxy, direct ingress, gRPC between replicas
     env = {"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}}
     ray.init(address="local", num_cpus=2, include_dashboard=False, namespace="cosystream", runtime_env=env)
     try:

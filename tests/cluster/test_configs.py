@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,16 @@ pytest.importorskip("ray.serve")
 from ray.serve import Application
 from ray.serve.schema import ServeDeploySchema
 
-from cluster.application import ENGINE_DEPLOYMENT, INGRESS_DEPLOYMENT, REPO, build, worker_env
+from cluster.application import (
+    ENGINE_DEPLOYMENT,
+    FAST_PATH_ENV,
+    INGRESS_DEPLOYMENT,
+    REPO,
+    build,
+    fast_path,
+    stop_on_signals,
+    worker_env,
+)
 
 CLUSTER = Path(__file__).resolve().parents[2] / "cluster"
 
@@ -57,3 +67,39 @@ def test_replicas_import_this_checkout_then_the_callers_path(monkeypatch) -> Non
     assert worker_env()["env_vars"]["PYTHONPATH"].split(os.pathsep) == [str(REPO), "/opt/site", "/opt/more"]
     monkeypatch.delenv("PYTHONPATH")
     assert worker_env() == {"env_vars": {"PYTHONPATH": str(REPO)}}
+
+
+def test_kuberay_nodes_run_serve_in_the_same_mode_as_a_local_run() -> None:
+    """The fast path is read by Ray's own processes: every container of the example sets it."""
+    cluster = next(
+        d for d in yaml.safe_load_all((CLUSTER / "kuberay.yaml").read_text()) if d["kind"] == "RayService"
+    )["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    wanted = {k: v for k, v in FAST_PATH_ENV.items() if "DRAINING" not in k}  # a local stop only
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e["value"] for e in container["env"]}
+            assert wanted.items() <= env.items(), container["name"]
+
+
+def test_fast_path_fills_in_what_the_operator_did_not_set(monkeypatch) -> None:
+    for key in FAST_PATH_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0")  # an operator's opt-out stays
+    fast_path()
+    assert os.environ["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+    assert os.environ["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_ends_the_local_run_instead_of_killing_it(sig) -> None:
+    """run_local waits on this event and then shuts Serve down (its HAProxy would outlive a kill)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stop = stop_on_signals()
+        assert not stop.is_set()
+        os.kill(os.getpid(), sig)
+        assert stop.wait(5)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
