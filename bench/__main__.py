@@ -301,7 +301,16 @@ def _line(lv: Level) -> str:
         f"{lv.system} {lv.mode} c={lv.concurrency}: TTFA p50 {f(lv.ttfa_ms['p50'], '.0f')} ms "
         f"p95 {f(lv.ttfa_ms['p95'], '.0f')} ms, RTF p50 {f(lv.rtf['p50'], '.3f')}, "
         f"underrun streams {lv.underrun_requests}, {lv.audio_s_per_s:.2f} audio s/s, failed {lv.failed}"
+        + _transport(lv)
     )
+
+
+def _transport(lv: Level) -> str:
+    """Over HTTP: the server's own TTFA and what the transport added to the client's (means)."""
+    if lv.server_ttfa_ms_mean is None or lv.ttfa_ms["mean"] is None:
+        return ""
+    added = lv.ttfa_ms["mean"] - lv.server_ttfa_ms_mean
+    return f"; TTFA mean {lv.ttfa_ms['mean']:.1f} ms = server {lv.server_ttfa_ms_mean:.1f} + HTTP {added:.1f}"
 
 
 async def run_engine(args: argparse.Namespace, save: SaveRun) -> tuple[list[Level], dict[str, Any]]:

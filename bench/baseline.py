@@ -75,6 +75,9 @@ class ReferenceStyle:
     def reset_peak_memory(self) -> None:
         devices.reset_peak_memory(self.model.device)
 
+    async def server_ttfa(self) -> tuple[float, int] | None:
+        return None  # in process
+
     # ------------------------------------------------------------------------------- one request (sync)
     def synthesize(self, req: SynthesisRequest, emit: Callable[[np.ndarray], None]) -> None:
         """Run the whole request on this thread (its LM on a second one); ``emit`` gets each pcm chunk."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import logging
 import math
@@ -223,6 +224,10 @@ class Target(Protocol):
 
     def reset_peak_memory(self) -> None: ...
 
+    async def server_ttfa(self) -> tuple[float, int] | None:
+        """The server's own TTFA totals so far (seconds summed, requests), where it reports them."""
+        ...
+
 
 class EngineTarget:
     """``TTSEngine.stream`` in this process (the engine's own queue and batching)."""
@@ -249,6 +254,9 @@ class EngineTarget:
         from engine import device as devices
 
         devices.reset_peak_memory(self.engine.model.device)
+
+    async def server_ttfa(self) -> tuple[float, int] | None:
+        return None  # in process, the request's own TTFA parts say where its time went
 
 
 def wav_base64(samples: np.ndarray, sr: int = SAMPLE_RATE) -> str:
@@ -311,6 +319,20 @@ class HttpTarget:
     def reset_peak_memory(self) -> None:
         """Nothing to reset: the server's device is not visible from here."""
 
+    async def server_ttfa(self) -> tuple[float, int] | None:
+        """``cosystream_ttfa_seconds`` (sum, count) from the server's /metrics: the level's mean over these
+        is the TTFA the engine saw; the client's mean minus it is what HTTP (and an ingress) added."""
+        resp = await self.client.get(self.url.removesuffix("/v1/audio/speech") + "/metrics")
+        resp.raise_for_status()
+        total, count = 0.0, 0
+        for line in resp.text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name.startswith("cosystream_ttfa_seconds_sum"):
+                total += float(value)
+            elif name.startswith("cosystream_ttfa_seconds_count"):
+                count += int(float(value))
+        return total, count
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -342,6 +364,8 @@ class Level:
     ttfa_parts_ms_mean: dict[str, float]  # where the TTFA went (in-process engine only), mean per request
     errors: list[str]
     per_request: list[RequestResult]
+    # over HTTP: the server's mean TTFA for this level's requests, from its /metrics (None in process)
+    server_ttfa_ms_mean: float | None = None
     # open loop (bench.open_loop): arrivals per second, and the streams active (time-weighted mean, max)
     rate: float | None = None
     active_mean: float | None = None
@@ -365,6 +389,7 @@ async def run_level(
     if concurrency < 1 or requests < 1:
         raise ValueError(f"need concurrency >= 1 and requests >= 1, got {concurrency} and {requests}")
     target.reset_peak_memory()  # the level's own peak, not an earlier level's or the model load's
+    before = await target.server_ttfa()
     pending = iter(range(requests))  # shared by the workers: each takes the next index when it is free
     results: list[RequestResult] = []
 
@@ -376,7 +401,15 @@ async def run_level(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     mode = "stream" if workload.stream else "offline"
-    return summarize(target, mode, concurrency, sorted(results, key=lambda r: r.index), wall)
+    level = summarize(target, mode, concurrency, sorted(results, key=lambda r: r.index), wall)
+    return dataclasses.replace(level, server_ttfa_ms_mean=server_mean_ms(before, await target.server_ttfa()))
+
+
+def server_mean_ms(before: tuple[float, int] | None, after: tuple[float, int] | None) -> float | None:
+    """Mean server TTFA (ms) of the requests between two /metrics readings; None where none came."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * 1000.0
 
 
 def summarize(

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from bench.load import Level, RequestResult, Target, Workload, one_request, summarize
+from bench.load import Level, RequestResult, Target, Workload, one_request, server_mean_ms, summarize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,7 @@ async def run_open_level(
     rng = random.Random(seed)
     sends, lengths = load.arrivals(rng), load.lengths(workload.tokens, rng)
     target.reset_peak_memory()
+    before = await target.server_ttfa()
     t0 = time.perf_counter()
 
     async def send(i: int) -> tuple[float, RequestResult]:
@@ -85,4 +86,7 @@ async def run_open_level(
     results = [r for _, r in done]
     mean, most = active_streams([(s, s + r.total_ms / 1000.0) for s, r in done], wall)
     level = summarize(target, f"{mode} open-loop", most, results, wall)
-    return dataclasses.replace(level, rate=load.rate, active_mean=mean, active_max=most)
+    server = server_mean_ms(before, await target.server_ttfa())
+    return dataclasses.replace(
+        level, rate=load.rate, active_mean=mean, active_max=most, server_ttfa_ms_mean=server
+    )

@@ -9,7 +9,9 @@
 #   bench/gpu/run.sh compare BEFORE.json AFTER.json            anywhere: the before/after table
 #   bench/gpu/run.sh profile FAMILY LEVELS [BENCH FLAGS]       H200: a streaming run with torch.profiler summaries
 #   bench/gpu/run.sh serve FAMILY LEVELS [APP FLAGS]           H200: the HTTP API of one process, then of one
-#                                                 Ray Serve replica behind the ingress (--replicas 1), same bench
+#                                                 Ray Serve replica behind the ingress (--replicas 1), same bench;
+#                                                 ARMS=process or ARMS=replica runs one arm per call (each
+#                                                 takes ~4 min to load), BEFORE=a process arm's results.json
 #
 # FAMILY: v2 | v3; MODE: stream | offline | stream,offline; LEVELS: concurrency levels, e.g. 1,16,64.
 # Env: OUT (where results go; the device tool sets it), NAME (a bench run's folder name; default
@@ -165,9 +167,12 @@ step_serve() {  # the same HTTP bench against one server process, then one Ray S
   shift 2
   environment
   model=$(build_model "$fam" | tail -1)
-  serve_arm process "$model" "$levels" "$@"
-  serve_arm replica "$model" "$levels" --replicas 1 "$@"
-  step_compare "$OUT/serve_process/results.json" "$OUT/serve_replica/results.json" | tee "$OUT/serve.md"
+  case "${ARMS:-process,replica}" in *process*) serve_arm process "$model" "$levels" "$@" ;; esac
+  case "${ARMS:-process,replica}" in *replica*) serve_arm replica "$model" "$levels" --replicas 1 "$@" ;; esac
+  local before=${BEFORE:-$OUT/serve_process/results.json}
+  if [ -f "$before" ] && [ -f "$OUT/serve_replica/results.json" ]; then
+    step_compare "$before" "$OUT/serve_replica/results.json" | tee "$OUT/serve.md"
+  fi
 }
 
 serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, bench its API, stop it
