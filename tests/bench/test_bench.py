@@ -203,6 +203,9 @@ async def test_http_target_streams_pcm_from_a_live_server(engine):
             await target.aclose()
     assert level.system == "cosystream-http" and level.failed == 0, level.errors
     assert level.peak_device_memory_mb is None
+    # the server's own TTFA, read from its /metrics: positive and under what the client waited
+    assert level.server_ttfa_ms_mean is not None and level.ttfa_ms["mean"] is not None
+    assert 0 < level.server_ttfa_ms_mean < level.ttfa_ms["mean"]
     for req in level.per_request:
         assert req.audio_s > 0 and req.audio_s * 24000 == pytest.approx(round(req.audio_s * 24000))
         assert req.queue_wait_ms is not None and req.ttfa_ms is not None and req.rtf is not None

@@ -18,6 +18,10 @@ from engine.models.hift_noise import HiftNoise
 from tests.conftest import FAMILIES, case_params, fixture_file, tiny_yaml
 
 ATOL = 1e-4
+# f0 is in Hz (hundreds): float32 keeps ~7 significant digits and the summation order of the predictor's
+# convs differs between CPUs' SIMD widths, e.g. 2.1e-4 at 278 Hz (7.7e-7 relative) on one Xeon. Relative
+# to the peak, then; inaudible, and the audio computed from it is still held to ATOL.
+F0_RTOL = 2e-6
 
 
 def _config(case: Path) -> HiftConfig:
@@ -40,7 +44,8 @@ def _fixture_noise(case: Path) -> HiftNoise:
 def _close(actual: torch.Tensor, ref: np.ndarray, name: str) -> None:
     assert tuple(actual.shape) == ref.shape, f"{name}: shape {tuple(actual.shape)} != {ref.shape}"
     err = np.abs(actual.detach().double().numpy() - ref.astype(np.float64)).max()
-    assert err <= ATOL, f"{name}: max abs error {err:.3g} > {ATOL}"
+    tol = max(ATOL, F0_RTOL * float(np.abs(ref).max())) if name.endswith("f0") else ATOL
+    assert err <= tol, f"{name}: max abs error {err:.3g} > {tol:.3g}"
 
 
 def _v2_run(
