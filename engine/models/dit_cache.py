@@ -176,7 +176,8 @@ class DiTWindow:
         self._keep(step, layer, k, v)
         if self.past == 0:
             return k, v
-        return self._with_prefix(step, layer, k, "keys"), self._with_prefix(step, layer, v, "values")
+        keys, values = [c.keys for c in self.caches], [c.values for c in self.caches]
+        return self._with_prefix(step, layer, k, keys), self._with_prefix(step, layer, v, values)
 
     def _keep(self, step: int, layer: int, k: Tensor, v: Tensor) -> None:
         # rows b and B + b are request b's cond and uncond rows: cache[..., 2, H, frames, D]
@@ -185,15 +186,15 @@ class DiTWindow:
                 cache.keys[step, layer, :, :, start:end] = k[row :: self.rows, :, : end - start]
                 cache.values[step, layer, :, :, start:end] = v[row :: self.rows, :, : end - start]
 
-    def _with_prefix(self, step: int, layer: int, new: Tensor, name: str) -> Tensor:
-        cached = [getattr(c, name) for c in self.caches]
-        if self.rows == 1:
+    def _with_prefix(self, step: int, layer: int, new: Tensor, cached: list[Tensor | None]) -> Tensor:
+        """new [2B,H,Q,D]; cached: each row's buffer [steps, depth, 2, H, capacity, D] -> [2B,H,past+Q,D]."""
+        if self.rows == 1 and cached[0] is not None:  # no padding: the cached view, then the window
             return torch.cat([cached[0][step, layer, :, :, : self.past], new], dim=2)
         # zeros, not empty: a masked key's value still meets a zero weight, and 0 * NaN would be NaN
         out = new.new_zeros(new.size(0), new.size(1), self.past + self.width, new.size(3))
         out[:, :, self.past :] = new
         for row, (buffer, start) in enumerate(zip(cached, self.starts)):
-            if start > 0:
+            if start > 0 and buffer is not None:
                 out[row :: self.rows, :, :start] = buffer[step, layer, :, :, :start]
         return out
 
