@@ -71,6 +71,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="GPU: run the flow estimator eagerly inside its CUDA graphs (no torch.compile)",
     )  # fmt: skip
     p.add_argument(
+        "--no-flow-reuse", action="store_true",
+        help="v3 eager flow: recompute each request's whole prefix in every streaming call (no frame cache)",
+    )  # fmt: skip
+    p.add_argument(
         "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
         help="capture the flow/HiFT CUDA graphs for mel up to this many seconds at load; 0: on first use",
     )  # fmt: skip
@@ -158,6 +162,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         flow_dtype=args.flow_dtype,
         flow_compile=not args.no_flow_compile,
+        flow_reuse=not args.no_flow_reuse,
         graph_warmup_s=args.graph_warmup_s,
         voices_dir=args.voices_dir,
         limits=limits,

@@ -107,6 +107,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
     p.add_argument("--no-flow-compile", action="store_true", help="the eager estimator in the flow graphs")
     p.add_argument(
+        "--no-flow-reuse", action="store_true", help="v3 eager flow: recompute the prefix in every call"
+    )
+    p.add_argument(
         "--flow-batch",
         type=int,
         default=EngineConfig.flow_batch,
@@ -218,6 +221,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cuda_graphs=not args.no_cuda_graphs,
         hift_graphs=not args.no_hift_graphs,
         flow_compile=not args.no_flow_compile,
+        flow_reuse=not args.no_flow_reuse,
         graph_warmup_s=args.graph_warmup_s,
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,

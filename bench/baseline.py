@@ -5,7 +5,8 @@ purpose, so the ratio measures what the engine changes:
 - the prompt features are recomputed for every request (no cache): speech tokenizer, CAM++, prompt mel;
 - the speech LM decodes alone (batch 1, KV cache) in its own thread, appending tokens to a list;
 - the consumer sleeps 0.1 s between checks for a ready chunk, then runs flow + HiFT for that one request
-  (re-running the flow over all tokens so far, the released hop 25 + pad doubling to 100 schedule);
+  (re-running the flow over all tokens so far, the released hop 25 + pad doubling to 100 schedule; the
+  engine's flow reuse is off for it);
 - one request at a time: later requests wait for the lock (their queue wait), nothing is batched.
 Fixed relative to the release: each request owns its chunk schedule (the release keeps the hop on the
 shared model and request N inherits N-1's hop). Same sampler (RAS), same weights and dtypes as the engine.
@@ -111,7 +112,10 @@ class ReferenceStyle:
         emit: Callable[[np.ndarray], None],
     ) -> None:
         reference = replace(self.engine.cfg.stream, fast_start=False)  # the released schedule
-        utt = self.engine.token2wav.utterance(features, seed, req.stream, schedule=reference)
+        # the release re-runs the flow over all tokens so far: no frame reuse
+        utt = self.engine.token2wav.utterance(
+            features, seed, req.stream, schedule=reference, flow_reuse=False
+        )
         job = _LMJob(utt.tokens)
         lm = threading.Thread(target=self._decode, args=(req, segment, seed, job), daemon=True)
         lm.start()

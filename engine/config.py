@@ -185,6 +185,12 @@ class EngineConfig:
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
     # earliest playback deadline first inside frame buckets (engine.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
+    # v3 streaming flow calls reuse each request's finished frames (keys/values of every DiT layer and Euler
+    # step, engine.models.dit_cache) and compute only the frames after them: exact, as the streaming DiT is
+    # chunk-causal and its noise fixed. On for the eager flow solver (CPU, or cuda_graphs off); ignored where
+    # the CUDA-graph solver runs (unchanged, it recomputes) and for v2. Costs memory per frame cached: ~3.6 MB
+    # in float32 at full size, until the request's final call. False = recompute every call (the A/B).
+    flow_reuse: bool = True
     # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
     # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)

@@ -4,6 +4,10 @@ Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, v
 worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
 (``engine.job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
 ``run`` is awaited by the request's coroutine.
+
+With ``flow_reuse`` (v3 on the eager flow solver) each streaming ``Utterance`` owns a ``DiTCache``: its
+non-final flow calls compute only the frames after the chunks finished in earlier calls (exact; see
+engine.models.dit_cache). The final call recomputes everything with full attention and frees the cache.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from engine.config import EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
 from engine.job_queue import DeadlineQueue
-from engine.models.flow import Flow
+from engine.models.dit_cache import DiTCache
+from engine.models.flow import CausalCFM, Flow
 from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
 from engine.streaming import (
     TOKEN_MEL_RATIO,
@@ -54,6 +59,7 @@ class Utterance:
     tokens: list[int] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=lambda: {"flow": 0.0, "hift": 0.0})
     first_job_started: float | None = None  # perf_counter s when the worker began this segment's first chunk
+    dit_cache: DiTCache | None = None  # v3 streaming with flow reuse: this segment's finished flow frames
 
 
 @dataclass(eq=False)
@@ -88,8 +94,10 @@ class Token2Wav:
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
+        flow_reuse: bool = EngineConfig.flow_reuse,  # v3 eager solver: reuse finished frames (dit_cache)
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
+        self.flow_reuse = flow_reuse
         self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
         # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
@@ -106,9 +114,12 @@ class Token2Wav:
         stream: bool,
         speed: float = 1.0,
         schedule: StreamConfig | None = None,
+        flow_reuse: bool | None = None,
     ) -> Utterance:
         """Fresh per-segment state; ``features`` carries the (trimmed) prompt tokens/mel/embedding.
-        ``schedule``: another chunk schedule for this one (the reference-style baseline's)."""
+        ``schedule``: another chunk schedule for this one (the reference-style baseline's); ``flow_reuse``:
+        False recomputes the flow's prefix in every call even where the worker reuses it (None: the
+        worker's setting)."""
         dev = self.device
         # copies: cached features are shared, read-only arrays
         tokens = torch.tensor(features.speech_tokens, dtype=torch.long, device=dev)[None]
@@ -118,7 +129,9 @@ class Token2Wav:
         if self.family == "cosyvoice2":
             gen = torch.Generator(device=dev).manual_seed(seed)
             return Utterance(tokens, feat, emb, planner, V2VocoderState(self.stream_cfg), gen, speed)
-        return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed)
+        reuse = self.reuses_flow and stream and flow_reuse is not False
+        cache = DiTCache() if reuse else None
+        return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed, dit_cache=cache)
 
     async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:
         """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the client
@@ -138,6 +151,13 @@ class Token2Wav:
     @max_batch.setter
     def max_batch(self, value: int) -> None:
         self._jobs.max_batch = value
+
+    @property
+    def reuses_flow(self) -> bool:
+        """Streaming flow calls reuse finished frames: asked for, and the solver is the eager v3 one (the
+        CUDA-graph solver and v2's U-Net recompute)."""
+        decoder = self.flow.decoder
+        return self.flow_reuse and isinstance(decoder, CausalCFM) and decoder.reuses_frames
 
     @property
     def healthy(self) -> bool:
@@ -288,6 +308,7 @@ class Token2Wav:
         prompt_len = torch.tensor([u.prompt_tokens.shape[1] for u in utts], device=dev)
         feat_len = torch.tensor([u.prompt_feat.shape[1] for u in utts], device=dev)
         finalize = chunks[0].finalize
+        caches = None if finalize else _caches(utts, chunks)
         mel = self.flow.inference(
             token=_stack([t[None] for t in tokens]).to(dev),
             token_len=token_len,
@@ -298,9 +319,35 @@ class Token2Wav:
             embedding=torch.cat([u.embedding for u in utts]),
             streaming=not finalize,
             finalize=finalize,
+            caches=caches,
         ).float()
+        if finalize:  # the last call: nothing reuses these frames any more
+            _release(utts)
         frames = self.flow.mel_lengths(token_len, prompt_len, feat_len, finalize).tolist()
         return [mel[i : i + 1, :, c.mel_start : n] for i, (c, n) in enumerate(zip(chunks, frames))]
+
+
+def _caches(utts: list[Utterance], chunks: list[ChunkJob]) -> list[DiTCache] | None:
+    """Every row's flow cache for a non-final batch, or None (recompute) when a row has none; the others
+    then keep their caches as they were (still exact: their next window starts earlier). A cached call
+    returns zeros before each row's cache boundary, so no chunk may emit a frame there."""
+    caches = [u.dit_cache for u in utts]
+    if any(c is None for c in caches):
+        return None
+    kept = [c for c in caches if c is not None]
+    for u, chunk, cache in zip(utts, chunks, kept):
+        first = u.prompt_feat.shape[1] + chunk.mel_start  # the first frame this chunk emits
+        if first < cache.frames:
+            raise RuntimeError(
+                f"flow reuse: a chunk emits frame {first}, inside its {cache.frames} cached frames"
+            )
+    return kept
+
+
+def _release(utts: list[Utterance]) -> None:
+    for u in utts:
+        if u.dit_cache is not None:
+            u.dit_cache.clear()
 
 
 def _v3_state(utt: Utterance) -> V3VocoderState:

@@ -6,6 +6,10 @@ kernel. FlexAttention (the mask as a function, no dense tensor, invisible key bl
 inside the compiled estimator on the H200 (torch 2.11, dynamic shapes): Inductor failed to lower it
 (``LoweringException`` on the mask function's captured tensor), so the dense mask stays; BENCHMARKS.md
 lists attention among the remaining costs.
+
+``WindowAttention`` is the same rule for a streaming call that reuses a request's cached keys
+(engine.models.dit_cache): queries and keys carry their absolute frame positions, so the keys may come in
+any order (the cached prefix first, then the window's own).
 """
 
 from __future__ import annotations
@@ -41,4 +45,32 @@ class FrameAttention:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v [B,H,T,D] -> [B,H,T,D], softmax scale 1/sqrt(D)."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.dense)
+
+
+def positional_mask(query_pos: Tensor, key_pos: Tensor, key_valid: Tensor, chunk: int = 0) -> Tensor:
+    """Queries [B,Q] and keys [B,K] at absolute frame positions -> [B,Q,K] bool, True = may attend.
+
+    The rule of ``attention_mask`` (key padding; chunk > 0: j < (i // chunk + 1) * chunk) stated on
+    positions instead of indices: with query_pos = key_pos = arange(T) it is ``attention_mask``.
+    """
+    keys = key_valid[:, None, :]
+    if chunk <= 0:
+        return keys.expand(-1, query_pos.size(1), -1)
+    ends = (query_pos // chunk + 1) * chunk  # [B,Q]: first frame past each query's chunk
+    return keys & (key_pos[:, None, :] < ends[:, :, None])
+
+
+class WindowAttention:
+    """The attention rule of a window of queries over keys in any order, both at absolute positions:
+    ``valid`` [B,Q] the real (unpadded) queries and ``dense`` [B,1,Q,K]; called like ``FrameAttention``."""
+
+    def __init__(
+        self, query_pos: Tensor, query_valid: Tensor, key_pos: Tensor, key_valid: Tensor, chunk: int
+    ):
+        self.valid = query_valid
+        self.dense = positional_mask(query_pos, key_pos, key_valid, chunk).unsqueeze(1)
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q [B,H,Q,D], k and v [B,H,K,D] -> [B,H,Q,D], softmax scale 1/sqrt(D)."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.dense)

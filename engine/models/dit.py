@@ -5,20 +5,26 @@ Frames are [B,T,dim] inside. Input = Linear(x ‖ cond ‖ mu ‖ spks) plus a c
 embedding; blocks use AdaLN-Zero on the flow-time embedding, tanh-GELU FFN and RoPE applied to the
 flattened q/k BEFORE the head split, so only the first dim_head channels (head 0) rotate: a quirk of the
 reference that the released weights depend on. See reference/cosyvoice-spec.md §2.9 and pitfall 21.
+
+``forward_window`` is the streaming call that reuses a request's finished frames (engine.models.dit_cache):
+only a window of query frames runs, attending over the cached keys/values of the frames before it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.attention import FrameAttention
+from engine.models.attention import FrameAttention, WindowAttention
 from engine.models.flow_encoder import expect_tag, yaml_field
 from engine.models.unet import sinusoidal_embedding
+
+if TYPE_CHECKING:
+    from engine.models.dit_cache import DiTWindow, KeysValues
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,18 @@ class CausalConvPositionEmbedding(nn.Module):
         self.conv1 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
         self.conv2 = nn.Sequential(nn.Conv1d(dim, dim, kernel_size, groups=groups), nn.Mish())
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, known: Tensor | None = None) -> Tensor:
+        """x [B,T,dim] -> [B,T,dim]. ``known`` [B,T] bool, a cached window's lead (which may start before
+        frame 0): False frames read as the zeros the reference pads in front of frame 0, at both convs."""
+        if known is not None:
+            return self._windowed(x, known[:, None, :].to(x.dtype))
         h = self.conv1(F.pad(x.transpose(1, 2), (self.pad, 0)))
+        return self.conv2(F.pad(h, (self.pad, 0))).transpose(1, 2)
+
+    def _windowed(self, x: Tensor, keep: Tensor) -> Tensor:
+        """keep [B,1,T]: 0 before frame 0. A window's first 2 x pad outputs read frames before its start
+        (the caller drops them); every later one reads exactly what the whole sequence would give it."""
+        h = self.conv1(F.pad(x.transpose(1, 2) * keep, (self.pad, 0))) * keep
         return self.conv2(F.pad(h, (self.pad, 0))).transpose(1, 2)
 
 
@@ -103,10 +119,13 @@ class InputEmbedding(nn.Module):
         self.proj = nn.Linear(cfg.mel_dim * 2 + cfg.mu_dim + cfg.spk_dim, cfg.dim)
         self.conv_pos_embed = CausalConvPositionEmbedding(cfg.dim, cfg.conv_pos_kernel, cfg.conv_pos_groups)
 
-    def forward(self, x: Tensor, cond: Tensor, mu: Tensor, spks: Tensor) -> Tensor:
-        """[B,T,80] each (spks [B,80]) -> [B,T,dim]. Order x ‖ cond ‖ mu ‖ spks (not the U-Net's)."""
+    def forward(
+        self, x: Tensor, cond: Tensor, mu: Tensor, spks: Tensor, known: Tensor | None = None
+    ) -> Tensor:
+        """[B,T,80] each (spks [B,80]) -> [B,T,dim]. Order x ‖ cond ‖ mu ‖ spks (not the U-Net's).
+        ``known``: a cached window's frames that exist (see ``CausalConvPositionEmbedding``)."""
         h = self.proj(torch.cat([x, cond, mu, spks.unsqueeze(1).expand(-1, x.size(1), -1)], dim=-1))
-        return self.conv_pos_embed(h) + h
+        return self.conv_pos_embed(h, known) + h
 
 
 class RotaryEmbedding(nn.Module):
@@ -144,12 +163,17 @@ class Attention(nn.Module):
         self.to_v = nn.Linear(dim, inner)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
-    def forward(self, x: Tensor, rule: FrameAttention, freqs: Tensor) -> Tensor:
-        """x [B,T,dim]; rule: who sees whom; freqs [1,T,dim_head] -> [B,T,dim]."""
+    def forward(
+        self, x: Tensor, rule: FrameAttention | WindowAttention, freqs: Tensor, kv: KeysValues | None = None
+    ) -> Tensor:
+        """x [B,T,dim]; rule: who sees whom; freqs [1 or B,T,dim_head] -> [B,T,dim]. ``kv``: a cached
+        window's (x holds its query frames only): it keeps their keys/values and adds the prefix's."""
         b = x.size(0)
         q = apply_rotary(self.to_q(x), freqs)  # on the flattened heads: only head 0 rotates
         k = apply_rotary(self.to_k(x), freqs)
         q, k, v = (a.view(b, -1, self.heads, self.dim_head).transpose(1, 2) for a in (q, k, self.to_v(x)))
+        if kv is not None:
+            k, v = kv(k, v)
         out = rule(q, k, v)
         out = self.to_out[0](out.transpose(1, 2).reshape(b, -1, self.heads * self.dim_head).to(q.dtype))
         # The reference zeroes frames that the LAST query row may not see: the last row sees every valid
@@ -194,9 +218,16 @@ class DiTBlock(nn.Module):
         self.attn = Attention(cfg.dim, cfg.heads, cfg.dim_head)
         self.ff = FeedForward(cfg.dim, cfg.ff_mult)
 
-    def forward(self, x: Tensor, temb: Tensor, rule: FrameAttention, freqs: Tensor) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        temb: Tensor,
+        rule: FrameAttention | WindowAttention,
+        freqs: Tensor,
+        kv: KeysValues | None = None,
+    ) -> Tensor:
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(temb)
-        x = x + gate_msa * self.attn(_layer_norm(x) * (1 + scale_msa) + shift_msa, rule, freqs)
+        x = x + gate_msa * self.attn(_layer_norm(x) * (1 + scale_msa) + shift_msa, rule, freqs, kv)
         return x + gate_mlp * self.ff(_layer_norm(x) * (1 + scale_mlp) + shift_mlp)
 
 
@@ -230,5 +261,21 @@ class DiT(nn.Module):
         rule = FrameAttention(mask[:, 0].bool(), chunk)
         for block in self.transformer_blocks:
             h = block(h, temb, rule, freqs)
+        scale, shift = self.norm_out(temb)
+        return self.proj_out(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)
+
+    def forward_window(
+        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, window: DiTWindow, step: int
+    ) -> Tensor:
+        """A streaming call of Euler step ``step`` that reuses cached frames: x, mu, cond [B,80,lead+Q] are
+        each row's frames from its window start - lead on (``window``: positions, masks, the cache); t [B];
+        spks [B,80] -> velocity [B,80,Q] of the window's Q query frames (not masked)."""
+        x, mu, cond = x.transpose(1, 2), mu.transpose(1, 2), cond.transpose(1, 2)
+        temb = self.time_embed(t)
+        # the lead frames only feed the position conv of the first queries; they are not queries
+        h = self.input_embed(x, cond, mu, spks, window.known)[:, window.lead :]
+        freqs = self.rotary_embed(window.span)[0][window.query_pos]  # [B,Q,dim_head] at absolute positions
+        for layer, block in enumerate(self.transformer_blocks):
+            h = block(h, temb, window.rule, freqs, window.keys_values(step, layer))
         scale, shift = self.norm_out(temb)
         return self.proj_out(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)

@@ -7,10 +7,15 @@ Call semantics (reference/cosyvoice-spec.md §6.5, §7): prompt tokens ‖ token
 classifier-free guidance 0.7 as one batch [cond rows ‖ uncond rows]; the prompt frames are cut off.
 ``finalize=False`` makes each row's last 3 tokens look-ahead context only. Rows may be right-padded; each
 row of a padded batch equals that row run alone.
+
+Streaming CosyVoice3 calls may reuse each request's finished frames instead of re-running its whole prefix
+(``inference(..., caches=...)``, ``CausalCFM.forward_cached``; why it is exact: engine.models.dit_cache).
+CosyVoice2's U-Net always recomputes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +25,7 @@ from torch import Tensor, nn
 
 from engine.errors import TooLarge
 from engine.models.dit import DiT, DiTConfig
+from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow
 from engine.models.flow_encoder import (
     EncoderConfig,
     PreLookaheadLayer,
@@ -137,6 +143,57 @@ class CausalCFM(nn.Module):
                 dt = span[step + 1] - t  # against the accumulated t, as the reference does
         return x.float()
 
+    @property
+    def reuses_frames(self) -> bool:
+        """Whether ``forward_cached`` can run: the estimator is the DiT itself (not the U-Net, not a
+        compiled or graphed stand-in)."""
+        return isinstance(self.estimator, DiT)
+
+    def forward_cached(self, inputs: CfmInputs, caches: Sequence[DiTCache]) -> Tensor:
+        """The streaming solve of ``forward`` computing only each row's frames after its cache (one cache
+        per row; engine.models.dit_cache), which it then extends -> mel [B,80,T] float32, zero before each
+        row's window: those frames were not computed, so callers must not emit them."""
+        est = self.estimator
+        if not isinstance(est, DiT):
+            raise TypeError(f"frame reuse needs the DiT estimator, not {type(est).__name__}")
+        mu, spks = inputs.mu, inputs.spks
+        b, frames = mu.size(0), mu.size(2)
+        noise = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
+        window = DiTWindow(caches, inputs.total_frames.tolist(), _layout_of(est, self.cfg.n_timesteps, noise))
+        x = window.queries(noise)  # [B,80,Q]
+        mu_in, spks_in, cond_in = _guided(window.frames(mu), spks, window.frames(inputs.cond))
+        span = self.t_span(mu.device, mu.dtype)
+        t, dt = span[0:1], span[1] - span[0]
+        rate = self.cfg.inference_cfg_rate
+        for step in range(1, len(span)):  # forward's loop on the window, the lead's x from the cache
+            window.keep_x(step - 1, x)
+            x_win = torch.cat([window.lead_x(step - 1, x), x], dim=2)  # [B,80,lead+Q]
+            x_in = torch.cat([x_win, x_win]).to(spks.dtype)
+            v = est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window, step - 1)
+            v_cond, v_uncond = v.split(b)
+            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
+            t = t + dt
+            if step < len(span) - 1:
+                dt = span[step + 1] - t
+        window.commit()
+        return window.place(x.float(), frames)
+
+
+def _layout_of(est: DiT, steps: int, x: Tensor) -> CacheLayout:
+    """The DiT's cache sizes: keys/values in its weights' dtype, x as the solver keeps it."""
+    cfg = est.cfg
+    lead = 2 * (cfg.conv_pos_kernel - 1)  # two causal convs: frame i reads input frames i-60..i
+    sizes = (steps, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, cfg.static_chunk_size, lead)
+    return CacheLayout(*sizes, est.proj_out.weight.dtype, x.dtype, x.device)
+
+
+def _guided(mu: Tensor, spks: Tensor, cond: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """As ``CausalCFM.forward``: rows [0, b) conditioned, [b, 2b) their unconditioned twins (zeros), in
+    spks' dtype: mu, cond [B,80,T] -> [2B,80,T]; spks [B,80] -> [2B,80]."""
+    mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(spks.dtype)
+    cond_in = torch.cat([cond, torch.zeros_like(cond)]).to(spks.dtype)
+    return mu_in, torch.cat([spks, torch.zeros_like(spks)]), cond_in
+
 
 class _TokenFlow(nn.Module):
     """Shared inference path; subclasses own the modules (in state-dict order) and ``_encode``."""
@@ -198,12 +255,20 @@ class _TokenFlow(nn.Module):
         embedding: Tensor,
         streaming: bool,
         finalize: bool,
+        caches: Sequence[DiTCache] | None = None,
     ) -> Tensor:
         """-> generated mel [B,80,T_gen] float32, prompt frames cut; rows shorter than the longest are
-        zero-padded on the right (their lengths: ``mel_lengths``)."""
+        zero-padded on the right (their lengths: ``mel_lengths``). ``caches`` (streaming, non-final, one
+        per row): reuse and extend each row's finished frames; the frames before a row's cache come back
+        as zeros (``CausalCFM.forward_cached``)."""
         prompt = (prompt_token, prompt_token_len, prompt_feat, prompt_feat_len)
         inputs = self.prepare(token, token_len, *prompt, embedding, streaming, finalize)
-        feat = self.decoder(inputs, streaming)
+        if caches is None:
+            feat = self.decoder(inputs, streaming)
+        elif streaming and not finalize and len(caches) == inputs.mu.size(0):
+            feat = self.decoder.forward_cached(inputs, caches)
+        else:
+            raise ValueError("frame reuse needs streaming non-final calls and one cache per row")
         return _cut_rows(feat, inputs.prompt_frames, inputs.total_frames)
 
     def mel_lengths(

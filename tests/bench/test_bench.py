@@ -265,7 +265,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     plain = engine_config(parse_args(base))
     flags = ["--no-cuda-graphs", "--no-hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
-    flags += ["--no-flow-compile"]
+    flags += ["--no-flow-compile", "--no-flow-reuse"]
     flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
@@ -281,6 +281,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     )
     assert (knobs.t2w_own_stream, knobs.stream.fast_start, knobs.flow_dtype) == (True, False, "float32")
     assert (plain.flow_compile, knobs.flow_compile) == (defaults.flow_compile, False)
+    assert (plain.flow_reuse, knobs.flow_reuse) == (defaults.flow_reuse, False)
     assert (plain.stream.adaptive_hop, plain.text_workers) == (defaults.stream.adaptive_hop, None)
     assert (knobs.stream.adaptive_hop, knobs.text_workers, knobs.t2w_fifo) == (True, 2, True)
     assert plain.t2w_fifo is defaults.t2w_fifo is False

@@ -24,6 +24,7 @@ def test_defaults_are_the_released_values():
         25, 100, 3, 8, 3840,
     )  # fmt: skip
     assert EngineConfig().model == "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+    assert EngineConfig().flow_reuse is True  # the eager v3 flow reuses finished frames (exact)
 
 
 @pytest.mark.parametrize(

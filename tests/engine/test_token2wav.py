@@ -18,7 +18,8 @@ from engine.checkpoint import load_model
 from engine.config import StreamConfig
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
-from engine.token2wav import Token2Wav
+from engine.streaming import ChunkJob
+from engine.token2wav import Token2Wav, Utterance
 from tests.conftest import fixture_file, tiny_cases, tiny_yaml
 
 CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
@@ -372,3 +373,109 @@ def test_the_worker_runs_queued_chunks_earliest_deadline_first(tmp_path):
 def test_fifo_takes_queued_chunks_in_arrival_order_in_one_batch(tmp_path):
     """The A/B setting: the same scenario runs the long chunk and the first chunk together, as queued."""
     assert queued_batches(tmp_path, fifo=True) == [[1], [400, 43]]
+
+
+async def stream_jobs(
+    t2w: Token2Wav, utt: Utterance, tokens: list[int]
+) -> tuple[list[np.ndarray], list[ChunkJob]]:
+    """All of ``tokens`` buffered at once: every chunk's audio and its job."""
+    utt.tokens.extend(tokens)
+    out, jobs = [], []
+    while (job := utt.planner.next_job(len(utt.tokens), lm_done=True)) is not None:
+        jobs.append(job)
+        out.append(await t2w.run(utt, job))
+    return out, jobs
+
+
+def test_v3_flow_reuse_gives_the_same_stream_audio_computing_only_new_frames(tmp_path):
+    """With reuse each streaming flow call computes only the frames after the chunks finished before it
+    (counted on the request's cache), and the audio is the recomputing worker's."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    features, tokens = random_prompt(13, 260)  # 26 prompt frames; flow calls of 100, 200, 400 frames, final
+    runs = {}
+    for reuse in (False, True):
+        t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), flow_reuse=reuse)
+        try:
+            assert t2w.reuses_flow is reuse
+            utt = t2w.utterance(features, seed=0, stream=True)
+            chunks, jobs = asyncio.run(stream_jobs(t2w, utt, tokens))
+        finally:
+            t2w.close()
+        runs[reuse] = chunks, jobs, utt.dit_cache
+    (plain, jobs, none), (reused, _, cache) = runs[False], runs[True]
+    assert none is None and cache is not None
+    assert len(reused) == len(plain) == 4
+    for a, b in zip(plain, reused):
+        np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+    frames = [2 * (13 + job.end - 3) for job in jobs if not job.finalize]
+    assert frames == [100, 200, 400]
+    # each call ran only the frames after the previous call's (all finished: they end on the chunk grid)
+    assert (cache.calls, cache.queried) == (3, 100 + 100 + 200) and sum(frames) == 700
+    assert cache.keys is None and cache.x is None  # the final call released the buffers
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_v3_flow_reuse_keeps_each_requests_frames_apart(tmp_path, batch):
+    """Two requests with different voices, their chunks interleaved (batch 1: one flow call after the
+    other's; 2: as rows of one call when they meet), give what each gives alone."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    voices = [random_prompt(13, 200, seed=1), random_prompt(22, 230, seed=2)]
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), max_batch=batch)
+    calls: list[list[int]] = []  # each flow call's rows, as indices into ``utts``
+    utts: list[Utterance] = []
+    real_flow = t2w._flow
+
+    def spy(rows, chunks):
+        calls.append([next(i for i, u in enumerate(utts) if u is r) for r in rows])
+        return real_flow(rows, chunks)
+
+    async def rounds() -> list[list[np.ndarray]]:
+        utts.extend(t2w.utterance(f, seed=0, stream=True) for f, _ in voices)
+        for utt, (_, tokens) in zip(utts, voices):
+            utt.tokens.extend(tokens)
+        outs: list[list[np.ndarray]] = [[], []]
+        while jobs := [(i, j) for i, u in enumerate(utts) if (j := u.planner.next_job(len(u.tokens), True))]:
+            pcms = await asyncio.gather(*(t2w.run(utts[i], job) for i, job in jobs))
+            for (i, _), pcm in zip(jobs, pcms):
+                outs[i].append(pcm)
+        return outs
+
+    try:
+        alone = [asyncio.run(run_all(t2w, f, tokens, stream=True)) for f, tokens in voices]
+        t2w._flow = spy  # type: ignore[method-assign]
+        together = asyncio.run(rounds())
+    finally:
+        t2w.close()
+    assert all(u.dit_cache is not None and u.dit_cache.calls >= 3 for u in utts)
+    rows = [row for call in calls for row in call]
+    assert sorted(rows[:2]) == sorted(rows[2:4]) == [0, 1]  # interleaved: both, then both again
+    for a, b in zip(alone, together):
+        assert len(a) == len(b) > 3
+        np.testing.assert_allclose(np.concatenate(b), np.concatenate(a), atol=1e-4, rtol=0)
+
+
+def test_v3_flow_reuse_refuses_a_chunk_that_would_emit_uncomputed_frames(tmp_path):
+    """A cached call returns zeros before the cache's boundary: a chunk emitting from there fails instead."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    features, tokens = random_prompt(13, 60)
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
+    try:
+        utt = t2w.utterance(features, seed=0, stream=True)
+        assert utt.dit_cache is not None
+        utt.dit_cache.frames = 50  # as if frames [0, 50) were cached: the first chunk emits from frame 26
+        with pytest.raises(RuntimeError, match="emits frame 26"):
+            asyncio.run(stream_jobs(t2w, utt, tokens))
+    finally:
+        t2w.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.attention import FrameAttention, attention_mask
+from engine.models.attention import FrameAttention, WindowAttention, attention_mask, positional_mask
 
 
 def test_streaming_mask_is_chunked_from_frame_zero_and_hides_padding():
@@ -28,3 +28,26 @@ def test_attention_ignores_what_the_mask_hides():
     changed = rule(q, k, v2)
     torch.testing.assert_close(changed[:, :, :3], out[:, :, :3])
     assert not torch.allclose(changed[:, :, 3:5], out[:, :, 3:5])
+
+
+def test_positional_mask_is_the_frame_mask_with_keys_in_any_order():
+    """Stated on absolute positions, the mask follows the keys wherever they sit in the tensor."""
+    valid = torch.tensor([[True] * 6 + [False] * 2])
+    pos = torch.arange(8)[None]
+    assert torch.equal(positional_mask(pos, pos, valid, chunk=3), attention_mask(valid, 3))
+    order = torch.tensor([5, 0, 7, 2, 1, 6, 3, 4])
+    shuffled = positional_mask(pos[:, 4:], pos[:, order], valid[:, order], chunk=3)  # queries 4..7 only
+    assert torch.equal(shuffled, attention_mask(valid, 3)[:, 4:][:, :, order])
+
+
+def test_window_attention_equals_the_frame_rule_on_its_queries():
+    """A window of queries over shuffled keys computes what the whole sequence computes for those queries."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+    valid = torch.tensor([[True] * 6 + [False] * 2])
+    whole = FrameAttention(valid, chunk=3)(q, k, v)
+    pos, order = torch.arange(8)[None], torch.tensor([5, 0, 7, 2, 1, 6, 3, 4])
+    rule = WindowAttention(pos[:, 3:], valid[:, 3:], pos[:, order], valid[:, order], chunk=3)
+    window = rule(q[:, :, 3:], k[:, :, order], v[:, :, order])
+    torch.testing.assert_close(window, whole[:, :, 3:], atol=1e-6, rtol=0)
+    assert torch.equal(rule.valid, valid[:, 3:])

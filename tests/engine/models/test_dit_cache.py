@@ -1,0 +1,130 @@
+"""Streaming v3 flow calls that reuse a request's finished frames (engine.models.dit_cache) emit what the
+full recompute emits, alone and in padded batches whose rows have different cache boundaries."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from bench.make_model import randomize
+from engine.models.dit import DiTConfig
+from engine.models.dit_cache import DiTCache
+from engine.models.flow import CosyVoice3Flow, CosyVoice3FlowConfig
+
+CHUNK = DiTConfig().static_chunk_size  # 50 frames, counted from frame 0 (prompt included)
+LOOKAHEAD = CosyVoice3FlowConfig().pre_lookahead_len
+
+
+@functools.cache
+def tiny_flow() -> CosyVoice3Flow:
+    """bench's tiny v3 sizes, seeded random weights (no fixtures needed)."""
+    dit = DiTConfig(dim=64, depth=2, heads=4, dim_head=16)
+    flow = CosyVoice3Flow(CosyVoice3FlowConfig(pre_lookahead_channels=64, estimator=dit)).eval()
+    randomize(flow, seed=1)
+    return flow
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One request's flow inputs: prompt tokens [1,P], prompt mel [1,2P,80], embedding [1,192], tokens."""
+
+    prompt: torch.Tensor
+    feat: torch.Tensor
+    embedding: torch.Tensor
+    tokens: torch.Tensor  # [1, N]: the speech tokens the request will have, a prefix per call
+
+    @property
+    def prompt_frames(self) -> int:
+        return self.feat.size(1)
+
+    def frames(self, n: int) -> int:
+        """Frames of a non-final call on the first n tokens, prompt included."""
+        return 2 * (self.prompt.size(1) + n - LOOKAHEAD)
+
+
+def voice(prompt_tokens: int, seed: int, tokens: int = 300) -> Voice:
+    gen = torch.Generator().manual_seed(seed)
+    return Voice(
+        torch.randint(0, 6561, (1, prompt_tokens), generator=gen),
+        torch.randn(1, 2 * prompt_tokens, 80, generator=gen),
+        torch.randn(1, 192, generator=gen),
+        torch.randint(0, 6561, (1, tokens), generator=gen),
+    )
+
+
+def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Right-pad [1, L, ...] rows to the longest and stack them."""
+    out = rows[0].new_zeros((len(rows), max(r.size(1) for r in rows), *rows[0].shape[2:]))
+    for i, r in enumerate(rows):
+        out[i, : r.size(1)] = r[0]
+    return out
+
+
+def run(
+    voices: list[Voice], counts: list[int], caches: list[DiTCache] | None = None, finalize: bool = False
+) -> torch.Tensor:
+    """One padded flow call: row i on the first counts[i] tokens of voices[i] -> generated mel [B,80,T]."""
+    return tiny_flow().inference(
+        token=_stack([v.tokens[:, :n] for v, n in zip(voices, counts)]),
+        token_len=torch.tensor(counts),
+        prompt_token=_stack([v.prompt for v in voices]),
+        prompt_token_len=torch.tensor([v.prompt.size(1) for v in voices]),
+        prompt_feat=_stack([v.feat for v in voices]),
+        prompt_feat_len=torch.tensor([v.prompt_frames for v in voices]),
+        embedding=torch.cat([v.embedding for v in voices]),
+        streaming=not finalize,
+        finalize=finalize,
+        caches=caches,
+    )
+
+
+def test_streamed_calls_reusing_frames_emit_what_recomputing_emits() -> None:
+    v = voice(13, seed=0)  # 26 prompt frames: the speech starts inside the first chunk
+    cache, emitted = DiTCache(), 0  # generated frames emitted so far
+    # frames 60, 102, 146, 200, 300, 422: calls ending inside a chunk, on its end, hops across several
+    for n in (20, 41, 63, 90, 140, 201):
+        start, queried = cache.frames, cache.queried
+        want, got = run([v], [n]), run([v], [n], [cache])
+        assert got.shape == want.shape
+        assert start <= v.prompt_frames + emitted  # what this call emits lies in its window
+        torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
+        assert not got[..., : max(start - v.prompt_frames, 0)].any()  # before the window: not computed
+        total = v.frames(n)
+        assert (cache.frames, cache.queried - queried) == (total // CHUNK * CHUNK, total - start)
+        emitted = want.size(2)
+    assert cache.calls == 6 and cache.queried < sum(v.frames(n) for n in (20, 41, 63, 90, 140, 201)) / 2
+    with pytest.raises(ValueError, match="non-final"):  # the final call has full attention: no reuse
+        run([v], [230], [cache], finalize=True)
+
+
+def test_a_batch_with_different_cache_boundaries_equals_each_row_recomputed_alone() -> None:
+    voices = [voice(13, seed=1), voice(31, seed=2)]  # 26 and 62 prompt frames
+    caches = [DiTCache(), DiTCache()]
+    run(voices[:1], [90], caches[:1])  # row 0 runs ahead alone: 200 frames cached, row 1 none
+    emitted = [voices[0].frames(90) - voices[0].prompt_frames, 0]
+    starts = []
+    for counts in ((100, 20), (130, 60), (133, 95)):
+        starts.append([c.frames for c in caches])
+        got = run(voices, list(counts), caches)
+        for i, (v, n) in enumerate(zip(voices, counts)):
+            want = run([v], [n])
+            end = want.size(2)
+            torch.testing.assert_close(
+                got[i : i + 1, :, emitted[i] : end], want[..., emitted[i] :], atol=1e-4, rtol=0
+            )
+            assert not got[i, :, end:].any()  # the shorter row's padding stays zero
+            emitted[i] = end
+    # each row started its window at its own boundary, the first row-1 call from 0
+    assert starts == [[200, 0], [200, 50], [250, 150]]
+    assert [c.frames for c in caches] == [250, 200]
+
+
+def test_a_call_that_adds_no_frames_is_refused() -> None:
+    v, cache = voice(13, seed=3), DiTCache()
+    run([v], [90], [cache])  # 200 frames, all finished
+    with pytest.raises(ValueError, match="add none"):
+        run([v], [90], [cache])
+    assert cache.frames == 200 and cache.calls == 1
