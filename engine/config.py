@@ -191,6 +191,10 @@ class EngineConfig:
     # the CUDA-graph solver runs (unchanged, it recomputes) and for v2. Costs memory per frame cached: ~3.6 MB
     # in float32 at full size, until the request's final call. False = recompute every call (the A/B).
     flow_reuse: bool = True
+    # the memory all streams' reuse caches may hold together (GiB); a stream that finds it full keeps what
+    # it has cached and recomputes the rest, so the bound costs speed, never audio. 4 GiB holds about
+    # 1,200 frames (24 s of prompt + speech) of the released v3 in float32
+    flow_reuse_gb: float = 4.0
     # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
     # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)
@@ -217,6 +221,8 @@ class EngineConfig:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
         if self.text_workers is not None and not 0 <= self.text_workers <= 64:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
+        if not 0.0 <= self.flow_reuse_gb <= 1024.0:
+            raise ValueError(f"flow_reuse_gb must be within [0, 1024] GiB, got {self.flow_reuse_gb}")
         if not 1 <= self.flow_batch <= 64:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:

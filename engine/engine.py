@@ -85,7 +85,7 @@ class TTSEngine:
         self.token2wav = Token2Wav(
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
             cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
-            fifo=cfg.t2w_fifo, flow_reuse=cfg.flow_reuse,
+            fifo=cfg.t2w_fifo, flow_reuse=cfg.flow_reuse, reuse_gb=cfg.flow_reuse_gb,
         )  # fmt: skip
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()

@@ -30,7 +30,7 @@ from engine.config import EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
 from engine.job_queue import DeadlineQueue
-from engine.models.dit_cache import DiTCache
+from engine.models.dit_cache import DiTCache, ReuseBudget
 from engine.models.flow import CausalCFM, Flow
 from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
 from engine.streaming import (
@@ -95,9 +95,10 @@ class Token2Wav:
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
         flow_reuse: bool = EngineConfig.flow_reuse,  # v3 eager solver: reuse finished frames (dit_cache)
+        reuse_gb: float = EngineConfig.flow_reuse_gb,  # what every request's frame cache may hold together
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
-        self.flow_reuse = flow_reuse
+        self.flow_reuse, self.reuse_budget = flow_reuse, ReuseBudget(reuse_gb * 2**30)
         self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
         # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
@@ -130,7 +131,7 @@ class Token2Wav:
             gen = torch.Generator(device=dev).manual_seed(seed)
             return Utterance(tokens, feat, emb, planner, V2VocoderState(self.stream_cfg), gen, speed)
         reuse = self.reuses_flow and stream and flow_reuse is not False
-        cache = DiTCache() if reuse else None
+        cache = DiTCache(self.reuse_budget) if reuse else None
         return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed, dit_cache=cache)
 
     async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:

@@ -26,6 +26,9 @@ layers, 10 steps) keeps 2 * 22 * 10 * 2 * 1024 = 901k numbers a frame: 3.6 MB (3
 in bf16; 10 s of speech after a 5 s prompt (750 frames) holds ~2.7 GB until the final call. The final
 call (full attention) runs the ordinary solver and the cache is released.
 
+A ``ReuseBudget`` shared by a worker's caches bounds their total bytes: a cache that cannot grow keeps the
+frames it has (its next windows start there, still exact) and the rest of its request recomputes.
+
 Scope: the eager solver (``CausalCFM.forward_cached``) only; the CUDA-graph solver (engine.flow_graphs) is
 unchanged and recomputes every call. CosyVoice2 (U-Net estimator) is out of scope and recomputes as well.
 """
@@ -33,6 +36,7 @@ unchanged and recomputes every call. CosyVoice2 (U-Net estimator) is out of scop
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -63,14 +67,39 @@ class CacheLayout:
     device: torch.device
 
 
+class ReuseBudget:
+    """Bytes the caches of one token2wav worker may hold together; thread-safe (a cache dropped with its
+    request gives its bytes back from whichever thread collects it)."""
+
+    def __init__(self, limit_bytes: float) -> None:
+        if limit_bytes < 0:
+            raise ValueError(f"the flow reuse budget must be >= 0 bytes, got {limit_bytes}")
+        self.limit, self.held = limit_bytes, 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.held + nbytes > self.limit:
+                return False
+            self.held += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+
 class DiTCache:
     """One request's finished frames [0, ``frames``) of its streaming flow calls (see the module doc).
 
-    Buffers grow by at least half their size; a call writes past ``frames`` and ``commit`` moves the
-    boundary only after the whole solve succeeded, so a failed call leaves the cache as it was.
+    Buffers grow by at least half their size, within ``budget`` (none: unbounded); a call writes past
+    ``frames`` and ``commit`` moves the boundary only after the whole solve succeeded, so a failed call
+    leaves the cache as it was.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget: ReuseBudget | None = None) -> None:
+        self.budget = budget
+        self.nbytes = 0  # what the buffers hold, taken from the budget
         self.frames = 0  # finished frames kept: a multiple of the attention chunk
         self.keys: Tensor | None = None  # [steps, depth, 2 (cond, uncond), heads, capacity, dim_head]
         self.values: Tensor | None = None  # as keys
@@ -82,11 +111,16 @@ class DiTCache:
     def capacity(self) -> int:
         return 0 if self.x is None else self.x.size(2)
 
-    def reserve(self, frames: int, layout: CacheLayout) -> None:
-        """Room for ``frames`` frames, the kept ones copied over."""
+    def reserve(self, frames: int, layout: CacheLayout) -> bool:
+        """Room for ``frames`` frames, the kept ones copied over; False (nothing changes) where the budget
+        has no room for the larger buffers."""
         if frames <= self.capacity:
-            return
+            return True
         size = max(frames, self.capacity + self.capacity // 2)
+        nbytes = size * _frame_bytes(layout)
+        if self.budget is not None and not self.budget.take(nbytes - self.nbytes):
+            return False
+        self.nbytes = nbytes
         kv = (layout.steps, layout.depth, 2, layout.heads, size, layout.dim_head)
         keys = torch.empty(kv, dtype=layout.kv_dtype, device=layout.device)
         values = torch.empty_like(keys)
@@ -96,6 +130,7 @@ class DiTCache:
             values[..., : self.frames, :] = self.values[..., : self.frames, :]
             x[..., : self.frames] = self.x[..., : self.frames]
         self.keys, self.values, self.x = keys, values, x
+        return True
 
     def commit(self, frames: int, queried: int) -> None:
         self.frames = frames
@@ -103,9 +138,22 @@ class DiTCache:
         self.calls += 1
 
     def clear(self) -> None:
-        """Free the buffers (after the final call); the counters stay."""
+        """Free the buffers and their budget (after the final call); the counters stay."""
         self.frames = 0
         self.keys = self.values = self.x = None
+        if self.budget is not None and self.nbytes:
+            self.budget.give(self.nbytes)
+        self.nbytes = 0
+
+    def __del__(self) -> None:
+        """A request that ends without its final call (cancelled, failed) gives its bytes back too."""
+        self.clear()
+
+
+def _frame_bytes(layout: CacheLayout) -> int:
+    """Bytes a cached frame takes: keys and values of every step, layer, CFG row and head, and its x."""
+    kv = 2 * layout.steps * layout.depth * 2 * layout.heads * layout.dim_head * layout.kv_dtype.itemsize
+    return kv + layout.steps * layout.mel_dim * layout.x_dtype.itemsize
 
 
 class DiTWindow:
@@ -122,8 +170,8 @@ class DiTWindow:
         self.ends = [t // layout.chunk * layout.chunk for t in self.totals]
         if any(t <= s for s, t in zip(self.starts, self.totals)):
             raise ValueError(f"flow reuse: calls of {self.totals} frames add none after {self.starts} cached")
-        for cache, end in zip(self.caches, self.ends):
-            cache.reserve(end, layout)
+        # a row whose cache has no room keeps what it has: it computes the whole window and stores nothing
+        self.ends = [e if c.reserve(e, layout) else s for c, s, e in zip(self.caches, self.starts, self.ends)]
         self.rows, self.width = len(self.caches), max(t - s for s, t in zip(self.starts, self.totals))
         self.lead = layout.lead
         self.past = max(self.starts)  # key columns of the cached prefix (rows padded to the longest)

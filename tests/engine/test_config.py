@@ -35,6 +35,7 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(flow_dtype="float16"), "flow_dtype"),
         (lambda: EngineConfig(flow_batch=0), "flow_batch"),
         (lambda: EngineConfig(flow_batch=65), "flow_batch"),
+        (lambda: EngineConfig(flow_reuse_gb=-1.0), "flow_reuse_gb"),
         (lambda: EngineConfig(prompt_cache_size=-1), "prompt_cache_size"),
         (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),
         (lambda: StreamConfig(token_hop=0), "token_hop"),

@@ -4,6 +4,7 @@ full recompute emits, alone and in padded batches whose rows have different cach
 from __future__ import annotations
 
 import functools
+import gc
 from dataclasses import dataclass
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from bench.make_model import randomize
 from engine.models.dit import DiTConfig
-from engine.models.dit_cache import DiTCache
+from engine.models.dit_cache import DiTCache, ReuseBudget
 from engine.models.flow import CosyVoice3Flow, CosyVoice3FlowConfig
 
 CHUNK = DiTConfig().static_chunk_size  # 50 frames, counted from frame 0 (prompt included)
@@ -128,3 +129,27 @@ def test_a_call_that_adds_no_frames_is_refused() -> None:
     with pytest.raises(ValueError, match="add none"):
         run([v], [90], [cache])
     assert cache.frames == 200 and cache.calls == 1
+
+
+def test_a_full_budget_stops_a_cache_growing_and_the_audio_stays_exact() -> None:
+    v, budget = voice(13, seed=4), ReuseBudget(2**40)
+    cache, emitted = DiTCache(budget), 0
+    for n in (20, 41, 90, 140):  # 60 frames (50 kept), then 102, 182, 282
+        want, got = run([v], [n]), run([v], [n], [cache])
+        torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
+        emitted = want.size(2)
+        budget.limit = budget.held  # full after the first call: the cache may not grow
+    assert cache.frames == 50 and cache.calls == 4  # every later call reused the 50 frames it had
+    assert budget.held == cache.nbytes > 0
+    cache.clear()
+    assert budget.held == 0
+
+
+def test_a_cache_dropped_without_its_final_call_gives_its_bytes_back() -> None:
+    budget = ReuseBudget(2**40)
+    cache = DiTCache(budget)
+    run([voice(13, seed=5)], [41], [cache])
+    assert budget.held > 0
+    del cache  # a cancelled request's Utterance goes away
+    gc.collect()
+    assert budget.held == 0
