@@ -75,6 +75,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="v3 eager flow: recompute each request's whole prefix in every streaming call (no frame cache)",
     )  # fmt: skip
     p.add_argument(
+        "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
+        help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute",
+    )  # fmt: skip
+    p.add_argument(
         "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
         help="capture the flow/HiFT CUDA graphs for mel up to this many seconds at load; 0: on first use",
     )  # fmt: skip
@@ -94,6 +98,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-upload-mb", type=float, default=Limits.max_upload_bytes / 2**20)
     p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
     p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
+    p.add_argument(
+        "--allow-forced-tokens", action="store_true",
+        help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
+    )  # fmt: skip
     p.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
         help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
@@ -153,6 +161,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_upload_bytes=int(args.max_upload_mb * 2**20),
         max_prompt_s=args.max_prompt_s,
         request_timeout_s=args.request_timeout_s,
+        forced_tokens=args.allow_forced_tokens,
     )
     return EngineConfig(
         model=args.model,
@@ -163,6 +172,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_dtype=args.flow_dtype,
         flow_compile=not args.no_flow_compile,
         flow_reuse=not args.no_flow_reuse,
+        flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,
         voices_dir=args.voices_dir,
         limits=limits,

@@ -42,6 +42,9 @@ class SpeechRequest(BaseModel):
     language: str = "auto"
     seed: int | None = Field(None, ge=0, lt=2**63)
     mode: Mode | None = None  # default: vc with source_audio, instruct with instructions, else zero_shot
+    # benchmarking extension: exactly this many speech tokens (25 a second); ignored unless the server
+    # allows it (Limits.forced_tokens, app.py --allow-forced-tokens)
+    forced_tokens: int | None = Field(None, ge=1, le=3000)
 
     def streams(self) -> bool:
         if self.stream_format == "sse":

@@ -165,6 +165,7 @@ async def build_request(ctx: ApiContext, body: SpeechRequest, owner: str | None 
             stream=body.streams(),
             speed=body.speed,
             seed=body.seed,
+            forced_tokens=body.forced_tokens if ctx.limits.forced_tokens else None,
         )
     except ValueError as err:
         raise ApiError(422, str(err), code="invalid_value") from err

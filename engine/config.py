@@ -126,6 +126,9 @@ class Limits:
     max_queue: int = 64  # requests waiting for a slot
     request_timeout_s: float = 300.0
     text_idle_s: float = 30.0  # a text-streaming request fails when no piece comes for this long
+    # benchmarks over HTTP: the API takes ``forced_tokens`` (a fixed speech length, end-of-speech ignored)
+    # so every request costs the same; off by default, as it lets a short text ask for 120 s of audio
+    forced_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.max_text_chars < 1 or self.max_upload_bytes < 1:

@@ -42,9 +42,12 @@ def test_flags_reach_the_engine_config() -> None:
     assert app.engine_config(app.parse_args(["--fast-start", "off"])).stream.fast_start is False
     assert app.engine_config(app.parse_args(["--fast-start", "on"])).stream.fast_start is True
     flags = ["--flow-dtype", "float32", "--graph-warmup-s", "15", "--gpu-memory-utilization", "0.5"]
-    gpu = app.parse_args([*flags, "--no-flow-compile", "--no-flow-reuse"])
+    gpu = app.parse_args([*flags, "--no-flow-compile", "--no-flow-reuse", "--flow-reuse-gb", "1.5"])
     cfg = app.engine_config(gpu)
     assert cfg.flow_reuse is False and EngineConfig().flow_reuse is True
+    assert cfg.flow_reuse_gb == 1.5 and EngineConfig().flow_reuse_gb == 4.0
+    assert cfg.limits.forced_tokens is False  # a public server ignores the bench's forced lengths
+    assert app.engine_config(app.parse_args(["--allow-forced-tokens"])).limits.forced_tokens is True
     assert (cfg.flow_dtype, cfg.graph_warmup_s, cfg.gpu_memory_utilization) == ("float32", 15.0, 0.5)
     assert cfg.flow_compile is False and EngineConfig().flow_compile is True
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless

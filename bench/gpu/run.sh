@@ -179,7 +179,8 @@ serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, be
   local arm=$1 model=$2 levels=$3 port=8000
   shift 3
   # no Whisper download here (offline): --asr-model none
-  python3 app.py --model "$model" --device cuda --backend vllm --port "$port" --asr-model none "$@" \
+  python3 app.py --model "$model" --device cuda --backend vllm --port "$port" --asr-model none \
+    --allow-forced-tokens "$@" \
     > "$OUT/serve_$arm.server.log" 2>&1 &
   local pid=$! t0=$SECONDS
   until python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/ready', timeout=2)" 2>/dev/null; do

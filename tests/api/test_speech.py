@@ -427,3 +427,14 @@ async def test_a_streamed_flac_says_its_length_is_unknown(client: httpx.AsyncCli
         info = int.from_bytes(data[8:42], "big")
         assert info >> 128 & (2**36 - 1) == total
         assert len(decode_av(data)[0]) == n
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["public", "bench"])
+async def test_forced_tokens_reach_the_engine_only_where_the_server_allows_them(
+    engine, allowed: bool
+) -> None:
+    """A benchmarking extension: a public server ignores it (a short text may not ask for minutes)."""
+    async with client_for(build_api(engine, Limits(forced_tokens=allowed), api_key="")) as client:
+        r = await client.post(SPEECH, json=body(forced_tokens=250))
+    assert r.status_code == 200, r.text
+    assert engine.requests[-1].forced_tokens == (250 if allowed else None)

@@ -212,6 +212,21 @@ async def test_http_target_streams_pcm_from_a_live_server(engine):
         assert 0 <= req.queue_wait_ms <= req.ttfa_ms <= req.total_ms
 
 
+async def test_a_server_allowing_forced_tokens_gives_every_http_request_the_bench_length(engine):
+    """So ``bench --url`` measures fixed compute, as in process (bench/gpu/run.sh serve allows it)."""
+    from api.app import build_api
+    from tests.api.support import live_server
+
+    with live_server(build_api(engine, Limits(forced_tokens=True), api_key="")) as url:
+        target = HttpTarget(url, max_connections=2)
+        try:
+            level = await run_level(target, Workload(tokens=TOKENS), 2, 2, prompt_audio())
+        finally:
+            await target.aclose()
+    assert level.failed == 0, level.errors
+    assert [r.audio_s for r in level.per_request] == pytest.approx([TOKENS / 25] * 2, abs=0.04)
+
+
 def test_profile_dir_writes_a_stage_and_operator_summary_per_streaming_level(cache, tmp_path):
     argv = ["--random-tiny", "v2", "--cache-dir", str(cache), "--concurrency", "1,2", "--tokens"]
     prof = tmp_path / "prof"
