@@ -11,7 +11,9 @@
 #   bench/gpu/run.sh serve FAMILY LEVELS [APP FLAGS]           H200: the HTTP API of one process, then of one
 #                                                 Ray Serve replica behind the ingress (--replicas 1), same bench;
 #                                                 ARMS=process or ARMS=replica runs one arm per call (each
-#                                                 takes ~4 min to load), BEFORE=a process arm's results.json
+#                                                 takes ~4 min to load), BEFORE=a process arm's results.json;
+#                                                 REPLICAS=2 (a 2-GPU host): the arm serve_replicas2, e.g.
+#                                                 ARMS=replica REPLICAS=2 BEFORE=<1 replica's json> ... 16,32,64
 #
 # FAMILY: v2 | v3; MODE: stream | offline | stream,offline; LEVELS: concurrency levels, e.g. 1,16,64.
 # Env: OUT (where results go; the device tool sets it), NAME (a bench run's folder name; default
@@ -168,10 +170,12 @@ step_serve() {  # the same HTTP bench against one server process, then one Ray S
   environment
   model=$(build_model "$fam" | tail -1)
   case "${ARMS:-process,replica}" in *process*) serve_arm process "$model" "$levels" "$@" ;; esac
-  case "${ARMS:-process,replica}" in *replica*) serve_arm replica "$model" "$levels" --replicas 1 "$@" ;; esac
+  local n=${REPLICAS:-1} arm=replica
+  [ "$n" = 1 ] || arm=replicas$n
+  case "${ARMS:-process,replica}" in *replica*) serve_arm "$arm" "$model" "$levels" --replicas "$n" "$@" ;; esac
   local before=${BEFORE:-$OUT/serve_process/results.json}
-  if [ -f "$before" ] && [ -f "$OUT/serve_replica/results.json" ]; then
-    step_compare "$before" "$OUT/serve_replica/results.json" | tee "$OUT/serve.md"
+  if [ -f "$before" ] && [ -f "$OUT/serve_$arm/results.json" ]; then
+    step_compare "$before" "$OUT/serve_$arm/results.json" | tee "$OUT/serve.md"
   fi
 }
 
