@@ -182,6 +182,9 @@ class Token2Wav:
             live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
             if live:
                 self._run_batch(live)
+            # the worker waits in take() next: the batch must not keep its requests' state (a v3 stream's
+            # flow cache, gigabytes at full size) alive meanwhile
+            del jobs, live
 
     def _run_batch(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import replace
 from pathlib import Path
 
@@ -213,14 +214,18 @@ def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
 
 async def test_abort_mid_stream_frees_everything(engine):
     r = req(engine, text=" ".join([TEXT] * 4))
-    got = []
+    got, held = [], []
     async for chunk in engine.stream(r):
         got.append(chunk)
+        held.append(engine.token2wav.reuse_budget.held)  # v3: the stream's flow frames are cached
         assert engine.abort(r.request_id)
     assert not got[-1].is_last
+    assert (held[0] > 0) == (engine.model.family == "cosyvoice3")
     await asyncio.sleep(0.05)
     assert engine.admission.active == 0 and engine.backend.active == 0 and engine.token2wav.pending == 0
     assert not engine.abort(r.request_id)  # nothing left to abort
+    gc.collect()  # the aborted segment's Utterance, and with it its flow cache
+    assert engine.token2wav.reuse_budget.held == 0
 
 
 async def test_closing_the_stream_frees_everything(engine):
@@ -229,6 +234,14 @@ async def test_closing_the_stream_frees_everything(engine):
     await gen.aclose()
     await asyncio.sleep(0.05)
     assert engine.admission.active == 0 and engine.backend.active == 0
+    gc.collect()
+    assert engine.token2wav.reuse_budget.held == 0
+
+
+async def test_a_finished_stream_leaves_no_flow_cache_behind(engine):
+    """The final flow call releases the stream's cached frames at once, without waiting for the GC."""
+    await collect(engine, req(engine))
+    assert engine.token2wav.reuse_budget.held == 0
 
 
 def write_raw(path: Path, samples: np.ndarray, sr: int) -> str:
