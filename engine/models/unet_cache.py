@@ -28,15 +28,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow, KeysValues, ReuseBudget
-from engine.models.unet import CausalConv1d
 
 # One attention layer's rule in a window: (q, k, v) of the window -> its queries' output, as FrameAttention
 AttentionRule = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+class CausalConv(Protocol):
+    """engine.models.unet.CausalConv1d, as a window runs it (that module imports this one)."""
+
+    def after(self, past: Tensor, x: Tensor) -> Tensor:
+        """x [B,C,Q] following ``past`` [B,C,kernel-1], the input's frames before x -> [B,C_out,Q]."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ class UNetWindow(DiTWindow):
     def step(self, step: int) -> UNetStep:
         return UNetStep(self, step)
 
-    def conv(self, step: int, index: int, conv: CausalConv1d, x: Tensor) -> Tensor:
+    def conv(self, step: int, index: int, conv: CausalConv, x: Tensor) -> Tensor:
         """Causal conv ``index`` on the window's frames x [2B,C,Q] (masked): each row's cached left frames
         in place of the padding; the frames before each row's new boundary are kept on the way."""
         left = self.layout.convs[index][1]
@@ -122,7 +130,7 @@ class UNetStep:
     def __init__(self, window: UNetWindow, step: int) -> None:
         self.window, self.index, self.convs, self.layers = window, step, 0, 0
 
-    def conv(self, conv: CausalConv1d, x: Tensor) -> Tensor:
+    def conv(self, conv: CausalConv, x: Tensor) -> Tensor:
         self.convs += 1
         return self.window.conv(self.index, self.convs - 1, conv, x)
 
