@@ -106,6 +106,19 @@ def test_a_failed_call_leaves_the_cache_as_it_was() -> None:
     torch.testing.assert_close(run([v], [90], [cache])[..., 76:], run([v], [90])[..., 76:], atol=1e-4, rtol=0)
 
 
+def test_a_full_budget_stops_a_cache_growing_and_the_audio_stays_exact() -> None:
+    v, budget = voice(13, seed=4), ReuseBudget(2**40)
+    cache, emitted = UNetCache(budget), 0
+    for n in (20, 41, 90, 140):  # 60 frames (50 kept), then 102, 182, 282
+        want, got = run([v], [n]), run([v], [n], [cache])
+        torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
+        emitted = want.size(2)
+        budget.limit = budget.held  # full after the first call: the cache may not grow
+    assert cache.frames == 50 and cache.calls == 4  # every later call reused the 50 frames (and states)
+    cache.clear()
+    assert budget.held == 0
+
+
 def test_the_budget_counts_the_conv_states_and_gets_every_byte_back() -> None:
     budget = ReuseBudget(2**40)
     cache = UNetCache(budget)
