@@ -72,7 +72,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--no-flow-reuse", action="store_true",
-        help="v3 eager flow: recompute each request's whole prefix in every streaming call (no frame cache)",
+        help="eager flow: recompute each request's whole prefix in every streaming call (no frame cache)",
     )  # fmt: skip
     p.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,

@@ -107,7 +107,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
     p.add_argument("--no-flow-compile", action="store_true", help="the eager estimator in the flow graphs")
     p.add_argument(
-        "--no-flow-reuse", action="store_true", help="v3 eager flow: recompute the prefix in every call"
+        "--no-flow-reuse", action="store_true", help="eager flow: recompute the prefix in every call"
     )
     p.add_argument(
         "--flow-batch",

@@ -188,11 +188,13 @@ class EngineConfig:
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
     # earliest playback deadline first inside frame buckets (engine.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
-    # v3 streaming flow calls reuse each request's finished frames (keys/values of every DiT layer and Euler
-    # step, engine.models.dit_cache) and compute only the frames after them: exact, as the streaming DiT is
-    # chunk-causal and its noise fixed. On for the eager flow solver (CPU, or cuda_graphs off); ignored where
-    # the CUDA-graph solver runs (unchanged, it recomputes) and for v2. Costs memory per frame cached: ~3.6 MB
-    # in float32 at full size, until the request's final call. False = recompute every call (the A/B).
+    # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
+    # Euler step: engine.models.dit_cache for v3's DiT, engine.models.unet_cache for v2's U-Net, which also
+    # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
+    # estimators are chunk-causal and the noise fixed. On for the eager flow solver (CPU, or cuda_graphs off);
+    # ignored where the CUDA-graph solver runs (unchanged, it recomputes). Costs memory per frame cached in
+    # float32 at full size: ~3.6 MB (v3), ~4.6 MB (v2), until the request's final call. False = recompute
+    # every call (the A/B).
     flow_reuse: bool = True
     # the memory all streams' reuse caches may hold together (GiB); a stream that finds it full keeps what
     # it has cached and recomputes the rest, so the bound costs speed, never audio. 4 GiB holds about

@@ -5,9 +5,10 @@ worker takes chunk jobs from all active requests, a batch at a time earliest pla
 (``engine.job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
 ``run`` is awaited by the request's coroutine.
 
-With ``flow_reuse`` (v3 on the eager flow solver) each streaming ``Utterance`` owns a ``DiTCache``: its
-non-final flow calls compute only the frames after the chunks finished in earlier calls (exact; see
-engine.models.dit_cache). The final call recomputes everything with full attention and frees the cache.
+With ``flow_reuse`` (the eager flow solver) each streaming ``Utterance`` owns a flow cache (v3: ``DiTCache``,
+v2: ``UNetCache``): its non-final flow calls compute only the frames after the chunks finished in earlier
+calls (exact; see engine.models.dit_cache and engine.models.unet_cache). The final call recomputes
+everything with full attention and frees the cache.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from engine.job_queue import DeadlineQueue
 from engine.models.dit_cache import DiTCache, ReuseBudget
 from engine.models.flow import CausalCFM, Flow
 from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
+from engine.models.unet_cache import UNetCache
 from engine.streaming import (
     TOKEN_MEL_RATIO,
     ChunkJob,
@@ -59,7 +61,7 @@ class Utterance:
     tokens: list[int] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=lambda: {"flow": 0.0, "hift": 0.0})
     first_job_started: float | None = None  # perf_counter s when the worker began this segment's first chunk
-    dit_cache: DiTCache | None = None  # v3 streaming with flow reuse: this segment's finished flow frames
+    flow_cache: DiTCache | None = None  # streaming with flow reuse (v2: a UNetCache): finished flow frames
 
 
 @dataclass(eq=False)
@@ -94,7 +96,7 @@ class Token2Wav:
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
-        flow_reuse: bool = EngineConfig.flow_reuse,  # v3 eager solver: reuse finished frames (dit_cache)
+        flow_reuse: bool = EngineConfig.flow_reuse,  # eager solver: reuse finished frames (flow_cache)
         reuse_gb: float = EngineConfig.flow_reuse_gb,  # what every request's frame cache may hold together
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
@@ -127,12 +129,14 @@ class Token2Wav:
         feat = torch.tensor(features.prompt_mel, dtype=torch.float32, device=dev)[None]
         emb = torch.tensor(features.speaker_embedding, dtype=torch.float32, device=dev)[None]
         planner = ChunkPlanner(tokens.shape[1], schedule or self.stream_cfg, stream=stream)
+        reuse = self.reuses_flow and stream and flow_reuse is not False
         if self.family == "cosyvoice2":
             gen = torch.Generator(device=dev).manual_seed(seed)
-            return Utterance(tokens, feat, emb, planner, V2VocoderState(self.stream_cfg), gen, speed)
-        reuse = self.reuses_flow and stream and flow_reuse is not False
+            cache: DiTCache | None = UNetCache(self.reuse_budget) if reuse else None
+            state = V2VocoderState(self.stream_cfg)
+            return Utterance(tokens, feat, emb, planner, state, gen, speed, flow_cache=cache)
         cache = DiTCache(self.reuse_budget) if reuse else None
-        return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed, dit_cache=cache)
+        return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed, flow_cache=cache)
 
     async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:
         """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the client
@@ -155,8 +159,8 @@ class Token2Wav:
 
     @property
     def reuses_flow(self) -> bool:
-        """Streaming flow calls reuse finished frames: asked for, and the solver is the eager v3 one (the
-        CUDA-graph solver and v2's U-Net recompute)."""
+        """Streaming flow calls reuse finished frames: asked for, and the solver is the eager one with the DiT
+        or the U-Net (the CUDA-graph solver recomputes)."""
         decoder = self.flow.decoder
         return self.flow_reuse and isinstance(decoder, CausalCFM) and decoder.reuses_frames
 
@@ -335,7 +339,7 @@ def _caches(utts: list[Utterance], chunks: list[ChunkJob]) -> list[DiTCache] | N
     """Every row's flow cache for a non-final batch, or None (recompute) when a row has none; the others
     then keep their caches as they were (still exact: their next window starts earlier). A cached call
     returns zeros before each row's cache boundary, so no chunk may emit a frame there."""
-    caches = [u.dit_cache for u in utts]
+    caches = [u.flow_cache for u in utts]
     if any(c is None for c in caches):
         return None
     kept = [c for c in caches if c is not None]
@@ -350,8 +354,8 @@ def _caches(utts: list[Utterance], chunks: list[ChunkJob]) -> list[DiTCache] | N
 
 def _release(utts: list[Utterance]) -> None:
     for u in utts:
-        if u.dit_cache is not None:
-            u.dit_cache.clear()
+        if u.flow_cache is not None:
+            u.flow_cache.clear()
 
 
 def _v3_state(utt: Utterance) -> V3VocoderState:

@@ -8,8 +8,8 @@ inside the compiled estimator on the H200 (torch 2.11, dynamic shapes): Inductor
 lists attention among the remaining costs.
 
 ``WindowAttention`` is the same rule for a streaming call that reuses a request's cached keys
-(engine.models.dit_cache): queries and keys carry their absolute frame positions, so the keys may come in
-any order (the cached prefix first, then the window's own).
+(engine.models.dit_cache, engine.models.unet_cache): queries and keys carry their absolute frame
+positions, so the keys may come in any order (the cached prefix first, then the window's own).
 """
 
 from __future__ import annotations

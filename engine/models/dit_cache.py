@@ -30,7 +30,8 @@ A ``ReuseBudget`` shared by a worker's caches bounds their total bytes: a cache 
 frames it has (its next windows start there, still exact) and the rest of its request recomputes.
 
 Scope: the eager solver (``CausalCFM.forward_cached``) only; the CUDA-graph solver (engine.flow_graphs) is
-unchanged and recomputes every call. CosyVoice2 (U-Net estimator) is out of scope and recomputes as well.
+unchanged and recomputes every call. CosyVoice2's U-Net reuses its frames the same way with a cache of its
+own built on this one (engine.models.unet_cache).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class DiTCache:
         if frames <= self.capacity:
             return True
         size = max(frames, self.capacity + self.capacity // 2)
-        nbytes = size * _frame_bytes(layout)
+        nbytes = self._fixed_bytes(layout) + size * _frame_bytes(layout)
         if self.budget is not None and not self.budget.take(nbytes - self.nbytes):
             return False
         self.nbytes = nbytes
@@ -131,6 +132,10 @@ class DiTCache:
             x[..., : self.frames] = self.x[..., : self.frames]
         self.keys, self.values, self.x = keys, values, x
         return True
+
+    def _fixed_bytes(self, layout: CacheLayout) -> int:
+        """Bytes the cache holds whatever its frames (none here; a subclass may keep more)."""
+        return 0
 
     def commit(self, frames: int, queried: int) -> None:
         self.frames = frames

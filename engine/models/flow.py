@@ -8,9 +8,9 @@ classifier-free guidance 0.7 as one batch [cond rows ‖ uncond rows]; the promp
 ``finalize=False`` makes each row's last 3 tokens look-ahead context only. Rows may be right-padded; each
 row of a padded batch equals that row run alone.
 
-Streaming CosyVoice3 calls may reuse each request's finished frames instead of re-running its whole prefix
-(``inference(..., caches=...)``, ``CausalCFM.forward_cached``; why it is exact: engine.models.dit_cache).
-CosyVoice2's U-Net always recomputes.
+Streaming calls may reuse each request's finished frames instead of re-running its whole prefix
+(``inference(..., caches=...)``, ``CausalCFM.forward_cached``; why it is exact: engine.models.dit_cache for
+CosyVoice3's DiT, engine.models.unet_cache for CosyVoice2's U-Net).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from engine.models.flow_encoder import (
     yaml_field,
 )
 from engine.models.unet import CausalConditionalDecoder, UNetConfig
+from engine.models.unet_cache import UNetCache, UNetLayout, UNetWindow
 from engine.yaml_data import tag_of
 
 MEL_DIM = 80  # the reference CFM hard-codes 80 mel channels
@@ -145,17 +146,20 @@ class CausalCFM(nn.Module):
 
     @property
     def reuses_frames(self) -> bool:
-        """Whether ``forward_cached`` can run: the estimator is the DiT itself (not the U-Net, not a
-        compiled or graphed stand-in)."""
-        return isinstance(self.estimator, DiT)
+        """Whether ``forward_cached`` can run: the estimator is the DiT or the U-Net itself (not a compiled
+        or graphed stand-in)."""
+        return isinstance(self.estimator, DiT | CausalConditionalDecoder)
 
     def forward_cached(self, inputs: CfmInputs, caches: Sequence[DiTCache]) -> Tensor:
         """The streaming solve of ``forward`` computing only each row's frames after its cache (one cache
-        per row; engine.models.dit_cache), which it then extends -> mel [B,80,T] float32, zero before each
-        row's window: those frames were not computed, so callers must not emit them."""
+        per row: a ``DiTCache`` for the DiT, a ``UNetCache`` for the U-Net), which it then extends -> mel
+        [B,80,T] float32, zero before each row's window: those frames were not computed, so callers must not
+        emit them."""
         est = self.estimator
+        if isinstance(est, CausalConditionalDecoder):
+            return self._forward_unet_cached(est, inputs, _unet_caches(caches))
         if not isinstance(est, DiT):
-            raise TypeError(f"frame reuse needs the DiT estimator, not {type(est).__name__}")
+            raise TypeError(f"frame reuse needs the DiT or U-Net estimator, not {type(est).__name__}")
         mu, spks = inputs.mu, inputs.spks
         b, frames = mu.size(0), mu.size(2)
         noise = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
@@ -177,6 +181,49 @@ class CausalCFM(nn.Module):
                 dt = span[step + 1] - t
         window.commit()
         return window.place(x.float(), frames)
+
+    def _forward_unet_cached(
+        self, est: CausalConditionalDecoder, inputs: CfmInputs, caches: Sequence[UNetCache]
+    ) -> Tensor:
+        """``forward_cached`` for the U-Net: ``forward``'s loop on each row's window (no lead frames; every
+        causal conv and attention layer takes its left context from the caches)."""
+        mu, spks = inputs.mu, inputs.spks
+        b, frames = mu.size(0), mu.size(2)
+        noise = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
+        layout = _unet_layout(est, self.cfg.n_timesteps, noise)
+        window = UNetWindow(caches, inputs.total_frames.tolist(), layout)
+        x = window.queries(noise)  # [B,80,Q]
+        mu_in, spks_in, cond_in = _guided(window.queries(mu), spks, window.queries(inputs.cond))
+        span = self.t_span(mu.device, mu.dtype)
+        t, dt = span[0:1], span[1] - span[0]
+        rate = self.cfg.inference_cfg_rate
+        for step in range(1, len(span)):
+            x_in = torch.cat([x, x]).to(spks.dtype)
+            v = est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window.step(step - 1))
+            v_cond, v_uncond = v.split(b)
+            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
+            t = t + dt
+            if step < len(span) - 1:
+                dt = span[step + 1] - t
+        window.commit()
+        return window.place(x.float(), frames)
+
+
+def _unet_caches(caches: Sequence[DiTCache]) -> list[UNetCache]:
+    out = [c for c in caches if isinstance(c, UNetCache)]
+    if len(out) != len(caches):
+        raise TypeError("frame reuse with the U-Net needs a UNetCache per row")
+    return out
+
+
+def _unet_layout(est: CausalConditionalDecoder, steps: int, x: Tensor) -> UNetLayout:
+    """The U-Net's cache sizes: keys/values of its attention layers and its convs' states in its weights'
+    dtype; no x (mel_dim 0) and no lead: the convs' left frames are their states."""
+    cfg = est.cfg
+    layers = cfg.n_blocks * (2 + cfg.num_mid_blocks)  # down, mid and up levels
+    convs = tuple((c.in_channels, c.kernel_size[0] - 1) for c in est.causal_convs())
+    sizes = (steps, layers, cfg.num_heads, cfg.attention_head_dim, 0, cfg.static_chunk_size, 0)
+    return UNetLayout(*sizes, est.final_proj.weight.dtype, x.dtype, x.device, convs)
 
 
 def _layout_of(est: DiT, steps: int, x: Tensor) -> CacheLayout:

@@ -5,13 +5,18 @@ One resolution level: down (resnet + transformers + causal conv), mid blocks, up
 transformers + causal conv), final causal block, 1x1 projection. Inputs are stacked x ‖ mu ‖ spks ‖ cond
 (80 each). Convs are causal (left padding) and every conv input is multiplied by the mask, so a frame never
 depends on later frames except through attention. See reference/cosyvoice-spec.md §2.8 and pitfalls 20-23.
+
+``forward_window`` is the streaming call that reuses a request's finished frames (engine.models.unet_cache):
+only a window of query frames runs, each causal conv reading its cached left frames and each attention
+layer the cached keys/values of the frames before the window.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +24,12 @@ from torch import Tensor, nn
 
 from engine.models.attention import FrameAttention
 from engine.models.flow_encoder import expect_tag, yaml_field
+
+if TYPE_CHECKING:
+    from engine.models.unet_cache import UNetStep
+
+# who sees whom in one attention layer: (q, k, v) [B,H,Q,D] -> [B,H,Q,D] (FrameAttention, or a window's)
+Rule = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 def sinusoidal_embedding(t: Tensor, dim: int, scale: int = 1000) -> Tensor:
@@ -84,6 +95,10 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: Tensor) -> Tensor:
         return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
 
+    def after(self, past: Tensor, x: Tensor) -> Tensor:
+        """x [B,C,Q] following ``past`` [B,C,kernel-1], the input's frames before x -> [B,C_out,Q]."""
+        return super().forward(torch.cat([past, x], dim=2))
+
 
 class Transpose(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
@@ -102,6 +117,16 @@ class CausalBlock1D(nn.Module):
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         return self.block(x * mask) * mask
 
+    def window(self, x: Tensor, mask: Tensor, step: UNetStep) -> Tensor:
+        """``forward`` on a window's frames, the conv's left frames from ``step``'s cache."""
+        conv, *rest = self.block.children()
+        if not isinstance(conv, CausalConv1d):
+            raise TypeError(f"CausalBlock1D starts with a causal conv, not {type(conv).__name__}")
+        h = step.conv(conv, x * mask)
+        for layer in rest:
+            h = layer(h)
+        return h * mask
+
 
 class CausalResnetBlock1D(nn.Module):
     def __init__(self, dim: int, dim_out: int, time_emb_dim: int) -> None:
@@ -114,6 +139,10 @@ class CausalResnetBlock1D(nn.Module):
     def forward(self, x: Tensor, mask: Tensor, t: Tensor) -> Tensor:
         h = self.block1(x, mask) + self.mlp(t).unsqueeze(-1)
         return self.block2(h, mask) + self.res_conv(x * mask)
+
+    def window(self, x: Tensor, mask: Tensor, t: Tensor, step: UNetStep) -> Tensor:
+        h = self.block1.window(x, mask, step) + self.mlp(t).unsqueeze(-1)
+        return self.block2.window(h, mask, step) + self.res_conv(x * mask)
 
 
 class TimestepEmbedding(nn.Module):
@@ -140,7 +169,7 @@ class SelfAttention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])
 
-    def forward(self, x: Tensor, rule: FrameAttention) -> Tensor:
+    def forward(self, x: Tensor, rule: Rule) -> Tensor:
         """x [B,T,C]; rule: who sees whom -> [B,T,C]."""
         b = x.size(0)
         q, k, v = (
@@ -182,7 +211,7 @@ class TransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = GeluFeedForward(dim)
 
-    def forward(self, x: Tensor, rule: FrameAttention) -> Tensor:
+    def forward(self, x: Tensor, rule: Rule) -> Tensor:
         x = self.attn1(self.norm1(x), rule) + x
         return self.ff(self.norm3(x)) + x
 
@@ -243,6 +272,43 @@ class CausalConditionalDecoder(nn.Module):
             h = block(h, rule)
         return h.transpose(1, 2).contiguous()
 
+    def forward_window(
+        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, step: UNetStep
+    ) -> Tensor:
+        """``forward`` in a streaming call that reuses cached frames: x, mu, cond [B,80,Q] are each row's
+        query frames (``step``: its window, Euler step and caches); t [B]; spks [B,80] -> velocity
+        [B,80,Q] (x mask)."""
+        temb = self.time_mlp(sinusoidal_embedding(t.float(), self.cfg.in_channels).to(x.dtype))
+        x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(2)), cond], dim=1)
+        mask = step.window.mask.to(x.dtype)
+        down, up = self.down_blocks[0], self.up_blocks[0]
+        skip = self._stage_window(down, x, mask, temb, step)
+        x = step.conv(self._conv(down), skip * mask)
+        for level in self.mid_blocks:
+            x = self._stage_window(level, x, mask, temb, step)
+        x = self._stage_window(up, torch.cat([x, skip], dim=1), mask, temb, step)
+        x = self.final_block.window(step.conv(self._conv(up), x * mask), mask, step)
+        step.check()
+        return self.final_proj(x * mask) * mask
+
     @staticmethod
-    def _conv(level: nn.Module) -> nn.Module:
-        return list(level.children())[2]
+    def _stage_window(level: nn.Module, x: Tensor, mask: Tensor, temb: Tensor, step: UNetStep) -> Tensor:
+        """``_stage`` on a window: the resnet's convs and every block's attention from ``step``."""
+        resnet, blocks, *_ = level.children()
+        if not isinstance(resnet, CausalResnetBlock1D):
+            raise TypeError(f"a U-Net level starts with a resnet block, not {type(resnet).__name__}")
+        h = resnet.window(x, mask, temb, step).transpose(1, 2).contiguous()
+        for block in blocks.children():
+            h = block(h, step.attention())
+        return h.transpose(1, 2).contiguous()
+
+    def causal_convs(self) -> list[CausalConv1d]:
+        """Every causal conv, in the order ``forward`` calls them (registration order)."""
+        return [m for m in self.modules() if isinstance(m, CausalConv1d)]
+
+    @staticmethod
+    def _conv(level: nn.Module) -> CausalConv1d:
+        conv = list(level.children())[2]
+        if not isinstance(conv, CausalConv1d):
+            raise TypeError(f"a U-Net level ends with a causal conv, not {type(conv).__name__}")
+        return conv

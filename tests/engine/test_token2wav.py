@@ -405,7 +405,7 @@ def test_v3_flow_reuse_gives_the_same_stream_audio_computing_only_new_frames(tmp
             chunks, jobs = asyncio.run(stream_jobs(t2w, utt, tokens))
         finally:
             t2w.close()
-        runs[reuse] = chunks, jobs, utt.dit_cache
+        runs[reuse] = chunks, jobs, utt.flow_cache
     (plain, jobs, none), (reused, _, cache) = runs[False], runs[True]
     assert none is None and cache is not None
     assert len(reused) == len(plain) == 4
@@ -416,6 +416,40 @@ def test_v3_flow_reuse_gives_the_same_stream_audio_computing_only_new_frames(tmp
     # each call ran only the frames after the previous call's (all finished: they end on the chunk grid)
     assert (cache.calls, cache.queried) == (3, 100 + 100 + 200) and sum(frames) == 700
     assert cache.keys is None and cache.x is None  # the final call released the buffers
+
+
+def test_v2_flow_reuse_gives_the_same_stream_audio_computing_fewer_frames(tmp_path):
+    """v2's U-Net reuses the finished frames too: the same PCM as recomputing (HiFT's noise comes from the
+    request's seeded generator, the same in both runs) from fewer query frames, counted on the cache."""
+    from dataclasses import replace
+
+    from bench.make_model import build_model_dir
+    from engine.models.unet_cache import UNetCache
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice2", "tiny")), torch.device("cpu")
+    )
+    features, tokens = random_prompt(13, 260)
+    features = replace(features, family="cosyvoice2")
+    runs = {}
+    for reuse in (False, True):
+        t2w = Token2Wav(model.flow, model.hift, "cosyvoice2", model.device, StreamConfig(), flow_reuse=reuse)
+        try:
+            assert t2w.reuses_flow is reuse
+            utt = t2w.utterance(features, seed=0, stream=True)
+            chunks, jobs = asyncio.run(stream_jobs(t2w, utt, tokens))
+        finally:
+            t2w.close()
+        runs[reuse] = chunks, jobs, utt.flow_cache
+    (plain, jobs, none), (reused, _, cache) = runs[False], runs[True]
+    assert none is None and isinstance(cache, UNetCache)
+    assert len(reused) == len(plain) > 3
+    for a, b in zip(plain, reused):
+        np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+    frames = [2 * (13 + job.end - 3) for job in jobs if not job.finalize]
+    assert cache.calls == len(frames) >= 3
+    assert cache.queried == frames[-1] < sum(frames)  # every call ran only what the one before had not
+    assert cache.keys is None and cache.states is None  # the final call released the buffers
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -454,7 +488,7 @@ def test_v3_flow_reuse_keeps_each_requests_frames_apart(tmp_path, batch):
         together = asyncio.run(rounds())
     finally:
         t2w.close()
-    assert all(u.dit_cache is not None and u.dit_cache.calls >= 3 for u in utts)
+    assert all(u.flow_cache is not None and u.flow_cache.calls >= 3 for u in utts)
     rows = [row for call in calls for row in call]
     assert sorted(rows[:2]) == sorted(rows[2:4]) == [0, 1]  # interleaved: both, then both again
     for a, b in zip(alone, together):
@@ -473,8 +507,8 @@ def test_v3_flow_reuse_refuses_a_chunk_that_would_emit_uncomputed_frames(tmp_pat
     t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
     try:
         utt = t2w.utterance(features, seed=0, stream=True)
-        assert utt.dit_cache is not None
-        utt.dit_cache.frames = 50  # as if frames [0, 50) were cached: the first chunk emits from frame 26
+        assert utt.flow_cache is not None
+        utt.flow_cache.frames = 50  # as if frames [0, 50) were cached: the first chunk emits from frame 26
         with pytest.raises(RuntimeError, match="emits frame 26"):
             asyncio.run(stream_jobs(t2w, utt, tokens))
     finally:
