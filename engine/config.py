@@ -198,7 +198,7 @@ class EngineConfig:
     flow_reuse: bool = True
     # the memory all streams' reuse caches may hold together (GiB); a stream that finds it full keeps what
     # it has cached and recomputes the rest, so the bound costs speed, never audio. 4 GiB holds about
-    # 1,200 frames (24 s of prompt + speech) of the released v3 in float32
+    # 1,200 frames (24 s of prompt + speech) of the released v3 in float32, ~930 (19 s) of v2
     flow_reuse_gb: float = 4.0
     # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
