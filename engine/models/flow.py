@@ -15,7 +15,7 @@ CosyVoice3's DiT, engine.models.unet_cache for CosyVoice2's U-Net).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,23 +126,29 @@ class CausalCFM(nn.Module):
         mu, spks = inputs.mu, inputs.spks
         b, frames = mu.size(0), mu.size(2)
         x = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
-        span = self.t_span(mu.device, mu.dtype)
         # Rows [0, b) are conditioned, rows [b, 2b) the unconditional twins (mu, spks, cond zeroed).
         mask_in = torch.cat([inputs.mask, inputs.mask]).to(spks.dtype)
-        mu_in = torch.cat([mu, torch.zeros_like(mu)]).to(spks.dtype)
-        spks_in = torch.cat([spks, torch.zeros_like(spks)])
-        cond_in = torch.cat([inputs.cond, torch.zeros_like(inputs.cond)]).to(spks.dtype)
+        mu_in, spks_in, cond_in = _guided(mu, spks, inputs.cond)
+
+        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
+            x_in = torch.cat([x, x]).to(spks.dtype)
+            return self.estimator(x_in, mask_in, mu_in, t.expand(2 * b), spks_in, cond_in, streaming)
+
+        return self._euler(x, velocity).float()
+
+    def _euler(self, x: Tensor, velocity: Callable[[Tensor, Tensor, int], Tensor]) -> Tensor:
+        """The reference's Euler loop with classifier-free guidance: ``velocity(x [B,80,Q], t [1], step)``
+        -> [2B,80,Q], the conditioned rows then their unconditioned twins -> x after the last step."""
+        span = self.t_span(x.device, x.dtype)
         t, dt = span[0:1], span[1] - span[0]
         rate = self.cfg.inference_cfg_rate
         for step in range(1, len(span)):
-            x_in = torch.cat([x, x]).to(spks.dtype)
-            v = self.estimator(x_in, mask_in, mu_in, t.expand(2 * b), spks_in, cond_in, streaming)
-            v_cond, v_uncond = v.split(b)
+            v_cond, v_uncond = velocity(x, t, step - 1).split(x.size(0))
             x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
             t = t + dt
             if step < len(span) - 1:
                 dt = span[step + 1] - t  # against the accumulated t, as the reference does
-        return x.float()
+        return x
 
     @property
     def reuses_frames(self) -> bool:
@@ -164,21 +170,15 @@ class CausalCFM(nn.Module):
         b, frames = mu.size(0), mu.size(2)
         noise = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
         window = DiTWindow(caches, inputs.total_frames.tolist(), _layout_of(est, self.cfg.n_timesteps, noise))
-        x = window.queries(noise)  # [B,80,Q]
         mu_in, spks_in, cond_in = _guided(window.frames(mu), spks, window.frames(inputs.cond))
-        span = self.t_span(mu.device, mu.dtype)
-        t, dt = span[0:1], span[1] - span[0]
-        rate = self.cfg.inference_cfg_rate
-        for step in range(1, len(span)):  # forward's loop on the window, the lead's x from the cache
-            window.keep_x(step - 1, x)
-            x_win = torch.cat([window.lead_x(step - 1, x), x], dim=2)  # [B,80,lead+Q]
+
+        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:  # the lead's x from the cache
+            window.keep_x(step, x)
+            x_win = torch.cat([window.lead_x(step, x), x], dim=2)  # [B,80,lead+Q]
             x_in = torch.cat([x_win, x_win]).to(spks.dtype)
-            v = est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window, step - 1)
-            v_cond, v_uncond = v.split(b)
-            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
-            t = t + dt
-            if step < len(span) - 1:
-                dt = span[step + 1] - t
+            return est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window, step)
+
+        x = self._euler(window.queries(noise), velocity)  # [B,80,Q]
         window.commit()
         return window.place(x.float(), frames)
 
@@ -192,19 +192,13 @@ class CausalCFM(nn.Module):
         noise = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
         layout = _unet_layout(est, self.cfg.n_timesteps, noise)
         window = UNetWindow(caches, inputs.total_frames.tolist(), layout)
-        x = window.queries(noise)  # [B,80,Q]
         mu_in, spks_in, cond_in = _guided(window.queries(mu), spks, window.queries(inputs.cond))
-        span = self.t_span(mu.device, mu.dtype)
-        t, dt = span[0:1], span[1] - span[0]
-        rate = self.cfg.inference_cfg_rate
-        for step in range(1, len(span)):
+
+        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
             x_in = torch.cat([x, x]).to(spks.dtype)
-            v = est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window.step(step - 1))
-            v_cond, v_uncond = v.split(b)
-            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
-            t = t + dt
-            if step < len(span) - 1:
-                dt = span[step + 1] - t
+            return est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window.step(step))
+
+        x = self._euler(window.queries(noise), velocity)  # [B,80,Q]
         window.commit()
         return window.place(x.float(), frames)
 
