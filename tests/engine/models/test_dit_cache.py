@@ -1,10 +1,13 @@
-"""Streaming v3 flow calls that reuse a request's finished frames (engine.models.dit_cache) emit what the
-full recompute emits, alone and in padded batches whose rows have different cache boundaries."""
+"""Streaming flow calls that reuse a request's finished frames emit what the full recompute emits, alone and
+in padded batches whose rows have different cache boundaries: v3's DiT (engine.models.dit_cache) and,
+where a scenario is parametrized by family, v2's U-Net (engine.models.unet_cache; its own cases:
+test_unet_cache)."""
 
 from __future__ import annotations
 
 import functools
 import gc
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -13,19 +16,39 @@ import torch
 from bench.make_model import randomize
 from engine.models.dit import DiTConfig
 from engine.models.dit_cache import DiTCache, ReuseBudget
-from engine.models.flow import CosyVoice3Flow, CosyVoice3FlowConfig
+from engine.models.flow import (
+    CosyVoice2Flow,
+    CosyVoice2FlowConfig,
+    CosyVoice3Flow,
+    CosyVoice3FlowConfig,
+    Flow,
+)
+from engine.models.flow_encoder import EncoderConfig
+from engine.models.unet import UNetConfig
+from engine.models.unet_cache import UNetCache
 
 CHUNK = DiTConfig().static_chunk_size  # 50 frames, counted from frame 0 (prompt included)
 LOOKAHEAD = CosyVoice3FlowConfig().pre_lookahead_len
 
 
 @functools.cache
-def tiny_flow() -> CosyVoice3Flow:
-    """bench's tiny v3 sizes, seeded random weights (no fixtures needed)."""
-    dit = DiTConfig(dim=64, depth=2, heads=4, dim_head=16)
-    flow = CosyVoice3Flow(CosyVoice3FlowConfig(pre_lookahead_channels=64, estimator=dit)).eval()
-    randomize(flow, seed=1)
+def tiny_flow(family: str = "cosyvoice3") -> Flow:
+    """bench's tiny sizes of the family, seeded random weights (no fixtures needed)."""
+    flow: Flow
+    if family == "cosyvoice3":
+        dit = DiTConfig(dim=64, depth=2, heads=4, dim_head=16)
+        flow = CosyVoice3Flow(CosyVoice3FlowConfig(pre_lookahead_channels=64, estimator=dit))
+    else:
+        enc = EncoderConfig(input_size=64, output_size=64, attention_heads=4, linear_units=128, num_blocks=2)
+        unet = UNetConfig(channels=(64,), attention_head_dim=16, n_blocks=1, num_mid_blocks=2, num_heads=4)
+        flow = CosyVoice2Flow(CosyVoice2FlowConfig(input_size=64, encoder=enc, estimator=unet))
+    randomize(flow.eval(), seed=1)
     return flow
+
+
+# each family's cache, for the scenarios both run
+CACHES: dict[str, type[DiTCache]] = {"cosyvoice3": DiTCache, "cosyvoice2": UNetCache}
+families = pytest.mark.parametrize("family", list(CACHES))
 
 
 @dataclass(frozen=True)
@@ -65,10 +88,14 @@ def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
 
 
 def run(
-    voices: list[Voice], counts: list[int], caches: list[DiTCache] | None = None, finalize: bool = False
+    voices: list[Voice],
+    counts: list[int],
+    caches: Sequence[DiTCache] | None = None,
+    finalize: bool = False,
+    family: str = "cosyvoice3",
 ) -> torch.Tensor:
     """One padded flow call: row i on the first counts[i] tokens of voices[i] -> generated mel [B,80,T]."""
-    return tiny_flow().inference(
+    return tiny_flow(family).inference(
         token=_stack([v.tokens[:, :n] for v, n in zip(voices, counts)]),
         token_len=torch.tensor(counts),
         prompt_token=_stack([v.prompt for v in voices]),
@@ -82,13 +109,14 @@ def run(
     )
 
 
-def test_streamed_calls_reusing_frames_emit_what_recomputing_emits() -> None:
+@families
+def test_streamed_calls_reusing_frames_emit_what_recomputing_emits(family: str) -> None:
     v = voice(13, seed=0)  # 26 prompt frames: the speech starts inside the first chunk
-    cache, emitted = DiTCache(), 0  # generated frames emitted so far
+    cache, emitted = CACHES[family](), 0  # generated frames emitted so far
     # frames 60, 102, 146, 200, 300, 422: calls ending inside a chunk, on its end, hops across several
     for n in (20, 41, 63, 90, 140, 201):
         start, queried = cache.frames, cache.queried
-        want, got = run([v], [n]), run([v], [n], [cache])
+        want, got = run([v], [n], family=family), run([v], [n], [cache], family=family)
         assert got.shape == want.shape
         assert start <= v.prompt_frames + emitted  # what this call emits lies in its window
         torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
@@ -98,20 +126,21 @@ def test_streamed_calls_reusing_frames_emit_what_recomputing_emits() -> None:
         emitted = want.size(2)
     assert cache.calls == 6 and cache.queried < sum(v.frames(n) for n in (20, 41, 63, 90, 140, 201)) / 2
     with pytest.raises(ValueError, match="non-final"):  # the final call has full attention: no reuse
-        run([v], [230], [cache], finalize=True)
+        run([v], [230], [cache], finalize=True, family=family)
 
 
-def test_a_batch_with_different_cache_boundaries_equals_each_row_recomputed_alone() -> None:
+@families
+def test_a_batch_with_different_cache_boundaries_equals_each_row_recomputed_alone(family: str) -> None:
     voices = [voice(13, seed=1), voice(31, seed=2)]  # 26 and 62 prompt frames
-    caches = [DiTCache(), DiTCache()]
-    run(voices[:1], [90], caches[:1])  # row 0 runs ahead alone: 200 frames cached, row 1 none
+    caches = [CACHES[family](), CACHES[family]()]
+    run(voices[:1], [90], caches[:1], family=family)  # row 0 runs ahead alone: 200 frames cached, row 1 none
     emitted = [voices[0].frames(90) - voices[0].prompt_frames, 0]
     starts = []
     for counts in ((100, 20), (130, 60), (133, 95)):
         starts.append([c.frames for c in caches])
-        got = run(voices, list(counts), caches)
+        got = run(voices, list(counts), caches, family=family)
         for i, (v, n) in enumerate(zip(voices, counts)):
-            want = run([v], [n])
+            want = run([v], [n], family=family)
             end = want.size(2)
             torch.testing.assert_close(
                 got[i : i + 1, :, emitted[i] : end], want[..., emitted[i] :], atol=1e-4, rtol=0
@@ -131,15 +160,16 @@ def test_a_call_that_adds_no_frames_is_refused() -> None:
     assert cache.frames == 200 and cache.calls == 1
 
 
-def test_a_full_budget_stops_a_cache_growing_and_the_audio_stays_exact() -> None:
+@families
+def test_a_full_budget_stops_a_cache_growing_and_the_audio_stays_exact(family: str) -> None:
     v, budget = voice(13, seed=4), ReuseBudget(2**40)
-    cache, emitted = DiTCache(budget), 0
+    cache, emitted = CACHES[family](budget), 0
     for n in (20, 41, 90, 140):  # 60 frames (50 kept), then 102, 182, 282
-        want, got = run([v], [n]), run([v], [n], [cache])
+        want, got = run([v], [n], family=family), run([v], [n], [cache], family=family)
         torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
         emitted = want.size(2)
         budget.limit = budget.held  # full after the first call: the cache may not grow
-    assert cache.frames == 50 and cache.calls == 4  # every later call reused the 50 frames it had
+    assert cache.frames == 50 and cache.calls == 4  # every later call reused the 50 frames (v2: and states)
     assert budget.held == cache.nbytes > 0
     cache.clear()
     assert budget.held == 0
