@@ -129,13 +129,13 @@ class Token2Wav:
         feat = torch.tensor(features.prompt_mel, dtype=torch.float32, device=dev)[None]
         emb = torch.tensor(features.speaker_embedding, dtype=torch.float32, device=dev)[None]
         planner = ChunkPlanner(tokens.shape[1], schedule or self.stream_cfg, stream=stream)
+        v2 = self.family == "cosyvoice2"
         reuse = self.reuses_flow and stream and flow_reuse is not False
-        if self.family == "cosyvoice2":
+        cache = (UNetCache if v2 else DiTCache)(self.reuse_budget) if reuse else None
+        if v2:
             gen = torch.Generator(device=dev).manual_seed(seed)
-            cache: DiTCache | None = UNetCache(self.reuse_budget) if reuse else None
             state = V2VocoderState(self.stream_cfg)
             return Utterance(tokens, feat, emb, planner, state, gen, speed, flow_cache=cache)
-        cache = DiTCache(self.reuse_budget) if reuse else None
         return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed, flow_cache=cache)
 
     async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:
@@ -186,8 +186,8 @@ class Token2Wav:
             live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
             if live:
                 self._run_batch(live)
-            # the worker waits in take() next: the batch must not keep its requests' state (a v3 stream's
-            # flow cache, gigabytes at full size) alive meanwhile
+            # the worker waits in take() next: the batch must not keep its requests' state (a stream's flow
+            # cache, gigabytes at full size) alive meanwhile
             del jobs, live
 
     def _run_batch(self, jobs: list[_Job]) -> None:

@@ -161,46 +161,42 @@ class CausalCFM(nn.Module):
         per row: a ``DiTCache`` for the DiT, a ``UNetCache`` for the U-Net), which it then extends -> mel
         [B,80,T] float32, zero before each row's window: those frames were not computed, so callers must not
         emit them."""
-        est = self.estimator
+        mu, frames = inputs.mu, inputs.mu.size(2)
+        noise = self.initial_noise(frames, mu.device, mu.dtype).expand(mu.size(0), -1, -1)
+        window, velocity = self._window(inputs, caches, noise)
+        x = self._euler(window.queries(noise), velocity)  # [B,80,Q]
+        window.commit()
+        return window.place(x.float(), frames)
+
+    def _window(
+        self, inputs: CfmInputs, caches: Sequence[DiTCache], noise: Tensor
+    ) -> tuple[DiTWindow, Callable[[Tensor, Tensor, int], Tensor]]:
+        """The estimator's window over the rows' caches and its velocity for ``_euler``: the DiT's reads
+        its lead frames' x from the caches, the U-Net's gives every conv and attention layer its left
+        context from them."""
+        est, spks, b = self.estimator, inputs.spks, inputs.mu.size(0)
+        totals = inputs.total_frames.tolist()
         if isinstance(est, CausalConditionalDecoder):
-            return self._forward_unet_cached(est, inputs, _unet_caches(caches))
+            unet = UNetWindow(_unet_caches(caches), totals, _unet_layout(est, self.cfg.n_timesteps, noise))
+            mu_in, spks_in, cond_in = _guided(unet.queries(inputs.mu), spks, unet.queries(inputs.cond))
+
+            def unet_velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
+                x_in = torch.cat([x, x]).to(spks.dtype)
+                return est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, unet.step(step))
+
+            return unet, unet_velocity
         if not isinstance(est, DiT):
             raise TypeError(f"frame reuse needs the DiT or U-Net estimator, not {type(est).__name__}")
-        mu, spks = inputs.mu, inputs.spks
-        b, frames = mu.size(0), mu.size(2)
-        noise = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
-        window = DiTWindow(caches, inputs.total_frames.tolist(), _layout_of(est, self.cfg.n_timesteps, noise))
-        mu_in, spks_in, cond_in = _guided(window.frames(mu), spks, window.frames(inputs.cond))
+        dit = DiTWindow(caches, totals, _dit_layout(est, self.cfg.n_timesteps, noise))
+        mu_in, spks_in, cond_in = _guided(dit.frames(inputs.mu), spks, dit.frames(inputs.cond))
 
-        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:  # the lead's x from the cache
-            window.keep_x(step, x)
-            x_win = torch.cat([window.lead_x(step, x), x], dim=2)  # [B,80,lead+Q]
+        def dit_velocity(x: Tensor, t: Tensor, step: int) -> Tensor:  # the lead's x from the cache
+            dit.keep_x(step, x)
+            x_win = torch.cat([dit.lead_x(step, x), x], dim=2)  # [B,80,lead+Q]
             x_in = torch.cat([x_win, x_win]).to(spks.dtype)
-            return est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window, step)
+            return est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, dit, step)
 
-        x = self._euler(window.queries(noise), velocity)  # [B,80,Q]
-        window.commit()
-        return window.place(x.float(), frames)
-
-    def _forward_unet_cached(
-        self, est: CausalConditionalDecoder, inputs: CfmInputs, caches: Sequence[UNetCache]
-    ) -> Tensor:
-        """``forward_cached`` for the U-Net: ``forward``'s loop on each row's window (no lead frames; every
-        causal conv and attention layer takes its left context from the caches)."""
-        mu, spks = inputs.mu, inputs.spks
-        b, frames = mu.size(0), mu.size(2)
-        noise = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
-        layout = _unet_layout(est, self.cfg.n_timesteps, noise)
-        window = UNetWindow(caches, inputs.total_frames.tolist(), layout)
-        mu_in, spks_in, cond_in = _guided(window.queries(mu), spks, window.queries(inputs.cond))
-
-        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
-            x_in = torch.cat([x, x]).to(spks.dtype)
-            return est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, window.step(step))
-
-        x = self._euler(window.queries(noise), velocity)  # [B,80,Q]
-        window.commit()
-        return window.place(x.float(), frames)
+        return dit, dit_velocity
 
 
 def _unet_caches(caches: Sequence[DiTCache]) -> list[UNetCache]:
@@ -220,7 +216,7 @@ def _unet_layout(est: CausalConditionalDecoder, steps: int, x: Tensor) -> UNetLa
     return UNetLayout(*sizes, est.final_proj.weight.dtype, x.dtype, x.device, convs)
 
 
-def _layout_of(est: DiT, steps: int, x: Tensor) -> CacheLayout:
+def _dit_layout(est: DiT, steps: int, x: Tensor) -> CacheLayout:
     """The DiT's cache sizes: keys/values in its weights' dtype, x as the solver keeps it."""
     cfg = est.cfg
     lead = 2 * (cfg.conv_pos_kernel - 1)  # two causal convs: frame i reads input frames i-60..i
