@@ -322,16 +322,16 @@ class HttpTarget:
     async def server_ttfa(self) -> tuple[float, int] | None:
         """``cosystream_ttfa_seconds`` (sum, count) from the server's /metrics: the level's mean over these
         is the TTFA the engine saw; the client's mean minus it is what HTTP (and an ingress) added."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         resp = await self.client.get(self.url.removesuffix("/v1/audio/speech") + "/metrics")
         resp.raise_for_status()
-        total, count = 0.0, 0
-        for line in resp.text.splitlines():
-            name, _, value = line.rpartition(" ")
-            if name.startswith("cosystream_ttfa_seconds_sum"):
-                total += float(value)
-            elif name.startswith("cosystream_ttfa_seconds_count"):
-                count += int(float(value))
-        return total, count
+        sums = {"cosystream_ttfa_seconds_sum": 0.0, "cosystream_ttfa_seconds_count": 0.0}
+        for family in text_string_to_metric_families(resp.text):
+            for sample in family.samples:
+                if sample.name in sums:
+                    sums[sample.name] += sample.value
+        return sums["cosystream_ttfa_seconds_sum"], int(sums["cosystream_ttfa_seconds_count"])
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -119,7 +119,7 @@ def stop_on_signals() -> threading.Event:
 
 # Serve's documented high-throughput mode (Ray >= 2.55): HAProxy as the front instead of the Python HTTP
 # proxy actor, direct ingress, gRPC between deployments, user code on the replica's own event loop. Through
-# one replica it cut the API's added time to first audio from ~26 ms to ~11 ms (CPU, demo-tiny; BENCHMARKS).
+# one replica on an H200 it cut the 1-stream TTFA gap to one process from 20 to 7 ms (BENCHMARKS "Over HTTP").
 # Set any of them to 0 beforehand to opt out. Replica logs stay on the console (the mode turns them off).
 # The ingress's drain on stop (30 s by default, for a load balancer to take it out) is 2 s: on one machine
 # the whole app stops together.
