@@ -7,7 +7,8 @@ flattened q/k BEFORE the head split, so only the first dim_head channels (head 0
 reference that the released weights depend on. See reference/cosyvoice-spec.md §2.9 and pitfall 21.
 
 ``forward_window`` is the streaming call that reuses a request's finished frames (engine.models.dit_cache):
-only a window of query frames runs, attending over the cached keys/values of the frames before it.
+only a window of query frames runs, attending over the cached keys/values of the frames before it;
+``forward_paged`` is the same over a page pool, from tensors only (engine.models.dit_pages: the CUDA graphs).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.attention import FrameAttention, WindowAttention
+from engine.models.dit_pages import PagedWindow
 from engine.models.flow_encoder import expect_tag, yaml_field
 from engine.models.unet import sinusoidal_embedding
 
@@ -265,7 +267,14 @@ class DiT(nn.Module):
         return self.proj_out(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)
 
     def forward_window(
-        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, window: DiTWindow, step: int
+        self,
+        x: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        window: DiTWindow | PagedWindow,
+        step: int,
     ) -> Tensor:
         """A streaming call of Euler step ``step`` that reuses cached frames: x, mu, cond [B,80,lead+Q] are
         each row's frames from its window start - lead on (``window``: positions, masks, the cache); t [B];
@@ -279,3 +288,23 @@ class DiT(nn.Module):
             h = block(h, temb, window.rule, freqs, window.keys_values(step, layer))
         scale, shift = self.norm_out(temb)
         return self.proj_out(_layer_norm(h) * (1 + scale) + shift).transpose(1, 2)
+
+    def forward_paged(
+        self,
+        x: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        kv: Tensor,
+        prefix: Tensor,
+        start: Tensor,
+        total: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """``forward_window`` over page windows (engine.models.dit_pages), tensors in and out so it compiles
+        and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; prefix
+        [B,P], start and total [B] -> (velocity [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D])."""
+        lead = 2 * (self.cfg.conv_pos_kernel - 1)
+        chunk, queries = self.cfg.static_chunk_size, x.size(2) - lead
+        window = PagedWindow(kv, prefix, start, total, lead, chunk, queries)
+        return self.forward_window(x, mu, t, spks, cond, window, 0), window.written()

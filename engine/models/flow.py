@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from engine.errors import TooLarge
 from engine.models.dit import DiT, DiTConfig
-from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow
+from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow, ReuseBudget
+from engine.models.dit_pages import PagedCache, PagePool
 from engine.models.flow_encoder import (
     EncoderConfig,
     PreLookaheadLayer,
@@ -150,20 +151,58 @@ class CausalCFM(nn.Module):
                 dt = span[step + 1] - t  # against the accumulated t, as the reference does
         return x
 
+    def forward_paged(
+        self,
+        pool: PagePool,
+        noise: Tensor,
+        mu: Tensor,
+        cond: Tensor,
+        spks: Tensor,
+        *batch: Tensor,
+    ) -> Tensor:
+        """The streaming solve of a batch of page windows (engine.models.dit_pages), from tensors only and
+        without a host sync (the CUDA-graph solver captures it): noise [B,80,Q] at the query frames; mu,
+        cond [B,80,lead+Q] from each window's lead on; spks [B,80]; ``batch``: ``PagedBatch.tensors``
+        (start, total, prefix, writes, lead) -> x [B,80,Q] float32. Every step keeps x and the keys and
+        values of the chunks the call completes in their pages. The estimator: the DiT or a stand-in with
+        its ``forward_paged`` (a compiled one)."""
+        paged: Callable[..., tuple[Tensor, Tensor]] = self.estimator.forward_paged  # type: ignore[assignment]
+        b = noise.size(0)
+        start, total, prefix, writes, lead = batch
+        mu_in, spks_in, cond_in = _guided(mu, spks, cond)
+
+        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
+            pool.keep_x(step, x, writes)
+            x_win = torch.cat([pool.lead_x(step, lead).to(x.dtype), x], dim=2)  # [B,80,lead+Q]
+            x_in = torch.cat([x_win, x_win]).to(spks.dtype)
+            kv = pool.kv[step]
+            v, new = paged(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, kv, prefix, start, total)
+            pool.keep_kv(step, new, writes)
+            return v
+
+        return self._euler(noise, velocity).float()
+
+    def frame_cache(self, budget: ReuseBudget) -> DiTCache:
+        """A fresh per-request cache for ``forward_cached`` (the U-Net's kind or the DiT's) in ``budget``."""
+        return UNetCache(budget) if isinstance(self.estimator, CausalConditionalDecoder) else DiTCache(budget)
+
     @property
     def reuses_frames(self) -> bool:
         """Whether ``forward_cached`` can run: the estimator is the DiT or the U-Net itself (not a compiled
         or graphed stand-in)."""
         return isinstance(self.estimator, DiT | CausalConditionalDecoder)
 
-    def forward_cached(self, inputs: CfmInputs, caches: Sequence[DiTCache]) -> Tensor:
+    def forward_cached(self, inputs: CfmInputs, caches: Sequence[DiTCache | PagedCache]) -> Tensor:
         """The streaming solve of ``forward`` computing only each row's frames after its cache (one cache
         per row: a ``DiTCache`` for the DiT, a ``UNetCache`` for the U-Net), which it then extends -> mel
         [B,80,T] float32, zero before each row's window: those frames were not computed, so callers must not
         emit them."""
         mu, frames = inputs.mu, inputs.mu.size(2)
         noise = self.initial_noise(frames, mu.device, mu.dtype).expand(mu.size(0), -1, -1)
-        window, velocity = self._window(inputs, caches, noise)
+        own = [c for c in caches if isinstance(c, DiTCache)]
+        if len(own) != len(caches):
+            raise TypeError("the eager solver reuses frames from a DiTCache or UNetCache per row")
+        window, velocity = self._window(inputs, own, noise)
         x = self._euler(window.queries(noise), velocity)  # [B,80,Q]
         window.commit()
         return window.place(x.float(), frames)
@@ -292,7 +331,7 @@ class _TokenFlow(nn.Module):
         embedding: Tensor,
         streaming: bool,
         finalize: bool,
-        caches: Sequence[DiTCache] | None = None,
+        caches: Sequence[DiTCache | PagedCache] | None = None,
     ) -> Tensor:
         """-> generated mel [B,80,T_gen] float32, prompt frames cut; rows shorter than the longest are
         zero-padded on the right (their lengths: ``mel_lengths``). ``caches`` (streaming, non-final, one

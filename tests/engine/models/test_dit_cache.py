@@ -93,9 +93,11 @@ def run(
     caches: Sequence[DiTCache] | None = None,
     finalize: bool = False,
     family: str = "cosyvoice3",
+    flow: Flow | None = None,
 ) -> torch.Tensor:
-    """One padded flow call: row i on the first counts[i] tokens of voices[i] -> generated mel [B,80,T]."""
-    return tiny_flow(family).inference(
+    """One padded flow call: row i on the first counts[i] tokens of voices[i] -> generated mel [B,80,T];
+    by the family's tiny flow, or by ``flow`` (another solver around it)."""
+    return (flow or tiny_flow(family)).inference(
         token=_stack([v.tokens[:, :n] for v, n in zip(voices, counts)]),
         token_len=torch.tensor(counts),
         prompt_token=_stack([v.prompt for v in voices]),

@@ -1,0 +1,279 @@
+"""Reuse of a request's finished frames in the CUDA-graph flow solver (CosyVoice3's DiT): a page pool.
+
+Why the reuse is exact, and what a frame's cache holds, is engine.models.dit_cache's story: in a streaming
+(non-final) call every frame of a chunk finished in an earlier call follows the same trajectory, so its
+keys/values at every step and layer (both CFG rows) and its x entering every step can be kept and only the
+frames after them computed. ``DiTCache`` keeps them in per-request buffers that grow, which a captured CUDA
+graph cannot follow (its tensors' addresses are fixed when it is recorded). Here they live in one pool
+allocated once, in pages of one attention chunk (50 frames): a request owns a list of pages (page c holds
+its chunk c, frames [50c, 50c + 50)), and a call gets tensors of page numbers. The graph gathers the
+cached prefix's keys/values through them and writes the chunks that a call completes into the request's
+next pages, so one captured graph serves every request at its bucket's (batch, query frames).
+
+A batch of windows (``PagedBatch``): row b runs its query frames [start_b, total_b), start_b = its cached
+frames, left-aligned in [B, 80, Q] tensors; every row reads the same number of prefix pages (``prefix``, its
+unused ones page 0) and the attention mask hides the columns past its start. Page 0 is the pool's scratch:
+nothing reads it unmasked, and the chunks a call does not keep (incomplete, or no page left) go there.
+
+Memory: one page of the released DiT (22 layers, 16 heads x 64, 10 steps) holds keys and values of every
+step, layer and CFG row in bf16, 90 MB, and its x in float32, 0.16 MB. A 10 s stream after a 3.5 s prompt
+holds up to 11 pages (~1 GB) until its final call.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from engine.models.attention import WindowAttention
+
+SCRATCH = 0  # the page that unkept chunks are written to and unused prefix slots read (always masked)
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """The pool's sizes (from the DiT's config and the solver) and where it lives."""
+
+    steps: int
+    depth: int
+    heads: int
+    dim_head: int
+    mel_dim: int
+    chunk: int  # static_chunk_size: frames a page holds
+    lead: int  # frames before a window that the position conv reads: 2 x (kernel - 1)
+    pages: int  # in the pool, the scratch page included
+    kv_dtype: torch.dtype
+    x_dtype: torch.dtype
+    device: torch.device
+
+    def __post_init__(self) -> None:
+        if self.pages < 2:
+            raise ValueError(f"a page pool needs the scratch page and at least one more, got {self.pages}")
+
+    @property
+    def lead_pages(self) -> int:
+        """Pages the lead frames before a window start (a chunk boundary) span."""
+        return math.ceil(self.lead / self.chunk)
+
+    @staticmethod
+    def page_bytes(steps: int, depth: int, heads: int, dim_head: int, mel_dim: int, chunk: int) -> int:
+        """Bytes one page takes: bf16 keys and values (2 CFG rows) and float32 x, every step and layer."""
+        return chunk * steps * (2 * depth * 2 * heads * dim_head * 2 + mel_dim * 4)
+
+
+class PagePool:
+    """Every stream's cached chunks in two tensors allocated once; pages handed out and back, thread-safe
+    (a request dropped without its final call gives its pages back from whichever thread collects it)."""
+
+    def __init__(self, layout: PageLayout) -> None:
+        self.layout = lay = layout
+        # kv[step, page, layer, (key, value), (cond, uncond), head, frame, dim]; x[step, page, mel, frame]
+        shape = (lay.steps, lay.pages, lay.depth, 2, 2, lay.heads, lay.chunk, lay.dim_head)
+        self.kv = torch.zeros(shape, dtype=lay.kv_dtype, device=lay.device)  # zeros: masked, still finite
+        self.x = torch.zeros(
+            lay.steps, lay.pages, lay.mel_dim, lay.chunk, dtype=lay.x_dtype, device=lay.device
+        )
+        self._free = list(range(lay.pages - 1, SCRATCH, -1))
+        self._lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def held(self) -> int:
+        """Pages requests hold now."""
+        return self.layout.pages - 1 - self.free
+
+    def take(self, wanted: int) -> list[int]:
+        """Up to ``wanted`` pages (fewer, maybe none, when the pool runs short)."""
+        with self._lock:
+            got = self._free[len(self._free) - min(wanted, len(self._free)) :]
+            del self._free[len(self._free) - len(got) :]
+        return got[::-1]
+
+    def give(self, pages: Sequence[int]) -> None:
+        with self._lock:
+            self._free.extend(reversed(pages))
+
+    def keep_x(self, step: int, x: Tensor, writes: Tensor) -> None:
+        """x [B,80,Q] entering ``step``: its chunks into their pages (``writes`` [B,Q/chunk])."""
+        b, mel, chunks = x.size(0), x.size(1), writes.size(1)
+        pages = x[:, :, : chunks * self.layout.chunk].unflatten(2, (chunks, -1)).transpose(1, 2)
+        self.x[step].index_copy_(0, writes.flatten(), pages.reshape(b * chunks, mel, -1).to(self.x.dtype))
+
+    def lead_x(self, step: int, lead: Tensor) -> Tensor:
+        """The x entering ``step`` of the ``layout.lead`` frames before each window: lead [B, lead pages]
+        -> [B,80,lead] (frames before frame 0 read the scratch page; the caller masks them)."""
+        b, n = lead.shape
+        pages = self.x[step][lead.flatten()].unflatten(0, (b, n))  # [B,n,80,chunk]
+        return pages.transpose(1, 2).flatten(2)[:, :, n * self.layout.chunk - self.layout.lead :]
+
+    def keep_kv(self, step: int, kv: Tensor, writes: Tensor) -> None:
+        """A window's keys/values at ``step``, kv [depth, 2, 2B, H, Q, D] (rows: B cond, B uncond), into the
+        pages of its chunks that the call keeps."""
+        b, chunks, c = writes.size(0), writes.size(1), self.layout.chunk
+        pages = kv[..., : chunks * c, :].unflatten(2, (2, b)).unflatten(5, (chunks, c))
+        # [depth, kv, cfg, B, H, chunks, c, D] -> [B, chunks, depth, kv, cfg, H, c, D]
+        pages = pages.permute(3, 5, 0, 1, 2, 4, 6, 7).reshape(b * chunks, *self.kv.shape[2:])
+        self.kv[step].index_copy_(0, writes.flatten(), pages)
+
+
+class PagedCache:
+    """One request's finished frames [0, ``frames``) in pool pages: ``pages[c]`` holds its chunk c. Pages
+    taken for a call beyond ``frames`` stay reserved for the next call if that one fails."""
+
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+        self.pages: list[int] = []
+        self.frames = 0  # a multiple of the chunk
+        self.queried = 0  # query frames its cached calls computed
+        self.calls = 0
+
+    def reserve(self, end: int, limit: int) -> int:
+        """Pages for chunks up to frame ``end`` (at most ``limit`` pages in all) -> the frames it can keep:
+        ``end``, or fewer where the pool ran short (then the rest of the request recomputes, exactly)."""
+        wanted = min(end // self.pool.layout.chunk, limit) - len(self.pages)
+        if wanted > 0:
+            self.pages += self.pool.take(wanted)
+        return max(min(end, len(self.pages) * self.pool.layout.chunk), self.frames)
+
+    def commit(self, frames: int, queried: int) -> None:
+        self.frames = frames
+        self.queried += queried
+        self.calls += 1
+
+    def clear(self) -> None:
+        """Give every page back (after the final call); the counters stay."""
+        pages, self.pages, self.frames = self.pages, [], 0
+        self.pool.give(pages)
+
+    def __del__(self) -> None:
+        self.clear()
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """The page numbers and bounds of one batch of windows, [B] rows (see the module doc)."""
+
+    start: Tensor  # [B] long: first query frame (cached frames, a multiple of the chunk)
+    total: Tensor  # [B] long: frames of the call
+    prefix: Tensor  # [B, P] long: page of chunk c for c < start / chunk, else SCRATCH
+    writes: Tensor  # [B, Q / chunk] long: page for window chunk c where the call keeps it, else SCRATCH
+    lead: Tensor  # [B, lead pages] long: the pages of the chunks just before start (SCRATCH before frame 0)
+    keeps: tuple[int, ...]  # frames each row's cache holds after the call
+
+    @classmethod
+    def plan(
+        cls, caches: Sequence[PagedCache], totals: Sequence[int], queries: int, slots: int, limit: int
+    ) -> PagedBatch:
+        """Reserve the pages each row's window completes (``queries`` columns, a multiple of the chunk),
+        each cache holding at most ``limit`` pages, and number them; ``slots`` prefix pages a row (at least
+        every row's cached chunks)."""
+        lay = caches[0].pool.layout
+        rows = [_Row.of(c, int(t), queries, slots, limit, lay) for c, t in zip(caches, totals)]
+        dev = lay.device
+
+        def table(values: list[list[int]] | list[int]) -> Tensor:
+            return torch.tensor(values, dtype=torch.long).to(dev, non_blocking=True)
+
+        return cls(
+            table([r.start for r in rows]),
+            table([r.total for r in rows]),
+            table([r.prefix for r in rows]),
+            table([r.writes for r in rows]),
+            table([r.lead for r in rows]),
+            tuple(r.keep for r in rows),
+        )
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.start, self.total, self.prefix, self.writes, self.lead
+
+
+@dataclass(frozen=True)
+class _Row:
+    start: int
+    total: int
+    prefix: list[int]
+    writes: list[int]
+    lead: list[int]
+    keep: int
+
+    @classmethod
+    def of(cls, cache: PagedCache, total: int, queries: int, slots: int, limit: int, lay: PageLayout) -> _Row:
+        start, chunk = cache.frames, lay.chunk
+        if not start < total <= start + queries or start > slots * chunk:
+            raise ValueError(
+                f"flow reuse: a call of {total} frames after {start} cached, {queries} columns, {slots} pages"
+            )
+        keep = cache.reserve(total // chunk * chunk, limit)
+        first = start // chunk  # the window's first chunk
+        writes = [
+            _page(cache, first + c) if (first + c + 1) * chunk <= keep else SCRATCH
+            for c in range(queries // chunk)
+        ]
+        prefix = [_page(cache, c) if c < first else SCRATCH for c in range(slots)]
+        lead = [_page(cache, c) if c >= 0 else SCRATCH for c in range(first - lay.lead_pages, first)]
+        return cls(start, total, prefix, writes, lead, keep)
+
+
+def _page(cache: PagedCache, chunk: int) -> int:
+    return cache.pages[chunk] if chunk < len(cache.pages) else SCRATCH
+
+
+class PagedWindow:
+    """One estimator call over a batch of page windows, built inside the (compiled) estimator from tensors
+    only; what ``DiT.forward_window`` asks of a window. A plain class, not a frozen dataclass: TorchDynamo
+    traces its construction.
+
+    kv [pages, depth, 2, 2, H, chunk, D]: the pool at this call's step; prefix [B,P], start and total [B]
+    as in ``PagedBatch``; x has ``lead`` + ``queries`` columns. Keys: the P prefix pages' frames (frame j
+    at column j, masked from the row's start on), then the window's queries.
+    """
+
+    def __init__(
+        self, kv: Tensor, prefix: Tensor, start: Tensor, total: Tensor, lead: int, chunk: int, queries: int
+    ) -> None:
+        self.kv, self.prefix, self.lead = kv, prefix, lead
+        pos = start[:, None] - lead + torch.arange(lead + queries, device=start.device)  # [B,lead+Q]
+        self.known = _twice(pos >= 0)  # [2B,lead+Q]: frames before frame 0 read as zeros
+        self.query_pos = _twice(pos[:, lead:])  # [2B,Q] absolute frames
+        past = prefix.size(1) * chunk
+        self.span = past + queries  # every position of the call is below it
+        query_valid = self.query_pos < _twice(total)[:, None]
+        cached = torch.arange(past, device=start.device).expand(self.query_pos.size(0), -1)
+        keys, keys_valid = (
+            torch.cat([cached, self.query_pos], 1),
+            torch.cat([cached < _twice(start)[:, None], query_valid], 1),
+        )
+        self.rule = WindowAttention(self.query_pos, query_valid, keys, keys_valid, chunk)
+        self.new: list[Tensor] = []  # each layer's window keys/values, [2, 2B, H, Q, D]
+
+    def keys_values(self, step: int, layer: int) -> functools.partial[tuple[Tensor, Tensor]]:
+        """``Attention``'s hook at ``layer`` (the pool given is already the step's)."""
+        return functools.partial(self._attend_over, layer)
+
+    def _attend_over(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v [2B,H,Q,D] -> [2B,H,P*chunk+Q,D]: each row's prefix pages, then k, v."""
+        self.new.append(torch.stack([k, v]))
+        b, p = self.prefix.shape
+        pages = self.kv[:, layer][self.prefix.flatten()].unflatten(0, (b, p))  # [B,P,kv,cfg,H,chunk,D]
+        # -> [kv, cfg, B, H, P, chunk, D] -> [kv, 2B, H, P*chunk, D]: rows B cond, then B uncond
+        cached = pages.permute(2, 3, 0, 4, 1, 5, 6).flatten(1, 2).flatten(3, 4)
+        return torch.cat([cached[0], k], 2), torch.cat([cached[1], v], 2)
+
+    def written(self) -> Tensor:
+        """Every layer's window keys/values: [depth, 2, 2B, H, Q, D]."""
+        return torch.stack(self.new)
+
+
+def _twice(rows: Tensor) -> Tensor:
+    """[B,...] -> [2B,...]: the unconditioned twins sit at the same positions as their rows."""
+    return torch.cat([rows, rows])

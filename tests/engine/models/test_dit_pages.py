@@ -1,0 +1,153 @@
+"""The CUDA-graph solver's frame reuse from a page pool (engine.models.dit_pages) emits what the full
+recompute emits: streamed calls, batches whose rows have different cache boundaries, a pool that runs
+short, pages given back. On CPU the graphs' capture is emulated (the captured function runs eagerly on its
+static buffers, as a replay would), so every call goes through the bucket padding and the page tables."""
+
+from __future__ import annotations
+
+import copy
+import gc
+
+import pytest
+import torch
+
+from engine.flow_graphs import WINDOW, GraphedCFM
+from engine.models.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
+from engine.models.flow import CosyVoice3Flow
+from tests.engine.models.test_dit_cache import CHUNK, run, tiny_flow, voice
+from tests.engine.test_graph_cache import emulate_capture
+
+
+def paged(monkeypatch, pages: int = 64, compiled: bool = False) -> tuple[CosyVoice3Flow, GraphedCFM]:
+    """A copy of the tiny v3 flow whose solver is the graphed one with a pool of ``pages`` pages."""
+    emulate_capture(monkeypatch)
+    flow = copy.deepcopy(tiny_flow("cosyvoice3"))
+    assert isinstance(flow, CosyVoice3Flow)
+    graphed = GraphedCFM(flow.decoder, torch.float32, compiled=compiled)
+    cfg = flow.cfg.estimator
+    page = PageLayout.page_bytes(10, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, CHUNK)
+    assert graphed.enable_reuse((pages - 1) * page, 800, torch.device("cpu")) == pages
+    flow.decoder = graphed  # type: ignore[assignment]
+    return flow, graphed
+
+
+def stream(flow, v, counts, cache: PagedCache, emitted: int = 0) -> list[int]:
+    """Non-final calls on the first n tokens for n in counts, checking each call's new frames (``emitted``
+    generated frames were before them) against the recomputing tiny flow -> each call's window start."""
+    starts = []
+    for n in counts:
+        starts.append(cache.frames)
+        got, want = run([v], [n], [cache], flow=flow), run([v], [n])
+        assert got.shape == want.shape
+        torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
+        emitted = want.size(2)
+    return starts
+
+
+def test_streamed_calls_through_pages_emit_what_recomputing_emits(monkeypatch):
+    flow, graphed = paged(monkeypatch)
+    v, cache = voice(13, seed=0), graphed.frame_cache(None)  # type: ignore[arg-type]
+    counts = (20, 41, 63, 90, 140, 201)  # frames 60, 102, 146, 200, 300, 422 (26 of them the prompt)
+    assert stream(flow, v, counts, cache) == [0, 50, 100, 100, 200, 300]
+    assert cache.frames == 400 and len(cache.pages) == 8 and SCRATCH not in cache.pages
+    assert cache.queried == sum(v.frames(n) - s for n, s in zip(counts, [0, 50, 100, 100, 200, 300]))
+    assert graphed.pool is not None and graphed.pool.held == 8
+    cache.clear()
+    assert graphed.pool.held == 0
+
+
+def test_a_batch_with_different_boundaries_equals_each_row_recomputed_alone(monkeypatch):
+    flow, graphed = paged(monkeypatch)
+    voices = [voice(13, seed=1), voice(31, seed=2)]  # 26 and 62 prompt frames
+    caches = [graphed.frame_cache(None), graphed.frame_cache(None)]  # type: ignore[arg-type]
+    stream(flow, voices[0], [90], caches[0])  # row 0 runs ahead alone: 200 frames cached, row 1 none
+    emitted, starts = [voices[0].frames(90) - voices[0].prompt_frames, 0], []
+    for counts in ((100, 20), (130, 60), (133, 95)):
+        starts.append([c.frames for c in caches])
+        got = run(voices, list(counts), caches, flow=flow)
+        for i, (v, n) in enumerate(zip(voices, counts)):
+            want = run([v], [n])
+            end = want.size(2)
+            torch.testing.assert_close(
+                got[i : i + 1, :, emitted[i] : end], want[..., emitted[i] :], atol=1e-4, rtol=0
+            )
+            emitted[i] = end
+    assert starts == [[200, 0], [200, 50], [250, 150]]
+    assert [c.frames for c in caches] == [250, 200]
+
+
+def test_a_short_pool_stops_a_cache_growing_and_the_audio_stays_exact(monkeypatch):
+    flow, graphed = paged(monkeypatch, pages=3)  # the scratch page and two more
+    a, b = graphed.frame_cache(None), graphed.frame_cache(None)  # type: ignore[arg-type]
+    first = voice(13, seed=4)
+    stream(flow, first, [41], a)  # 102 frames: both free pages
+    assert (a.frames, len(a.pages)) == (100, 2) and graphed.pool is not None and graphed.pool.free == 0
+    starts = stream(flow, voice(20, seed=5), [20, 41, 90], b)  # no page left: every call recomputes
+    assert starts == [0, 0, 0] and b.frames == 0 and b.pages == []
+    emitted = first.frames(41) - first.prompt_frames
+    assert stream(flow, first, [90, 140], a, emitted) == [100, 100]  # keeps what it has
+    del a
+    gc.collect()  # a request dropped without its final call gives its pages back
+    assert graphed.pool.free == 2
+
+
+def test_the_pool_hands_out_each_page_once_and_never_the_scratch_page():
+    layout = PageLayout(2, 1, 1, 2, 80, CHUNK, 60, 4, torch.float32, torch.float32, torch.device("cpu"))
+    pool = PagePool(layout)
+    first, second = pool.take(2), pool.take(5)
+    assert first == [1, 2] and second == [3] and pool.take(1) == []
+    pool.give(first)
+    assert sorted(pool.take(9)) == [1, 2] and pool.held == 3
+    assert layout.lead_pages == 2
+    with pytest.raises(ValueError, match="scratch"):
+        PageLayout(2, 1, 1, 2, 80, CHUNK, 60, 1, torch.float32, torch.float32, torch.device("cpu"))
+
+
+def test_precapture_records_window_graphs_and_calls_replay_them(monkeypatch):
+    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    flow, graphed = paged(monkeypatch)
+    made = emulate_capture(monkeypatch)
+    # batch 1, 2 x (final, and windows after up to 2 prefix pages, of 100-300 frames; windows after 3-8
+    # pages up to half of 300 frames; none after 16 pages: a request of 300 frames never has them)
+    assert graphed.precapture(2, 300, torch.device("cpu")) == len(made) == 2 * (3 + 3 + 1)
+    keys = set(graphed.graphs._graphs)
+    assert {k[2] for k in keys} == {WINDOW, False} and {k[3] for k in keys if k[2] == WINDOW} == {2, 8}
+    v, cache = voice(13, seed=6), graphed.frame_cache(None)  # type: ignore[arg-type]
+    stream(flow, v, [41, 90, 120], cache)
+    assert len(made) == 14 and cache.frames == 250  # every call replayed a pre-captured window graph
+
+
+def test_the_compiled_estimator_computes_the_same_windows(monkeypatch):
+    """Inductor (its CPU backend here) compiles the DiT's page windows: the same audio within 1e-4."""
+    flow, graphed = paged(monkeypatch, compiled=True)
+    cache = graphed.frame_cache(None)  # type: ignore[arg-type]
+    assert stream(flow, voice(13, seed=7), [41, 90, 140], cache) == [0, 100, 200]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_captured_bf16_windows_stay_close_to_the_float32_recompute():
+    """The GPU fidelity guard of reuse: compiled bf16 page windows in real CUDA graphs vs the eager
+    float32 full recompute, each call's new frames as mel RMS error relative to the mel's std."""
+    dev = torch.device("cuda")
+    flow = copy.deepcopy(tiny_flow("cosyvoice3")).to(dev)
+    assert isinstance(flow, CosyVoice3Flow)
+    reference = copy.deepcopy(flow)
+    graphed = GraphedCFM(flow.decoder, torch.bfloat16, compiled=True)
+    assert graphed.enable_reuse(2**30, 800, dev) > 10
+    flow.decoder = graphed  # type: ignore[assignment]
+    v, cache = voice(13, seed=8), graphed.frame_cache(None)  # type: ignore[arg-type]
+    emitted = 0
+    for n in (41, 90, 140, 201):
+        with torch.inference_mode():
+            args = (v.tokens[:, :n].to(dev), torch.tensor([n], device=dev), v.prompt.to(dev))
+            rest = (torch.tensor([v.prompt.size(1)], device=dev), v.feat.to(dev))
+            rest2 = (torch.tensor([v.prompt_frames], device=dev), v.embedding.to(dev))
+            got = flow.inference(*args, *rest, *rest2, streaming=True, finalize=False, caches=[cache])
+            want = reference.inference(*args, *rest, *rest2, streaming=True, finalize=False)
+        new, ref = got[..., emitted:], want[..., emitted:]
+        assert torch.isfinite(new).all()
+        assert ((new - ref).pow(2).mean().sqrt() / ref.std()).item() < 0.05
+        emitted = want.size(2)
+    # the windows ran as captured graphs, (queries, prefix pages): (200, 2), (100, 2), (100, 8), (200, 8)
+    assert cache.frames == 400 and len(graphed.graphs) == 4
