@@ -76,7 +76,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
-        help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute",
+        help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
+        "Default: 4 eager; with CUDA graphs 40%% of the memory free after vLLM starts",
     )  # fmt: skip
     p.add_argument(
         "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,

@@ -8,6 +8,11 @@ DEFAULT_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
 BACKENDS = ("auto", "native", "vllm")
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# flow reuse's memory when ``EngineConfig.flow_reuse_gb`` is None: the eager solver's budget (GiB), and the
+# share of the device memory free after vLLM's start that the CUDA-graph solver's page pool takes (on the
+# H200 with vLLM at 0.3: ~38 GB, ~420 pages of 90 MB, 11 pages for a 10 s stream after a 3.5 s prompt)
+EAGER_REUSE_GB = 4.0
+AUTO_POOL_SHARE = 0.4
 
 
 @dataclass(frozen=True)
@@ -191,15 +196,17 @@ class EngineConfig:
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.models.dit_cache for v3's DiT, engine.models.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
-    # estimators are chunk-causal and the noise fixed. On for the eager flow solver (CPU, or cuda_graphs off);
-    # ignored where the CUDA-graph solver runs (unchanged, it recomputes). Costs memory per frame cached in
-    # float32 at full size: ~3.6 MB (v3), ~4.6 MB (v2), until the request's final call. False = recompute
-    # every call (the A/B).
+    # estimators are chunk-causal and the noise fixed. The eager solver (CPU, NPU, cuda_graphs off): v3 and
+    # v2; the CUDA-graph solver: v3, from a page pool (engine.models.dit_pages; v2 recomputes there). Costs
+    # memory per frame cached at full size: ~3.6 MB (v3) and ~4.6 MB (v2) in float32, 1.8 MB in the graphs'
+    # bf16, until the request's final call. False = recompute every call (the A/B).
     flow_reuse: bool = True
     # the memory all streams' reuse caches may hold together (GiB); a stream that finds it full keeps what
-    # it has cached and recomputes the rest, so the bound costs speed, never audio. 4 GiB holds about
-    # 1,200 frames (24 s of prompt + speech) of the released v3 in float32, ~930 (19 s) of v2
-    flow_reuse_gb: float = 4.0
+    # it has cached and recomputes the rest, so the bound costs speed, never audio. None (auto): 4 GiB for
+    # the eager solver (~1,200 frames, 24 s of prompt + speech, of the released v3 in float32; ~930 of v2);
+    # with the CUDA graphs a page pool of ``AUTO_POOL_SHARE`` of the device memory free once vLLM started
+    # (allocated at load: the graphs read it at fixed addresses)
+    flow_reuse_gb: float | None = None
     # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
     # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)
@@ -226,7 +233,7 @@ class EngineConfig:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
         if self.text_workers is not None and not 0 <= self.text_workers <= 64:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
-        if not 0.0 <= self.flow_reuse_gb <= 1024.0:
+        if self.flow_reuse_gb is not None and not 0.0 <= self.flow_reuse_gb <= 1024.0:
             raise ValueError(f"flow_reuse_gb must be within [0, 1024] GiB, got {self.flow_reuse_gb}")
         if not 1 <= self.flow_batch <= 64:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")

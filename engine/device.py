@@ -87,6 +87,12 @@ def peak_memory_mb(device: torch.device) -> float:
     return 0.0 if rt is None else rt.max_memory_allocated(device) / 2**20
 
 
+def free_memory_bytes(device: torch.device) -> int:
+    """Device memory free now, by the driver (what other processes, vLLM's included, left); 0 on CPU."""
+    rt = _runtime(device)
+    return 0 if rt is None else int(rt.mem_get_info(device)[0])
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak for ``peak_memory_mb`` (per benchmark level)."""
     if (rt := _runtime(device)) is not None:

@@ -27,7 +27,7 @@ from engine.asr import Transcriber, Transcript, model_choice
 from engine.audio import AudioInput, AudioLimits
 from engine.checkpoint import LoadedModel, load_model
 from engine.compiled_estimator import use_compile_cache
-from engine.config import EngineConfig
+from engine.config import AUTO_POOL_SHARE, EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
 from engine.flow_graphs import GraphedCFM
 from engine.frontend import Frontend
@@ -114,6 +114,7 @@ class TTSEngine:
         backend = _backend(cfg, model, files)
         # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
+        _enable_reuse(model.flow.decoder, cfg, dev)
         _precapture(model.flow.decoder, vocoder, cfg, dev)
         root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
         voices = VoiceLibrary(root, model.family, load_examples(cfg.examples_dir))
@@ -450,6 +451,20 @@ def _graphed_flow(cfm: CausalCFM, cfg: EngineConfig, cache: Path) -> GraphedCFM:
     if cfg.flow_compile:
         use_compile_cache(cache / "compile")
     return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=cfg.flow_compile)
+
+
+def _enable_reuse(flow: object, cfg: EngineConfig, dev: torch.device) -> None:
+    """The CUDA-graph solver's page pool for frame reuse (v3), sized by ``flow_reuse_gb`` or from the memory
+    vLLM left; before the captures, which record its address. Requests keep up to ``graph_warmup_s`` (at
+    least 16 s) of finished frames: the window graphs' prefix."""
+    if not (cfg.flow_reuse and isinstance(flow, GraphedCFM)):
+        return
+    gb = cfg.flow_reuse_gb
+    nbytes = AUTO_POOL_SHARE * devices.free_memory_bytes(dev) if gb is None else gb * 2**30
+    frames = int(max(cfg.graph_warmup_s, 16.0) * MEL_FRAMES_PER_S)
+    pages = flow.enable_reuse(nbytes, frames, dev)
+    if pages:
+        log.info("flow reuse: a pool of %d pages (%.1f GiB)", pages, nbytes / 2**30)
 
 
 def _precapture(flow: object, hift: GraphedHiFT | None, cfg: EngineConfig, dev: torch.device) -> None:

@@ -7,6 +7,10 @@ are masked out of attention and every conv is causal (left context only), and pa
 Graphs are captured lazily on first use of a bucket and kept in an LRU (``graph_cache``); ``precapture``
 records every bucket up to a batch and length before serving (the engine's load), so no request pays for
 a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured.
+
+With a page pool (``enable_reuse``; CosyVoice3's DiT) streaming calls reuse each request's finished frames
+(engine.models.dit_pages): a request's ``PagedCache`` names its pages, and the window graphs, bucketed by
+(batch, query frames), compute only the frames after them. Final calls recompute with full attention.
 """
 
 from __future__ import annotations
@@ -18,7 +22,13 @@ from torch.profiler import record_function
 from engine import device as devices
 from engine.compiled_estimator import CompiledEstimator
 from engine.graph_cache import GraphCache, bucket, largest_first
+from engine.models.dit import DiT
+from engine.models.dit_cache import ReuseBudget
+from engine.models.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.models.flow import CausalCFM, CfmInputs
+
+# a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
+WINDOW = "window"
 
 
 class GraphedCFM(nn.Module):
@@ -37,9 +47,67 @@ class GraphedCFM(nn.Module):
         compiled: bool = False,
     ):
         super().__init__()
-        self.cfm, self.frame_bucket = cfm, frame_bucket
+        self.cfm, self.frame_bucket, self.dtype = cfm, frame_bucket, dtype
         self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled))
         self.graphs = GraphCache("flow solver", max_graphs)
+        self.pool: PagePool | None = None  # enable_reuse
+        # the pages a request may keep, and the prefix widths (pages) of the window graphs: a window reads
+        # the smallest that holds every row's cache (reading 800 frames for 250 cached cost the H200 a third
+        # of the gain at 16 streams). At least 2: Inductor specialises a dimension of 0 or 1, and every
+        # width should share one compiled program (a compile costs ~1 min at the engine's load).
+        self.prefix_pages = 0
+        self.prefix_buckets: tuple[int, ...] = (2,)
+
+    def enable_reuse(self, nbytes: float, max_frames: int, device: torch.device) -> int:
+        """A page pool of ``nbytes`` for the DiT's streaming calls (none for the U-Net), each request keeping
+        up to ``max_frames`` finished frames; before any capture (graphs record the pool's address) ->
+        the pool's pages, 0 when there is none."""
+        est = self.cfm.estimator
+        if not isinstance(est, DiT) or len(self.graphs):
+            return 0
+        cfg, steps = est.cfg, self.cfm.cfg.n_timesteps
+        sizes = (steps, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, cfg.static_chunk_size)
+        pages = int(nbytes // PageLayout.page_bytes(*sizes)) + 1  # + the scratch page
+        if pages < 2 or self.frame_bucket % cfg.static_chunk_size:
+            return 0
+        lead = 2 * (cfg.conv_pos_kernel - 1)
+        layout = PageLayout(*sizes, lead, pages, self.dtype, torch.float32, device)
+        self.pool, self.prefix_pages = PagePool(layout), max_frames // cfg.static_chunk_size
+        widest = max(self.prefix_pages, 2)
+        self.prefix_buckets = tuple(sorted({2, max(widest // 2, 2), widest}))
+        return pages
+
+    @property
+    def reuses_frames(self) -> bool:
+        """Streaming calls may reuse finished frames (``forward_cached``): there is a page pool."""
+        return self.pool is not None
+
+    def frame_cache(self, budget: ReuseBudget) -> PagedCache:
+        """A fresh per-request cache in the pool (which is its bound: ``budget`` is the eager solver's)."""
+        if self.pool is None:
+            raise RuntimeError("no page pool: enable_reuse first")
+        return PagedCache(self.pool)
+
+    def forward_cached(self, inputs: CfmInputs, caches: list[PagedCache]) -> Tensor:
+        """The streaming solve computing only each row's frames after its cache, which it extends -> mel
+        [B,80,T] float32, zero before each row's window (as ``CausalCFM.forward_cached``)."""
+        if self.pool is None:
+            raise RuntimeError("no page pool: enable_reuse first")
+        b, frames = inputs.mu.size(0), inputs.mu.size(2)
+        starts, totals = [c.frames for c in caches], inputs.total_frames.tolist()
+        bb, qq = self.bucket(b, max(t - s for s, t in zip(starts, totals)))
+        slots = self._prefix(max(starts) // self.pool.layout.chunk)
+        batch = PagedBatch.plan(caches, totals, qq, slots, self.prefix_pages)
+        call = self._window_graph(bb, qq, slots, inputs.mu.device)
+        with record_function("t2w.flow.solver"):
+            padded = _window_inputs(inputs, self.cfm, batch, bb, qq, self.pool.layout)
+            x = self._window_solver()(*padded) if call is None else call(*padded)
+        for cache, start, total, keep in zip(caches, starts, totals, batch.keeps):
+            cache.commit(keep, total - start)
+        out = x.new_zeros(b, x.size(1), frames)
+        for row, (start, total) in enumerate(zip(starts, totals)):
+            out[row, :, start:total] = x[row, :, : total - start]
+        return out
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int]:
         return bucket(batch, frames, self.frame_bucket)
@@ -61,12 +129,59 @@ class GraphedCFM(nn.Module):
         """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are."""
         max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
         top_batch, top_frames = self.bucket(max_batch, max(max_frames, 1))
-        keys = [
-            (batch, frames, streaming)
-            for batch, frames in largest_first(top_batch, top_frames, self.frame_bucket)
-            for streaming in (True, False)
+        keys: list[tuple] = []
+        for batch, frames in largest_first(top_batch, top_frames, self.frame_bucket):
+            keys += [*self._streaming_keys(batch, frames, top_frames), (batch, frames, False)]
+
+        def capture(key: tuple) -> object:
+            if key[2] == WINDOW:
+                return self._window_graph(key[0], key[1], key[3], device)
+            return self._graph(key[0], key[1], bool(key[2]), device)
+
+        return self.graphs.precapture(keys, capture, device)
+
+    def _streaming_keys(self, batch: int, frames: int, top_frames: int) -> list[tuple]:
+        """The streaming graphs of a bucket: one full solve, or with a pool the windows of every prefix
+        width that a request of up to ``top_frames`` can reach (its cache starts past the width below).
+        Windows after a prefix are a hop and a chunk long: those past half of ``top_frames`` (a long first
+        call after a full budget) run uncaptured, which keeps the load's captures (and time) down."""
+        if self.pool is None:
+            return [(batch, frames, True)]
+        chunk, lows = self.pool.layout.chunk, (-1, *self.prefix_buckets)
+        reach = [
+            p
+            for low, p in zip(lows, self.prefix_buckets)
+            if (low + 1) * chunk + frames - self.frame_bucket < top_frames
+            and (p == self.prefix_buckets[0] or frames <= max(top_frames // 2, self.frame_bucket))
         ]
-        return self.graphs.precapture(keys, lambda key: self._graph(*key, device), device)
+        return [(batch, frames, WINDOW, p) for p in sorted(reach, reverse=True)]
+
+    def _prefix(self, pages: int) -> int:
+        """The window graphs' prefix width for rows with up to ``pages`` cached chunks."""
+        return next((p for p in self.prefix_buckets if p >= pages), pages)
+
+    def _window_graph(
+        self, batch: int, queries: int, prefix: int, dev: torch.device
+    ) -> devices.CapturedCall | None:
+        layout = self._pool().layout
+        return self.graphs.get(
+            (batch, queries, WINDOW, prefix),
+            self._window_solver(),
+            lambda: _window_statics(batch, queries, layout, prefix, dev),
+        )
+
+    def _window_solver(self):
+        pool = self._pool()
+
+        def run(*tensors: Tensor) -> Tensor:
+            return self.solver.forward_paged(pool, *tensors)
+
+        return run
+
+    def _pool(self) -> PagePool:
+        if self.pool is None:
+            raise RuntimeError("no page pool: enable_reuse first")
+        return self.pool
 
     def _graph(
         self, batch: int, frames: int, streaming: bool, dev: torch.device
@@ -99,3 +214,43 @@ def _padded(inputs: CfmInputs, batch: int, frames: int) -> tuple[Tensor, ...]:
     mask[:b] = 0
     mask[:b, :, :t] = inputs.mask
     return mu, mask, spks, cond
+
+
+def _window_statics(
+    batch: int, queries: int, layout: PageLayout, prefix: int, dev: torch.device
+) -> tuple[Tensor, ...]:
+    """A window graph's input buffers: noise [B,80,Q], mu and cond [B,80,lead+Q], spks [B,80], then
+    ``PagedBatch.tensors``; padded rows run one frame from frame 0 over the scratch page."""
+    noise = torch.zeros(batch, 80, queries, device=dev)
+    mu = torch.zeros(batch, 80, layout.lead + queries, device=dev)
+    start, total = (torch.full((batch,), n, dtype=torch.long, device=dev) for n in (0, 1))
+    widths = (prefix, queries // layout.chunk, layout.lead_pages)
+    pages = (torch.zeros(batch, n, dtype=torch.long, device=dev) for n in widths)
+    return noise, mu, torch.zeros_like(mu), torch.zeros(batch, 80, device=dev), start, total, *pages
+
+
+def _window_inputs(
+    inputs: CfmInputs, cfm: CausalCFM, batch: PagedBatch, rows: int, queries: int, layout: PageLayout
+) -> tuple[Tensor, ...]:
+    """Each row's window frames (its lead, then its queries, from its cache's end on) in bucket-sized
+    tensors, padded rows as ``_window_statics`` makes them."""
+    b, dev, lead = inputs.mu.size(0), inputs.mu.device, layout.lead
+    pos = batch.start[:, None] - lead + torch.arange(lead + queries, device=dev)  # [B,lead+Q]
+    noise = cfm.initial_noise(int(inputs.total_frames.max()), dev, inputs.mu.dtype)
+    statics = _window_statics(rows, queries, layout, batch.prefix.size(1), dev)
+    real = (
+        _gather(noise.expand(b, -1, -1), pos[:, lead:]),
+        _gather(inputs.mu, pos),
+        _gather(inputs.cond, pos),
+        inputs.spks,
+        *batch.tensors,
+    )
+    for static, value in zip(statics, real):
+        static[:b] = value
+    return statics
+
+
+def _gather(seq: Tensor, pos: Tensor) -> Tensor:
+    """seq [B,C,T] at positions pos [B,P] (clamped into [0, T): those frames are padding) -> [B,C,P]."""
+    index = pos.clamp(0, seq.size(2) - 1)[:, None, :].expand(-1, seq.size(1), -1)
+    return seq.gather(2, index)

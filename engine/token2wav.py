@@ -5,9 +5,10 @@ worker takes chunk jobs from all active requests, a batch at a time earliest pla
 (``engine.job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
 ``run`` is awaited by the request's coroutine.
 
-With ``flow_reuse`` (the eager flow solver) each streaming ``Utterance`` owns a flow cache (v3: ``DiTCache``,
-v2: ``UNetCache``): its non-final flow calls compute only the frames after the chunks finished in earlier
-calls (exact; see engine.models.dit_cache and engine.models.unet_cache). The final call recomputes
+With ``flow_reuse`` each streaming ``Utterance`` owns a flow cache, made by the flow solver: the eager one
+gives v3 a ``DiTCache`` and v2 a ``UNetCache``, the CUDA-graph one (v3, with a page pool) a ``PagedCache``.
+Its non-final flow calls compute only the frames after the chunks finished in earlier calls (exact; see
+engine.models.dit_cache, engine.models.unet_cache and engine.models.dit_pages). The final call recomputes
 everything with full attention and frees the cache.
 """
 
@@ -27,14 +28,14 @@ import torch
 from torch.profiler import record_function  # labels for bench.profile; near free when off
 
 from engine import device as devices
-from engine.config import EngineConfig, StreamConfig
+from engine.config import EAGER_REUSE_GB, EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
 from engine.job_queue import DeadlineQueue
 from engine.models.dit_cache import DiTCache, ReuseBudget
-from engine.models.flow import CausalCFM, Flow
+from engine.models.dit_pages import PagedCache
+from engine.models.flow import Flow
 from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
-from engine.models.unet_cache import UNetCache
 from engine.streaming import (
     TOKEN_MEL_RATIO,
     ChunkJob,
@@ -61,7 +62,8 @@ class Utterance:
     tokens: list[int] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=lambda: {"flow": 0.0, "hift": 0.0})
     first_job_started: float | None = None  # perf_counter s when the worker began this segment's first chunk
-    flow_cache: DiTCache | None = None  # streaming with flow reuse (v2: a UNetCache): finished flow frames
+    # streaming with flow reuse: finished flow frames (v2: a UNetCache; the CUDA-graph solver: a PagedCache)
+    flow_cache: DiTCache | PagedCache | None = None
 
 
 @dataclass(eq=False)
@@ -97,10 +99,13 @@ class Token2Wav:
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
         flow_reuse: bool = EngineConfig.flow_reuse,  # eager solver: reuse finished frames (flow_cache)
-        reuse_gb: float = EngineConfig.flow_reuse_gb,  # what every request's frame cache may hold together
+        reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
-        self.flow_reuse, self.reuse_budget = flow_reuse, ReuseBudget(reuse_gb * 2**30)
+        self.flow_reuse, self.reuse_budget = (
+            flow_reuse,
+            ReuseBudget((EAGER_REUSE_GB if reuse_gb is None else reuse_gb) * 2**30),
+        )
         self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
         # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
@@ -131,7 +136,7 @@ class Token2Wav:
         planner = ChunkPlanner(tokens.shape[1], schedule or self.stream_cfg, stream=stream)
         v2 = self.family == "cosyvoice2"
         reuse = self.reuses_flow and stream and flow_reuse is not False
-        cache = (UNetCache if v2 else DiTCache)(self.reuse_budget) if reuse else None
+        cache = self.flow.decoder.frame_cache(self.reuse_budget) if reuse else None
         if v2:
             gen = torch.Generator(device=dev).manual_seed(seed)
             state = V2VocoderState(self.stream_cfg)
@@ -159,10 +164,9 @@ class Token2Wav:
 
     @property
     def reuses_flow(self) -> bool:
-        """Streaming flow calls reuse finished frames: asked for, and the solver is the eager one with the DiT
-        or the U-Net (the CUDA-graph solver recomputes)."""
-        decoder = self.flow.decoder
-        return self.flow_reuse and isinstance(decoder, CausalCFM) and decoder.reuses_frames
+        """Streaming flow calls reuse finished frames: asked for, and the solver can (the eager one with the
+        DiT or the U-Net; the CUDA-graph one with a page pool, v3)."""
+        return self.flow_reuse and bool(getattr(self.flow.decoder, "reuses_frames", False))
 
     @property
     def healthy(self) -> bool:
@@ -335,7 +339,7 @@ class Token2Wav:
         return [mel[i : i + 1, :, c.mel_start : n] for i, (c, n) in enumerate(zip(chunks, frames))]
 
 
-def _caches(utts: list[Utterance], chunks: list[ChunkJob]) -> list[DiTCache] | None:
+def _caches(utts: list[Utterance], chunks: list[ChunkJob]) -> list[DiTCache | PagedCache] | None:
     """Every row's flow cache for a non-final batch, or None (recompute) when a row has none; the others
     then keep their caches as they were (still exact: their next window starts earlier). A cached call
     returns zeros before each row's cache boundary, so no chunk may emit a frame there."""

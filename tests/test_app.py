@@ -45,7 +45,7 @@ def test_flags_reach_the_engine_config() -> None:
     gpu = app.parse_args([*flags, "--no-flow-compile", "--no-flow-reuse", "--flow-reuse-gb", "1.5"])
     cfg = app.engine_config(gpu)
     assert cfg.flow_reuse is False and EngineConfig().flow_reuse is True
-    assert cfg.flow_reuse_gb == 1.5 and EngineConfig().flow_reuse_gb == 4.0
+    assert cfg.flow_reuse_gb == 1.5 and EngineConfig().flow_reuse_gb is None
     assert cfg.limits.forced_tokens is False  # a public server ignores the bench's forced lengths
     assert app.engine_config(app.parse_args(["--allow-forced-tokens"])).limits.forced_tokens is True
     assert (cfg.flow_dtype, cfg.graph_warmup_s, cfg.gpu_memory_utilization) == ("float32", 15.0, 0.5)

@@ -387,14 +387,22 @@ async def stream_jobs(
     return out, jobs
 
 
-def stream_with_and_without_reuse(tmp_path, family: str):
+def stream_with_and_without_reuse(tmp_path, family: str, monkeypatch=None):
     """The same request streamed by a recomputing worker and a reusing one -> (plain chunks, the jobs,
-    reused chunks, the reusing request's cache after its final call)."""
+    reused chunks, the reusing request's cache after its final call). With ``monkeypatch``: through the
+    CUDA-graph solver with a page pool, its capture emulated."""
     from dataclasses import replace
 
     from bench.make_model import build_model_dir
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), torch.device("cpu"))
+    if monkeypatch is not None:
+        from engine.flow_graphs import GraphedCFM
+        from tests.engine.test_graph_cache import emulate_capture
+
+        emulate_capture(monkeypatch)
+        model.flow.decoder = graphed = GraphedCFM(model.flow.decoder)  # type: ignore[assignment]
+        assert graphed.enable_reuse(2**30, 800, model.device) > 0
     features, tokens = random_prompt(13, 260)  # 26 prompt frames; v3 flow calls of 100, 200, 400 frames
     features = replace(features, family=family)
     runs = {}
@@ -425,6 +433,16 @@ def test_v3_flow_reuse_gives_the_same_stream_audio_computing_only_new_frames(tmp
     # each call ran only the frames after the previous call's (all finished: they end on the chunk grid)
     assert (cache.calls, cache.queried) == (3, 100 + 100 + 200) and sum(frames) == 700
     assert cache.keys is None and cache.x is None  # the final call released the buffers
+
+
+def test_v3_flow_reuse_through_the_graphed_solvers_pages_gives_the_same_stream_audio(tmp_path, monkeypatch):
+    """The CUDA-graph solver (capture emulated) reuses frames from its page pool: the same PCM as its
+    full streaming graphs, from the same query frames as the eager reuse; the pages go back at the end."""
+    from engine.models.dit_pages import PagedCache
+
+    _, _, _, cache = stream_with_and_without_reuse(tmp_path, "cosyvoice3", monkeypatch)
+    assert isinstance(cache, PagedCache) and (cache.calls, cache.queried) == (3, 100 + 100 + 200)
+    assert cache.pages == [] and cache.pool.held == 0  # the final call gave the pages back
 
 
 def test_v2_flow_reuse_gives_the_same_stream_audio_computing_fewer_frames(tmp_path):
