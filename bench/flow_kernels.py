@@ -7,6 +7,11 @@ architecture (or tiny); no LM, no checkpoint on disk. A GPU tool; the CPU runs i
 Variants: ``autocast`` (fp32 weights under bf16 autocast: the solver before compiled estimators), ``bf16``
 (weights held in bf16, eager estimator) and ``compiled`` (weights in bf16, TorchInductor). On CUDA each is
 replayed as a CUDA graph, as the engine does.
+
+``--stream-calls`` (v3): one stream's non-final flow calls (their total frames, e.g. the bench request's
+250,350,550) at ``--stream-batches`` streams, through the engine's graphed compiled solver recomputing every
+call (``full``) and reusing finished frames from its page pool (``reuse``): device ms per stream's calls,
+and the reused mel's error against the recomputed one.
 """
 
 from __future__ import annotations
@@ -42,6 +47,15 @@ class Timing:
     first_call_s: float  # the variant's first call at this shape: compile (if any) + capture
     ms_per_solve: float  # one 10-step CFG solve of the whole batch
     frames_per_s: float  # mel frames solved per second (batch x frames / time)
+
+
+@dataclass(frozen=True)
+class StreamCalls:
+    batch: int  # streams, each one row of every call
+    calls: tuple[int, ...]  # each call's total frames (prompt included)
+    full_ms: float  # device ms of the calls recomputing every frame
+    reuse_ms: float  # the same calls reusing finished frames
+    relative_rms: float  # RMS(reused - recomputed) / std(recomputed), over the frames each call adds
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,51 @@ def _reference(cfm: CausalCFM, inputs: tuple[Tensor, ...], streaming: bool) -> T
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
+def time_stream_calls(cfm: CausalCFM, batch: int, calls: list[int], repeats: int) -> StreamCalls:
+    """``calls`` for ``batch`` streams in step (one flow call each), full and reusing, as CUDA graphs."""
+    dev = device_of(cfm)
+    low = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    full, reuse = GraphedCFM(cfm, low, compiled=True), GraphedCFM(cfm, low, compiled=True)
+    reuse.enable_reuse(batch * (max(calls) // 50 + 1) * 100e6, 800, dev)
+    if not devices.graphs_supported(dev):  # CPU: the same calls uncaptured
+        full.graphs.frozen = reuse.graphs.frozen = True
+    steps = [_call_inputs(batch, frames, dev) for frames in calls]
+
+    def stream(graphed: GraphedCFM, reusing: bool) -> list[Tensor]:
+        caches = [reuse.frame_cache(None) for _ in range(batch)] if reusing else []  # type: ignore[arg-type]
+        with torch.inference_mode():
+            return [graphed.forward_cached(x, caches) if reusing else graphed(x, True) for x in steps]
+
+    ms = []
+    for graphed, reusing in ((full, False), (reuse, True)):
+        stream(graphed, reusing)  # compile and capture
+        devices.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            mels = stream(graphed, reusing)
+        devices.synchronize(dev)
+        ms.append(1000 * (time.perf_counter() - t0) / repeats)
+    want, got = stream(full, False), stream(reuse, True)
+    new = [(w[..., a:b], g[..., a:b]) for w, g, a, b in zip(want, got, [0, *calls], calls)]
+    ref, err = torch.cat([w for w, _ in new], 2), torch.cat([g - w for w, g in new], 2)
+    rel = float(err.pow(2).mean().sqrt() / ref.std())
+    del mels
+    return StreamCalls(batch, tuple(calls), round(ms[0], 2), round(ms[1], 2), float(f"{rel:.3g}"))
+
+
+def _call_inputs(batch: int, frames: int, dev: torch.device) -> CfmInputs:
+    """A non-final call of ``frames`` frames for every stream: the first 200 frames are the prompt; the
+    same mu, cond and speaker per frame in every call (as a request's calls see them)."""
+    g = torch.Generator().manual_seed(2)
+    mu = torch.randn(batch, 80, 2000, generator=g)[:, :, :frames]
+    cond = torch.zeros(batch, 80, frames)
+    cond[:, :, :200] = torch.randn(batch, 80, 200, generator=g)
+    spks = torch.randn(batch, 80, generator=g)
+    mask = torch.ones(batch, 1, frames)
+    prompt, total = torch.full((batch,), 200), torch.full((batch,), frames)
+    return CfmInputs(*(t.to(dev) for t in (mu, mask, spks, cond, prompt, total)))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.flow_kernels", description=__doc__)
     p.add_argument("--family", choices=("v2", "v3"), default="v3")
@@ -150,9 +209,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cosystream" / "compile"))
     p.add_argument("--no-fidelity", dest="fidelity", action="store_false", help="timings only")
+    p.add_argument("--stream-calls", default="", help="v3: one stream's call frames, e.g. 250,350,550")
+    p.add_argument("--stream-batches", default="1,16", help="streams for --stream-calls")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    unknown = set(args.variants.split(",")) - set(VARIANTS) - {""}
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}")
     return args
@@ -170,7 +231,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     report = {"family": args.family, "size": args.size, "timings": timings, "fidelity": checks}
     out = Path(args.out) / f"flow_kernels_{args.family}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    for variant in args.variants.split(","):
+    streams: list[dict[str, object]] = []
+    report["stream_calls"] = streams
+    for batch in [int(b) for b in args.stream_batches.split(",")] if args.stream_calls else []:
+        calls = [int(n) for n in args.stream_calls.split(",")]
+        streams.append(asdict(time_stream_calls(cfm, batch, calls, args.repeats)))
+        log.info("%s", streams[-1])
+        out.write_text(json.dumps(report, indent=1))
+    for variant in args.variants.split(",") if args.variants else []:
         for batch, frames in shapes:
             timings.append(asdict(time_variant(cfm, variant, batch, frames, args.repeats)))
             log.info("%s", timings[-1])
