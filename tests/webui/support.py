@@ -13,6 +13,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "test-output"
+# how long a test waits for what the page must show; a loaded 2-core CI machine once took over 10 s for a
+# transcript or an error that arrive in about a second alone (a wait ends as soon as its condition holds)
+WAIT_MS = 30_000
 
 
 def free_port() -> int:

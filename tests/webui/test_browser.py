@@ -20,7 +20,7 @@ from engine.metrics import ServerStats
 from engine.request import SynthesisRequest
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from tests.webui.support import OUT, fill_request, metric, player, serving, studio_page
+from tests.webui.support import OUT, WAIT_MS, fill_request, metric, player, serving, studio_page
 
 pytestmark = pytest.mark.browser
 
@@ -65,16 +65,16 @@ def prompt_wav(tmp_path_factory) -> str:
 def test_missing_prompt_shows_the_error(page) -> None:
     fill_request(page, None)
     page.locator("#cosy-generate").click()
-    page.get_by_text("A prompt voice is needed").first.wait_for(timeout=10_000)
-    page.wait_for_function("window.cosyPlayer.stats.state === 'idle'", timeout=5_000)  # player released
+    page.get_by_text("A prompt voice is needed").first.wait_for(timeout=WAIT_MS)
+    page.wait_for_function("window.cosyPlayer.stats.state === 'idle'", timeout=WAIT_MS)  # player released
 
 
 def test_streams_plays_and_shows_metrics(page, server, prompt_wav) -> None:
     engine = server[1]
     fill_request(page, prompt_wav)
     page.locator("#cosy-generate").click()
-    page.wait_for_function("window.cosyPlayer.stats.playedS > 0.3", timeout=15_000)
-    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=15_000)
+    page.wait_for_function("window.cosyPlayer.stats.playedS > 0.3", timeout=WAIT_MS)
+    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=WAIT_MS)
     live = player(page)
     expected_samples = engine.n_chunks * int(engine.chunk_s * engine.sample_rate)
     assert live["sampleRate"] == engine.sample_rate and live["samples"] == expected_samples
@@ -108,10 +108,10 @@ def test_stop_aborts_the_engine_mid_stream(page, server, prompt_wav) -> None:
     engine = server[1]
     fill_request(page, prompt_wav)
     page.locator("#cosy-generate").click()
-    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=15_000)
+    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=WAIT_MS)
     rid = player(page)["rid"]
     page.locator("#cosy-stop").click()
-    page.locator('.cosy-status[data-state="stopped"]').wait_for(timeout=10_000)
+    page.locator('.cosy-status[data-state="stopped"]').wait_for(timeout=WAIT_MS)
     assert rid in engine.aborted and rid not in engine.active
     live = player(page)
     assert live["state"] == "stopped" and 0 < live["samples"] < engine.n_chunks * 4800

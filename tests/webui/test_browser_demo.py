@@ -21,6 +21,7 @@ import pytest
 from tests.webui.support import (
     OUT,
     REPO,
+    WAIT_MS,
     fill_request,
     free_port,
     metric,
@@ -94,10 +95,10 @@ def prompt_wav(tmp_path_factory) -> str:
 
 
 def test_demo_banner_and_missing_prompt_error(page) -> None:
-    page.get_by_text("RANDOM weights").first.wait_for(timeout=10_000)
+    page.get_by_text("RANDOM weights").first.wait_for(timeout=WAIT_MS)
     fill_request(page, None)
     page.locator("#cosy-generate").click()
-    page.get_by_text("A prompt voice is needed").first.wait_for(timeout=10_000)
+    page.get_by_text("A prompt voice is needed").first.wait_for(timeout=WAIT_MS)
 
 
 def test_demo_upload_is_transcribed_by_the_tiny_whisper(page, prompt_wav) -> None:

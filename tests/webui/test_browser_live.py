@@ -13,7 +13,7 @@ import app
 from engine.metrics import Stopwatch
 from engine.request import AudioChunk, SynthesisRequest
 from tests.fakes import FakeEngine
-from tests.webui.support import fill_request, player, serving, studio_page
+from tests.webui.support import WAIT_MS, fill_request, player, serving, studio_page
 from tests.webui.test_browser import prompt_wav  # noqa: F401 (a fixture)
 from webui.live_text import LiveTexts
 
@@ -69,7 +69,7 @@ def test_live_text_feeds_the_box_as_written_and_plays_before_the_text_ends(page,
     page.locator("#cosy-live-text .label-wrap").click()  # the closed accordion beside the split preview
     page.get_by_label("Live text").check()
     page.locator("#cosy-generate").click()
-    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=15_000)  # sound while text flows
+    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=WAIT_MS)  # sound while text flows
     assert len(engine.pieces) < 6  # 6 words at 4 words/s: the text is not all out yet
     box = page.locator("#cosy-text textarea")
     box.press("End")

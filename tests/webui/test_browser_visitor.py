@@ -22,7 +22,7 @@ from engine.request import AudioChunk, SynthesisRequest
 from engine.voices import load_examples
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from tests.webui.support import OUT, TRANSCRIBED, serving, studio_page
+from tests.webui.support import OUT, TRANSCRIBED, WAIT_MS, serving, studio_page
 from webui.texts import EXAMPLES
 
 pytestmark = pytest.mark.browser
@@ -66,7 +66,7 @@ def open_page(browser: Any, url: str, locale: str = "en-US") -> tuple[Any, Any]:
 
 
 def browser_id(page: Any) -> str:
-    page.wait_for_function("localStorage.getItem('cosystream-browser-id') !== null", timeout=10_000)
+    page.wait_for_function("localStorage.getItem('cosystream-browser-id') !== null", timeout=WAIT_MS)
     return str(page.evaluate("localStorage.getItem('cosystream-browser-id')"))
 
 
@@ -90,7 +90,7 @@ def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -
         a.wait_for_function(TRANSCRIBED, timeout=60_000)
         a.get_by_label("Save this prompt as").fill("Alice private")
         a.locator("#cosy-save").click()
-        a.get_by_text("Saved voice “Alice private”").first.wait_for(timeout=10_000)
+        a.get_by_text("Saved voice “Alice private”").first.wait_for(timeout=WAIT_MS)
         assert ("studio:" + id_a, "alice private") in engine.voices
         a.reload()
         a.wait_for_function("window.cosyPlayer", timeout=30_000)
@@ -128,7 +128,7 @@ def test_example_text_fills_the_text_and_its_language(browser, server) -> None:
     ctx, page = open_page(browser, server[0])
     try:
         page.locator("#cosy-example-texts").get_by_text("日本語 (Japanese) ·").click()
-        page.wait_for_function("document.querySelector('#cosy-text textarea').value !== ''", timeout=10_000)
+        page.wait_for_function("document.querySelector('#cosy-text textarea').value !== ''", timeout=WAIT_MS)
         assert page.locator("#cosy-text textarea").input_value() == dict(EXAMPLES)["ja"]
         assert page.locator("#cosy-lang input").input_value() == "日本語 (Japanese)"
     finally:
@@ -142,7 +142,7 @@ def test_upload_fills_the_transcript_and_offers_the_language(browser, server, tm
         page.wait_for_function(
             "document.querySelector('#cosy-transcript textarea').value === 'fake transcript'", timeout=10_000
         )
-        page.get_by_text("Transcribed (English)").first.wait_for(timeout=5_000)
+        page.get_by_text("Transcribed (English)").first.wait_for(timeout=WAIT_MS)
         assert page.locator("#cosy-lang input").input_value() == "English"  # offered while on Auto
     finally:
         ctx.close()
@@ -160,8 +160,8 @@ def test_one_screen_in_the_browsers_language(browser, server, locale, generate, 
     url, _ = server
     ctx, page = open_page(browser, url, locale)
     try:
-        page.locator("#cosy-generate", has_text=generate).wait_for(timeout=10_000)
-        page.locator(".cosy-status", has_text=ready).wait_for(timeout=10_000)  # server-rendered, translated
+        page.locator("#cosy-generate", has_text=generate).wait_for(timeout=WAIT_MS)
+        page.locator(".cosy-status", has_text=ready).wait_for(timeout=WAIT_MS)  # server-rendered, translated
         readouts = ("#cosy-live", '[data-metric="ttfa_server"]', '[data-metric="rtf"]')
         for selector in ("#cosy-text", "#cosy-generate", "#cosy-stop", *readouts):
             assert in_view(page, selector), f"{selector} is not on the first screen at 1440x900"
@@ -171,10 +171,10 @@ def test_one_screen_in_the_browsers_language(browser, server, locale, generate, 
             page.screenshot(path=str(folder / f"studio-{locale[:2]}-1440x900.png"))
         label = "Cross-lingual" if locale == "en-US" else "跨语种"
         page.get_by_label(label, exact=True).first.check()
-        page.locator("#cosy-transcript").wait_for(state="hidden", timeout=5_000)  # zero-shot only
+        page.locator("#cosy-transcript").wait_for(state="hidden", timeout=WAIT_MS)  # zero-shot only
         label = "Voice conversion" if locale == "en-US" else "声音转换"
         page.get_by_label(label, exact=True).first.check()
-        page.locator("#cosy-text").wait_for(state="hidden", timeout=5_000)  # VC speaks no text
+        page.locator("#cosy-text").wait_for(state="hidden", timeout=WAIT_MS)  # VC speaks no text
     finally:
         ctx.close()
 
