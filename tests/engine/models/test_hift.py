@@ -138,11 +138,11 @@ def test_v2_drawn_noise_is_the_references_draws(case: Path) -> None:
 
 # Rows vocoded together vs alone, float32 on CPU: batched convs (f0 predictor, decoder) block and sum in
 # another order; measured 2026-12-01 (tiny v2, 2 cores, 6 seeds x 24/108/208 frames x 3-8 rows): max |diff|
-# 1.2e-5 at peak 0.41 (2.9e-5 of the peak), growing with the frames as the f0 rounding (9e-5 Hz at 318 Hz)
-# integrates into the phase; in float64 the same comparison agrees to 2e-14, so it is rounding, not noise
-# landing on other samples (that would differ by the noise itself, ~1e-3). Tolerance: 3x, relative to the
-# peak.
-V2_BATCH_ATOL = {torch.float64: 1e-12, torch.float32: 1e-4}
+# 1.2e-5, growing with the frames as the f0 rounding (9e-5 Hz at 318 Hz) integrates into the phase, so it is
+# absolute, not relative to the speech (tiny models' streamed speech peaks near 0.015 and differs by as much).
+# In float64 the same comparison agrees to 2e-14: rounding, not noise landing on other samples (that would
+# differ by the noise itself, ~1e-3). Tolerance: 3x the measured float32 difference.
+V2_BATCH_ATOL = {torch.float64: 1e-12, torch.float32: 4e-5}
 
 
 @case_params("cosyvoice2")
@@ -162,9 +162,8 @@ def test_v2_rows_vocoded_together_equal_each_row_alone(case: Path, dtype: torch.
     noise = V2Noise.stack([hift.draw_noise(m, gen) for m, gen in zip(mels, together)])
     speech, source = hift.vocode(torch.cat(mels), torch.cat(caches), noise)
     assert speech.shape == (len(mels), frames * cfg.samples_per_frame) and speech.dtype == dtype
-    peak = max(float(s.abs().max()) for s, _ in want)
     for i, (row_speech, row_source) in enumerate(want):
-        torch.testing.assert_close(speech[i : i + 1], row_speech, atol=V2_BATCH_ATOL[dtype] * peak, rtol=0)
+        torch.testing.assert_close(speech[i : i + 1], row_speech, atol=V2_BATCH_ATOL[dtype], rtol=0)
         torch.testing.assert_close(source[i : i + 1], row_source, atol=V2_BATCH_ATOL[dtype], rtol=0)
         assert torch.equal(together[i].get_state(), alone[i].get_state())
     assert not torch.allclose(want[0][0], want[1][0]), "each row's noise comes from its own generator"
