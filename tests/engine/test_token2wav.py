@@ -512,6 +512,22 @@ def v2_voices() -> list[tuple[PromptFeatures, list[int]]]:
     return [(replace(f, family="cosyvoice2"), tokens) for f, tokens in voices]
 
 
+def test_v2_hift_groups_are_off_on_the_cpu_unless_asked_for(tmp_path):
+    """On the CPU a batched full-size v2 HiFT call was slower than its rows one by one: no groups there
+    by default (the rows run alone, as before), groups where asked for."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice2", "tiny")), torch.device("cpu")
+    )
+    for asked, groups in ((None, False), (True, True), (False, False)):
+        t2w = Token2Wav(
+            model.flow, model.hift, "cosyvoice2", model.device, StreamConfig(), v2_hift_groups=asked
+        )
+        t2w.close()
+        assert t2w.v2_groups is groups
+
+
 def v2_worker(tmp_path) -> Token2Wav:
     """A tiny v2 model's Token2Wav with its worker thread stopped (``run_rounds`` drives the batches)."""
     from bench.make_model import build_model_dir
@@ -519,7 +535,7 @@ def v2_worker(tmp_path) -> Token2Wav:
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice2", "tiny")), torch.device("cpu")
     )
-    t2w = Token2Wav(model.flow, model.hift, "cosyvoice2", model.device, StreamConfig())
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice2", model.device, StreamConfig(), v2_hift_groups=True)
     t2w.close()
     return t2w
 
