@@ -140,6 +140,8 @@ class V2VocoderState:
 
     Each non-final call withholds its last ``source_cache_samples`` samples; the next call's first samples
     re-synthesise that span and are cross-faded with it using the two halves of Hamming(2 * cache).
+    ``prepared``, ``faded`` and ``commit`` are ``step``'s parts for a caller that runs HiFT on several
+    requests' rows at once: nothing changes until ``commit``.
     """
 
     def __init__(self, cfg: StreamConfig):
@@ -151,23 +153,45 @@ class V2VocoderState:
 
     def step(self, mel: torch.Tensor, finalize: bool, hift: Hift2, speed: float = 1.0) -> torch.Tensor:
         """mel [1, 80, T] new frames -> new speech [1, S] ready to play."""
+        call = self.prepared(mel, finalize, speed)
+        speech, new_source = hift(call.mel, call.source)
+        return self.commit(call, self.faded(speech), new_source)
+
+    def prepared(self, mel: torch.Tensor, finalize: bool, speed: float = 1.0) -> V2Call:
+        """The HiFT input for the new frames mel [1, 80, T]: the cached frames before them and the cached
+        source; the state is unchanged until ``commit``."""
         if self.mel is not None:
             mel = torch.cat([self.mel, mel], dim=2)
         source = self.source if self.source is not None else torch.zeros(1, 1, 0, device=mel.device)
         if finalize and speed != 1.0 and self.mel is None:
             mel = stretch_mel(mel, speed)
-        speech, new_source = hift(mel, source)
-        if self.tail is not None:
-            speech = crossfade(speech, self.tail, self.window)
-        if finalize:
-            return speech
+        return V2Call(mel, source, finalize)
+
+    def faded(self, speech: torch.Tensor) -> torch.Tensor:
+        """HiFT's speech [1, T*480] with its head cross-faded into the previous call's withheld tail."""
+        return speech if self.tail is None else crossfade(speech, self.tail, self.window)
+
+    def commit(self, call: V2Call, faded: torch.Tensor, new_source: torch.Tensor) -> torch.Tensor:
+        """``faded`` speech [1, T*480] and HiFT's source [1, 1, T*480] for ``call`` -> the speech to play, a
+        prefix of ``faded``; a non-final call keeps its last frames, source and speech for the next one."""
+        if call.finalize:
+            return faded
         n = self.cfg.source_cache_samples
         self.mel, self.source, self.tail = (
-            mel[:, :, -self.cfg.mel_cache_frames :],
+            call.mel[:, :, -self.cfg.mel_cache_frames :],
             new_source[:, :, -n:],
-            speech[:, -n:],
+            faded[:, -n:],
         )
-        return speech[:, :-n]
+        return faded[:, :-n]
+
+
+@dataclass(frozen=True)
+class V2Call:
+    """One v2 HiFT call's input: mel [1, 80, T] (cached frames + new ones), cached source [1, 1, S]."""
+
+    mel: torch.Tensor
+    source: torch.Tensor
+    finalize: bool
 
 
 class V3VocoderState:

@@ -3,7 +3,9 @@
 Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, vocoder continuation); the
 worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
 (``engine.job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
-``run`` is awaited by the request's coroutine.
+``run`` is awaited by the request's coroutine. HiFT runs a batch's rows together where that gives each row
+what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-padded call, v2's in groups of
+one input shape (by default on a GPU/NPU only), each row's noise drawn from its own request's generator.
 
 With ``flow_reuse`` each streaming ``Utterance`` owns a flow cache, made by the flow solver: the eager one
 gives v3 a ``DiTCache`` and v2 a ``UNetCache``, the CUDA-graph one (v3, with a page pool) a ``PagedCache``.
@@ -35,7 +37,7 @@ from engine.job_queue import DeadlineQueue
 from engine.models.dit_cache import DiTCache, ReuseBudget
 from engine.models.dit_pages import PagedCache
 from engine.models.flow import Flow
-from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
+from engine.models.hift import CausalHiFTGenerator, HiFTGenerator, V2Noise
 from engine.streaming import (
     TOKEN_MEL_RATIO,
     ChunkJob,
@@ -92,7 +94,7 @@ class Token2Wav:
         family: str,
         device: torch.device,
         stream_cfg: StreamConfig,
-        max_batch: int = EngineConfig.flow_batch,  # chunks per flow (and v3 HiFT) call
+        max_batch: int = EngineConfig.flow_batch,  # chunks per flow (and HiFT) call
         own_stream: bool = False,
         hift_graphs: Hift3 | None = None,  # v3: GraphedHiFT, called like CausalHiFTGenerator.inference
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
@@ -100,12 +102,16 @@ class Token2Wav:
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
         flow_reuse: bool = EngineConfig.flow_reuse,  # eager solver: reuse finished frames (flow_cache)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
+        # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
+        # on the CPU (a batched call of full-size rows took 1.3-2.4x the time of the rows one by one)
+        v2_hift_groups: bool | None = None,
     ):
         self.flow, self.hift, self.family, self.device = flow, hift, family, device
         self.flow_reuse, self.reuse_budget = (
             flow_reuse,
             ReuseBudget((EAGER_REUSE_GB if reuse_gb is None else reuse_gb) * 2**30),
         )
+        self.v2_groups = devices.is_accelerator(device) if v2_hift_groups is None else v2_hift_groups
         self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
         # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
@@ -155,7 +161,7 @@ class Token2Wav:
 
     @property
     def max_batch(self) -> int:
-        """Chunks per flow (and v3 HiFT) call; the queue forms the batches."""
+        """Chunks per flow (and HiFT) call; the queue forms the batches."""
         return self._jobs.max_batch
 
     @max_batch.setter
@@ -216,47 +222,62 @@ class Token2Wav:
             return
         for job in jobs:
             job.utt.stage_s["flow"] += share
-        if self._batchable(jobs):
+        self._vocode_rows(jobs, mels)
+
+    def _vocode_rows(self, jobs: list[_Job], mels: list[torch.Tensor]) -> None:
+        """HiFT for a flow batch's rows: each group that may share a call (``_groups``) runs as one; the
+        other rows, and every row of a group whose call failed (to find the request at fault), one by one."""
+        alone = list(range(len(jobs)))
+        for group in self._groups(jobs, mels):
             try:
                 with record_function("t2w.hift.batch"):
-                    self._vocode_together(jobs, mels)
-                return
-            except Exception as err:  # find the request at fault: one by one below
+                    self._vocode_together([jobs[i] for i in group], [mels[i] for i in group])
+                alone = [i for i in alone if i not in group]
+            except Exception as err:  # the rows' states are as they were: one by one below
                 log.warning(
-                    "vocoder batch of %d failed (%s); retrying its requests one by one", len(jobs), err
+                    "vocoder batch of %d failed (%s); retrying its requests one by one", len(group), err
                 )
-        for job, mel in zip(jobs, mels):
+        for i in alone:
             try:
                 with torch.inference_mode():
-                    pcm = self._vocoder_step(job.utt, mel, job.chunk.finalize)
-                _deliver(job, pcm, None)
+                    pcm = self._vocoder_step(jobs[i].utt, mels[i], jobs[i].chunk.finalize)
+                _deliver(jobs[i], pcm, None)
             except Exception as err:
                 log.exception("vocoder step failed")
-                _deliver(job, None, self._failure(err))
+                _deliver(jobs[i], None, self._failure(err))
 
-    def _batchable(self, jobs: list[_Job]) -> bool:
-        """v3's causal HiFT on non-final chunks: right zero padding cannot change a row's emitted prefix
-        (the same property that lets each chunk re-vocode all mel so far), so rows run as one batch.
-        v2 draws fresh noise per request from its own generator and finalize calls use full padding: alone."""
-        return len(jobs) > 1 and isinstance(self.hift, CausalHiFTGenerator) and not jobs[0].chunk.finalize
+    def _groups(self, jobs: list[_Job], mels: list[torch.Tensor]) -> list[list[int]]:
+        """The rows (indices into ``jobs``) that may share one HiFT call, in groups of two or more.
+
+        v3, non-final chunks: all rows, right-padded; the causal HiFT's zero padding cannot change a row's
+        emitted prefix (the same property that lets each chunk re-vocode all mel so far). v2's HiFT is not
+        causal (padding would change a row), so only rows of one input shape share a call: the same frames
+        (cached + new, after a speed stretch), the same cached source samples and the same ``finalize``;
+        each row's noise is drawn from its request's own generator, so a row gets the samples it gets alone.
+        """
+        if len(jobs) < 2:
+            return []
+        if isinstance(self.hift, CausalHiFTGenerator):
+            return [] if jobs[0].chunk.finalize else [list(range(len(jobs)))]
+        if not self.v2_groups:
+            return []
+        groups: dict[tuple[int, int, bool], list[int]] = {}
+        for i, (job, mel) in enumerate(zip(jobs, mels)):
+            if job.utt.generator is None:  # the global RNG's draws cannot be set aside for a retry
+                continue
+            call = _v2_state(job.utt).prepared(mel, job.finalize, job.utt.speed)
+            groups.setdefault((call.mel.shape[2], call.source.shape[2], call.finalize), []).append(i)
+        return [rows for rows in groups.values() if len(rows) > 1]
 
     def _vocode_together(self, jobs: list[_Job], mels: list[torch.Tensor]) -> None:
         """One HiFT call for all rows; a row whose audio is not finite fails alone. States change only
         after every row's audio is on the host, so a failure leaves them as they were for the retry."""
-        t0, cfg = time.perf_counter(), self.hift.config
-        states = [_v3_state(j.utt) for j in jobs]
+        t0 = time.perf_counter()
         with torch.inference_mode():
-            fulls = [st.extended(m) for st, m in zip(states, mels)]
-            width = max(f.shape[2] for f in fulls)
-            speech = self._vocode_batch(
-                [j.utt for j in jobs], torch.cat([_right_pad(f, width) for f in fulls])
-            )
-            # row i's real audio: (T_i - withheld) frames x 480 samples; the rest came from padding
-            ends = [(f.shape[2] - cfg.withheld_frames) * cfg.samples_per_frame for f in fulls]
-            rows = [speech[i : i + 1, :end] for i, end in enumerate(ends)]
-            pcms = [r[0, st.emitted :].float().cpu().numpy() for st, r in zip(states, rows)]
-        for st, full, row in zip(states, fulls, rows):
-            st.commit(full, row)
+            if isinstance(self.hift, HiFTGenerator):
+                pcms = self._v2_together(self.hift, jobs, mels)
+            else:
+                pcms = self._v3_together(jobs, mels)
         share = (time.perf_counter() - t0) / len(jobs)
         for job, pcm in zip(jobs, pcms):
             job.utt.stage_s["hift"] += share
@@ -268,6 +289,44 @@ class Token2Wav:
                     None,
                     SynthesisFailed("the vocoder produced non-finite audio; this request was stopped"),
                 )
+
+    def _v2_together(
+        self, hift: HiFTGenerator, jobs: list[_Job], mels: list[torch.Tensor]
+    ) -> list[np.ndarray]:
+        """Rows of one input shape (``_groups``) -> each row's new audio; the states (and generators) advance
+        only once all of it is on the host."""
+        states = [_v2_state(j.utt) for j in jobs]
+        calls = [st.prepared(m, j.finalize, j.utt.speed) for st, j, m in zip(states, jobs, mels)]
+        # each row draws from a copy of its request's generator, as it would alone from the generator itself;
+        # the generators take the copies' states with the vocoder states below
+        gens = [_generator(j.utt) for j in jobs]
+        forks = [_forked(g) for g in gens]
+        noise = V2Noise.stack([hift.draw_noise(c.mel, f) for c, f in zip(calls, forks)])
+        mel, source = torch.cat([c.mel for c in calls]), torch.cat([c.source for c in calls])
+        speech, new_source = hift.vocode(mel, source, noise)
+        faded = [st.faded(speech[i : i + 1]) for i, st in enumerate(states)]  # [1, T*480] each
+        hosts = [f[0].float().cpu().numpy() for f in faded]
+        for i, (st, call, gen, fork) in enumerate(zip(states, calls, gens, forks)):
+            played = st.commit(call, faded[i], new_source[i : i + 1])  # a prefix of faded[i]
+            hosts[i] = hosts[i][: played.shape[1]]
+            gen.set_state(fork.get_state())
+        return hosts
+
+    def _v3_together(self, jobs: list[_Job], mels: list[torch.Tensor]) -> list[np.ndarray]:
+        """Non-final rows, right-padded to the longest -> each row's new audio; the states advance only once
+        all of it is on the host."""
+        cfg = self.hift.config
+        states = [_v3_state(j.utt) for j in jobs]
+        fulls = [st.extended(m) for st, m in zip(states, mels)]
+        width = max(f.shape[2] for f in fulls)
+        speech = self._vocode_batch([j.utt for j in jobs], torch.cat([_right_pad(f, width) for f in fulls]))
+        # row i's real audio: (T_i - withheld) frames x 480 samples; the rest came from padding
+        ends = [(f.shape[2] - cfg.withheld_frames) * cfg.samples_per_frame for f in fulls]
+        rows = [speech[i : i + 1, :end] for i, end in enumerate(ends)]
+        pcms = [r[0, st.emitted :].float().cpu().numpy() for st, r in zip(states, rows)]
+        for st, full, row in zip(states, fulls, rows):
+            st.commit(full, row)
+        return pcms
 
     def _vocode_batch(self, utts: list[Utterance], mel: torch.Tensor) -> torch.Tensor:
         """Non-final causal HiFT over right-padded rows (``utts``: their owners, row by row):
@@ -360,6 +419,25 @@ def _release(utts: list[Utterance]) -> None:
     for u in utts:
         if u.flow_cache is not None:
             u.flow_cache.clear()
+
+
+def _v2_state(utt: Utterance) -> V2VocoderState:
+    if not isinstance(utt.vocoder, V2VocoderState):
+        raise TypeError(f"expected a v2 vocoder state, got {type(utt.vocoder).__name__}")
+    return utt.vocoder
+
+
+def _generator(utt: Utterance) -> torch.Generator:
+    if utt.generator is None:
+        raise ValueError("a v2 row vocoded with others needs its request's own generator")
+    return utt.generator
+
+
+def _forked(generator: torch.Generator) -> torch.Generator:
+    """A new generator in ``generator``'s state, on its device."""
+    fork = torch.Generator(device=generator.device)
+    fork.set_state(generator.get_state())
+    return fork
 
 
 def _v3_state(utt: Utterance) -> V3VocoderState:

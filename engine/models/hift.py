@@ -4,11 +4,14 @@ mel [B, 80, T] -> f0 [B, T] -> harmonic source [B, 1, T*480] -> STFT-domain fusi
 [B, T*480] at 24 kHz (480 = prod(upsample_rates) * hop). Parameter names match the released hift.pt after the
 checkpoint loader strips ``generator.``; weight-normed convs use torch's parametrization API, so keys are
 ``<name>.parametrizations.weight.original0/1`` (legacy ``weight_g``/``weight_v`` load through torch's hook).
+v2's draws are made apart from the call (``draw_noise``, then ``vocode``), so that several requests' rows of
+one shape can share a call while each row keeps the draws its own generator gives it alone.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +31,20 @@ from engine.models.hift_layers import (
     upsamplers,
 )
 from engine.models.hift_noise import HiftNoise, shared_noise
+
+
+@dataclass(frozen=True)
+class V2Noise:
+    """One v2 call's random draws for B rows: initial phases rand_ini [B, 9] in cycles (column 0 = 0) and the
+    sines' additive noise [B, T*480, 9] (standard normal, scaled by the source module)."""
+
+    rand_ini: torch.Tensor
+    sines: torch.Tensor
+
+    @staticmethod
+    def stack(rows: list[V2Noise]) -> V2Noise:
+        """Rows drawn one by one (each from its request's generator) -> one batch's draws."""
+        return V2Noise(torch.cat([r.rand_ini for r in rows]), torch.cat([r.sines for r in rows]))
 
 
 class _HiftBase(nn.Module):
@@ -145,27 +162,51 @@ class HiFTGenerator(_HiftBase):
         """mel [B, 80, T] -> (speech [B, T*480], source [B, 1, T*480]).
 
         ``cache_source`` [B, 1, S] (S <= T*480, e.g. the previous chunk's last ``SOURCE_CACHE_SAMPLES``)
-        overwrites the first S source samples, so chunk seams keep a continuous excitation. Random draws, in
-        the reference order: rand(B, 9) initial phases, randn(B, L, 9) additive noise, randn(B, L, 1) for the
-        reference's discarded noise branch (drawn only to keep the stream aligned). ``generator`` (on the
-        mel's device) makes them per-request deterministic; None uses the global RNG like the reference.
+        overwrites the first S source samples, so chunk seams keep a continuous excitation. The random draws
+        (``draw_noise``) come from ``generator`` (on the mel's device), which makes them per-request
+        deterministic; None uses the global RNG like the reference.
         """
+        self._check_inputs(mel, cache_source)  # before drawing: a refused call leaves the generator as it was
+        return self.vocode(mel, cache_source, self.draw_noise(mel, generator))
+
+    def draw_noise(self, mel: torch.Tensor, generator: torch.Generator | None = None) -> V2Noise:
+        """The draws one ``inference`` call on mel [B, 80, T] makes, in the reference order: rand(B, 9)
+        initial phases, randn(B, L, 9) additive noise (L = T*480), randn(B, L, 1) for the reference's
+        discarded noise branch (drawn only to keep the stream aligned). A batch of requests draws row by row,
+        each from its own generator with B = 1, then ``V2Noise.stack``s the rows."""
+        batch, samples = mel.shape[0], mel.shape[2] * self.config.samples_per_frame
+        with torch.inference_mode():
+            rand_ini = torch.rand(batch, NUM_HARMONICS, generator=generator, device=mel.device)
+            rand_ini[:, 0] = 0  # the fundamental starts at phase 0
+            # randn_like on the sines, whose memory is [B, 9, L] (a transposed interpolate output): the
+            # layout decides which draw lands on which sample, so draw in it. The sines are float32 or wider.
+            dtype = torch.promote_types(mel.dtype, torch.float32)
+            sines = torch.empty(batch, NUM_HARMONICS, samples, dtype=dtype, device=mel.device)
+            sines = sines.transpose(1, 2).normal_(generator=generator)
+            torch.empty(batch, samples, 1, dtype=mel.dtype, device=mel.device).normal_(generator=generator)
+        return V2Noise(rand_ini, sines)
+
+    def vocode(
+        self, mel: torch.Tensor, cache_source: torch.Tensor | None, noise: V2Noise
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``inference`` with the draws made: mel [B, 80, T] (rows of equal T: the convs are not causal, so
+        padding would change a row) -> (speech [B, T*480], source [B, 1, T*480])."""
+        self._check_inputs(mel, cache_source)
+        cached = 0 if cache_source is None else cache_source.shape[-1]
+        if noise.sines.shape != (mel.shape[0], mel.shape[2] * self.config.samples_per_frame, NUM_HARMONICS):
+            raise ValueError(f"hift: noise {tuple(noise.sines.shape)} does not fit mel {tuple(mel.shape)}")
+        with torch.inference_mode():
+            f0_up = self.upsample_f0(self.predict_f0(mel))
+            source = self.m_source(f0_up, noise.rand_ini, lambda s: noise.sines)
+            if cached:
+                source[:, :, :cached] = cache_source
+            return self.decode(mel, source), source
+
+    def _check_inputs(self, mel: torch.Tensor, cache_source: torch.Tensor | None) -> None:
         self._check_mel(mel, 1)
         cached = 0 if cache_source is None else cache_source.shape[-1]
         if cache_source is not None and cached and (cache_source.dim() != 3 or cached > mel.shape[2] * 480):
             raise ValueError(f"hift: cache_source must be [B, 1, S<=T*480], got {tuple(cache_source.shape)}")
-        with torch.inference_mode():
-            f0_up = self.upsample_f0(self.predict_f0(mel))
-            rand_ini = torch.rand(f0_up.shape[0], NUM_HARMONICS, generator=generator, device=f0_up.device)
-            rand_ini[:, 0] = 0  # the fundamental starts at phase 0
-            # randn_like on the sines, then on uv (the reference's discarded noise branch; keeps the stream)
-            source = self.m_source(
-                f0_up, rand_ini, lambda s: torch.empty_like(s).normal_(generator=generator)
-            )
-            torch.empty_like(f0_up).normal_(generator=generator)
-            if cached:
-                source[:, :, :cached] = cache_source
-            return self.decode(mel, source), source
 
     forward = inference
 

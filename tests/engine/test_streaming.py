@@ -94,6 +94,22 @@ def test_v2_stream_equals_one_shot_away_from_the_seams():
     assert torch.allclose(streamed[:, 30 * 480 :], whole[:, 30 * 480 :])
 
 
+def test_v2_step_parts_change_the_state_only_on_commit():
+    """``prepared`` and ``faded`` leave the state as it was, so a batch that fails after them can retry the
+    row; prepared + HiFT + faded + commit is ``step``."""
+    mel = torch.linspace(0, 1, 80).repeat(1, 80, 1)
+    state, ref = V2VocoderState(CFG), V2VocoderState(CFG)
+    for part, finalize in ((mel[:, :, :30], False), (mel[:, :, 30:50], False), (mel[:, :, 50:], True)):
+        call = state.prepared(part, finalize)
+        speech, source = fake_hift2(call.mel, call.source)
+        state.faded(speech)
+        again = state.prepared(part, finalize)  # nothing moved
+        assert torch.equal(again.mel, call.mel) and torch.equal(again.source, call.source)
+        assert call.mel.shape[2] == part.shape[2] + (0 if state.mel is None else CFG.mel_cache_frames)
+        played = state.commit(call, state.faded(speech), source)
+        assert torch.equal(played, ref.step(part, finalize, fake_hift2))
+
+
 def test_v3_emits_each_sample_once():
     def causal(mel: torch.Tensor, finalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
         keep = mel.shape[2] if finalize else mel.shape[2] - 8

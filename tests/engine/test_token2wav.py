@@ -124,7 +124,7 @@ def test_batched_jobs_equal_the_same_jobs_alone(family, tmp_path):
         t2w.close()
     if family == "cosyvoice3":  # v3's causal HiFT vocodes concurrent non-final chunks together
         assert max(hift_rows) > 1
-    else:
+    else:  # v2 groups rows of one shape through HiFTGenerator.vocode, not this v3 path
         assert not hift_rows
     for a, b in zip(alone, batched):
         assert len(a) == len(b)
@@ -518,3 +518,158 @@ def test_v3_flow_reuse_refuses_a_chunk_that_would_emit_uncomputed_frames(tmp_pat
             asyncio.run(stream_jobs(t2w, utt, tokens))
     finally:
         t2w.close()
+
+
+def v2_voices() -> list[tuple[PromptFeatures, list[int]]]:
+    """Three v2 requests on one chunk schedule (13 prompt tokens, 160 tokens: chunks of 37 + 3, 50 + 3, then
+    the final 73; their HiFT inputs have one shape every round) with other voices and tokens, and a fourth
+    with a longer prompt."""
+    from dataclasses import replace
+
+    voices = [random_prompt(13, 160, seed=i) for i in range(3)] + [random_prompt(22, 150, seed=3)]
+    return [(replace(f, family="cosyvoice2"), tokens) for f, tokens in voices]
+
+
+def test_v2_hift_groups_are_off_on_the_cpu_unless_asked_for(tmp_path):
+    """On the CPU a batched full-size v2 HiFT call was slower than its rows one by one: no groups there
+    by default (the rows run alone, as before), groups where asked for."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice2", "tiny")), torch.device("cpu")
+    )
+    for asked, groups in ((None, False), (True, True), (False, False)):
+        t2w = Token2Wav(
+            model.flow, model.hift, "cosyvoice2", model.device, StreamConfig(), v2_hift_groups=asked
+        )
+        t2w.close()
+        assert t2w.v2_groups is groups
+
+
+def v2_worker(tmp_path) -> Token2Wav:
+    """A tiny v2 model's Token2Wav with its worker thread stopped (``run_rounds`` drives the batches)."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice2", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice2", model.device, StreamConfig(), v2_hift_groups=True)
+    t2w.close()
+    return t2w
+
+
+def run_rounds(
+    t2w: Token2Wav, voices: list[tuple[PromptFeatures, list[int]]], seeds: list[int]
+) -> tuple[list[list[np.ndarray | BaseException]], list[Utterance]]:
+    """All tokens buffered; each round, every unfinished request's next chunk as one worker batch (streaming
+    and final chunks apart), run on this thread so that the batches do not depend on timing -> each
+    request's chunks (audio, or the error that ended it) and its utterance."""
+    from engine.token2wav import _Job
+
+    loop = asyncio.new_event_loop()
+    utts = [t2w.utterance(f, seed=seed, stream=True) for (f, _), seed in zip(voices, seeds)]
+    for utt, (_, tokens) in zip(utts, voices):
+        utt.tokens.extend(tokens)
+    outs: list[list[np.ndarray | BaseException]] = [[] for _ in utts]
+    live = list(range(len(utts)))
+    try:
+        while jobs := [(i, j) for i in live if (j := utts[i].planner.next_job(len(utts[i].tokens), True))]:
+            for finalize in (False, True):
+                batch = [(i, _Job(utts[i], j, loop, loop.create_future(), 0.0)) for i, j in jobs]
+                if not (batch := [(i, job) for i, job in batch if job.finalize == finalize]):
+                    continue
+                t2w._run_batch([job for _, job in batch])
+                futures = [job.future for _, job in batch]
+                results = loop.run_until_complete(asyncio.gather(*futures, return_exceptions=True))
+                for (i, _), result in zip(batch, results):
+                    outs[i].append(result)
+                    if isinstance(result, BaseException):
+                        live.remove(i)
+    finally:
+        loop.close()
+    return outs, utts
+
+
+def spy_rows(monkeypatch, hift) -> list[int]:
+    """The rows of every v2 HiFT call from now on (lone calls go through ``vocode`` too)."""
+    rows: list[int] = []
+    real = hift.vocode
+
+    def spy(mel, cache_source, noise):
+        rows.append(mel.shape[0])
+        return real(mel, cache_source, noise)
+
+    monkeypatch.setattr(hift, "vocode", spy)
+    return rows
+
+
+def test_v2_hift_rows_of_one_shape_share_a_call_and_get_what_each_gets_alone(tmp_path, monkeypatch):
+    """Three streams on one schedule vocode every chunk, the final one too, as one HiFT call (the fourth
+    joins where its input has their shape); each gets the audio it gets alone, chunk by chunk, and its
+    generator ends where its lone run leaves it (so every later chunk draws what it draws alone)."""
+    voices, seeds = v2_voices(), [5, 6, 7, 8]
+    t2w = v2_worker(tmp_path)
+    rows = spy_rows(monkeypatch, t2w.hift)
+    alone = [run_rounds(t2w, [voice], [seed]) for voice, seed in zip(voices, seeds)]
+    assert set(rows) == {1}
+    rows.clear()
+    together, utts = run_rounds(t2w, voices, seeds)
+    chunks = len(together[0])
+    assert chunks == 3 and [len(c) for c in together[:3]] == [chunks] * 3
+    # HiFT calls: the three's first chunks (74 frames) and the fourth's (56) apart, the second chunks (8
+    # cached + 100 new frames) all four in one call, the three's final chunks (154) and the fourth's (152)
+    assert rows == [3, 1, 4, 3, 1]
+    for (want, [lone]), got, utt in zip(alone, together, utts):
+        assert len(got) == len(want[0])
+        for a, b in zip(want[0], got):
+            assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+            # float32 rounding of the batched flow and HiFT (test_hift's V2_BATCH_ATOL says why it is
+            # absolute); measured 2026-12-01: 5.2e-6 (flow alone 4.9e-6, HiFT alone 4.7e-6; with a float64
+            # HiFT the grouped calls agree with lone ones to 6e-11)
+            np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
+        assert utt.generator is not None and lone.generator is not None
+        assert torch.equal(utt.generator.get_state(), lone.generator.get_state())
+
+
+@pytest.mark.parametrize("group_call", ["fails", "runs"])
+def test_v2_a_request_at_fault_fails_alone_in_a_hift_group(tmp_path, monkeypatch, group_call):
+    """One request's mel is NaN (its speaker embedding is), in the first round's group of three. ``fails``:
+    a group call with a non-finite row raises, so that round's rows run one by one and the others get exactly
+    the lone HiFT path's audio (the same flow batches, grouping off). ``runs``: the group call gives that row
+    non-finite audio; it fails alone. Either way the other two go on, sharing calls, with the audio and
+    generator states of the lone path."""
+    from dataclasses import replace
+
+    from engine.errors import SynthesisFailed
+
+    voices, seeds = v2_voices()[:3], [5, 6, 7]
+    bad = replace(voices[1][0], speaker_embedding=np.full(192, np.nan, np.float32))
+    voices[1] = (bad, voices[1][1])
+    t2w = v2_worker(tmp_path)
+    real_groups, real_vocode = t2w._groups, t2w.hift.vocode
+    monkeypatch.setattr(t2w, "_groups", lambda jobs, mels: [])
+    lone, lone_utts = run_rounds(t2w, voices, seeds)
+    monkeypatch.setattr(t2w, "_groups", real_groups)
+    if group_call == "fails":
+
+        def vocode(mel, cache_source, noise):
+            if mel.shape[0] > 1 and not mel.isfinite().all():
+                raise RuntimeError("bad row")
+            return real_vocode(mel, cache_source, noise)
+
+        monkeypatch.setattr(t2w.hift, "vocode", vocode)
+    rows = spy_rows(monkeypatch, t2w.hift)
+    grouped, utts = run_rounds(t2w, voices, seeds)
+    first_round = [3, 1, 1, 1] if group_call == "fails" else [3]  # the group, then (fails) its rows alone
+    assert rows == [*first_round, 2, 2]  # the two others share the later rounds' calls
+    assert len(grouped[1]) == 1 and isinstance(grouped[1][0], SynthesisFailed)
+    for i in (0, 2):
+        assert len(grouped[i]) == len(lone[i]) == 3
+        for k, (a, b) in enumerate(zip(lone[i], grouped[i])):
+            assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+            if k == 0 and group_call == "fails":  # that round's rows ran alone: the lone path's very samples
+                np.testing.assert_array_equal(b, a)
+            else:
+                np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
+        g, want = utts[i].generator, lone_utts[i].generator
+        assert g is not None and want is not None and torch.equal(g.get_state(), want.get_state())

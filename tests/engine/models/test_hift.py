@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.models.hift import CausalHiFTGenerator, HiFTGenerator, build_hift
+from engine.models.hift import CausalHiFTGenerator, HiFTGenerator, V2Noise, build_hift
 from engine.models.hift_config import SOURCE_CACHE_SAMPLES, F0PredictorConfig, HiftConfig
 from engine.models.hift_layers import causal_padding
 from engine.models.hift_noise import HiftNoise
@@ -119,6 +119,56 @@ def test_v2_private_generator_matches_global_stream(case: Path) -> None:
         _close(out, z[name], name)
     other, _ = hift.inference(torch.from_numpy(z["mel"]), generator=torch.Generator().manual_seed(7))
     assert not torch.allclose(other, outs["speech"]), "the noise must depend on the generator"
+
+
+@case_params("cosyvoice2")
+def test_v2_drawn_noise_is_the_references_draws(case: Path) -> None:
+    """``draw_noise`` makes the reference's draws from the seed, and leaves the generator where the
+    reference's call does (the second call's draws follow)."""
+    z = np.load(fixture_file(case / "ref_hift.npz"))
+    hift, gen = _loaded(case), torch.Generator().manual_seed(int(z["rng_seed"]))
+    assert isinstance(hift, HiFTGenerator)
+    for prefix, mel in (("", z["mel"]), ("call2_", z["call2_mel"])):
+        noise = hift.draw_noise(torch.from_numpy(mel), gen)
+        rand_ini = z[prefix + "draw1_rand_ini"].copy()
+        rand_ini[:, 0] = 0  # the fundamental's phase
+        assert torch.equal(noise.rand_ini, torch.from_numpy(rand_ini))
+        assert torch.equal(noise.sines, torch.from_numpy(z[prefix + "draw2_sine_noise_randn"]))
+
+
+# Rows vocoded together vs alone, float32 on CPU: batched convs (f0 predictor, decoder) block and sum in
+# another order; measured 2026-12-01 (tiny v2, 2 cores, 6 seeds x 24/108/208 frames x 3-8 rows): max |diff|
+# 1.2e-5, growing with the frames as the f0 rounding (9e-5 Hz at 318 Hz) integrates into the phase, so it is
+# absolute, not relative to the speech (tiny models' streamed speech peaks near 0.015 and differs by as much).
+# In float64 the same comparison agrees to 2e-14: rounding, not noise landing on other samples (that would
+# differ by the noise itself, ~1e-3). Tolerance: 3x the measured float32 difference.
+V2_BATCH_ATOL = {torch.float64: 1e-12, torch.float32: 4e-5}
+
+
+@case_params("cosyvoice2")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_v2_rows_vocoded_together_equal_each_row_alone(case: Path, dtype: torch.dtype) -> None:
+    """Rows of one shape, each with noise drawn from its own generator and stacked, give in one call what
+    each gives alone with its generator; every generator ends where the lone call leaves it."""
+    hift, cfg = _loaded(case).to(dtype), _config(case)
+    assert isinstance(hift, HiFTGenerator)
+    g = torch.Generator().manual_seed(3)
+    frames, cached = 24, SOURCE_CACHE_SAMPLES
+    mels = [torch.randn(1, cfg.in_channels, frames, generator=g, dtype=dtype) for _ in range(4)]
+    caches = [torch.rand(1, 1, cached, generator=g, dtype=dtype) * 2 - 1 for _ in mels]
+    alone = [torch.Generator().manual_seed(seed) for seed in range(len(mels))]
+    together = [torch.Generator().manual_seed(seed) for seed in range(len(mels))]
+    want = [hift.inference(m, c, gen) for m, c, gen in zip(mels, caches, alone)]
+    noise = V2Noise.stack([hift.draw_noise(m, gen) for m, gen in zip(mels, together)])
+    speech, source = hift.vocode(torch.cat(mels), torch.cat(caches), noise)
+    assert speech.shape == (len(mels), frames * cfg.samples_per_frame) and speech.dtype == dtype
+    for i, (row_speech, row_source) in enumerate(want):
+        torch.testing.assert_close(speech[i : i + 1], row_speech, atol=V2_BATCH_ATOL[dtype], rtol=0)
+        torch.testing.assert_close(source[i : i + 1], row_source, atol=V2_BATCH_ATOL[dtype], rtol=0)
+        assert torch.equal(together[i].get_state(), alone[i].get_state())
+    assert not torch.allclose(want[0][0], want[1][0]), "each row's noise comes from its own generator"
+    with pytest.raises(ValueError, match="does not fit"):
+        hift.vocode(torch.cat(mels)[:, :, :-1], None, noise)
 
 
 @case_params("cosyvoice3")
