@@ -33,7 +33,7 @@ class CompiledEstimator(nn.Module):
         self.inner = estimator if dtype == torch.float32 else cast_parameters(estimator, dtype)
         # dynamic: the graph buckets vary batch and frames; one compiled program serves them all
         self.run = torch.compile(self.inner, dynamic=True) if compiled else self.inner
-        # the DiT's page windows (engine.models.dit_pages), compiled alike on first use
+        # page windows (engine.models.dit_pages, unet_pages), compiled alike on first use
         paged = getattr(self.inner, "forward_paged", None)
         self.run_paged = torch.compile(paged, dynamic=True) if compiled and paged is not None else paged
 
@@ -44,14 +44,14 @@ class CompiledEstimator(nn.Module):
         return self.run(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), streaming).float()
 
     def forward_paged(
-        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, kv: Tensor, *batch: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """The DiT's ``forward_paged`` in ``dtype`` -> (velocity float32, keys/values in ``dtype``)."""
+        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, *pool: Tensor
+    ) -> tuple[Tensor, ...]:
+        """The estimator's ``forward_paged`` in ``dtype`` -> (velocity float32, what it keeps, ``dtype``)."""
         if self.run_paged is None:
-            raise TypeError(f"{type(self.inner).__name__} has no page windows (only the DiT)")
+            raise TypeError(f"{type(self.inner).__name__} has no page windows")
         low = (a.to(self.dtype) for a in (x, mu))
-        v, new = self.run_paged(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), kv, *batch)
-        return v.float(), new
+        v, *kept = self.run_paged(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), *pool)
+        return v.float(), *kept
 
 
 def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -297,14 +297,18 @@ class DiT(nn.Module):
         spks: Tensor,
         cond: Tensor,
         kv: Tensor,
+        states: Tensor,
         prefix: Tensor,
         start: Tensor,
         total: Tensor,
-    ) -> tuple[Tensor, Tensor]:
+        lead_pages: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """``forward_window`` over page windows (engine.models.dit_pages), tensors in and out so it compiles
         and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; prefix
-        [B,P], start and total [B] -> (velocity [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D])."""
+        [B,P], start and total [B] -> (velocity [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D], no
+        conv states). ``states`` and ``lead_pages`` are the U-Net's (the solver feeds x's lead itself)."""
         lead = 2 * (self.cfg.conv_pos_kernel - 1)
         chunk, queries = self.cfg.static_chunk_size, x.size(2) - lead
         window = PagedWindow(kv, prefix, start, total, lead, chunk, queries)
-        return self.forward_window(x, mu, t, spks, cond, window, 0), window.written()
+        velocity = self.forward_window(x, mu, t, spks, cond, window, 0)
+        return velocity, window.written(), states.new_zeros(0)

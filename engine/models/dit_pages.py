@@ -1,4 +1,5 @@
-"""Reuse of a request's finished frames in the CUDA-graph flow solver (CosyVoice3's DiT): a page pool.
+"""Reuse of a request's finished frames in the CUDA-graph flow solver: a page pool (CosyVoice3's DiT here;
+CosyVoice2's U-Net adds its convs' states, engine.models.unet_pages).
 
 Why the reuse is exact, and what a frame's cache holds, is engine.models.dit_cache's story: in a streaming
 (non-final) call every frame of a chunk finished in an earlier call follows the same trajectory, so its
@@ -51,6 +52,7 @@ class PageLayout:
     kv_dtype: torch.dtype
     x_dtype: torch.dtype
     device: torch.device
+    states: int = 0  # the U-Net: numbers of its causal convs' states a CFG row keeps per page and step
 
     def __post_init__(self) -> None:
         if self.pages < 2:
@@ -58,13 +60,17 @@ class PageLayout:
 
     @property
     def lead_pages(self) -> int:
-        """Pages the lead frames before a window start (a chunk boundary) span."""
-        return math.ceil(self.lead / self.chunk)
+        """Pages a window reads before its start (a chunk boundary): those of the DiT's lead frames, or the
+        U-Net's chunk whose conv states it continues from."""
+        return max(math.ceil(self.lead / self.chunk), 1 if self.states else 0)
 
     @staticmethod
-    def page_bytes(steps: int, depth: int, heads: int, dim_head: int, mel_dim: int, chunk: int) -> int:
-        """Bytes one page takes: bf16 keys and values (2 CFG rows) and float32 x, every step and layer."""
-        return chunk * steps * (2 * depth * 2 * heads * dim_head * 2 + mel_dim * 4)
+    def page_bytes(
+        steps: int, depth: int, heads: int, dim_head: int, mel_dim: int, chunk: int, states: int = 0
+    ) -> int:
+        """Bytes one page takes: bf16 keys and values (2 CFG rows), float32 x and bf16 conv states, every
+        step and layer."""
+        return steps * (chunk * (2 * depth * 2 * heads * dim_head * 2 + mel_dim * 4) + 2 * states * 2)
 
 
 class PagePool:
@@ -79,6 +85,8 @@ class PagePool:
         self.x = torch.zeros(
             lay.steps, lay.pages, lay.mel_dim, lay.chunk, dtype=lay.x_dtype, device=lay.device
         )
+        # states[step, page, (cond, uncond), number]: the U-Net's conv inputs over the chunk's last frames
+        self.states = torch.zeros(lay.steps, lay.pages, 2, lay.states, dtype=lay.kv_dtype, device=lay.device)
         self._free = list(range(lay.pages - 1, SCRATCH, -1))
         self._lock = threading.Lock()
 
@@ -114,6 +122,13 @@ class PagePool:
         b, n = lead.shape
         pages = self.x[step][lead.flatten()].unflatten(0, (b, n))  # [B,n,80,chunk]
         return pages.transpose(1, 2).flatten(2)[:, :, n * self.layout.chunk - self.layout.lead :]
+
+    def keep_states(self, step: int, states: Tensor, writes: Tensor) -> None:
+        """The U-Net's conv states at the end of each window chunk, states [2B, chunks, numbers] (rows: B
+        cond, B uncond), into the pages of the chunks that the call keeps."""
+        b, chunks = writes.shape
+        pages = states.unflatten(0, (2, b)).permute(1, 2, 0, 3).reshape(b * chunks, 2, -1)
+        self.states[step].index_copy_(0, writes.flatten(), pages)
 
     def keep_kv(self, step: int, kv: Tensor, writes: Tensor) -> None:
         """A window's keys/values at ``step``, kv [depth, 2, 2B, H, Q, D] (rows: B cond, B uncond), into the

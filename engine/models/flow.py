@@ -160,24 +160,29 @@ class CausalCFM(nn.Module):
         spks: Tensor,
         *batch: Tensor,
     ) -> Tensor:
-        """The streaming solve of a batch of page windows (engine.models.dit_pages), from tensors only and
-        without a host sync (the CUDA-graph solver captures it): noise [B,80,Q] at the query frames; mu,
-        cond [B,80,lead+Q] from each window's lead on; spks [B,80]; ``batch``: ``PagedBatch.tensors``
-        (start, total, prefix, writes, lead) -> x [B,80,Q] float32. Every step keeps x and the keys and
-        values of the chunks the call completes in their pages. The estimator: the DiT or a stand-in with
-        its ``forward_paged`` (a compiled one)."""
-        paged: Callable[..., tuple[Tensor, Tensor]] = self.estimator.forward_paged  # type: ignore[assignment]
-        b = noise.size(0)
+        """The streaming solve of a batch of page windows (engine.models.dit_pages, unet_pages), from tensors
+        only and without a host sync (the CUDA-graph solver captures it): noise [B,80,Q] at the query frames;
+        mu, cond [B,80,lead+Q] from each window's lead on (the U-Net: no lead); spks [B,80]; ``batch``:
+        ``PagedBatch.tensors`` (start, total, prefix, writes, lead) -> x [B,80,Q] float32. Every step keeps
+        the chunks the call completes in their pages: keys/values, and the DiT's x or the U-Net's conv
+        states. The estimator: the DiT, the U-Net, or a stand-in with their ``forward_paged`` (compiled)."""
+        paged: Callable[..., tuple[Tensor, ...]] = self.estimator.forward_paged  # type: ignore[assignment]
+        b, lay = noise.size(0), pool.layout
         start, total, prefix, writes, lead = batch
         mu_in, spks_in, cond_in = _guided(mu, spks, cond)
 
         def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
-            pool.keep_x(step, x, writes)
-            x_win = torch.cat([pool.lead_x(step, lead).to(x.dtype), x], dim=2)  # [B,80,lead+Q]
-            x_in = torch.cat([x_win, x_win]).to(spks.dtype)
-            kv = pool.kv[step]
-            v, new = paged(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, kv, prefix, start, total)
+            if lay.lead:  # the DiT: x of the position conv's lead frames, from the pages before the window
+                pool.keep_x(step, x, writes)
+                x = torch.cat([pool.lead_x(step, lead).to(x.dtype), x], dim=2)  # [B,80,lead+Q]
+            x_in = torch.cat([x, x]).to(spks.dtype)
+            tables = (prefix, start, total, lead)
+            v, new, states = paged(
+                x_in, mu_in, t.expand(2 * b), spks_in, cond_in, pool.kv[step], pool.states[step], *tables
+            )
             pool.keep_kv(step, new, writes)
+            if lay.states:
+                pool.keep_states(step, states, writes)
             return v
 
         return self._euler(noise, velocity).float()

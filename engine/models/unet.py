@@ -24,9 +24,12 @@ from torch import Tensor, nn
 
 from engine.models.attention import FrameAttention
 from engine.models.flow_encoder import expect_tag, yaml_field
+from engine.models.unet_pages import PagedUNetStep
 
 if TYPE_CHECKING:
     from engine.models.unet_cache import UNetStep
+
+    WindowStep = UNetStep | PagedUNetStep  # a window's step: cached (eager) or paged (graphs)
 
 # who sees whom in one attention layer: (q, k, v) [B,H,Q,D] -> [B,H,Q,D] (FrameAttention, or a window's)
 Rule = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -117,7 +120,7 @@ class CausalBlock1D(nn.Module):
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         return self.block(x * mask) * mask
 
-    def window(self, x: Tensor, mask: Tensor, step: UNetStep) -> Tensor:
+    def window(self, x: Tensor, mask: Tensor, step: WindowStep) -> Tensor:
         """``forward`` on a window's frames, the conv's left frames from ``step``'s cache."""
         conv, *rest = self.block.children()
         if not isinstance(conv, CausalConv1d):
@@ -140,7 +143,7 @@ class CausalResnetBlock1D(nn.Module):
         h = self.block1(x, mask) + self.mlp(t).unsqueeze(-1)
         return self.block2(h, mask) + self.res_conv(x * mask)
 
-    def window(self, x: Tensor, mask: Tensor, t: Tensor, step: UNetStep) -> Tensor:
+    def window(self, x: Tensor, mask: Tensor, t: Tensor, step: WindowStep) -> Tensor:
         h = self.block1.window(x, mask, step) + self.mlp(t).unsqueeze(-1)
         return self.block2.window(h, mask, step) + self.res_conv(x * mask)
 
@@ -273,14 +276,14 @@ class CausalConditionalDecoder(nn.Module):
         return h.transpose(1, 2).contiguous()
 
     def forward_window(
-        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, step: UNetStep
+        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, step: WindowStep
     ) -> Tensor:
         """``forward`` in a streaming call that reuses cached frames: x, mu, cond [B,80,Q] are each row's
         query frames (``step``: its window, Euler step and caches); t [B]; spks [B,80] -> velocity
         [B,80,Q] (x mask)."""
         temb = self.time_mlp(sinusoidal_embedding(t.float(), self.cfg.in_channels).to(x.dtype))
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(2)), cond], dim=1)
-        mask = step.window.mask.to(x.dtype)
+        mask = step.mask.to(x.dtype)
         down, up = self.down_blocks[0], self.up_blocks[0]
         skip = self._stage_window(down, x, mask, temb, step)
         x = step.conv(self._conv(down), skip * mask)
@@ -291,8 +294,29 @@ class CausalConditionalDecoder(nn.Module):
         step.check()
         return self.final_proj(x * mask) * mask
 
+    def forward_paged(
+        self,
+        x: Tensor,
+        mu: Tensor,
+        t: Tensor,
+        spks: Tensor,
+        cond: Tensor,
+        kv: Tensor,
+        states: Tensor,
+        *batch: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``forward_window`` over page windows (engine.models.unet_pages), tensors in and out so it
+        compiles and captures: x, mu, cond [2B,80,Q]; t [2B]; spks [2B,80]; kv and states the pool's at this
+        step; ``batch``: prefix [B,P], start, total [B], lead pages [B,1] -> (velocity [2B,80,Q], the
+        window's keys/values [depth,2,2B,H,Q,D], its conv states [2B,chunks,numbers])."""
+        prefix, start, total, lead = batch
+        convs = [(c.in_channels, c.kernel_size[0] - 1) for c in self.causal_convs()]
+        chunk = self.cfg.static_chunk_size
+        step = PagedUNetStep(kv, states, (prefix, start, total, lead), chunk, x.size(2), convs)
+        return self.forward_window(x, mu, t, spks, cond, step), *step.written()
+
     @staticmethod
-    def _stage_window(level: nn.Module, x: Tensor, mask: Tensor, temb: Tensor, step: UNetStep) -> Tensor:
+    def _stage_window(level: nn.Module, x: Tensor, mask: Tensor, temb: Tensor, step: WindowStep) -> Tensor:
         """``_stage`` on a window: the resnet's convs and every block's attention from ``step``."""
         resnet, blocks, *_ = level.children()
         if not isinstance(resnet, CausalResnetBlock1D):

@@ -130,6 +130,11 @@ class UNetStep:
     def __init__(self, window: UNetWindow, step: int) -> None:
         self.window, self.index, self.convs, self.layers = window, step, 0, 0
 
+    @property
+    def mask(self) -> Tensor:
+        """[2B,1,Q] bool: the window's real query frames."""
+        return self.window.mask
+
     def conv(self, conv: CausalConv, x: Tensor) -> Tensor:
         self.convs += 1
         return self.window.conv(self.index, self.convs - 1, conv, x)
