@@ -197,7 +197,8 @@ class EngineConfig:
     # Euler step: engine.models.dit_cache for v3's DiT, engine.models.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
     # estimators are chunk-causal and the noise fixed. The eager solver (CPU, NPU, cuda_graphs off): v3 and
-    # v2; the CUDA-graph solver: v3, from a page pool (engine.models.dit_pages; v2 recomputes there). Costs
+    # v2; the CUDA-graph solver: both, from a page pool (engine.models.dit_pages, unet_pages; v2's there not
+    # yet run on a GPU, and windows that fail to compile at load leave the graphs recomputing). Costs
     # memory per frame cached at full size: ~3.6 MB (v3) and ~4.6 MB (v2) in float32, 1.8 MB in the graphs'
     # bf16, until the request's final call. False = recompute every call (the A/B).
     flow_reuse: bool = True

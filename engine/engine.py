@@ -454,9 +454,9 @@ def _graphed_flow(cfm: CausalCFM, cfg: EngineConfig, cache: Path) -> GraphedCFM:
 
 
 def _enable_reuse(flow: object, cfg: EngineConfig, dev: torch.device) -> None:
-    """The CUDA-graph solver's page pool for frame reuse (v3), sized by ``flow_reuse_gb`` or from the memory
-    vLLM left; before the captures, which record its address. Requests keep up to ``graph_warmup_s`` (at
-    least 16 s) of finished frames: the window graphs' prefix."""
+    """The CUDA-graph solver's page pool for frame reuse (v3 and v2), sized by ``flow_reuse_gb`` or from the
+    memory vLLM left; before the captures, which record its address. Requests keep up to ``graph_warmup_s``
+    (at least 16 s) of finished frames: the window graphs' prefix."""
     if not (cfg.flow_reuse and isinstance(flow, GraphedCFM)):
         return
     gb = cfg.flow_reuse_gb

@@ -8,15 +8,19 @@ Graphs are captured lazily on first use of a bucket and kept in an LRU (``graph_
 records every bucket up to a batch and length before serving (the engine's load), so no request pays for
 a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured.
 
-With a page pool (``enable_reuse``; CosyVoice3's DiT) streaming calls reuse each request's finished frames
-(engine.models.dit_pages): a request's ``PagedCache`` names its pages, and the window graphs, bucketed by
-(batch, query frames), compute only the frames after them. Final calls recompute with full attention.
+With a page pool (``enable_reuse``) streaming calls reuse each request's finished frames
+(engine.models.dit_pages, unet_pages): a request's ``PagedCache`` names its pages, and the window graphs,
+bucketed by (batch, query frames, prefix pages), compute only the frames after them. Final calls recompute
+with full attention.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor, nn
+from torch._dynamo.exc import BackendCompilerFailed
 from torch.profiler import record_function
 
 from engine import device as devices
@@ -26,9 +30,11 @@ from engine.models.dit import DiT
 from engine.models.dit_cache import ReuseBudget
 from engine.models.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.models.flow import CausalCFM, CfmInputs
+from engine.models.unet import CausalConditionalDecoder
 
 # a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
 WINDOW = "window"
+log = logging.getLogger(__name__)
 
 
 class GraphedCFM(nn.Module):
@@ -59,20 +65,20 @@ class GraphedCFM(nn.Module):
         self.prefix_buckets: tuple[int, ...] = (2,)
 
     def enable_reuse(self, nbytes: float, max_frames: int, device: torch.device) -> int:
-        """A page pool of ``nbytes`` for the DiT's streaming calls (none for the U-Net), each request keeping
-        up to ``max_frames`` finished frames; before any capture (graphs record the pool's address) ->
-        the pool's pages, 0 when there is none."""
-        est = self.cfm.estimator
-        if not isinstance(est, DiT) or len(self.graphs):
+        """A page pool of ``nbytes`` for the streaming calls, each request keeping up to ``max_frames``
+        finished frames; before any capture (graphs record the pool's address) -> the pool's pages, 0 when
+        there is none (an estimator without page windows, or too few bytes)."""
+        sizes = _page_sizes(self.cfm)
+        if sizes is None or len(self.graphs):
             return 0
-        cfg, steps = est.cfg, self.cfm.cfg.n_timesteps
-        sizes = (steps, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, cfg.static_chunk_size)
-        pages = int(nbytes // PageLayout.page_bytes(*sizes)) + 1  # + the scratch page
-        if pages < 2 or self.frame_bucket % cfg.static_chunk_size:
+        steps, depth, heads, dim_head, mel, chunk, lead, states = sizes
+        page = PageLayout.page_bytes(steps, depth, heads, dim_head, mel, chunk, states)
+        pages = int(nbytes // page) + 1  # + the scratch page
+        if pages < 2 or self.frame_bucket % chunk:
             return 0
-        lead = 2 * (cfg.conv_pos_kernel - 1)
-        layout = PageLayout(*sizes, lead, pages, self.dtype, torch.float32, device)
-        self.pool, self.prefix_pages = PagePool(layout), max_frames // cfg.static_chunk_size
+        dims = (steps, depth, heads, dim_head, mel, chunk, lead, pages)
+        layout = PageLayout(*dims, self.dtype, torch.float32, device, states)
+        self.pool, self.prefix_pages = PagePool(layout), max_frames // chunk
         widest = max(self.prefix_pages, 2)
         self.prefix_buckets = tuple(sorted({2, max(widest // 2, 2), widest}))
         return pages
@@ -126,7 +132,19 @@ class GraphedCFM(nn.Module):
         return out[:b, :, :frames]
 
     def precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
-        """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are."""
+        """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are.
+        Where the page windows fail to compile, the pool goes and the streaming calls recompute (logged):
+        frame reuse is an optimisation, and a load that fails for it would take the service down."""
+        try:
+            return self._precapture(max_batch, max_frames, device)
+        except BackendCompilerFailed:
+            if self.pool is None:
+                raise
+            log.exception("the flow's page windows did not compile; streaming flow calls will recompute")
+            self.pool, self.graphs = None, GraphCache("flow solver", self.graphs.max_graphs)
+            return self._precapture(max_batch, max_frames, device)
+
+    def _precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
         max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
         top_batch, top_frames = self.bucket(max_batch, max(max_frames, 1))
         keys: list[tuple] = []
@@ -214,6 +232,22 @@ def _padded(inputs: CfmInputs, batch: int, frames: int) -> tuple[Tensor, ...]:
     mask[:b] = 0
     mask[:b, :, :t] = inputs.mask
     return mu, mask, spks, cond
+
+
+def _page_sizes(cfm: CausalCFM) -> tuple[int, ...] | None:
+    """(steps, attention layers, heads, head dim, x's mel channels, chunk, lead frames, conv-state numbers)
+    of the estimator's pages: the DiT keeps x and reads 60 lead frames, the U-Net keeps its convs' states."""
+    est, steps = cfm.estimator, cfm.cfg.n_timesteps
+    if isinstance(est, DiT):
+        c = est.cfg
+        lead = 2 * (c.conv_pos_kernel - 1)
+        return steps, c.depth, c.heads, c.dim_head, c.mel_dim, c.static_chunk_size, lead, 0
+    if isinstance(est, CausalConditionalDecoder):
+        u = est.cfg
+        states = sum(conv.in_channels * (conv.kernel_size[0] - 1) for conv in est.causal_convs())
+        layers = u.n_blocks * (2 + u.num_mid_blocks)  # down, mid and up levels
+        return steps, layers, u.num_heads, u.attention_head_dim, 0, u.static_chunk_size, 0, states
+    return None
 
 
 def _window_statics(

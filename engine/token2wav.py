@@ -8,7 +8,7 @@ what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-p
 one input shape (by default on a GPU/NPU only), each row's noise drawn from its own request's generator.
 
 With ``flow_reuse`` each streaming ``Utterance`` owns a flow cache, made by the flow solver: the eager one
-gives v3 a ``DiTCache`` and v2 a ``UNetCache``, the CUDA-graph one (v3, with a page pool) a ``PagedCache``.
+gives v3 a ``DiTCache`` and v2 a ``UNetCache``, the CUDA-graph one (with a page pool) a ``PagedCache``.
 Its non-final flow calls compute only the frames after the chunks finished in earlier calls (exact; see
 engine.models.dit_cache, engine.models.unet_cache and engine.models.dit_pages). The final call recomputes
 everything with full attention and frees the cache.
@@ -171,7 +171,7 @@ class Token2Wav:
     @property
     def reuses_flow(self) -> bool:
         """Streaming flow calls reuse finished frames: asked for, and the solver can (the eager one with the
-        DiT or the U-Net; the CUDA-graph one with a page pool, v3)."""
+        DiT or the U-Net; the CUDA-graph one with a page pool)."""
         return self.flow_reuse and bool(getattr(self.flow.decoder, "reuses_frames", False))
 
     @property

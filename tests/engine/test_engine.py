@@ -197,6 +197,32 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
         assert events == [("backend",), ("flow", 4, 200)] + [("vocoder", 4, 200)] * hift_graphs
 
 
+def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_path, monkeypatch):
+    """v3's CUDA-graph solver gets its page pool at load, before the captures (they record its address):
+    by default 40 % of the device memory free then, or ``flow_reuse_gb``; none without reuse."""
+    import engine.engine as engine_module
+    from engine.flow_graphs import GraphedCFM
+    from engine.models.dit_pages import PageLayout
+
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2 * 2**30)
+    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    pools = []
+    for reuse, gb in ((True, None), (True, 0.25), (False, None)):
+        cfg = EngineConfig(
+            model=str(model_dir), device="cpu", backend="native", flow_reuse=reuse, flow_reuse_gb=gb
+        )
+        eng = TTSEngine.load(cfg)
+        eng.close()
+        graphed = eng.model.flow.decoder
+        assert isinstance(graphed, GraphedCFM) and eng.token2wav.reuses_flow is reuse
+        est = graphed.cfm.estimator.cfg
+        page = PageLayout.page_bytes(10, est.depth, est.heads, est.dim_head, est.mel_dim, 50)
+        pools.append(None if graphed.pool is None else graphed.pool.layout.pages)
+    assert pools == [int(0.4 * 2 * 2**30 // page) + 1, int(0.25 * 2**30 // page) + 1, None]
+
+
 def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(

@@ -445,6 +445,17 @@ def test_v3_flow_reuse_through_the_graphed_solvers_pages_gives_the_same_stream_a
     assert cache.pages == [] and cache.pool.held == 0  # the final call gave the pages back
 
 
+def test_v2_flow_reuse_through_the_graphed_solvers_pages_gives_the_same_stream_audio(tmp_path, monkeypatch):
+    """v2's U-Net in the CUDA-graph solver (capture emulated) reuses frames and conv states from the pages:
+    the same PCM as its full streaming graphs, each call computing only what the one before had not."""
+    from engine.models.dit_pages import PagedCache
+
+    _, jobs, _, cache = stream_with_and_without_reuse(tmp_path, "cosyvoice2", monkeypatch)
+    frames = [2 * (13 + job.end - 3) for job in jobs if not job.finalize]
+    assert isinstance(cache, PagedCache) and cache.calls == len(frames) >= 3
+    assert cache.queried < sum(frames) and cache.pages == [] and cache.pool.held == 0
+
+
 def test_v2_flow_reuse_gives_the_same_stream_audio_computing_fewer_frames(tmp_path):
     """v2's U-Net reuses the finished frames too: the same PCM as recomputing from fewer query frames."""
     from engine.models.unet_cache import UNetCache

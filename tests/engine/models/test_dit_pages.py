@@ -1,7 +1,8 @@
-"""The CUDA-graph solver's frame reuse from a page pool (engine.models.dit_pages) emits what the full
-recompute emits: streamed calls, batches whose rows have different cache boundaries, a pool that runs
-short, pages given back. On CPU the graphs' capture is emulated (the captured function runs eagerly on its
-static buffers, as a replay would), so every call goes through the bucket padding and the page tables."""
+"""The CUDA-graph solver's frame reuse from a page pool (engine.models.dit_pages; v2's U-Net also keeps its
+convs' states there, engine.models.unet_pages) emits what the full recompute emits: streamed calls, batches
+whose rows have different cache boundaries, a pool that runs short, pages given back. On CPU the graphs'
+capture is emulated (the captured function runs eagerly on its static buffers, as a replay would), so every
+call goes through the bucket padding and the page tables. Scenarios marked ``families`` run for both."""
 
 from __future__ import annotations
 
@@ -11,21 +12,24 @@ import gc
 import pytest
 import torch
 
-from engine.flow_graphs import WINDOW, GraphedCFM
+from engine.flow_graphs import WINDOW, GraphedCFM, _page_sizes
 from engine.models.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
-from engine.models.flow import CosyVoice3Flow
-from tests.engine.models.test_dit_cache import CHUNK, run, tiny_flow, voice
+from engine.models.flow import CosyVoice3Flow, Flow
+from tests.engine.models.test_dit_cache import CHUNK, families, run, tiny_flow, voice
 from tests.engine.test_graph_cache import emulate_capture
 
 
-def paged(monkeypatch, pages: int = 64, compiled: bool = False) -> tuple[CosyVoice3Flow, GraphedCFM]:
-    """A copy of the tiny v3 flow whose solver is the graphed one with a pool of ``pages`` pages."""
+def paged(
+    monkeypatch, pages: int = 64, compiled: bool = False, family: str = "cosyvoice3"
+) -> tuple[Flow, GraphedCFM]:
+    """A copy of the family's tiny flow whose solver is the graphed one with a pool of ``pages`` pages."""
     emulate_capture(monkeypatch)
-    flow = copy.deepcopy(tiny_flow("cosyvoice3"))
-    assert isinstance(flow, CosyVoice3Flow)
+    flow = copy.deepcopy(tiny_flow(family))
     graphed = GraphedCFM(flow.decoder, torch.float32, compiled=compiled)
-    cfg = flow.cfg.estimator
-    page = PageLayout.page_bytes(10, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, CHUNK)
+    sizes = _page_sizes(graphed.cfm)
+    assert sizes is not None
+    steps, depth, heads, dim_head, mel, chunk, _, states = sizes
+    page = PageLayout.page_bytes(steps, depth, heads, dim_head, mel, chunk, states)
     assert graphed.enable_reuse((pages - 1) * page, 800, torch.device("cpu")) == pages
     flow.decoder = graphed  # type: ignore[assignment]
     return flow, graphed
@@ -37,15 +41,20 @@ def stream(flow, v, counts, cache: PagedCache, emitted: int = 0) -> list[int]:
     starts = []
     for n in counts:
         starts.append(cache.frames)
-        got, want = run([v], [n], [cache], flow=flow), run([v], [n])
+        got, want = run([v], [n], [cache], flow=flow), run([v], [n], family=family_of(flow))
         assert got.shape == want.shape
         torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
         emitted = want.size(2)
     return starts
 
 
-def test_streamed_calls_through_pages_emit_what_recomputing_emits(monkeypatch):
-    flow, graphed = paged(monkeypatch)
+def family_of(flow: Flow) -> str:
+    return "cosyvoice3" if isinstance(flow, CosyVoice3Flow) else "cosyvoice2"
+
+
+@families
+def test_streamed_calls_through_pages_emit_what_recomputing_emits(monkeypatch, family):
+    flow, graphed = paged(monkeypatch, family=family)
     v, cache = voice(13, seed=0), graphed.frame_cache(None)  # type: ignore[arg-type]
     counts = (20, 41, 63, 90, 140, 201)  # frames 60, 102, 146, 200, 300, 422 (26 of them the prompt)
     assert stream(flow, v, counts, cache) == [0, 50, 100, 100, 200, 300]
@@ -56,8 +65,9 @@ def test_streamed_calls_through_pages_emit_what_recomputing_emits(monkeypatch):
     assert graphed.pool.held == 0
 
 
-def test_a_batch_with_different_boundaries_equals_each_row_recomputed_alone(monkeypatch):
-    flow, graphed = paged(monkeypatch)
+@families
+def test_a_batch_with_different_boundaries_equals_each_row_recomputed_alone(monkeypatch, family):
+    flow, graphed = paged(monkeypatch, family=family)
     voices = [voice(13, seed=1), voice(31, seed=2)]  # 26 and 62 prompt frames
     caches = [graphed.frame_cache(None), graphed.frame_cache(None)]  # type: ignore[arg-type]
     stream(flow, voices[0], [90], caches[0])  # row 0 runs ahead alone: 200 frames cached, row 1 none
@@ -66,7 +76,7 @@ def test_a_batch_with_different_boundaries_equals_each_row_recomputed_alone(monk
         starts.append([c.frames for c in caches])
         got = run(voices, list(counts), caches, flow=flow)
         for i, (v, n) in enumerate(zip(voices, counts)):
-            want = run([v], [n])
+            want = run([v], [n], family=family)
             end = want.size(2)
             torch.testing.assert_close(
                 got[i : i + 1, :, emitted[i] : end], want[..., emitted[i] :], atol=1e-4, rtol=0
@@ -76,8 +86,9 @@ def test_a_batch_with_different_boundaries_equals_each_row_recomputed_alone(monk
     assert [c.frames for c in caches] == [250, 200]
 
 
-def test_a_short_pool_stops_a_cache_growing_and_the_audio_stays_exact(monkeypatch):
-    flow, graphed = paged(monkeypatch, pages=3)  # the scratch page and two more
+@families
+def test_a_short_pool_stops_a_cache_growing_and_the_audio_stays_exact(monkeypatch, family):
+    flow, graphed = paged(monkeypatch, pages=3, family=family)  # the scratch page and two more
     a, b = graphed.frame_cache(None), graphed.frame_cache(None)  # type: ignore[arg-type]
     first = voice(13, seed=4)
     stream(flow, first, [41], a)  # 102 frames: both free pages
@@ -117,21 +128,49 @@ def test_precapture_records_window_graphs_and_calls_replay_them(monkeypatch):
     assert len(made) == 14 and cache.frames == 250  # every call replayed a pre-captured window graph
 
 
-def test_the_compiled_estimator_computes_the_same_windows(monkeypatch):
-    """Inductor (its CPU backend here) compiles the DiT's page windows: the same audio within 1e-4."""
-    flow, graphed = paged(monkeypatch, compiled=True)
+def test_windows_that_fail_to_compile_leave_the_full_streaming_graphs(monkeypatch, caplog):
+    """A compiler failure on the page windows at load drops the pool (logged) and captures the streaming
+    full-solve graphs instead: the service loads and its streams recompute."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from tests.engine.test_graph_cache import Recorded
+
+    class WarmedUp(Recorded):  # runs the function once before "capturing", as CapturedCall's warm-up does
+        def __init__(self, fn, inputs, pool=None, warmup=2, stream=None):
+            fn(*inputs)
+            super().__init__(fn, inputs, pool, warmup, stream)
+
+    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    _, graphed = paged(monkeypatch)
+    monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
+
+    def failing(*args):
+        raise BackendCompilerFailed(lambda: None, RuntimeError("LoweringException"), None)
+
+    monkeypatch.setattr(graphed.solver.estimator, "run_paged", failing)
+    assert graphed.precapture(1, 100, torch.device("cpu")) == 2  # (1, 100) streaming and final
+    assert graphed.pool is None and not graphed.reuses_frames
+    assert set(graphed.graphs._graphs) == {(1, 100, True), (1, 100, False)}
+    assert "did not compile" in caplog.text
+
+
+@families
+def test_the_compiled_estimator_computes_the_same_windows(monkeypatch, family):
+    """Inductor (its CPU backend here) compiles the page windows: the same audio within 1e-4."""
+    flow, graphed = paged(monkeypatch, compiled=True, family=family)
     cache = graphed.frame_cache(None)  # type: ignore[arg-type]
     assert stream(flow, voice(13, seed=7), [41, 90, 140], cache) == [0, 100, 200]
 
 
+@families
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_captured_bf16_windows_stay_close_to_the_float32_recompute():
+def test_captured_bf16_windows_stay_close_to_the_float32_recompute(family):
     """The GPU fidelity guard of reuse: compiled bf16 page windows in real CUDA graphs vs the eager
-    float32 full recompute, each call's new frames as mel RMS error relative to the mel's std."""
+    float32 full recompute, each call's new frames as mel RMS error relative to the mel's std (v3 run on
+    the H200 on 2026-12-01 with prefix widths 0/8/16; v2 not yet run on a GPU)."""
     dev = torch.device("cuda")
-    flow = copy.deepcopy(tiny_flow("cosyvoice3")).to(dev)
-    assert isinstance(flow, CosyVoice3Flow)
+    flow = copy.deepcopy(tiny_flow(family)).to(dev)
     reference = copy.deepcopy(flow)
     graphed = GraphedCFM(flow.decoder, torch.bfloat16, compiled=True)
     assert graphed.enable_reuse(2**30, 800, dev) > 10
