@@ -211,8 +211,9 @@ def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_pa
     pools = []
     for reuse, gb in ((True, None), (True, 0.25), (False, None)):
         cfg = EngineConfig(
-            model=str(model_dir), device="cpu", backend="native", flow_reuse=reuse, flow_reuse_gb=gb
-        )
+            model=str(model_dir), device="cpu", backend="native", hift_graphs=False,
+            flow_reuse=reuse, flow_reuse_gb=gb,
+        )  # fmt: skip
         eng = TTSEngine.load(cfg)
         eng.close()
         graphed = eng.model.flow.decoder
