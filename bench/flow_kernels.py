@@ -8,7 +8,7 @@ Variants: ``autocast`` (fp32 weights under bf16 autocast: the solver before comp
 (weights held in bf16, eager estimator) and ``compiled`` (weights in bf16, TorchInductor). On CUDA each is
 replayed as a CUDA graph, as the engine does.
 
-``--stream-calls`` (v3): one stream's non-final flow calls (their total frames, e.g. the bench request's
+``--stream-calls``: one stream's non-final flow calls (their total frames, e.g. the bench request's
 250,350,550) at ``--stream-batches`` streams, through the engine's graphed compiled solver recomputing every
 call (``full``) and reusing finished frames from its page pool (``reuse``): device ms per stream's calls,
 and the reused mel's error against the recomputed one.
@@ -209,7 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cosystream" / "compile"))
     p.add_argument("--no-fidelity", dest="fidelity", action="store_false", help="timings only")
-    p.add_argument("--stream-calls", default="", help="v3: one stream's call frames, e.g. 250,350,550")
+    p.add_argument("--stream-calls", default="", help="one stream's call frames, e.g. 250,350,550")
     p.add_argument("--stream-batches", default="1,16", help="streams for --stream-calls")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
