@@ -133,14 +133,19 @@ def test_streamed_calls_reusing_frames_emit_what_recomputing_emits(family: str) 
 
 @families
 def test_a_batch_with_different_cache_boundaries_equals_each_row_recomputed_alone(family: str) -> None:
+    check_a_batch_with_different_boundaries(family, [CACHES[family](), CACHES[family]()])
+
+
+def check_a_batch_with_different_boundaries(family: str, caches: Sequence, flow: Flow | None = None) -> None:
+    """Two rows whose caches end at different frames, in padded batches, emit what each row recomputed
+    alone emits (the caches: ``flow``'s kind, or the family's eager ones; test_dit_pages shares this)."""
     voices = [voice(13, seed=1), voice(31, seed=2)]  # 26 and 62 prompt frames
-    caches = [CACHES[family](), CACHES[family]()]
-    run(voices[:1], [90], caches[:1], family=family)  # row 0 runs ahead alone: 200 frames cached, row 1 none
+    run(voices[:1], [90], caches[:1], family=family, flow=flow)  # row 0 runs ahead: 200 frames cached
     emitted = [voices[0].frames(90) - voices[0].prompt_frames, 0]
     starts = []
     for counts in ((100, 20), (130, 60), (133, 95)):
         starts.append([c.frames for c in caches])
-        got = run(voices, list(counts), caches, family=family)
+        got = run(voices, list(counts), caches, family=family, flow=flow)
         for i, (v, n) in enumerate(zip(voices, counts)):
             want = run([v], [n], family=family)
             end = want.size(2)

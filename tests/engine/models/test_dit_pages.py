@@ -15,7 +15,14 @@ import torch
 from engine.flow_graphs import WINDOW, GraphedCFM, _page_sizes
 from engine.models.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
 from engine.models.flow import CosyVoice3Flow, Flow
-from tests.engine.models.test_dit_cache import CHUNK, families, run, tiny_flow, voice
+from tests.engine.models.test_dit_cache import (
+    CHUNK,
+    check_a_batch_with_different_boundaries,
+    families,
+    run,
+    tiny_flow,
+    voice,
+)
 from tests.engine.test_graph_cache import emulate_capture
 
 
@@ -68,22 +75,9 @@ def test_streamed_calls_through_pages_emit_what_recomputing_emits(monkeypatch, f
 @families
 def test_a_batch_with_different_boundaries_equals_each_row_recomputed_alone(monkeypatch, family):
     flow, graphed = paged(monkeypatch, family=family)
-    voices = [voice(13, seed=1), voice(31, seed=2)]  # 26 and 62 prompt frames
-    caches = [graphed.frame_cache(None), graphed.frame_cache(None)]  # type: ignore[arg-type]
-    stream(flow, voices[0], [90], caches[0])  # row 0 runs ahead alone: 200 frames cached, row 1 none
-    emitted, starts = [voices[0].frames(90) - voices[0].prompt_frames, 0], []
-    for counts in ((100, 20), (130, 60), (133, 95)):
-        starts.append([c.frames for c in caches])
-        got = run(voices, list(counts), caches, flow=flow)
-        for i, (v, n) in enumerate(zip(voices, counts)):
-            want = run([v], [n], family=family)
-            end = want.size(2)
-            torch.testing.assert_close(
-                got[i : i + 1, :, emitted[i] : end], want[..., emitted[i] :], atol=1e-4, rtol=0
-            )
-            emitted[i] = end
-    assert starts == [[200, 0], [200, 50], [250, 150]]
-    assert [c.frames for c in caches] == [250, 200]
+    check_a_batch_with_different_boundaries(
+        family, [graphed.frame_cache(None), graphed.frame_cache(None)], flow
+    )  # type: ignore[arg-type]
 
 
 @families
