@@ -27,7 +27,7 @@ from engine import device as devices
 from engine.compiled_estimator import CompiledEstimator
 from engine.graph_cache import GraphCache, bucket, largest_first
 from engine.models.dit import DiT
-from engine.models.dit_cache import ReuseBudget
+from engine.models.dit_cache import ReuseBudget, gather_frames, place_windows
 from engine.models.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.models.flow import CausalCFM, CfmInputs
 from engine.models.unet import CausalConditionalDecoder
@@ -90,30 +90,24 @@ class GraphedCFM(nn.Module):
 
     def frame_cache(self, budget: ReuseBudget) -> PagedCache:
         """A fresh per-request cache in the pool (which is its bound: ``budget`` is the eager solver's)."""
-        if self.pool is None:
-            raise RuntimeError("no page pool: enable_reuse first")
-        return PagedCache(self.pool)
+        return PagedCache(self._pool())
 
     def forward_cached(self, inputs: CfmInputs, caches: list[PagedCache]) -> Tensor:
         """The streaming solve computing only each row's frames after its cache, which it extends -> mel
         [B,80,T] float32, zero before each row's window (as ``CausalCFM.forward_cached``)."""
-        if self.pool is None:
-            raise RuntimeError("no page pool: enable_reuse first")
-        b, frames = inputs.mu.size(0), inputs.mu.size(2)
+        layout, b = self._pool().layout, inputs.mu.size(0)
         starts, totals = [c.frames for c in caches], inputs.total_frames.tolist()
         bb, qq = self.bucket(b, max(t - s for s, t in zip(starts, totals)))
-        slots = self._prefix(max(starts) // self.pool.layout.chunk)
+        slots = self._prefix(max(starts) // layout.chunk)
         batch = PagedBatch.plan(caches, totals, qq, slots, self.prefix_pages)
         call = self._window_graph(bb, qq, slots, inputs.mu.device)
         with record_function("t2w.flow.solver"):
-            padded = _window_inputs(inputs, self.cfm, batch, bb, qq, self.pool.layout)
+            noise = self.cfm.initial_noise(max(totals), inputs.mu.device, inputs.mu.dtype)
+            padded = _window_inputs(inputs, noise, batch, bb, qq, layout)
             x = self._window_solver()(*padded) if call is None else call(*padded)
         for cache, start, total, keep in zip(caches, starts, totals, batch.keeps):
             cache.commit(keep, total - start)
-        out = x.new_zeros(b, x.size(1), frames)
-        for row, (start, total) in enumerate(zip(starts, totals)):
-            out[row, :, start:total] = x[row, :, : total - start]
-        return out
+        return place_windows(x[:b], starts, totals, inputs.mu.size(2))
 
     def bucket(self, batch: int, frames: int) -> tuple[int, int]:
         return bucket(batch, frames, self.frame_bucket)
@@ -240,13 +234,11 @@ def _page_sizes(cfm: CausalCFM) -> tuple[int, ...] | None:
     est, steps = cfm.estimator, cfm.cfg.n_timesteps
     if isinstance(est, DiT):
         c = est.cfg
-        lead = 2 * (c.conv_pos_kernel - 1)
-        return steps, c.depth, c.heads, c.dim_head, c.mel_dim, c.static_chunk_size, lead, 0
+        return steps, c.depth, c.heads, c.dim_head, c.mel_dim, c.static_chunk_size, c.lead_frames, 0
     if isinstance(est, CausalConditionalDecoder):
         u = est.cfg
-        states = sum(conv.in_channels * (conv.kernel_size[0] - 1) for conv in est.causal_convs())
-        layers = u.n_blocks * (2 + u.num_mid_blocks)  # down, mid and up levels
-        return steps, layers, u.num_heads, u.attention_head_dim, 0, u.static_chunk_size, 0, states
+        states = sum(channels * left for channels, left in est.conv_states())
+        return steps, u.attention_layers, u.num_heads, u.attention_head_dim, 0, u.static_chunk_size, 0, states
     return None
 
 
@@ -264,27 +256,20 @@ def _window_statics(
 
 
 def _window_inputs(
-    inputs: CfmInputs, cfm: CausalCFM, batch: PagedBatch, rows: int, queries: int, layout: PageLayout
+    inputs: CfmInputs, noise: Tensor, batch: PagedBatch, rows: int, queries: int, layout: PageLayout
 ) -> tuple[Tensor, ...]:
-    """Each row's window frames (its lead, then its queries, from its cache's end on) in bucket-sized
-    tensors, padded rows as ``_window_statics`` makes them."""
+    """Each row's window frames (its lead, then its queries, from its cache's end on; noise [1,80,T] the
+    solver's) in bucket-sized tensors, padded rows as ``_window_statics`` makes them."""
     b, dev, lead = inputs.mu.size(0), inputs.mu.device, layout.lead
     pos = batch.start[:, None] - lead + torch.arange(lead + queries, device=dev)  # [B,lead+Q]
-    noise = cfm.initial_noise(int(inputs.total_frames.max()), dev, inputs.mu.dtype)
     statics = _window_statics(rows, queries, layout, batch.prefix.size(1), dev)
     real = (
-        _gather(noise.expand(b, -1, -1), pos[:, lead:]),
-        _gather(inputs.mu, pos),
-        _gather(inputs.cond, pos),
+        gather_frames(noise.expand(b, -1, -1), pos[:, lead:]),
+        gather_frames(inputs.mu, pos),
+        gather_frames(inputs.cond, pos),
         inputs.spks,
         *batch.tensors,
     )
     for static, value in zip(statics, real):
         static[:b] = value
     return statics
-
-
-def _gather(seq: Tensor, pos: Tensor) -> Tensor:
-    """seq [B,C,T] at positions pos [B,P] (clamped into [0, T): those frames are padding) -> [B,C,P]."""
-    index = pos.clamp(0, seq.size(2) - 1)[:, None, :].expand(-1, seq.size(1), -1)
-    return seq.gather(2, index)

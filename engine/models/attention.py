@@ -71,6 +71,16 @@ class WindowAttention:
         self.valid = query_valid
         self.dense = positional_mask(query_pos, key_pos, key_valid, chunk).unsqueeze(1)
 
+    @classmethod
+    def after_prefix(
+        cls, query_pos: Tensor, query_valid: Tensor, past: int, starts: Tensor, chunk: int
+    ) -> WindowAttention:
+        """Queries [2B,Q] over a cached prefix of ``past`` key columns (column j is frame j, real below the
+        row's start, ``starts`` [2B,1]), then over the queries themselves."""
+        cached = torch.arange(past, device=query_pos.device).expand(query_pos.size(0), -1)  # [2B,past]
+        keys, keys_valid = torch.cat([cached, query_pos], 1), torch.cat([cached < starts, query_valid], 1)
+        return cls(query_pos, query_valid, keys, keys_valid, chunk)
+
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q [B,H,Q,D], k and v [B,H,K,D] -> [B,H,Q,D], softmax scale 1/sqrt(D)."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.dense)

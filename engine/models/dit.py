@@ -47,6 +47,11 @@ class DiTConfig:
     conv_pos_kernel: int = 31  # fixed in the reference
     conv_pos_groups: int = 16  # fixed in the reference
 
+    @property
+    def lead_frames(self) -> int:
+        """Input frames before a frame that reach it through the two causal position convs (60)."""
+        return 2 * (self.conv_pos_kernel - 1)
+
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if value < 1:
@@ -298,16 +303,14 @@ class DiT(nn.Module):
         cond: Tensor,
         kv: Tensor,
         states: Tensor,
-        prefix: Tensor,
-        start: Tensor,
-        total: Tensor,
-        lead_pages: Tensor,
+        *batch: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``forward_window`` over page windows (engine.models.dit_pages), tensors in and out so it compiles
-        and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; prefix
-        [B,P], start and total [B] -> (velocity [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D], no
-        conv states). ``states`` and ``lead_pages`` are the U-Net's (the solver feeds x's lead itself)."""
-        lead = 2 * (self.cfg.conv_pos_kernel - 1)
+        and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; ``batch``:
+        prefix [B,P], start, total [B] and the lead pages (the solver feeds x's lead itself) -> (velocity
+        [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D], no conv states: ``states`` is the U-Net's)."""
+        prefix, start, total, _ = batch
+        lead = self.cfg.lead_frames
         chunk, queries = self.cfg.static_chunk_size, x.size(2) - lead
         window = PagedWindow(kv, prefix, start, total, lead, chunk, queries)
         velocity = self.forward_window(x, mu, t, spks, cond, window, 0)

@@ -183,26 +183,24 @@ class DiTWindow:
         self.span = self.past + self.width  # every position of the call is below it
         start = torch.tensor(self.starts, device=layout.device)[:, None]  # [B,1]
         self.frame_pos = start - self.lead + torch.arange(self.lead + self.width, device=layout.device)
-        self.known = _twice(self.frame_pos >= 0)  # [2B,lead+Q]: lead frames before frame 0 do not exist
-        self.query_pos = _twice(self.frame_pos[:, self.lead :])  # [2B,Q] absolute frames
+        self.known = twice(self.frame_pos >= 0)  # [2B,lead+Q]: lead frames before frame 0 do not exist
+        self.query_pos = twice(self.frame_pos[:, self.lead :])  # [2B,Q] absolute frames
         self.rule = self._rule(layout.chunk)
 
     def _rule(self, chunk: int) -> WindowAttention:
         """Keys: past columns j are frame j (real below the row's start), then the window's queries."""
         query = self.query_pos
         query_valid = query < torch.tensor(self.totals + self.totals, device=query.device)[:, None]
-        prefix = torch.arange(self.past, device=query.device).expand(query.size(0), -1)  # [2B,past]
         starts = torch.tensor(self.starts + self.starts, device=query.device)[:, None]
-        keys, keys_valid = torch.cat([prefix, query], 1), torch.cat([prefix < starts, query_valid], 1)
-        return WindowAttention(query, query_valid, keys, keys_valid, chunk)
+        return WindowAttention.after_prefix(query, query_valid, self.past, starts, chunk)
 
     def frames(self, seq: Tensor) -> Tensor:
         """[B,C,T] whole rows -> [B,C,lead+Q] each row's window with its lead (frames past T: padding)."""
-        return _gather(seq, self.frame_pos)
+        return gather_frames(seq, self.frame_pos)
 
     def queries(self, seq: Tensor) -> Tensor:
         """[B,C,T] whole rows -> [B,C,Q] each row's query frames."""
-        return _gather(seq, self.frame_pos[:, self.lead :])
+        return gather_frames(seq, self.frame_pos[:, self.lead :])
 
     def lead_x(self, step: int, like: Tensor) -> Tensor:
         """The cached x entering ``step`` of each row's lead frames: [B,80,lead], zero before frame 0."""
@@ -259,18 +257,24 @@ class DiTWindow:
     def place(self, x: Tensor, frames: int) -> Tensor:
         """x [B,80,Q] window frames -> [B,80,frames] at their positions, zero before each window (frames
         this call did not compute: the caller never emits them)."""
-        out = x.new_zeros(self.rows, x.size(1), frames)
-        for row, (start, total) in enumerate(zip(self.starts, self.totals)):
-            out[row, :, start:total] = x[row, :, : total - start]
-        return out
+        return place_windows(x, self.starts, self.totals, frames)
 
 
-def _twice(rows: Tensor) -> Tensor:
+def place_windows(x: Tensor, starts: Sequence[int], totals: Sequence[int], frames: int) -> Tensor:
+    """x [B,80,Q]: row b's frames [starts[b], totals[b]) left-aligned -> [B,80,frames] at their positions,
+    zero elsewhere."""
+    out = x.new_zeros(x.size(0), x.size(1), frames)
+    for row, (start, total) in enumerate(zip(starts, totals)):
+        out[row, :, start:total] = x[row, :, : total - start]
+    return out
+
+
+def twice(rows: Tensor) -> Tensor:
     """[B,...] -> [2B,...]: the unconditioned twins sit at the same positions as their rows."""
     return torch.cat([rows, rows])
 
 
-def _gather(seq: Tensor, pos: Tensor) -> Tensor:
+def gather_frames(seq: Tensor, pos: Tensor) -> Tensor:
     """seq [B,C,T] at positions pos [B,P] (clamped into [0, T): those frames are padding) -> [B,C,P]."""
     index = pos.clamp(0, seq.size(2) - 1)[:, None, :].expand(-1, seq.size(1), -1)
     return seq.gather(2, index)

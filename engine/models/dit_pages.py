@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from engine.models.attention import WindowAttention
+from engine.models.dit_cache import twice
 
 SCRATCH = 0  # the page that unkept chunks are written to and unused prefix slots read (always masked)
 
@@ -258,17 +259,13 @@ class PagedWindow:
     ) -> None:
         self.kv, self.prefix, self.lead = kv, prefix, lead
         pos = start[:, None] - lead + torch.arange(lead + queries, device=start.device)  # [B,lead+Q]
-        self.known = _twice(pos >= 0)  # [2B,lead+Q]: frames before frame 0 read as zeros
-        self.query_pos = _twice(pos[:, lead:])  # [2B,Q] absolute frames
+        self.known = twice(pos >= 0)  # [2B,lead+Q]: frames before frame 0 read as zeros
+        self.query_pos = twice(pos[:, lead:])  # [2B,Q] absolute frames
         past = prefix.size(1) * chunk
         self.span = past + queries  # every position of the call is below it
-        query_valid = self.query_pos < _twice(total)[:, None]
-        cached = torch.arange(past, device=start.device).expand(self.query_pos.size(0), -1)
-        keys, keys_valid = (
-            torch.cat([cached, self.query_pos], 1),
-            torch.cat([cached < _twice(start)[:, None], query_valid], 1),
-        )
-        self.rule = WindowAttention(self.query_pos, query_valid, keys, keys_valid, chunk)
+        query_valid = self.query_pos < twice(total)[:, None]
+        starts = twice(start)[:, None]  # [2B,1]
+        self.rule = WindowAttention.after_prefix(self.query_pos, query_valid, past, starts, chunk)
         self.new: list[Tensor] = []  # each layer's window keys/values, [2, 2B, H, Q, D]
 
     def keys_values(self, step: int, layer: int) -> functools.partial[tuple[Tensor, Tensor]]:
@@ -287,8 +284,3 @@ class PagedWindow:
     def written(self) -> Tensor:
         """Every layer's window keys/values: [depth, 2, 2B, H, Q, D]."""
         return torch.stack(self.new)
-
-
-def _twice(rows: Tensor) -> Tensor:
-    """[B,...] -> [2B,...]: the unconditioned twins sit at the same positions as their rows."""
-    return torch.cat([rows, rows])

@@ -254,17 +254,14 @@ def _unet_layout(est: CausalConditionalDecoder, steps: int, x: Tensor) -> UNetLa
     """The U-Net's cache sizes: keys/values of its attention layers and its convs' states in its weights'
     dtype; no x (mel_dim 0) and no lead: the convs' left frames are their states."""
     cfg = est.cfg
-    layers = cfg.n_blocks * (2 + cfg.num_mid_blocks)  # down, mid and up levels
-    convs = tuple((c.in_channels, c.kernel_size[0] - 1) for c in est.causal_convs())
-    sizes = (steps, layers, cfg.num_heads, cfg.attention_head_dim, 0, cfg.static_chunk_size, 0)
-    return UNetLayout(*sizes, est.final_proj.weight.dtype, x.dtype, x.device, convs)
+    sizes = (steps, cfg.attention_layers, cfg.num_heads, cfg.attention_head_dim, 0, cfg.static_chunk_size, 0)
+    return UNetLayout(*sizes, est.final_proj.weight.dtype, x.dtype, x.device, est.conv_states())
 
 
 def _dit_layout(est: DiT, steps: int, x: Tensor) -> CacheLayout:
     """The DiT's cache sizes: keys/values in its weights' dtype, x as the solver keeps it."""
     cfg = est.cfg
-    lead = 2 * (cfg.conv_pos_kernel - 1)  # two causal convs: frame i reads input frames i-60..i
-    sizes = (steps, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, cfg.static_chunk_size, lead)
+    sizes = (steps, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, cfg.static_chunk_size, cfg.lead_frames)
     return CacheLayout(*sizes, est.proj_out.weight.dtype, x.dtype, x.device)
 
 

@@ -56,6 +56,11 @@ class UNetConfig:
     num_heads: int = 8
     static_chunk_size: int = 50  # streaming attention chunk, frames
 
+    @property
+    def attention_layers(self) -> int:
+        """Transformer blocks in all: ``n_blocks`` at the down, every mid and the up level."""
+        return self.n_blocks * (2 + self.num_mid_blocks)
+
     def __post_init__(self) -> None:
         if len(self.channels) != 1:
             # More levels would need the reference's strided (non-causal) Downsample1D; no release uses it.
@@ -310,9 +315,8 @@ class CausalConditionalDecoder(nn.Module):
         step; ``batch``: prefix [B,P], start, total [B], lead pages [B,1] -> (velocity [2B,80,Q], the
         window's keys/values [depth,2,2B,H,Q,D], its conv states [2B,chunks,numbers])."""
         prefix, start, total, lead = batch
-        convs = [(c.in_channels, c.kernel_size[0] - 1) for c in self.causal_convs()]
         chunk = self.cfg.static_chunk_size
-        step = PagedUNetStep(kv, states, (prefix, start, total, lead), chunk, x.size(2), convs)
+        step = PagedUNetStep(kv, states, (prefix, start, total, lead), chunk, x.size(2), self.conv_states())
         return self.forward_window(x, mu, t, spks, cond, step), *step.written()
 
     @staticmethod
@@ -329,6 +333,11 @@ class CausalConditionalDecoder(nn.Module):
     def causal_convs(self) -> list[CausalConv1d]:
         """Every causal conv, in the order ``forward`` calls them (registration order)."""
         return [m for m in self.modules() if isinstance(m, CausalConv1d)]
+
+    def conv_states(self) -> tuple[tuple[int, int], ...]:
+        """Each causal conv's (input channels, left frames it reads = kernel - 1), in call order: what a
+        window needs of the frames before it."""
+        return tuple((c.in_channels, c.kernel_size[0] - 1) for c in self.causal_convs())
 
     @staticmethod
     def _conv(level: nn.Module) -> CausalConv1d:

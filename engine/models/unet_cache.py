@@ -33,6 +33,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from engine.models.attention import WindowAttention
 from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow, KeysValues, ReuseBudget
 
 # One attention layer's rule in a window: (q, k, v) of the window -> its queries' output, as FrameAttention
@@ -111,16 +112,18 @@ class UNetWindow(DiTWindow):
         return conv.after(past, x)
 
     def attention(self, step: int, layer: int) -> AttentionRule:
-        return functools.partial(self._attend, self.keys_values(step, layer))
-
-    def _attend(self, keys_values: KeysValues, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return self.rule(q, *keys_values(k, v))
+        return functools.partial(attend, self.rule, self.keys_values(step, layer))
 
     def commit(self) -> None:
         super().commit()
         for cache, pending in zip(self.unet_caches, self.pending):
             if pending is not None:
                 cache.states = pending
+
+
+def attend(rule: WindowAttention, keys_values: KeysValues, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """A window's attention layer: its queries (q) over what ``keys_values`` makes of its keys/values."""
+    return rule(q, *keys_values(k, v))
 
 
 class UNetStep:

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from engine.models.dit_cache import twice
 from engine.models.dit_pages import PagedWindow
+from engine.models.unet_cache import attend
 
 if TYPE_CHECKING:
-    from engine.models.dit_cache import KeysValues
     from engine.models.unet_cache import CausalConv
 
 
@@ -50,7 +51,7 @@ class PagedUNetStep:
         self.chunk, self.convs, self.layers = chunk, list(convs), 0
         # [B,2,N] -> [2,B,N] -> [2B,N]: rows B cond then B uncond; zero where a window starts at frame 0
         past = states[lead[:, 0]].transpose(0, 1).flatten(0, 1)
-        self.past = past * torch.cat([start, start])[:, None].gt(0).to(past.dtype)
+        self.past = past * twice(start)[:, None].gt(0).to(past.dtype)
         self.offsets = [0, *itertools.accumulate(c * left for c, left in self.convs)]
         # each conv's states at every window chunk's end: [2B,chunks,C*left]
         self.kept: list[Tensor] = []
@@ -69,10 +70,7 @@ class PagedUNetStep:
     def attention(self) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
         """The next attention layer's rule: its queries over the prefix pages' keys, then the window's."""
         self.layers += 1
-        return functools.partial(self._attend, self.window.keys_values(0, self.layers - 1))
-
-    def _attend(self, keys_values: KeysValues, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return self.window.rule(q, *keys_values(k, v))
+        return functools.partial(attend, self.window.rule, self.window.keys_values(0, self.layers - 1))
 
     def check(self) -> None:
         if len(self.kept) != len(self.convs):
