@@ -6,12 +6,16 @@ Two changes, each measured on the H200 (BENCHMARKS.md, "what each optimisation b
   above 256 and bf16 times t are not exact; the solver keeps x in float32 and casts at this boundary;
 - the estimator compiled by TorchInductor with dynamic shapes (one program for every bucket; the CUDA
   graphs in ``flow_graphs`` then record its fused kernels): the DiT's time is mostly elementwise chains
-  (AdaLN modulation, RoPE, gating, GELU) that Inductor fuses.
+  (AdaLN modulation, RoPE, gating, GELU) that Inductor fuses. Traced without duck shaping: a batch or
+  page-table width that happens to equal a model size (16 streams and 16 heads, 2 prefix pages and the
+  k/v pair) would otherwise share its symbol, be specialised with it, and cost one more compile per bucket
+  (precapture compiled the page windows 4-7 times instead of twice: batch 1, and every other batch).
 Compiled kernels land in a persistent cache directory, so a restart reuses them instead of recompiling.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.fx.experimental import _config as shape_config
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +46,8 @@ class CompiledEstimator(nn.Module):
         self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, streaming: bool
     ) -> Tensor:
         low = (a.to(self.dtype) for a in (x, mask, mu))
-        return self.run(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), streaming).float()
+        with _general_shapes():
+            return self.run(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), streaming).float()
 
     def forward_paged(
         self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, *pool: Tensor
@@ -50,8 +56,15 @@ class CompiledEstimator(nn.Module):
         if self.run_paged is None:
             raise TypeError(f"{type(self.inner).__name__} has no page windows")
         low = (a.to(self.dtype) for a in (x, mu))
-        v, *kept = self.run_paged(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), *pool)
+        with _general_shapes():
+            v, *kept = self.run_paged(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), *pool)
         return v.float(), *kept
+
+
+def _general_shapes() -> contextlib.AbstractContextManager:
+    """Dynamo traces every input size as its own symbol (no duck shaping): only real constraints, such as
+    the 0/1 specialisation of a batch of 1, make a shape need a program of its own."""
+    return shape_config.patch(use_duck_shape=False)  # type: ignore[attr-defined]
 
 
 def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:

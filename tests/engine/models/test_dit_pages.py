@@ -23,7 +23,7 @@ from tests.engine.models.test_dit_cache import (
     tiny_flow,
     voice,
 )
-from tests.engine.test_graph_cache import emulate_capture
+from tests.engine.test_graph_cache import Recorded, emulate_capture
 
 
 def paged(
@@ -40,6 +40,14 @@ def paged(
     assert graphed.enable_reuse((pages - 1) * page, 800, torch.device("cpu")) == pages
     flow.decoder = graphed  # type: ignore[assignment]
     return flow, graphed
+
+
+class WarmedUp(Recorded):
+    """Runs the function once before "capturing", as CapturedCall's warm-up does (so it compiles)."""
+
+    def __init__(self, fn, inputs, pool=None, warmup=2, stream=None):
+        fn(*inputs)
+        super().__init__(fn, inputs, pool, warmup, stream)
 
 
 def stream(flow, v, counts, cache: PagedCache, emitted: int = 0) -> list[int]:
@@ -127,13 +135,6 @@ def test_windows_that_fail_to_compile_leave_the_full_streaming_graphs(monkeypatc
     full-solve graphs instead: the service loads and its streams recompute."""
     from torch._dynamo.exc import BackendCompilerFailed
 
-    from tests.engine.test_graph_cache import Recorded
-
-    class WarmedUp(Recorded):  # runs the function once before "capturing", as CapturedCall's warm-up does
-        def __init__(self, fn, inputs, pool=None, warmup=2, stream=None):
-            fn(*inputs)
-            super().__init__(fn, inputs, pool, warmup, stream)
-
     monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
     _, graphed = paged(monkeypatch)
     monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
@@ -154,6 +155,24 @@ def test_the_compiled_estimator_computes_the_same_windows(monkeypatch, family):
     flow, graphed = paged(monkeypatch, compiled=True, family=family)
     cache = graphed.frame_cache(None)  # type: ignore[arg-type]
     assert stream(flow, voice(13, seed=7), [41, 90, 140], cache) == [0, 100, 200]
+
+
+@families
+def test_precapture_compiles_the_windows_once_for_batch_one_and_once_for_the_rest(monkeypatch, family):
+    """Load-time cost: every window bucket (batches 1-4, prefix widths 2 and 8) runs on two compiled
+    programs and the final calls on one more. With duck shaping, batch 4 (= the tiny model's heads)
+    and width 2 (= the k/v pair) were specialised and each new batch or width compiled again (5 programs
+    for v3 here; on the H200 a program costs about a minute)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    torch._dynamo.reset()
+    _, graphed = paged(monkeypatch, compiled=True, family=family)
+    monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
+    before = counters["stats"]["unique_graphs"]
+    assert graphed.precapture(4, 300, torch.device("cpu")) == 3 * 7
+    assert {k[3] for k in graphed.graphs._graphs if k[2] == WINDOW} == {2, 8}
+    assert counters["stats"]["unique_graphs"] - before <= 3
 
 
 @families
