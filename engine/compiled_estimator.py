@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from torch.fx.experimental import _config as shape_config
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,10 @@ def use_compile_cache(root: Path) -> Path:
     """Point Inductor's and Triton's on-disk caches at ``root`` (unless the operator already set them),
     so compiled kernels outlive the process: a warm restart loads them instead of compiling again."""
     root.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    # importing torch._dynamo writes Inductor's default (a temp dir) into the environment: that one is ours
+    # to replace, a value the operator chose is not
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
     inductor_config = torch._inductor.config  # type: ignore[attr-defined]
     inductor_config.fx_graph_cache = True
