@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
@@ -20,6 +21,7 @@ from engine import device as devices
 
 log = logging.getLogger(__name__)
 K = TypeVar("K", bound=tuple)  # a bucket key: (batch, frames[, streaming])
+SLOW_CAPTURE_S = 5.0  # a capture this long held a compile (a warm capture of a flow bucket is ~1 s)
 
 
 def bucket(batch: int, frames: int, frame_bucket: int) -> tuple[int, int]:
@@ -57,12 +59,24 @@ class GraphCache:
     def precapture(self, keys: Sequence[K], capture: Callable[[K], object], dev: torch.device) -> int:
         """``capture(key)`` for every key (in order), with room for all of them; returns how many."""
         self.max_graphs = max(self.max_graphs, len(keys))
+        start = time.monotonic()
         with torch.inference_mode():  # as in serving: outside it every captured output kept its autograd
-            for key in keys:  # graph alive (the H200 filled up after ~70 flow captures)
+            for done, key in enumerate(keys, 1):  # graph alive (the H200 filled up after ~70 flow captures)
+                began = time.monotonic()
                 capture(key)
+                self._progress(key, done, len(keys), began, start)
         devices.empty_cache(dev)  # the warm-up runs' activations
         self.frozen = True
         return len(keys)
+
+    def _progress(self, key: Hashable, done: int, total: int, began: float, start: float) -> None:
+        """Load can take minutes (a cold compile is ~1 min a program on the H200): say which capture
+        compiled (a slow one) and how far it is, so a start-up that runs long shows where."""
+        now = time.monotonic()
+        if now - began > SLOW_CAPTURE_S:
+            log.info("%s graph %s took %.1f s (compiling)", self.name, key, now - began)
+        if done % 20 == 0 or done == total:
+            log.info("%s graphs: %d of %d captured in %.1f s", self.name, done, total, now - start)
 
     def get(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import ClassVar
 
 import torch
@@ -84,3 +85,24 @@ def test_once_precaptured_a_new_key_gets_no_graph(monkeypatch, caplog):
         assert get(4) is None and get(4) is None
     assert len(made) == 2 and len(cache) == 2
     assert sum("run uncaptured" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_precapture_logs_its_progress_and_each_capture_that_compiled(monkeypatch, caplog):
+    """A start-up of minutes says where it is: every 20 graphs and the last, and each slow capture."""
+    emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.graph_cache.SLOW_CAPTURE_S", 0.05)
+    cache = GraphCache("test", max_graphs=1)
+
+    def capture(key: tuple) -> object:
+        if key == (7,):
+            time.sleep(0.1)  # as a compile would
+        return cache.get(key, lambda x: x, lambda: (torch.zeros(1),))
+
+    with caplog.at_level(logging.INFO, "engine.graph_cache"):
+        assert cache.precapture([(n,) for n in range(45)], capture, torch.device("cpu")) == 45
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" in ")[0] for line in lines if "captured" in line] == [
+        f"test graphs: {n} of 45 captured" for n in (20, 40, 45)
+    ]
+    assert [line for line in lines if "compiling" in line] == [lines[0]] and "(7,) took" in lines[0]
