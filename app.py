@@ -26,6 +26,7 @@ from engine.config import (
     EngineConfig,
     Limits,
     StreamConfig,
+    add_flow_compile_flags,
     fast_start_choice,
     fast_start_flag,
 )
@@ -66,13 +67,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
         help="GPU flow solver precision (float32: the reference's, slower under load)",
     )  # fmt: skip
-    p.add_argument(
-        "--no-flow-compile", action="store_true",
-        help="GPU: run the flow estimator eagerly inside its CUDA graphs (no torch.compile)",
-    )  # fmt: skip
+    add_flow_compile_flags(p)
     p.add_argument(
         "--no-flow-reuse", action="store_true",
-        help="eager flow: recompute each request's whole prefix in every streaming call (no frame cache)",
+        help="recompute each request's whole prefix in every streaming flow call (no frame reuse)",
     )  # fmt: skip
     p.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
@@ -171,7 +169,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         llm_variant=args.llm_variant,
         gpu_memory_utilization=args.gpu_memory_utilization,
         flow_dtype=args.flow_dtype,
-        flow_compile=not args.no_flow_compile,
+        flow_compile=args.flow_compile,
         flow_reuse=not args.no_flow_reuse,
         flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,

@@ -28,7 +28,13 @@ from typing import Any
 
 from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt_audio, run_level
 from bench.report import write_report
-from engine.config import FAST_START_CHOICES, EngineConfig, StreamConfig, fast_start_flag
+from engine.config import (
+    FAST_START_CHOICES,
+    EngineConfig,
+    StreamConfig,
+    add_flow_compile_flags,
+    fast_start_flag,
+)
 
 log = logging.getLogger("bench")
 FAMILIES = {"v2": "cosyvoice2", "v3": "cosyvoice3"}
@@ -105,9 +111,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
-    p.add_argument("--no-flow-compile", action="store_true", help="the eager estimator in the flow graphs")
+    add_flow_compile_flags(p)
     p.add_argument(
-        "--no-flow-reuse", action="store_true", help="eager flow: recompute the prefix in every call"
+        "--no-flow-reuse", action="store_true", help="recompute the prefix in every streaming flow call"
     )
     p.add_argument(
         "--flow-batch",
@@ -220,7 +226,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_dtype=args.flow_dtype,
         cuda_graphs=not args.no_cuda_graphs,
         hift_graphs=not args.no_hift_graphs,
-        flow_compile=not args.no_flow_compile,
+        flow_compile=args.flow_compile,
         flow_reuse=not args.no_flow_reuse,
         graph_warmup_s=args.graph_warmup_s,
         flow_batch=args.flow_batch,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
@@ -119,6 +120,19 @@ def fast_start_flag(value: bool | None) -> str:
     return {None: "auto", True: "on", False: "off"}[value]
 
 
+def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
+    """``--flow-compile`` / ``--no-flow-compile`` -> ``args.flow_compile`` (None when neither: auto)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--flow-compile", dest="flow_compile", action="store_const", const=True, default=None,
+        help="GPU: compile the flow estimator with TorchInductor (default: v3 only)",
+    )  # fmt: skip
+    group.add_argument(
+        "--no-flow-compile", dest="flow_compile", action="store_const", const=False,
+        help="GPU: run the flow estimator eagerly inside its CUDA graphs (no torch.compile)",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Limits:
     """Everything a caller can exceed, in one place (UI and API map these to messages / status codes)."""
@@ -173,8 +187,10 @@ class EngineConfig:
     flow_dtype: str = "bfloat16"
     # With the CUDA graphs: the flow estimator compiled by TorchInductor (fused elementwise chains; one
     # dynamic program for every bucket), kernels kept on disk under cache_dir/compile so a restart reuses
-    # them. False = the eager estimator inside the graphs (the A/B; bench --no-flow-compile).
-    flow_compile: bool = True
+    # them. False = the eager estimator inside the graphs (the A/B; bench --no-flow-compile). None (auto):
+    # on for v3 (measured on the H200: BENCHMARKS.md), off for v2, whose U-Net had not finished compiling
+    # its graphs 460 s into a cold start there and whose compiled speed is unmeasured (--flow-compile).
+    flow_compile: bool | None = None
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
@@ -234,9 +250,17 @@ class EngineConfig:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
         if self.text_workers is not None and not 0 <= self.text_workers <= 64:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
+        if self.flow_compile not in (None, True, False):
+            raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse_gb is not None and not 0.0 <= self.flow_reuse_gb <= 1024.0:
             raise ValueError(f"flow_reuse_gb must be within [0, 1024] GiB, got {self.flow_reuse_gb}")
         if not 1 <= self.flow_batch <= 64:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")
+
+    def compiles_flow(self, family: str) -> bool:
+        """Whether the graphed flow solver compiles its estimator: as set, or in auto for v3 only."""
+        if self.flow_compile is not None:
+            return self.flow_compile
+        return family == "cosyvoice3"

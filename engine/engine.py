@@ -103,7 +103,8 @@ class TTSEngine:
         graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
         cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         if graphs:
-            model.flow.decoder = _graphed_flow(model.flow.decoder, cfg, cache)  # type: ignore[assignment]
+            compiled = cfg.compiles_flow(model.family)
+            model.flow.decoder = _graphed_flow(model.flow.decoder, compiled, cfg, cache)  # type: ignore[assignment]
         vocoder = None
         if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
             vocoder = GraphedHiFT(model.hift)
@@ -446,11 +447,11 @@ def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBacken
     return NativeLM(model.lm, cfg.sampling)
 
 
-def _graphed_flow(cfm: CausalCFM, cfg: EngineConfig, cache: Path) -> GraphedCFM:
+def _graphed_flow(cfm: CausalCFM, compiled: bool, cfg: EngineConfig, cache: Path) -> GraphedCFM:
     """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
-    if cfg.flow_compile:
+    if compiled:
         use_compile_cache(cache / "compile")
-    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=cfg.flow_compile)
+    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled)
 
 
 def _enable_reuse(flow: object, cfg: EngineConfig, dev: torch.device) -> None:

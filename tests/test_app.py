@@ -49,7 +49,10 @@ def test_flags_reach_the_engine_config() -> None:
     assert cfg.limits.forced_tokens is False  # a public server ignores the bench's forced lengths
     assert app.engine_config(app.parse_args(["--allow-forced-tokens"])).limits.forced_tokens is True
     assert (cfg.flow_dtype, cfg.graph_warmup_s, cfg.gpu_memory_utilization) == ("float32", 15.0, 0.5)
-    assert cfg.flow_compile is False and EngineConfig().flow_compile is True
+    assert cfg.flow_compile is False and EngineConfig().flow_compile is None  # auto: v3 only
+    assert app.engine_config(app.parse_args(["--flow-compile"])).flow_compile is True
+    with pytest.raises(SystemExit):
+        app.parse_args(["--flow-compile", "--no-flow-compile"])
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless
 
 

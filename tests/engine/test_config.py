@@ -36,6 +36,7 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(flow_batch=0), "flow_batch"),
         (lambda: EngineConfig(flow_batch=65), "flow_batch"),
         (lambda: EngineConfig(flow_reuse_gb=-1.0), "flow_reuse_gb"),
+        (lambda: EngineConfig(flow_compile="yes"), "flow_compile"),  # type: ignore[arg-type]
         (lambda: EngineConfig(prompt_cache_size=-1), "prompt_cache_size"),
         (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),
         (lambda: StreamConfig(token_hop=0), "token_hop"),
@@ -75,3 +76,10 @@ def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices
         StreamConfig(fast_start="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="fast_start_max_active"):
         StreamConfig(fast_start_max_active=0)
+
+
+def test_flow_compile_auto_compiles_v3_only_and_explicit_choices_stay():
+    assert EngineConfig().compiles_flow("cosyvoice3") and not EngineConfig().compiles_flow("cosyvoice2")
+    for explicit in (True, False):
+        cfg = EngineConfig(flow_compile=explicit)
+        assert cfg.compiles_flow("cosyvoice2") is explicit and cfg.compiles_flow("cosyvoice3") is explicit
