@@ -103,8 +103,7 @@ class TTSEngine:
         graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
         cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         if graphs:
-            compiled = cfg.compiles_flow(model.family)
-            model.flow.decoder = _graphed_flow(model.flow.decoder, compiled, cfg, cache)  # type: ignore[assignment]
+            model.flow.decoder = _graphed_flow(model.flow.decoder, model.family, cfg, cache)  # type: ignore[assignment]
         vocoder = None
         if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
             vocoder = GraphedHiFT(model.hift)
@@ -447,8 +446,9 @@ def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBacken
     return NativeLM(model.lm, cfg.sampling)
 
 
-def _graphed_flow(cfm: CausalCFM, compiled: bool, cfg: EngineConfig, cache: Path) -> GraphedCFM:
+def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -> GraphedCFM:
     """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
+    compiled = cfg.compiles_flow(family)
     if compiled:
         use_compile_cache(cache / "compile")
     return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled)

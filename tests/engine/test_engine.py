@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -222,6 +223,31 @@ def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_pa
         page = PageLayout.page_bytes(10, est.depth, est.heads, est.dim_head, est.mel_dim, 50)
         pools.append(None if graphed.pool is None else graphed.pool.layout.pages)
     assert pools == [int(0.4 * 2 * 2**30 // page) + 1, int(0.25 * 2**30 // page) + 1, None]
+
+
+def test_the_graphed_solver_compiles_v3s_estimator_and_not_v2s_by_default(tmp_path, monkeypatch):
+    """flow_compile auto: v3's DiT through Inductor (its kernels in cache_dir/compile), v2's U-Net eager
+    in its graphs (its compiled cold start ran past 460 s on the H200); an explicit choice holds for both."""
+    import engine.engine as engine_module
+    from engine.flow_graphs import GraphedCFM
+
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    compiled = {}
+    for family, choice in (("cosyvoice2", None), ("cosyvoice3", None), ("cosyvoice2", True)):
+        model_dir = build_model_dir(tmp_path / family, family, "tiny")
+        cfg = EngineConfig(
+            model=str(model_dir), device="cpu", backend="native", hift_graphs=False, flow_reuse=False,
+            flow_compile=choice, cache_dir=str(tmp_path / "cache"),
+        )  # fmt: skip
+        eng = TTSEngine.load(cfg)
+        eng.close()
+        estimator = eng.model.flow.decoder.solver.estimator
+        compiled[family, choice] = estimator.run is not estimator.inner
+    assert compiled == {("cosyvoice2", None): False, ("cosyvoice3", None): True, ("cosyvoice2", True): True}
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "compile" / "inductor")
 
 
 def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
