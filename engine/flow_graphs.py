@@ -26,7 +26,6 @@ from torch.profiler import record_function
 from engine import device as devices
 from engine.compiled_estimator import CompiledEstimator
 from engine.graph_cache import GraphCache, bucket, largest_first
-from engine.models.dit import DiT
 from engine.models.dit_cache import ReuseBudget, gather_frames, place_windows
 from engine.models.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.models.flow import CausalCFM, CfmInputs
@@ -229,17 +228,12 @@ def _padded(inputs: CfmInputs, batch: int, frames: int) -> tuple[Tensor, ...]:
 
 
 def _page_sizes(cfm: CausalCFM) -> tuple[int, ...] | None:
-    """(steps, attention layers, heads, head dim, x's mel channels, chunk, lead frames, conv-state numbers)
-    of the estimator's pages: the DiT keeps x and reads 60 lead frames, the U-Net keeps its convs' states."""
-    est, steps = cfm.estimator, cfm.cfg.n_timesteps
-    if isinstance(est, DiT):
-        c = est.cfg
-        return steps, c.depth, c.heads, c.dim_head, c.mel_dim, c.static_chunk_size, c.lead_frames, 0
-    if isinstance(est, CausalConditionalDecoder):
-        u = est.cfg
-        states = sum(channels * left for channels, left in est.conv_states())
-        return steps, u.attention_layers, u.num_heads, u.attention_head_dim, 0, u.static_chunk_size, 0, states
-    return None
+    """``CausalCFM.cache_sizes`` and the numbers of conv state a page keeps (the U-Net's; 0 for the DiT)."""
+    sizes, est = cfm.cache_sizes, cfm.estimator
+    if sizes is None:
+        return None
+    convs = est.conv_states() if isinstance(est, CausalConditionalDecoder) else ()
+    return *sizes, sum(channels * left for channels, left in convs)
 
 
 def _window_statics(

@@ -40,6 +40,9 @@ from engine.models.unet_cache import UNetCache, UNetLayout, UNetWindow
 from engine.yaml_data import tag_of
 
 MEL_DIM = 80  # the reference CFM hard-codes 80 mel channels
+# a frame cache's sizes (``CausalCFM.cache_sizes``): Euler steps, attention layers, heads, head dim, x's mel
+# channels, chunk, lead frames
+CacheSizes = tuple[int, int, int, int, int, int, int]
 
 
 def flow_noise(frames: int = 15000, seed: int = 0) -> Tensor:
@@ -192,6 +195,20 @@ class CausalCFM(nn.Module):
         return UNetCache(budget) if isinstance(self.estimator, CausalConditionalDecoder) else DiTCache(budget)
 
     @property
+    def cache_sizes(self) -> CacheSizes | None:
+        """(Euler steps, attention layers, heads, head dim, x's mel channels, chunk, lead frames) of the
+        estimator's frame caches and pages: the DiT keeps x and reads 60 lead frames; the U-Net neither (its
+        convs' left frames are their states); None for another estimator."""
+        est, steps = self.estimator, self.cfg.n_timesteps
+        if isinstance(est, DiT):
+            c = est.cfg
+            return steps, c.depth, c.heads, c.dim_head, c.mel_dim, c.static_chunk_size, c.lead_frames
+        if isinstance(est, CausalConditionalDecoder):
+            u = est.cfg
+            return steps, u.attention_layers, u.num_heads, u.attention_head_dim, 0, u.static_chunk_size, 0
+        return None
+
+    @property
     def reuses_frames(self) -> bool:
         """Whether ``forward_cached`` can run: the estimator is the DiT or the U-Net itself (not a compiled
         or graphed stand-in)."""
@@ -219,9 +236,9 @@ class CausalCFM(nn.Module):
         its lead frames' x from the caches, the U-Net's gives every conv and attention layer its left
         context from them."""
         est, spks, b = self.estimator, inputs.spks, inputs.mu.size(0)
-        totals = inputs.total_frames.tolist()
-        if isinstance(est, CausalConditionalDecoder):
-            unet = UNetWindow(_unet_caches(caches), totals, _unet_layout(est, self.cfg.n_timesteps, noise))
+        totals, sizes = inputs.total_frames.tolist(), self.cache_sizes
+        if isinstance(est, CausalConditionalDecoder) and sizes is not None:
+            unet = UNetWindow(_unet_caches(caches), totals, _unet_layout(est, sizes, noise))
             mu_in, spks_in, cond_in = _guided(unet.queries(inputs.mu), spks, unet.queries(inputs.cond))
 
             def unet_velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
@@ -229,9 +246,9 @@ class CausalCFM(nn.Module):
                 return est.forward_window(x_in, mu_in, t.expand(2 * b), spks_in, cond_in, unet.step(step))
 
             return unet, unet_velocity
-        if not isinstance(est, DiT):
+        if not isinstance(est, DiT) or sizes is None:
             raise TypeError(f"frame reuse needs the DiT or U-Net estimator, not {type(est).__name__}")
-        dit = DiTWindow(caches, totals, _dit_layout(est, self.cfg.n_timesteps, noise))
+        dit = DiTWindow(caches, totals, _dit_layout(est, sizes, noise))
         mu_in, spks_in, cond_in = _guided(dit.frames(inputs.mu), spks, dit.frames(inputs.cond))
 
         def dit_velocity(x: Tensor, t: Tensor, step: int) -> Tensor:  # the lead's x from the cache
@@ -250,18 +267,15 @@ def _unet_caches(caches: Sequence[DiTCache]) -> list[UNetCache]:
     return out
 
 
-def _unet_layout(est: CausalConditionalDecoder, steps: int, x: Tensor) -> UNetLayout:
-    """The U-Net's cache sizes: keys/values of its attention layers and its convs' states in its weights'
-    dtype; no x (mel_dim 0) and no lead: the convs' left frames are their states."""
-    cfg = est.cfg
-    sizes = (steps, cfg.attention_layers, cfg.num_heads, cfg.attention_head_dim, 0, cfg.static_chunk_size, 0)
+def _unet_layout(est: CausalConditionalDecoder, sizes: CacheSizes, x: Tensor) -> UNetLayout:
+    """The U-Net's cache (``CausalCFM.cache_sizes``): keys/values of its attention layers and its convs'
+    states in its weights' dtype."""
     return UNetLayout(*sizes, est.final_proj.weight.dtype, x.dtype, x.device, est.conv_states())
 
 
-def _dit_layout(est: DiT, steps: int, x: Tensor) -> CacheLayout:
-    """The DiT's cache sizes: keys/values in its weights' dtype, x as the solver keeps it."""
-    cfg = est.cfg
-    sizes = (steps, cfg.depth, cfg.heads, cfg.dim_head, cfg.mel_dim, cfg.static_chunk_size, cfg.lead_frames)
+def _dit_layout(est: DiT, sizes: CacheSizes, x: Tensor) -> CacheLayout:
+    """The DiT's cache (``CausalCFM.cache_sizes``): keys/values in its weights' dtype, x as the solver
+    keeps it."""
     return CacheLayout(*sizes, est.proj_out.weight.dtype, x.dtype, x.device)
 
 
