@@ -15,11 +15,12 @@ Compiled kernels land in a persistent cache directory, so a restart reuses them 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,18 +38,16 @@ class CompiledEstimator(nn.Module):
         super().__init__()
         self.dtype = dtype
         self.inner = estimator if dtype == torch.float32 else cast_parameters(estimator, dtype)
-        # dynamic: the graph buckets vary batch and frames; one compiled program serves them all
-        self.run = torch.compile(self.inner, dynamic=True) if compiled else self.inner
+        self.run = _compiled(self.inner) if compiled else self.inner
         # page windows (engine.models.dit_pages, unet_pages), compiled alike on first use
         paged = getattr(self.inner, "forward_paged", None)
-        self.run_paged = torch.compile(paged, dynamic=True) if compiled and paged is not None else paged
+        self.run_paged = _compiled(paged) if compiled and paged is not None else paged
 
     def forward(
         self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, streaming: bool
     ) -> Tensor:
         low = (a.to(self.dtype) for a in (x, mask, mu))
-        with _general_shapes():
-            return self.run(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), streaming).float()
+        return self.run(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), streaming).float()
 
     def forward_paged(
         self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, *pool: Tensor
@@ -57,15 +56,21 @@ class CompiledEstimator(nn.Module):
         if self.run_paged is None:
             raise TypeError(f"{type(self.inner).__name__} has no page windows")
         low = (a.to(self.dtype) for a in (x, mu))
-        with _general_shapes():
-            v, *kept = self.run_paged(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), *pool)
+        v, *kept = self.run_paged(*low, t.float(), spks.to(self.dtype), cond.to(self.dtype), *pool)
         return v.float(), *kept
 
 
-def _general_shapes() -> contextlib.AbstractContextManager:
-    """Dynamo traces every input size as its own symbol (no duck shaping): only real constraints, such as
-    the 0/1 specialisation of a batch of 1, make a shape need a program of its own."""
-    return shape_config.patch(use_duck_shape=False)  # type: ignore[attr-defined]
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled with dynamic shapes (the graph buckets vary batch and frames; one program serves
+    them all), traced with every input size as its own symbol (no duck shaping): only real constraints,
+    such as the 0/1 specialisation of a batch of 1, make a shape need a program of its own."""
+    program = torch.compile(fn, dynamic=True)
+
+    def run(*args: Any) -> Any:
+        with shape_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            return program(*args)
+
+    return run
 
 
 def cast_parameters(module: nn.Module, dtype: torch.dtype) -> nn.Module:
