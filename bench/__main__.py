@@ -78,6 +78,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     src.add_argument("--random-tiny", choices=sorted(FAMILIES), help="tiny random weights (CPU smoke runs)")
     p.add_argument("--url", help="drive a running server's HTTP API instead of an in-process engine")
     p.add_argument("--concurrency", type=int_list, default=[1, 4, 16], help="levels, e.g. 1,4,16,64,128")
+    p.add_argument(
+        "--offline-concurrency", type=int_list, metavar="LEVELS",
+        help="offline levels when they differ from --concurrency (e.g. stream 1,16,64; offline 64,128)",
+    )  # fmt: skip
     p.add_argument("--modes", type=mode_list, default=list(MODES), help="stream,offline or one of them")
     p.add_argument("--tokens", type=int, default=250, help="speech tokens per request (25 = 1 s of audio)")
     p.add_argument("--requests", type=int, default=0, help="requests per level (at least the concurrency)")
@@ -150,8 +154,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="mel seconds of flow graphs to pre-capture",
     )
     p.add_argument(
-        "--profile-dir", help="after the sweep, profile one streaming wave at 1 and at max concurrency"
+        "--profile-dir", help="after the sweep, profile one streaming wave at each --profile-at level"
     )
+    p.add_argument(
+        "--profile-at", type=int_list, metavar="LEVELS",
+        help="streaming levels to profile (default: 1 and the largest --concurrency)",
+    )  # fmt: skip
     p.add_argument(
         "--text-stream",
         type=float,
@@ -162,6 +170,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not (args.url or args.model or args.random_full or args.random_tiny):
         p.error("name a model (--model, --random-full, --random-tiny) or a server (--url)")
+    if args.profile_at and not args.profile_dir:
+        p.error("--profile-at needs --profile-dir")
     if args.url and args.profile_dir:
         p.error("--profile-dir profiles the in-process engine: run it without --url")
     if args.url and args.baseline:
@@ -215,7 +225,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The flags -> the engine's config (one slot per request of the busiest level: no queueing inside)."""
     from engine.config import Limits, fast_start_choice
 
-    most = max(args.concurrency)
+    most = busiest(args)
     return EngineConfig(
         model=model_source(args),
         device=args.device,
@@ -261,7 +271,7 @@ async def sweep(
         workload = Workload(tokens=args.tokens, stream=mode == "stream", text_wps=args.text_stream)
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
-        for c in levels:
+        for c in mode_levels(args, mode, levels):
             if args.warmup and c > 1:  # the same shapes once untimed (CUDA graphs capture per batch bucket)
                 await run_level(target, workload, c, c, prompt, seed=10**6)
             level = await run_level(target, workload, c, max(args.requests, c), prompt, args.seed)
@@ -270,6 +280,19 @@ async def sweep(
             out.append(level)
             save([*done, *out])
     return out
+
+
+def busiest(args: argparse.Namespace) -> int:
+    """The largest level of any mode: the engine's (or the HTTP client's) slots."""
+    return max(args.concurrency + (args.offline_concurrency or []))
+
+
+def mode_levels(args: argparse.Namespace, mode: str, levels: Sequence[int]) -> Sequence[int]:
+    """A closed sweep's levels for ``mode``: ``--offline-concurrency`` replaces the engine's offline ones
+    (the baseline's small levels stay as given)."""
+    if mode == "offline" and args.offline_concurrency and levels == args.concurrency:
+        return args.offline_concurrency
+    return levels
 
 
 async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> list[Level]:
@@ -351,12 +374,12 @@ async def profile_levels(target: Target, args: argparse.Namespace) -> None:
     from bench.profile import profile_level
 
     workload = Workload(tokens=args.tokens, stream=True, text_wps=args.text_stream)
-    for c in sorted({1, max(args.concurrency)}):
+    for c in args.profile_at or sorted({1, max(args.concurrency)}):
         await profile_level(target, workload, c, prompt_audio(), Path(args.profile_dir))
 
 
 async def run_http(args: argparse.Namespace, save: SaveRun) -> tuple[list[Level], dict[str, Any]]:
-    target = HttpTarget(args.url, max(args.concurrency), args.api_key)
+    target = HttpTarget(args.url, busiest(args), args.api_key)
     info: dict[str, Any] = {"model": args.url, "device": "server", "backend": "server"}
     try:
         levels = await sweep(target, args, args.concurrency, lambda lv: save(lv, info))

@@ -8,6 +8,11 @@
 #   bench/gpu/run.sh bench FAMILY MODE LEVELS [BENCH FLAGS]    H200: one bench run -> $OUT/NAME/results.json + NAME.log
 #   bench/gpu/run.sh compare BEFORE.json AFTER.json            anywhere: the before/after table
 #   bench/gpu/run.sh profile FAMILY LEVELS [BENCH FLAGS]       H200: a streaming run with torch.profiler summaries
+#   bench/gpu/run.sh speed FAMILY ARM [BENCH FLAGS]            H200: the flow-speed sweep in one load: stream at
+#                                                 1,16,32,48,64 (16 requests), offline at 64,128, profiles at 1
+#                                                 and 16 streams (PROFILE_AT=LEVELS, or empty: none) ->
+#                                                 $OUT/FAMILY_ARM/ (ARM names the arm: after, or before with
+#                                                 flags that turn the optimisations off)
 #   bench/gpu/run.sh serve FAMILY LEVELS [APP FLAGS]           H200: the HTTP API of one process, then of one
 #                                                 Ray Serve replica behind the ingress (--replicas 1), same bench;
 #                                                 ARMS=process or ARMS=replica runs one arm per call (each
@@ -163,6 +168,15 @@ step_profile() {
     --profile-dir "$OUT/profile_${fam}" "$@"
 }
 
+step_speed() {  # FAMILY ARM [BENCH FLAGS]: 4 files come back (results.json, the log, two profiles)
+  [ $# -ge 2 ] || die "usage: run.sh speed FAMILY ARM [BENCH FLAGS]"
+  local fam=$1 arm=$2 at=${PROFILE_AT-1,16} profile=()
+  shift 2
+  [ -z "$at" ] || profile=(--profile-dir "$OUT/${fam}_${arm}" --profile-at "$at")
+  NAME=${fam}_${arm} step_bench "$fam" stream,offline 1,16,32,48,64 --requests 16 --offline-concurrency 64,128 \
+    "${profile[@]}" "$@"
+}
+
 step_serve() {  # the same HTTP bench against one server process, then one Ray Serve replica + the ingress
   [ $# -ge 2 ] || die "usage: run.sh serve FAMILY LEVELS [APP FLAGS]"
   local fam=$1 levels=$2 model
@@ -201,7 +215,7 @@ serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, be
   if [ -x "$SITE/bin/ray" ]; then "$SITE/bin/ray" stop --force > /dev/null 2>&1 || true; fi
 }
 
-[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|serve ... (see the header)"
+[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|speed|serve ... (see the header)"
 step=$1
 shift
 case "$step" in
@@ -212,6 +226,7 @@ case "$step" in
   bench) step_bench "$@" ;;
   compare) step_compare "$@" ;;
   profile) step_profile "$@" ;;
+  speed) step_speed "$@" ;;
   serve) step_serve "$@" ;;
-  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|serve)" ;;
+  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|speed|serve)" ;;
 esac

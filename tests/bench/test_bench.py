@@ -123,6 +123,22 @@ def test_cli_sweeps_both_modes_and_writes_json_markdown_and_plot(cache, tmp_path
     assert paths["plot"].stat().st_size > 10_000 and paths["plot"].read_bytes()[:4] == b"\x89PNG"
 
 
+def test_offline_levels_and_profiled_levels_can_differ_from_the_streaming_ones(cache, tmp_path):
+    """One process, one load: stream at 1 and 2, offline at 3, a profile at 2 only (the H200 recipe's
+    arm: streaming levels, offline 64 and 128, a profile at 16)."""
+    argv = ["--random-tiny", "v2", "--cache-dir", str(cache), "--tokens", str(CLI_TOKENS), "--warmup", "0"]
+    prof = tmp_path / "prof"
+    levels = ["--concurrency", "1,2", "--offline-concurrency", "3", "--profile-at", "2"]
+    paths = main([*argv, *levels, "--out", str(tmp_path / "o"), "--profile-dir", str(prof)])
+    result = json.loads(paths["json"].read_text())
+    got = {(lv["mode"], lv["concurrency"]) for lv in result["levels"]}
+    assert got == {("stream", 1), ("stream", 2), ("offline", 3)}
+    assert next(lv for lv in result["levels"] if lv["mode"] == "offline")["failed"] == 0
+    assert [p.name for p in prof.iterdir()] == ["profile_c2.md"]
+    with pytest.raises(SystemExit):
+        main([*argv, "--concurrency", "1", "--profile-at", "2", "--out", str(tmp_path / "x")])
+
+
 def test_a_run_cut_short_keeps_the_levels_it_finished(cache, tmp_path, monkeypatch):
     """Results are written after every level: the GPU lease's time limit cut two H200 runs after levels
     that were then lost. Here the second level dies; the first is on disk, marked incomplete."""

@@ -81,7 +81,8 @@ def test_unpack_installs_once_the_last_part_arrives(checkout: Path) -> None:
 
 
 def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
-    for args in (("gpu-tests",), ("check", "v3"), ("bench", "v3", "stream", "1,16")):
+    steps = (("gpu-tests",), ("check", "v3"), ("bench", "v3", "stream", "1,16"), ("speed", "v3", "after"))
+    for args in steps:
         done = run_sh(checkout, *args)
         assert done.returncode == 2
         assert "vLLM is not installed" in done.stderr and "unpack" in done.stderr
@@ -95,6 +96,8 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
         (("bench", "v4", "stream", "1"), "FAMILY must be v2 or v3"),
         (("bench", "v3"), "usage: run.sh bench"),
         (("compare", "a.json"), "usage: run.sh compare"),
+        (("speed", "v3"), "usage: run.sh speed"),
+        (("speed", "v5", "after"), "FAMILY must be v2 or v3"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_usage(checkout: Path, args: tuple[str, ...], message: str):
