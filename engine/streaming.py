@@ -212,6 +212,11 @@ class V3VocoderState:
         speech, _ = hift(vocode, finalize)
         return self.commit(full, speech)
 
+    @property
+    def frames(self) -> int:
+        """Mel frames vocoded so far."""
+        return 0 if self.mel is None else self.mel.shape[2]
+
     def extended(self, mel: torch.Tensor) -> torch.Tensor:
         """All mel so far with the new frames [1, 80, T] appended; the state is unchanged until ``commit``."""
         return mel if self.mel is None else torch.cat([self.mel, mel], dim=2)

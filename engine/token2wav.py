@@ -4,8 +4,9 @@ Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, v
 worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
 (``engine.job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
 ``run`` is awaited by the request's coroutine. HiFT runs a batch's rows together where that gives each row
-what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-padded call, v2's in groups of
-one input shape (by default on a GPU/NPU only), each row's noise drawn from its own request's generator.
+what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-padded call, its final chunks
+in two (``CausalHiFTGenerator.finals``), v2's in groups of one input shape (by default on a GPU/NPU only),
+each row's noise drawn from its own request's generator.
 
 With ``flow_reuse`` each streaming ``Utterance`` owns a flow cache, made by the flow solver: the eager one
 gives v3 a ``DiTCache`` and v2 a ``UNetCache``, the CUDA-graph one (with a page pool) a ``PagedCache``.
@@ -37,7 +38,7 @@ from engine.job_queue import DeadlineQueue
 from engine.models.dit_cache import DiTCache, ReuseBudget
 from engine.models.dit_pages import PagedCache
 from engine.models.flow import Flow
-from engine.models.hift import CausalHiFTGenerator, HiFTGenerator, V2Noise
+from engine.models.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
 from engine.streaming import (
     TOKEN_MEL_RATIO,
     ChunkJob,
@@ -250,7 +251,9 @@ class Token2Wav:
         """The rows (indices into ``jobs``) that may share one HiFT call, in groups of two or more.
 
         v3, non-final chunks: all rows, right-padded; the causal HiFT's zero padding cannot change a row's
-        emitted prefix (the same property that lets each chunk re-vocode all mel so far). v2's HiFT is not
+        emitted prefix (the same property that lets each chunk re-vocode all mel so far). v3, final chunks:
+        the rows of at least ``TAIL_FRAMES`` frames not stretched for speed (``CausalHiFTGenerator.finals``
+        recomputes each row's right edge exactly). v2's HiFT is not
         causal (padding would change a row), so only rows of one input shape share a call: the same frames
         (cached + new, after a speed stretch), the same cached source samples and the same ``finalize``;
         each row's noise is drawn from its request's own generator, so a row gets the samples it gets alone.
@@ -258,7 +261,8 @@ class Token2Wav:
         if len(jobs) < 2:
             return []
         if isinstance(self.hift, CausalHiFTGenerator):
-            return [] if jobs[0].chunk.finalize else [list(range(len(jobs)))]
+            rows = _v3_final_rows(jobs, mels) if jobs[0].chunk.finalize else list(range(len(jobs)))
+            return [rows] if len(rows) > 1 else []
         if not self.v2_groups:
             return []
         groups: dict[tuple[int, int, bool], list[int]] = {}
@@ -276,6 +280,8 @@ class Token2Wav:
         with torch.inference_mode():
             if isinstance(self.hift, HiFTGenerator):
                 pcms = self._v2_together(self.hift, jobs, mels)
+            elif jobs[0].chunk.finalize:
+                pcms = self._v3_finals(jobs, mels)
             else:
                 pcms = self._v3_together(jobs, mels)
         share = (time.perf_counter() - t0) / len(jobs)
@@ -325,6 +331,19 @@ class Token2Wav:
         rows = [speech[i : i + 1, :end] for i, end in enumerate(ends)]
         pcms = [r[0, st.emitted :].float().cpu().numpy() for st, r in zip(states, rows)]
         for st, full, row in zip(states, fulls, rows):
+            st.commit(full, row)
+        return pcms
+
+    def _v3_finals(self, jobs: list[_Job], mels: list[torch.Tensor]) -> list[np.ndarray]:
+        """Final rows (``_v3_final_rows``) -> each row's last audio; the states advance only once all of it
+        is on the host."""
+        if not isinstance(self.hift, CausalHiFTGenerator):
+            raise TypeError("this needs the causal (v3) HiFT")
+        states = [_v3_state(j.utt) for j in jobs]
+        fulls = [st.extended(m) for st, m in zip(states, mels)]
+        speech = self.hift.finals(fulls)
+        pcms = [s[0, st.emitted :].float().cpu().numpy() for st, s in zip(states, speech)]
+        for st, full, row in zip(states, fulls, speech):
             st.commit(full, row)
         return pcms
 
@@ -438,6 +457,18 @@ def _forked(generator: torch.Generator) -> torch.Generator:
     fork = torch.Generator(device=generator.device)
     fork.set_state(generator.get_state())
     return fork
+
+
+def _v3_final_rows(jobs: list[_Job], mels: list[torch.Tensor]) -> list[int]:
+    """The final rows that may share ``CausalHiFTGenerator.finals``: at least ``TAIL_FRAMES`` frames of mel
+    in all, and vocoding the mel as it is (a whole-file call at another speed stretches it first)."""
+    rows = []
+    for i, (job, mel) in enumerate(zip(jobs, mels)):
+        state = _v3_state(job.utt)
+        stretched = job.utt.speed != 1.0 and state.emitted == 0
+        if not stretched and state.frames + mel.shape[2] >= TAIL_FRAMES:
+            rows.append(i)
+    return rows
 
 
 def _v3_state(utt: Utterance) -> V3VocoderState:

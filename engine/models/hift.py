@@ -11,6 +11,7 @@ one shape can share a call while each row keeps the draws its own generator give
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -264,6 +265,38 @@ class CausalHiFTGenerator(_HiftBase):
             return self.decode(body, source, finalize), source
 
     forward = inference
+
+    def finals(self, mels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Several rows' final calls in two calls: mels [1, 80, T_i], each at least ``TAIL_FRAMES`` long ->
+        each row's speech [1, T_i*480], what ``inference(mel, True)`` gives the row alone.
+
+        A final call vocodes up to the row's right edge, where right padding is not exact: the source's
+        STFT reflects at the edge, and the last upsampler and the inverse STFT read past it (on the released
+        architecture the last ~50 samples differ). So one right-padded call gives every row's source, exact
+        up to its edge, and its speech but the last ``TAIL_KEPT`` frames; one more call decodes each row's
+        last ``TAIL_FRAMES`` frames with that source (the same width for every row: no padding) and gives
+        those frames exactly, the decoder's causal receptive field (~23 frames) lying inside the window.
+        """
+        spf, w, kept = self.config.samples_per_frame, TAIL_FRAMES, TAIL_KEPT
+        lengths = [m.shape[2] for m in mels]
+        if min(lengths) < w:
+            raise ValueError(f"hift finals: every row needs at least {w} frames, got {min(lengths)}")
+        width = max(lengths)
+        speech, source = self.inference(torch.cat([F.pad(m, (0, width - m.shape[2])) for m in mels]), True)
+        edges = [source[i : i + 1, :, (t - w) * spf : t * spf] for i, t in enumerate(lengths)]
+        tail_source = torch.cat(edges)
+        with torch.inference_mode():
+            tails = self.decode(torch.cat([m[:, :, -w:] for m in mels]), tail_source, True)  # [B, w*spf]
+        return [
+            torch.cat([speech[i : i + 1, : (t - kept) * spf], tails[i : i + 1, (w - kept) * spf :]], dim=1)
+            for i, t in enumerate(lengths)
+        ]
+
+
+# ``CausalHiFTGenerator.finals``: each row's last frames decoded again, and the last of them kept (the
+# window's first ~23 frames see its left edge; the padded call is off in the last fraction of a frame)
+TAIL_FRAMES = 32
+TAIL_KEPT = 4
 
 
 def _overlap_add(frames: torch.Tensor, length: int, hop: int) -> torch.Tensor:

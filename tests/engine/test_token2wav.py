@@ -684,3 +684,67 @@ def test_v2_a_request_at_fault_fails_alone_in_a_hift_group(tmp_path, monkeypatch
                 np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
         g, want = utts[i].generator, lone_utts[i].generator
         assert g is not None and want is not None and torch.equal(g.get_state(), want.get_state())
+
+
+def test_v3_final_chunks_of_several_requests_share_the_finals_call_and_get_what_each_gets_alone(
+    tmp_path, monkeypatch
+):
+    """Three streams whose last chunks land in one batch, with different lengths of mel: their final HiFT
+    calls run as ``CausalHiFTGenerator.finals`` (a padded call and one over their last frames) and give
+    what the same final rows give vocoded one by one; each stream's audio is what it gets alone (within
+    the flow batch's rounding, ~1e-5: the final flow call is batched either way)."""
+    from bench.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
+    t2w.close()
+    voices = [random_prompt(p, n, seed=p) for p, n in ((7, 60), (19, 64), (30, 70))]
+    alone = [run_rounds(t2w, [voice], [0])[0][0] for voice in voices]
+    widths: list[list[int]] = []
+    real = model.hift.finals
+
+    def spy(mels):
+        widths.append([m.shape[2] for m in mels])
+        return real(mels)
+
+    monkeypatch.setattr(model.hift, "finals", spy)
+    together, _ = run_rounds(t2w, voices, [0, 0, 0])
+    assert len(widths) == 1 and len(widths[0]) == 3 and len(set(widths[0])) == 3
+    monkeypatch.setattr("engine.token2wav._v3_final_rows", lambda jobs, mels: [])
+    one_by_one, _ = run_rounds(t2w, voices, [0, 0, 0])
+    assert len(widths) == 1
+    for want, lone, got in zip(alone, one_by_one, together):
+        assert len(got) == len(want) == len(lone)
+        np.testing.assert_allclose(got[-1], lone[-1], atol=1e-6, rtol=0)
+        for x, y in zip(want, got):
+            np.testing.assert_allclose(y, x, atol=1e-4)
+
+
+def test_v3_final_rows_leave_short_and_speed_stretched_rows_alone(tmp_path):
+    """``finals`` needs ``TAIL_FRAMES`` of mel a row, and a whole-file call at another speed vocodes a
+    stretched mel: such rows are vocoded one by one, the others share the call."""
+    from bench.make_model import build_model_dir
+    from engine.models.hift import TAIL_FRAMES
+    from engine.streaming import ChunkJob
+    from engine.token2wav import _Job, _v3_final_rows
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
+    t2w.close()
+    features, _ = random_prompt(7, 10)
+    kinds = ((True, 1.0), (False, 1.5), (True, 1.5))
+    utts = [t2w.utterance(features, 0, stream=s, speed=v) for s, v in kinds]
+    utts[2].vocoder.mel = torch.zeros(1, 80, 20)  # a stream at another speed, audio sent: never stretched
+    utts[2].vocoder.emitted = 480
+    mels = [torch.zeros(1, 80, n) for n in (TAIL_FRAMES, TAIL_FRAMES, TAIL_FRAMES - 20)]
+    loop = asyncio.new_event_loop()
+    try:
+        jobs = [_Job(u, ChunkJob(10, 0, True), loop, loop.create_future(), 0.0) for u in utts]
+        assert _v3_final_rows(jobs, mels) == [0, 2]
+        assert _v3_final_rows(jobs, [torch.zeros(1, 80, TAIL_FRAMES - 1)] * 3) == [2]
+    finally:
+        loop.close()

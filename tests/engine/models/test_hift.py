@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from engine.models.hift import CausalHiFTGenerator, HiFTGenerator, V2Noise, build_hift
+from engine.models.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise, build_hift
 from engine.models.hift_config import SOURCE_CACHE_SAMPLES, F0PredictorConfig, HiftConfig
 from engine.models.hift_layers import causal_padding
 from engine.models.hift_noise import HiftNoise
@@ -185,6 +186,34 @@ def test_v3_recipe_noise_and_streaming_prefix(case: Path) -> None:
     assert torch.allclose(partial, speech[:, : partial.shape[1]], atol=ATOL), (
         "streamed prefix must not change"
     )
+
+
+def _v3_recipe_hift(case: Path, frames: int) -> CausalHiFTGenerator:
+    """The case's v3 HiFT with the recipe's noise for up to ``frames`` frames."""
+    cfg = _config(case)
+    hift = build_hift(dataclasses.replace(cfg, noise_max_samples=frames * cfg.samples_per_frame))
+    hift.load_state_dict(torch.load(fixture_file(case / "hift.pt"), weights_only=True), strict=True)
+    assert isinstance(hift, CausalHiFTGenerator)
+    return hift.eval()
+
+
+@case_params("cosyvoice3")
+def test_v3_final_rows_vocoded_together_equal_each_row_alone(case: Path) -> None:
+    """``finals``: the rows' last calls in one padded call plus one call over their last frames give each
+    row, right edge included, what it gets alone; a plain padded call alone does not (its edge differs)."""
+    hift = _v3_recipe_hift(case, 200)
+    g = torch.Generator().manual_seed(3)
+    mels = [torch.randn(1, 80, n, generator=g) for n in (TAIL_FRAMES, 57, 140, 141)]
+    alone = [hift.inference(m, True)[0] for m in mels]
+    for got, want in zip(hift.finals(mels), alone):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    padded = hift.inference(torch.cat([F.pad(m, (0, 141 - m.shape[2])) for m in mels]), True)[0]
+    edge = [(padded[i, : w.shape[1]] - w[0]).abs() for i, w in enumerate(alone[:3])]
+    assert all(e[: -hift.config.samples_per_frame].max() < 1e-5 for e in edge)  # exact but the last frame
+    assert all(e.max() > 1e-5 for e in edge)  # ... where the padding shows
+    with pytest.raises(ValueError, match=f"at least {TAIL_FRAMES} frames"):
+        hift.finals([mels[0][:, :, :-1], mels[1]])
 
 
 @case_params()
