@@ -13,6 +13,11 @@
 #                                                 and 16 streams (PROFILE_AT=LEVELS, or empty: none) ->
 #                                                 $OUT/FAMILY_ARM/ (ARM names the arm: after, or before with
 #                                                 flags that turn the optimisations off)
+#   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
+#                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
+#                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
+#   bench/gpu/run.sh cache-in                     H200: unpack the carried .cc/ parts into the caches (one call
+#                                                 of its own, after unpack: carry .cc)
 #   bench/gpu/run.sh serve FAMILY LEVELS [APP FLAGS]           H200: the HTTP API of one process, then of one
 #                                                 Ray Serve replica behind the ingress (--replicas 1), same bench;
 #                                                 ARMS=process or ARMS=replica runs one arm per call (each
@@ -177,6 +182,30 @@ step_speed() {  # FAMILY ARM [BENCH FLAGS]: 4 files come back (results.json, the
     "${profile[@]}" "$@"
 }
 
+CACHE_PARTS_MAX=3  # x 16 MB: with the checkout (~8 MB) a cache-in call stays under the 64 MiB it may carry
+
+step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) and vLLM's torch.compile cache
+  local dirs=()
+  [ -d "$CACHE/compile" ] && dirs+=("$CACHE/compile")
+  [ -d "$HOME/.cache/vllm" ] && dirs+=("$HOME/.cache/vllm")
+  [ ${#dirs[@]} -gt 0 ] || die "no compile cache under $CACHE/compile or $HOME/.cache/vllm yet"
+  mkdir -p "$OUT"
+  tar -czf - -P "${dirs[@]}" | split -b 16000000 - "$OUT/compile-cache.tgz."
+  local parts
+  parts=$(ls "$OUT"/compile-cache.tgz.* | wc -l)
+  if [ "$parts" -gt "$CACHE_PARTS_MAX" ]; then
+    rm -f "$OUT"/compile-cache.tgz.*
+    die "the compile caches take $parts parts of 16 MB, more than $CACHE_PARTS_MAX: not saved"
+  fi
+  echo "compile caches in $parts part(s): $(du -ch "$OUT"/compile-cache.tgz.* | tail -1 | cut -f1)"
+}
+
+step_cache_in() {  # the parts cache-out wrote, carried in .cc/, back where the engine and vLLM look
+  ls .cc/compile-cache.tgz.* > /dev/null 2>&1 || die "carry .cc/ with the compile-cache.tgz.* parts"
+  cat .cc/compile-cache.tgz.* | tar -xzf - -P
+  echo "compile caches restored: $(du -sh "$CACHE/compile" 2>/dev/null | cut -f1) in $CACHE/compile"
+}
+
 step_serve() {  # the same HTTP bench against one server process, then one Ray Serve replica + the ingress
   [ $# -ge 2 ] || die "usage: run.sh serve FAMILY LEVELS [APP FLAGS]"
   local fam=$1 levels=$2 model
@@ -215,7 +244,7 @@ serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, be
   if [ -x "$SITE/bin/ray" ]; then "$SITE/bin/ray" stop --force > /dev/null 2>&1 || true; fi
 }
 
-[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|speed|serve ... (see the header)"
+[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|speed|cache-out|cache-in|serve ... (see the header)"
 step=$1
 shift
 case "$step" in
@@ -227,6 +256,8 @@ case "$step" in
   compare) step_compare "$@" ;;
   profile) step_profile "$@" ;;
   speed) step_speed "$@" ;;
+  cache-out) step_cache_out ;;
+  cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;
-  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|speed|serve)" ;;
+  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|speed|cache-out|cache-in|serve)" ;;
 esac

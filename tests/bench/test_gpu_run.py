@@ -52,6 +52,8 @@ def run_sh(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "VB": str(root.parent / "vb"),
         "SITE": str(root.parent / "site"),
         "OUT": str(root.parent / "out"),
+        "CACHE": str(root.parent / "cache"),
+        "HOME": str(root.parent / "home"),
     }
     cmd = ["bash", str(root / "bench" / "gpu" / "run.sh"), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -103,6 +105,31 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
 def test_bad_arguments_are_refused_with_the_usage(checkout: Path, args: tuple[str, ...], message: str):
     done = run_sh(checkout, *args)
     assert done.returncode == 2 and message in done.stderr
+
+
+def test_compile_caches_go_out_in_parts_and_come_back_on_a_fresh_machine(checkout: Path) -> None:
+    """cache-out packs the engine's and vLLM's compile caches into $OUT; carried back in .cc/, cache-in
+    restores them where they were (a fresh machine then loads kernels instead of compiling them)."""
+    kernel = checkout.parent / "cache" / "compile" / "inductor" / "fx" / "graph.py"
+    vllm = checkout.parent / "home" / ".cache" / "vllm" / "torch_compile_cache" / "model.bin"
+    assert "no compile cache" in run_sh(checkout, "cache-out").stderr
+    for path, data in ((kernel, b"compiled"), (vllm, os.urandom(20_000))):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+    done = run_sh(checkout, "cache-out")
+    assert done.returncode == 0, done.stderr
+    parts = sorted((checkout.parent / "out").glob("compile-cache.tgz.*"))
+    assert [p.name for p in parts] == ["compile-cache.tgz.aa"] and "1 part(s)" in done.stdout
+    assert "carry .cc/" in run_sh(checkout, "cache-in").stderr
+    (checkout / ".cc").mkdir()
+    for part in parts:
+        part.rename(checkout / ".cc" / part.name)
+    data = vllm.read_bytes()
+    shutil.rmtree(checkout.parent / "cache")
+    shutil.rmtree(checkout.parent / "home")
+    done = run_sh(checkout, "cache-in")
+    assert done.returncode == 0, done.stderr
+    assert kernel.read_bytes() == b"compiled" and vllm.read_bytes() == data
 
 
 def test_compare_prints_the_before_after_table(tmp_path: Path) -> None:
