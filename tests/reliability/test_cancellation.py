@@ -222,8 +222,16 @@ def poison_vocoder(engine: TTSEngine, monkeypatch, tokens: int) -> None:
             raise Poison("vocoder failed for this request")
         return real_batch(utts, mel)
 
+    real_finals = engine.token2wav._v3_finals
+
+    def v3_finals(jobs, mels):  # v3 final rows vocoded together: likewise
+        if any(marked(j.utt, tokens) for j in jobs):
+            raise Poison("vocoder failed for this request")
+        return real_finals(jobs, mels)
+
     monkeypatch.setattr(engine.token2wav, "_vocode", vocode)
     monkeypatch.setattr(engine.token2wav, "_vocode_batch", vocode_batch)
+    monkeypatch.setattr(engine.token2wav, "_v3_finals", v3_finals)
 
 
 def poison_flow(engine: TTSEngine, monkeypatch, tokens: int) -> None:
