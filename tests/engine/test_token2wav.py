@@ -686,8 +686,9 @@ def test_v2_a_request_at_fault_fails_alone_in_a_hift_group(tmp_path, monkeypatch
         assert g is not None and want is not None and torch.equal(g.get_state(), want.get_state())
 
 
+@pytest.mark.parametrize("dev", ["cpu", CUDA])
 def test_v3_final_chunks_of_several_requests_share_the_finals_call_and_get_what_each_gets_alone(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, dev
 ):
     """Three streams whose last chunks land in one batch, with different lengths of mel: their final HiFT
     calls run as ``CausalHiFTGenerator.finals`` (a padded call and one over their last frames) and give
@@ -695,9 +696,7 @@ def test_v3_final_chunks_of_several_requests_share_the_finals_call_and_get_what_
     the flow batch's rounding, ~1e-5: the final flow call is batched either way)."""
     from bench.make_model import build_model_dir
 
-    model = load_model(
-        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
-    )
+    model = load_model(validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device(dev))
     t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
     t2w.close()
     voices = [random_prompt(p, n, seed=p) for p, n in ((7, 60), (19, 64), (30, 70))]
@@ -717,7 +716,8 @@ def test_v3_final_chunks_of_several_requests_share_the_finals_call_and_get_what_
     assert len(widths) == 1
     for want, lone, got in zip(alone, one_by_one, together):
         assert len(got) == len(want) == len(lone)
-        np.testing.assert_allclose(got[-1], lone[-1], atol=1e-6, rtol=0)
+        # CUDA: the convs' algorithms may differ with the batch size
+        np.testing.assert_allclose(got[-1], lone[-1], atol=1e-6 if dev == "cpu" else 1e-4, rtol=0)
         for x, y in zip(want, got):
             np.testing.assert_allclose(y, x, atol=1e-4)
 
