@@ -9,7 +9,8 @@ Two changes, each measured on the H200 (BENCHMARKS.md, "what each optimisation b
   (AdaLN modulation, RoPE, gating, GELU) that Inductor fuses. Traced without duck shaping: a batch or
   page-table width that happens to equal a model size (16 streams and 16 heads, 2 prefix pages and the
   k/v pair) would otherwise share its symbol, be specialised with it, and cost one more compile per bucket
-  (precapture compiled the page windows 4-7 times instead of twice: batch 1, and every other batch).
+  (precapture compiled the page windows 4-7 times instead of once; the page tables reach the estimator
+  with a row per CFG row, ``PagedRows``, so that a batch of 1 does not need a program of its own either).
 Compiled kernels land in a persistent cache directory, so a restart reuses them instead of recompiling.
 """
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.attention import FrameAttention, WindowAttention
-from engine.models.dit_pages import PagedWindow
+from engine.models.dit_pages import PagedRows, PagedWindow
 from engine.models.flow_encoder import expect_tag, yaml_field
 from engine.models.unet import sinusoidal_embedding
 
@@ -303,15 +303,14 @@ class DiT(nn.Module):
         cond: Tensor,
         kv: Tensor,
         states: Tensor,
-        *batch: Tensor,
+        *rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``forward_window`` over page windows (engine.models.dit_pages), tensors in and out so it compiles
-        and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; ``batch``:
-        prefix [B,P], start, total [B] and the lead pages (the solver feeds x's lead itself) -> (velocity
+        and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; ``rows``:
+        ``PagedRows.tensors`` (the lead pages unused: the solver feeds x's lead itself) -> (velocity
         [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D], no conv states: ``states`` is the U-Net's)."""
-        prefix, start, total, _ = batch
         lead = self.cfg.lead_frames
         chunk, queries = self.cfg.static_chunk_size, x.size(2) - lead
-        window = PagedWindow(kv, prefix, start, total, lead, chunk, queries)
+        window = PagedWindow(kv, PagedRows(*rows), lead, chunk, queries)
         velocity = self.forward_window(x, mu, t, spks, cond, window, 0)
         return velocity, window.written(), states.new_zeros(0)

@@ -249,22 +249,30 @@ class PagedWindow:
     only; what ``DiT.forward_window`` asks of a window. A plain class, not a frozen dataclass: TorchDynamo
     traces its construction.
 
-    kv [pages, depth, 2, 2, H, chunk, D]: the pool at this call's step; prefix [B,P], start and total [B]
-    as in ``PagedBatch``; x has ``lead`` + ``queries`` columns. Keys: the P prefix pages' frames (frame j
-    at column j, masked from the row's start on), then the window's queries.
+    Every table has a row per estimator row, 2B (``PagedRows``: B cond rows, then their B uncond twins):
+    kv [pages, depth, 2, 2, H, chunk, D] the pool at this call's step; prefix [2B,P], start and total [2B]
+    as in ``PagedBatch``; cfg [2B] each row's CFG half (0 cond, 1 uncond) of the pages. x has ``lead`` +
+    ``queries`` columns. Keys: the P prefix pages' frames (frame j at column j, masked from the row's start
+    on), then the window's queries. No table has B rows: a compiled program traced at a batch of 2 or more
+    would otherwise need a version of its own for a batch of one (TorchDynamo specialises a size of 1).
     """
 
     def __init__(
-        self, kv: Tensor, prefix: Tensor, start: Tensor, total: Tensor, lead: int, chunk: int, queries: int
+        self,
+        kv: Tensor,
+        rows: PagedRows,
+        lead: int,
+        chunk: int,
+        queries: int,
     ) -> None:
-        self.kv, self.prefix, self.lead = kv, prefix, lead
-        pos = start[:, None] - lead + torch.arange(lead + queries, device=start.device)  # [B,lead+Q]
-        self.known = twice(pos >= 0)  # [2B,lead+Q]: frames before frame 0 read as zeros
-        self.query_pos = twice(pos[:, lead:])  # [2B,Q] absolute frames
-        past = prefix.size(1) * chunk
+        self.kv, self.prefix, self.cfg, self.lead = kv, rows.prefix, rows.cfg, lead
+        starts = rows.start[:, None]  # [2B,1]
+        pos = starts - lead + torch.arange(lead + queries, device=starts.device)  # [2B,lead+Q]
+        self.known = pos >= 0  # [2B,lead+Q]: frames before frame 0 read as zeros
+        self.query_pos = pos[:, lead:]  # [2B,Q] absolute frames
+        past = rows.prefix.size(1) * chunk
         self.span = past + queries  # every position of the call is below it
-        query_valid = self.query_pos < twice(total)[:, None]
-        starts = twice(start)[:, None]  # [2B,1]
+        query_valid = self.query_pos < rows.total[:, None]
         self.rule = WindowAttention.after_prefix(self.query_pos, query_valid, past, starts, chunk)
         self.new: list[Tensor] = []  # each layer's window keys/values, [2, 2B, H, Q, D]
 
@@ -273,14 +281,32 @@ class PagedWindow:
         return functools.partial(self._attend_over, layer)
 
     def _attend_over(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v [2B,H,Q,D] -> [2B,H,P*chunk+Q,D]: each row's prefix pages, then k, v."""
+        """k, v [2B,H,Q,D] -> [2B,H,P*chunk+Q,D]: each row's prefix pages (its CFG half), then k, v."""
         self.new.append(torch.stack([k, v]))
-        b, p = self.prefix.shape
-        pages = self.kv[:, layer][self.prefix.flatten()].unflatten(0, (b, p))  # [B,P,kv,cfg,H,chunk,D]
-        # -> [kv, cfg, B, H, P, chunk, D] -> [kv, 2B, H, P*chunk, D]: rows B cond, then B uncond
-        cached = pages.permute(2, 3, 0, 4, 1, 5, 6).flatten(1, 2).flatten(3, 4)
+        pages = self.kv[:, layer][self.prefix, :, self.cfg[:, None]]  # [2B,P,kv,H,chunk,D]
+        cached = pages.permute(2, 0, 3, 1, 4, 5).flatten(3, 4)  # [kv,2B,H,P*chunk,D]
         return torch.cat([cached[0], k], 2), torch.cat([cached[1], v], 2)
 
     def written(self) -> Tensor:
         """Every layer's window keys/values: [depth, 2, 2B, H, Q, D]."""
         return torch.stack(self.new)
+
+
+class PagedRows:
+    """``PagedBatch``'s tables as the estimator reads them, a row per estimator row (2B: the B cond rows,
+    then their uncond twins): prefix [2B,P], start, total [2B], lead [2B, lead pages], cfg [2B] (0, then 1).
+    A plain class: TorchDynamo traces it."""
+
+    def __init__(self, prefix: Tensor, start: Tensor, total: Tensor, lead: Tensor, cfg: Tensor) -> None:
+        self.prefix, self.start, self.total, self.lead, self.cfg = prefix, start, total, lead, cfg
+
+    @classmethod
+    def of(cls, prefix: Tensor, start: Tensor, total: Tensor, lead: Tensor) -> PagedRows:
+        """From ``PagedBatch``'s B-row tables (outside the compiled estimator: B may be 1 there)."""
+        b = start.size(0)
+        cfg = torch.arange(2 * b, device=start.device) // b
+        return cls(twice(prefix), twice(start), twice(total), twice(lead), cfg)
+
+    @property
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.prefix, self.start, self.total, self.lead, self.cfg

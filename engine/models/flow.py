@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from engine.errors import TooLarge
 from engine.models.dit import DiT, DiTConfig
 from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow, ReuseBudget
-from engine.models.dit_pages import PagedCache, PagePool
+from engine.models.dit_pages import PagedCache, PagedRows, PagePool
 from engine.models.flow_encoder import (
     EncoderConfig,
     PreLookaheadLayer,
@@ -173,15 +173,15 @@ class CausalCFM(nn.Module):
         b, lay = noise.size(0), pool.layout
         start, total, prefix, writes, lead = batch
         mu_in, spks_in, cond_in = _guided(mu, spks, cond)
+        rows = PagedRows.of(prefix, start, total, lead).tensors  # the estimator's 2B rows
 
         def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
             if lay.lead:  # the DiT: x of the position conv's lead frames, from the pages before the window
                 pool.keep_x(step, x, writes)
                 x = torch.cat([pool.lead_x(step, lead).to(x.dtype), x], dim=2)  # [B,80,lead+Q]
             x_in = torch.cat([x, x]).to(spks.dtype)
-            tables = (prefix, start, total, lead)
             v, new, states = paged(
-                x_in, mu_in, t.expand(2 * b), spks_in, cond_in, pool.kv[step], pool.states[step], *tables
+                x_in, mu_in, t.expand(2 * b), spks_in, cond_in, pool.kv[step], pool.states[step], *rows
             )
             pool.keep_kv(step, new, writes)
             if lay.states:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.models.attention import FrameAttention
+from engine.models.dit_pages import PagedRows
 from engine.models.flow_encoder import expect_tag, yaml_field
 from engine.models.unet_pages import PagedUNetStep
 
@@ -308,15 +309,14 @@ class CausalConditionalDecoder(nn.Module):
         cond: Tensor,
         kv: Tensor,
         states: Tensor,
-        *batch: Tensor,
+        *rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``forward_window`` over page windows (engine.models.unet_pages), tensors in and out so it
         compiles and captures: x, mu, cond [2B,80,Q]; t [2B]; spks [2B,80]; kv and states the pool's at this
-        step; ``batch``: prefix [B,P], start, total [B], lead pages [B,1] -> (velocity [2B,80,Q], the
-        window's keys/values [depth,2,2B,H,Q,D], its conv states [2B,chunks,numbers])."""
-        prefix, start, total, lead = batch
+        step; ``rows``: ``PagedRows.tensors`` (lead pages [2B,1]) -> (velocity [2B,80,Q], the window's
+        keys/values [depth,2,2B,H,Q,D], its conv states [2B,chunks,numbers])."""
         chunk = self.cfg.static_chunk_size
-        step = PagedUNetStep(kv, states, (prefix, start, total, lead), chunk, x.size(2), self.conv_states())
+        step = PagedUNetStep(kv, states, PagedRows(*rows), chunk, x.size(2), self.conv_states())
         return self.forward_window(x, mu, t, spks, cond, step), *step.written()
 
     @staticmethod

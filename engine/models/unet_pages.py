@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from engine.models.dit_cache import twice
-from engine.models.dit_pages import PagedWindow
+from engine.models.dit_pages import PagedRows, PagedWindow
 from engine.models.unet_cache import attend
 
 if TYPE_CHECKING:
@@ -31,27 +30,26 @@ class PagedUNetStep:
     (mask, convs and attention layers in call order), built inside the compiled estimator from tensors only
     (a plain class: TorchDynamo traces it).
 
-    kv and prefix, start, total as ``PagedWindow``'s; states [pages, 2, numbers]: the pool's conv states at
-    this step (each conv's channels x left frames, flattened, convs in call order); lead [B,1]: the page of
-    the chunk before each window; convs: each conv's (input channels, left frames).
+    kv and ``rows`` as ``PagedWindow``'s (rows.lead [2B,1]: the page of the chunk before each window);
+    states [pages, 2, numbers]: the pool's conv states at this step (each conv's channels x left frames,
+    flattened, convs in call order); convs: each conv's (input channels, left frames).
     """
 
     def __init__(
         self,
         kv: Tensor,
         states: Tensor,
-        batch: tuple[Tensor, Tensor, Tensor, Tensor],
+        rows: PagedRows,
         chunk: int,
         queries: int,
         convs: Sequence[tuple[int, int]],
     ) -> None:
-        prefix, start, total, lead = batch
-        self.window = PagedWindow(kv, prefix, start, total, 0, chunk, queries)
+        self.window = PagedWindow(kv, rows, 0, chunk, queries)
         self.mask = self.window.rule.valid[:, None, :]  # [2B,1,Q] bool: the real query frames
         self.chunk, self.convs, self.layers = chunk, list(convs), 0
-        # [B,2,N] -> [2,B,N] -> [2B,N]: rows B cond then B uncond; zero where a window starts at frame 0
-        past = states[lead[:, 0]].transpose(0, 1).flatten(0, 1)
-        self.past = past * twice(start)[:, None].gt(0).to(past.dtype)
+        # [2B,N], each row's CFG half; zero where a window starts at frame 0
+        past = states[rows.lead[:, 0], rows.cfg]
+        self.past = past * rows.start[:, None].gt(0).to(past.dtype)
         self.offsets = [0, *itertools.accumulate(c * left for c, left in self.convs)]
         # each conv's states at every window chunk's end: [2B,chunks,C*left]
         self.kept: list[Tensor] = []

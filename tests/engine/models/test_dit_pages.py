@@ -158,11 +158,11 @@ def test_the_compiled_estimator_computes_the_same_windows(monkeypatch, family):
 
 
 @families
-def test_precapture_compiles_the_windows_once_for_batch_one_and_once_for_the_rest(monkeypatch, family):
-    """Load-time cost: every window bucket (batches 1-4, prefix widths 2 and 8) runs on two compiled
-    programs and the final calls on one more. With duck shaping, batch 4 (= the tiny model's heads)
-    and width 2 (= the k/v pair) were specialised and each new batch or width compiled again (5 programs
-    for v3 here; on the H200 a program costs about a minute)."""
+def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypatch, family):
+    """Load-time cost: every window bucket (batches 1-4, prefix widths 2 and 8) runs on one compiled program
+    and the final calls on one more. With duck shaping, batch 4 (= the tiny model's heads) and width 2
+    (= the k/v pair) were specialised and each new batch or width compiled again (5 programs for v3 here);
+    with page tables of B rows, batch 1 was (3 programs). On the H200 a program costs 1-2.5 minutes."""
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
@@ -172,7 +172,7 @@ def test_precapture_compiles_the_windows_once_for_batch_one_and_once_for_the_res
     before = counters["stats"]["unique_graphs"]
     assert graphed.precapture(4, 300, torch.device("cpu")) == 3 * 7
     assert {k[3] for k in graphed.graphs._graphs if k[2] == WINDOW} == {2, 8}
-    assert counters["stats"]["unique_graphs"] - before <= 3
+    assert counters["stats"]["unique_graphs"] - before <= 2
 
 
 @families
