@@ -206,11 +206,14 @@ class V3VocoderState:
 
     def step(self, mel: torch.Tensor, finalize: bool, hift: Hift3, speed: float = 1.0) -> torch.Tensor:
         full = self.extended(mel)
-        vocode = full
-        if finalize and speed != 1.0 and self.emitted == 0:
-            vocode = stretch_mel(full, speed)
+        vocode = stretch_mel(full, speed) if self.stretches(finalize, speed) else full
         speech, _ = hift(vocode, finalize)
         return self.commit(full, speech)
+
+    def stretches(self, finalize: bool, speed: float) -> bool:
+        """Whether ``step`` vocodes a speed-stretched mel: a whole-file call (nothing sent yet) at another
+        speed."""
+        return finalize and speed != 1.0 and self.emitted == 0
 
     @property
     def frames(self) -> int:

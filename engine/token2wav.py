@@ -328,24 +328,14 @@ class Token2Wav:
         speech = self._vocode_batch([j.utt for j in jobs], torch.cat([_right_pad(f, width) for f in fulls]))
         # row i's real audio: (T_i - withheld) frames x 480 samples; the rest came from padding
         ends = [(f.shape[2] - cfg.withheld_frames) * cfg.samples_per_frame for f in fulls]
-        rows = [speech[i : i + 1, :end] for i, end in enumerate(ends)]
-        pcms = [r[0, st.emitted :].float().cpu().numpy() for st, r in zip(states, rows)]
-        for st, full, row in zip(states, fulls, rows):
-            st.commit(full, row)
-        return pcms
+        return _v3_emitted(states, fulls, [speech[i : i + 1, :end] for i, end in enumerate(ends)])
 
     def _v3_finals(self, jobs: list[_Job], mels: list[torch.Tensor]) -> list[np.ndarray]:
         """Final rows (``_v3_final_rows``) -> each row's last audio; the states advance only once all of it
         is on the host."""
-        if not isinstance(self.hift, CausalHiFTGenerator):
-            raise TypeError("this needs the causal (v3) HiFT")
         states = [_v3_state(j.utt) for j in jobs]
         fulls = [st.extended(m) for st, m in zip(states, mels)]
-        speech = self.hift.finals(fulls)
-        pcms = [s[0, st.emitted :].float().cpu().numpy() for st, s in zip(states, speech)]
-        for st, full, row in zip(states, fulls, speech):
-            st.commit(full, row)
-        return pcms
+        return _v3_emitted(states, fulls, self._causal_hift().finals(fulls))
 
     def _vocode_batch(self, utts: list[Utterance], mel: torch.Tensor) -> torch.Tensor:
         """Non-final causal HiFT over right-padded rows (``utts``: their owners, row by row):
@@ -354,9 +344,12 @@ class Token2Wav:
 
     def _v3_vocoder(self) -> Hift3:
         """v3's HiFT call: the graphed one when the engine built it, else the module's own."""
+        return self.hift_graphs or self._causal_hift().inference
+
+    def _causal_hift(self) -> CausalHiFTGenerator:
         if not isinstance(self.hift, CausalHiFTGenerator):
             raise TypeError("this needs the causal (v3) HiFT")
-        return self.hift_graphs or self.hift.inference
+        return self.hift
 
     def _failure(self, err: Exception) -> Exception:
         """Out-of-memory becomes a clear SynthesisFailed (and the device cache is emptied)."""
@@ -465,10 +458,20 @@ def _v3_final_rows(jobs: list[_Job], mels: list[torch.Tensor]) -> list[int]:
     rows = []
     for i, (job, mel) in enumerate(zip(jobs, mels)):
         state = _v3_state(job.utt)
-        stretched = job.utt.speed != 1.0 and state.emitted == 0
-        if not stretched and state.frames + mel.shape[2] >= TAIL_FRAMES:
+        if not state.stretches(True, job.utt.speed) and state.frames + mel.shape[2] >= TAIL_FRAMES:
             rows.append(i)
     return rows
+
+
+def _v3_emitted(
+    states: list[V3VocoderState], fulls: list[torch.Tensor], rows: list[torch.Tensor]
+) -> list[np.ndarray]:
+    """Each row's speech [1, S] over its mel so far ``fulls`` -> the audio it has not sent yet; the states
+    advance only after all of it is on the host (a failure before leaves them as they were)."""
+    pcms = [row[0, st.emitted :].float().cpu().numpy() for st, row in zip(states, rows)]
+    for st, full, row in zip(states, fulls, rows):
+        st.commit(full, row)
+    return pcms
 
 
 def _v3_state(utt: Utterance) -> V3VocoderState:
