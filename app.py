@@ -27,6 +27,7 @@ from engine.config import (
     Limits,
     StreamConfig,
     add_flow_compile_flags,
+    add_flow_reuse_flags,
     fast_start_choice,
     fast_start_flag,
 )
@@ -68,10 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="GPU flow solver precision (float32: the reference's, slower under load)",
     )  # fmt: skip
     add_flow_compile_flags(p)
-    p.add_argument(
-        "--no-flow-reuse", action="store_true",
-        help="recompute each request's whole prefix in every streaming flow call (no frame reuse)",
-    )  # fmt: skip
+    add_flow_reuse_flags(p)
     p.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
@@ -170,7 +168,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         flow_dtype=args.flow_dtype,
         flow_compile=args.flow_compile,
-        flow_reuse=not args.no_flow_reuse,
+        flow_reuse=args.flow_reuse,
         flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,
         voices_dir=args.voices_dir,

@@ -33,6 +33,7 @@ from engine.config import (
     EngineConfig,
     StreamConfig,
     add_flow_compile_flags,
+    add_flow_reuse_flags,
     fast_start_flag,
 )
 
@@ -116,9 +117,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
     add_flow_compile_flags(p)
-    p.add_argument(
-        "--no-flow-reuse", action="store_true", help="recompute the prefix in every streaming flow call"
-    )
+    add_flow_reuse_flags(p)
     p.add_argument(
         "--flow-batch",
         type=int,
@@ -237,7 +236,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cuda_graphs=not args.no_cuda_graphs,
         hift_graphs=not args.no_hift_graphs,
         flow_compile=args.flow_compile,
-        flow_reuse=not args.no_flow_reuse,
+        flow_reuse=args.flow_reuse,
         graph_warmup_s=args.graph_warmup_s,
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,

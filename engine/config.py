@@ -133,6 +133,19 @@ def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
+    """``--flow-reuse`` / ``--no-flow-reuse`` -> ``args.flow_reuse`` (None when neither: auto)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--flow-reuse", dest="flow_reuse", action="store_const", const=True, default=None,
+        help="reuse each stream's finished flow frames (default: on, but for v2 in CUDA graphs)",
+    )  # fmt: skip
+    group.add_argument(
+        "--no-flow-reuse", dest="flow_reuse", action="store_const", const=False,
+        help="recompute each stream's whole prefix in every streaming flow call (no frame reuse)",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Limits:
     """Everything a caller can exceed, in one place (UI and API map these to messages / status codes)."""
@@ -216,8 +229,11 @@ class EngineConfig:
     # v2; the CUDA-graph solver: both, from a page pool (engine.models.dit_pages, unet_pages; v2's there not
     # yet run on a GPU, and windows that fail to compile at load leave the graphs recomputing). Costs
     # memory per frame cached at full size: ~3.6 MB (v3) and ~4.6 MB (v2) in float32, 1.8 MB in the graphs'
-    # bf16, until the request's final call. False = recompute every call (the A/B).
-    flow_reuse: bool = True
+    # bf16, until the request's final call. False = recompute every call (the A/B). None (auto): on, but
+    # for v2 in CUDA graphs, where its eager U-Net windows were slower than the recompute on the H200
+    # (2026-12-01, d19e608: 1 stream TTFA p50 249 -> 295 ms, 64 streams 97.1 -> 87.7 audio s/s, underrun
+    # streams 2/64 -> 18/64; BENCHMARKS.md); --flow-reuse turns them on.
+    flow_reuse: bool | None = None
     # the memory all streams' reuse caches may hold together (GiB); a stream that finds it full keeps what
     # it has cached and recomputes the rest, so the bound costs speed, never audio. None (auto): 4 GiB for
     # the eager solver (~1,200 frames, 24 s of prompt + speech, of the released v3 in float32; ~930 of v2);
@@ -252,6 +268,8 @@ class EngineConfig:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
         if self.flow_compile not in (None, True, False):
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
+        if self.flow_reuse not in (None, True, False):
+            raise ValueError(f"flow_reuse must be None (auto), True or False, got {self.flow_reuse!r}")
         if self.flow_reuse_gb is not None and not 0.0 <= self.flow_reuse_gb <= 1024.0:
             raise ValueError(f"flow_reuse_gb must be within [0, 1024] GiB, got {self.flow_reuse_gb}")
         if not 1 <= self.flow_batch <= 64:
@@ -264,3 +282,10 @@ class EngineConfig:
         if self.flow_compile is not None:
             return self.flow_compile
         return family == "cosyvoice3"
+
+    def reuses_flow(self, family: str, graphed: bool) -> bool:
+        """Whether streaming flow calls reuse finished frames: as set, or in auto everywhere but v2's
+        CUDA-graph solver (``graphed``)."""
+        if self.flow_reuse is not None:
+            return self.flow_reuse
+        return not (graphed and family == "cosyvoice2")

@@ -85,7 +85,8 @@ class TTSEngine:
         self.token2wav = Token2Wav(
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
             cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
-            fifo=cfg.t2w_fifo, flow_reuse=cfg.flow_reuse, reuse_gb=cfg.flow_reuse_gb,
+            fifo=cfg.t2w_fifo, reuse_gb=cfg.flow_reuse_gb,
+            flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip
         self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
         self._active: set[_Active] = set()
@@ -114,7 +115,7 @@ class TTSEngine:
         backend = _backend(cfg, model, files)
         # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
-        _enable_reuse(model.flow.decoder, cfg, dev)
+        _enable_reuse(model.flow.decoder, model.family, cfg, dev)
         _precapture(model.flow.decoder, vocoder, cfg, dev)
         root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
         voices = VoiceLibrary(root, model.family, load_examples(cfg.examples_dir))
@@ -454,11 +455,11 @@ def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -
     return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled)
 
 
-def _enable_reuse(flow: object, cfg: EngineConfig, dev: torch.device) -> None:
+def _enable_reuse(flow: object, family: str, cfg: EngineConfig, dev: torch.device) -> None:
     """The CUDA-graph solver's page pool for frame reuse (v3 and v2), sized by ``flow_reuse_gb`` or from the
     memory vLLM left; before the captures, which record its address. Requests keep up to ``graph_warmup_s``
     (at least 16 s) of finished frames: the window graphs' prefix."""
-    if not (cfg.flow_reuse and isinstance(flow, GraphedCFM)):
+    if not (isinstance(flow, GraphedCFM) and cfg.reuses_flow(family, graphed=True)):
         return
     gb = cfg.flow_reuse_gb
     nbytes = AUTO_POOL_SHARE * devices.free_memory_bytes(dev) if gb is None else gb * 2**30

@@ -101,7 +101,7 @@ class Token2Wav:
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
-        flow_reuse: bool = EngineConfig.flow_reuse,  # eager solver: reuse finished frames (flow_cache)
+        flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
         # on the CPU (a batched call of full-size rows took 1.3-2.4x the time of the rows one by one)

@@ -44,7 +44,10 @@ def test_flags_reach_the_engine_config() -> None:
     flags = ["--flow-dtype", "float32", "--graph-warmup-s", "15", "--gpu-memory-utilization", "0.5"]
     gpu = app.parse_args([*flags, "--no-flow-compile", "--no-flow-reuse", "--flow-reuse-gb", "1.5"])
     cfg = app.engine_config(gpu)
-    assert cfg.flow_reuse is False and EngineConfig().flow_reuse is True
+    assert cfg.flow_reuse is False and EngineConfig().flow_reuse is None  # auto: off for v2's graphs
+    assert app.engine_config(app.parse_args(["--flow-reuse"])).flow_reuse is True
+    with pytest.raises(SystemExit):
+        app.parse_args(["--flow-reuse", "--no-flow-reuse"])
     assert cfg.flow_reuse_gb == 1.5 and EngineConfig().flow_reuse_gb is None
     assert cfg.limits.forced_tokens is False  # a public server ignores the bench's forced lengths
     assert app.engine_config(app.parse_args(["--allow-forced-tokens"])).limits.forced_tokens is True

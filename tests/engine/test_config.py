@@ -24,7 +24,7 @@ def test_defaults_are_the_released_values():
         25, 100, 3, 8, 3840,
     )  # fmt: skip
     assert EngineConfig().model == "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
-    assert EngineConfig().flow_reuse is True  # the eager v3 flow reuses finished frames (exact)
+    assert EngineConfig().flow_reuse is None  # auto: see test_flow_reuse_auto_is_on_but_for_v2s_graphs
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,15 @@ def test_flow_compile_auto_compiles_v3_only_and_explicit_choices_stay():
     for explicit in (True, False):
         cfg = EngineConfig(flow_compile=explicit)
         assert cfg.compiles_flow("cosyvoice2") is explicit and cfg.compiles_flow("cosyvoice3") is explicit
+
+
+def test_flow_reuse_auto_is_on_but_for_v2s_graphs():
+    """Frame reuse is exact everywhere; auto turns it off only where it measured slower: v2's U-Net in CUDA
+    graphs (H200, 2026-12-01). An explicit choice holds for every family and solver."""
+    cases = [(f, g) for f in ("cosyvoice2", "cosyvoice3") for g in (False, True)]
+    auto = {case: EngineConfig().reuses_flow(*case) for case in cases}
+    assert auto == {case: case != ("cosyvoice2", True) for case in cases}
+    for choice in (True, False):
+        assert {EngineConfig(flow_reuse=choice).reuses_flow(*case) for case in cases} == {choice}
+    with pytest.raises(ValueError, match="flow_reuse"):
+        EngineConfig(flow_reuse="yes")  # type: ignore[arg-type]

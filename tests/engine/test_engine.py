@@ -225,6 +225,26 @@ def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_pa
     assert pools == [int(0.4 * 2 * 2**30 // page) + 1, int(0.25 * 2**30 // page) + 1, None]
 
 
+def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch):
+    """flow_reuse auto: v2's CUDA-graph solver gets no page pool and recomputes (its windows measured slower
+    on the H200); --flow-reuse gives it one; v2's eager solver reuses in auto."""
+    import engine.engine as engine_module
+    from engine.flow_graphs import GraphedCFM
+
+    monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2**30)
+    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
+    seen = []
+    for graphs, reuse in ((True, None), (True, True), (False, None)):
+        monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev, graphs=graphs: graphs)
+        cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", flow_reuse=reuse)
+        eng = TTSEngine.load(cfg)
+        eng.close()
+        pool = getattr(eng.model.flow.decoder, "pool", None)
+        seen.append((isinstance(eng.model.flow.decoder, GraphedCFM), pool is not None, eng.token2wav.reuses_flow))
+    assert seen == [(True, False, False), (True, True, True), (False, False, True)]
+
+
 def test_the_graphed_solver_compiles_v3s_estimator_and_not_v2s_by_default(tmp_path, monkeypatch):
     """flow_compile auto: v3's DiT through Inductor (its kernels in cache_dir/compile), v2's U-Net eager
     in its graphs (its compiled cold start ran past 460 s on the H200); an explicit choice holds for both."""
