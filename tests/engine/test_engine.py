@@ -240,8 +240,9 @@ def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch)
         cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", flow_reuse=reuse)
         eng = TTSEngine.load(cfg)
         eng.close()
-        pool = getattr(eng.model.flow.decoder, "pool", None)
-        seen.append((isinstance(eng.model.flow.decoder, GraphedCFM), pool is not None, eng.token2wav.reuses_flow))
+        solver = eng.model.flow.decoder
+        pool = getattr(solver, "pool", None)
+        seen.append((isinstance(solver, GraphedCFM), pool is not None, eng.token2wav.reuses_flow))
     assert seen == [(True, False, False), (True, True, True), (False, False, True)]
 
 
