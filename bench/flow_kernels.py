@@ -12,11 +12,16 @@ replayed as a CUDA graph, as the engine does.
 250,350,550) at ``--stream-batches`` streams, through the engine's graphed compiled solver recomputing every
 call (``full``) and reusing finished frames from its page pool (``reuse``): device ms per stream's calls,
 and the reused mel's error against the recomputed one.
+
+``--sdpa``: the attention kernels SDPA may pick, in order (e.g. ``cudnn`` or ``flash,efficient``; default:
+torch's own choice, which with the estimators' dense chunk mask is the memory-efficient kernel on the H200).
+The choice holds while the variants compile and capture, and its compiled kernels get a cache of their own.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import time
@@ -36,6 +41,8 @@ from engine.models.unet import CausalConditionalDecoder, UNetConfig
 
 log = logging.getLogger(__name__)
 VARIANTS = ("autocast", "bf16", "compiled")
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}  # fmt: skip
 Solve = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -107,6 +114,15 @@ def bucket_inputs(batch: int, frames: int, dev: torch.device, seed: int = 0) -> 
     cond[:, :, : frames // 4] = torch.randn(batch, 80, frames // 4, generator=g)
     spks = torch.randn(batch, 80, generator=g)
     return tuple(t.to(dev) for t in (mu, mask, spks, cond))
+
+
+def sdpa_backends(names: str) -> contextlib.AbstractContextManager[object]:
+    """``--sdpa`` ("cudnn", "flash,efficient", ...; "" = torch's choice) -> the context that restricts it."""
+    if not names:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in names.split(",")])
 
 
 def device_of(cfm: CausalCFM) -> torch.device:
@@ -211,24 +227,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-fidelity", dest="fidelity", action="store_false", help="timings only")
     p.add_argument("--stream-calls", default="", help="one stream's call frames, e.g. 250,350,550")
     p.add_argument("--stream-batches", default="1,16", help="streams for --stream-calls")
+    p.add_argument(
+        "--sdpa", default="", help=f"attention kernels SDPA may use, comma list of {sorted(SDPA_BACKENDS)}"
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     unknown = set(args.variants.split(",")) - set(VARIANTS) - {""}
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}")
+    if set(args.sdpa.split(",")) - set(SDPA_BACKENDS) - {""}:
+        p.error(f"--sdpa takes a comma list of {sorted(SDPA_BACKENDS)}, got {args.sdpa!r}")
     return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
-    use_compile_cache(Path(args.cache_dir))
+    # kernels compiled under another SDPA choice call other attention ops: a cache of their own
+    use_compile_cache(Path(args.cache_dir) / f"sdpa-{args.sdpa}" if args.sdpa else Path(args.cache_dir))
+    with sdpa_backends(args.sdpa):
+        return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> dict[str, object]:
     dev = torch.device(args.device)
     cfm = build_cfm(args.family, args.size, dev)
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     timings: list[dict[str, object]] = []
     checks: list[dict[str, object]] = []
-    report = {"family": args.family, "size": args.size, "timings": timings, "fidelity": checks}
+    report = {"family": args.family, "size": args.size, "sdpa": args.sdpa or "default", "timings": timings,
+              "fidelity": checks}  # fmt: skip
     out = Path(args.out) / f"flow_kernels_{args.family}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     streams: list[dict[str, object]] = []

@@ -25,3 +25,17 @@ def test_reports_timings_and_fidelity_per_variant(tmp_path):
 def test_unknown_variant_is_refused():
     with pytest.raises(SystemExit):
         parse_args(["--variants", "tensorrt", "--out", "x"])
+
+
+def test_sdpa_restricts_the_attention_kernels_the_solve_may_use(tmp_path):
+    """``--sdpa math`` solves as before (and says so in the report); ``--sdpa efficient`` has no kernel on
+    the CPU, so the solve fails: the restriction reaches the estimator's attention."""
+    argv = ["--family", "v3", "--size", "tiny", "--device", "cpu", "--variants", "bf16", "--no-fidelity"]
+    argv += ["--shapes", "1x100", "--repeats", "1", "--cache-dir", str(tmp_path / "cc")]
+    argv += ["--out", str(tmp_path)]
+    report = main([*argv, "--sdpa", "math"])
+    assert report["sdpa"] == "math" and len(report["timings"]) == 1  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="No viable backend"):
+        main([*argv, "--sdpa", "efficient"])
+    with pytest.raises(SystemExit):
+        parse_args(["--sdpa", "tensorrt", "--out", "x"])
