@@ -204,3 +204,21 @@ def test_captured_bf16_windows_stay_close_to_the_float32_recompute(family, compi
         emitted = want.size(2)
     # the windows ran as captured graphs, (queries, prefix pages): (200, 2), (100, 2), (100, 8), (200, 8)
     assert cache.frames == 400 and len(graphed.graphs) == 4
+
+
+@families
+def test_without_a_pool_the_compiled_solver_compiles_the_streaming_and_final_calls_once(monkeypatch, family):
+    """v2's graphs recompute by default (no page pool): compiled (``--flow-compile``), every bucket of
+    batches 1-4 runs on one program for the streaming calls and one for the final calls, so its cold start
+    compiles two programs (three, with windows, ran past 460 s on the H200)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    torch._dynamo.reset()
+    emulate_capture(monkeypatch)
+    graphed = GraphedCFM(copy.deepcopy(tiny_flow(family)).decoder, torch.float32, compiled=True)
+    monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
+    before = counters["stats"]["unique_graphs"]
+    assert graphed.precapture(4, 300, torch.device("cpu")) == 3 * 3 * 2
+    assert graphed.pool is None and all(k[2] != WINDOW for k in graphed.graphs._graphs)
+    assert counters["stats"]["unique_graphs"] - before == 2
