@@ -23,6 +23,7 @@ from engine.config import (
     DEFAULT_MODEL,
     DEVICES,
     FAST_START_CHOICES,
+    FLOW_ATTENTION,
     EngineConfig,
     Limits,
     StreamConfig,
@@ -67,6 +68,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
         help="GPU flow solver precision (float32: the reference's, slower under load)",
+    )  # fmt: skip
+    p.add_argument(
+        "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
+        help="flow estimators' attention rule: a dense mask (as the reference) or folded into q/k dims",
     )  # fmt: skip
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)
@@ -167,6 +172,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         llm_variant=args.llm_variant,
         gpu_memory_utilization=args.gpu_memory_utilization,
         flow_dtype=args.flow_dtype,
+        flow_attention=args.flow_attention,
         flow_compile=args.flow_compile,
         flow_reuse=args.flow_reuse,
         flow_reuse_gb=args.flow_reuse_gb,

@@ -30,6 +30,7 @@ from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt
 from bench.report import write_report
 from engine.config import (
     FAST_START_CHOICES,
+    FLOW_ATTENTION,
     EngineConfig,
     StreamConfig,
     add_flow_compile_flags,
@@ -116,6 +117,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
+    p.add_argument(
+        "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
+        help="the flow estimators' attention rule: dense mask, or folded into q/k dims",
+    )  # fmt: skip
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)
     p.add_argument(
@@ -233,6 +238,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         voices_dir=str(Path(args.cache_dir) / "bench" / "voices"),
         limits=Limits(max_concurrency=most, max_queue=most),
         flow_dtype=args.flow_dtype,
+        flow_attention=args.flow_attention,
         cuda_graphs=not args.no_cuda_graphs,
         hift_graphs=not args.no_hift_graphs,
         flow_compile=args.flow_compile,

@@ -230,6 +230,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sdpa", default="", help=f"attention kernels SDPA may use, comma list of {sorted(SDPA_BACKENDS)}"
     )
+    p.add_argument(
+        "--attention", choices=("mask", "folded"), default="mask",
+        help="the estimator's attention rule: a dense mask, or folded into q/k dims (no mask tensor)",
+    )  # fmt: skip
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     unknown = set(args.variants.split(",")) - set(VARIANTS) - {""}
@@ -252,11 +256,13 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 def _measure(args: argparse.Namespace) -> dict[str, object]:
     dev = torch.device(args.device)
     cfm = build_cfm(args.family, args.size, dev)
+    if args.attention == "folded":
+        cfm.fold_attention()
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     timings: list[dict[str, object]] = []
     checks: list[dict[str, object]] = []
-    report = {"family": args.family, "size": args.size, "sdpa": args.sdpa or "default", "timings": timings,
-              "fidelity": checks}  # fmt: skip
+    report = {"family": args.family, "size": args.size, "sdpa": args.sdpa or "default",
+              "attention": args.attention, "timings": timings, "fidelity": checks}  # fmt: skip
     out = Path(args.out) / f"flow_kernels_{args.family}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     streams: list[dict[str, object]] = []

@@ -9,6 +9,7 @@ DEFAULT_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
 BACKENDS = ("auto", "native", "vllm")
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+FLOW_ATTENTION = ("mask", "folded")  # EngineConfig.flow_attention
 # flow reuse's memory when ``EngineConfig.flow_reuse_gb`` is None: the eager solver's budget (GiB), and the
 # share of the device memory free after vLLM's start that the CUDA-graph solver's page pool takes (on the
 # H200 with vLLM at 0.3: ~38 GB, ~420 pages of 90 MB, 11 pages for a 10 s stream after a 3.5 s prompt)
@@ -198,6 +199,11 @@ class EngineConfig:
     # the H200: 16 streams RTF 0.424 -> 0.330 and +26 % audio s/s, 1 stream ~+25 ms TTFA; mel RMS error 0.7 %
     # of the mel's std against float32 (full-size random weights, CPU check).
     flow_dtype: str = "bfloat16"
+    # how the flow estimators' attention hides what a frame may not see: "mask" (a dense [B,1,T,T] mask,
+    # as the reference; SDPA's memory-efficient kernel on the H200) or "folded" (the rule folded into
+    # extra q/k dimensions, engine.models.attention: no mask tensor, so SDPA may pick its flash kernel;
+    # the same softmax, equal on CPU). Not yet measured on a GPU (bench.flow_kernels --attention folded)
+    flow_attention: str = "mask"
     # With the CUDA graphs: the flow estimator compiled by TorchInductor (fused elementwise chains; one
     # dynamic program for every bucket), kernels kept on disk under cache_dir/compile so a restart reuses
     # them. False = the eager estimator inside the graphs (the A/B; bench --no-flow-compile). None (auto):
@@ -260,6 +266,8 @@ class EngineConfig:
             raise ValueError("asr_model must be 'auto', 'none', a Hugging Face id or a local dir")
         if self.flow_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"flow_dtype must be float32 or bfloat16, got {self.flow_dtype!r}")
+        if self.flow_attention not in FLOW_ATTENTION:
+            raise ValueError(f"flow_attention must be one of {FLOW_ATTENTION}, got {self.flow_attention!r}")
         if not 0.0 <= self.graph_warmup_s <= 300.0:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
         if not 0 <= self.prompt_cache_size <= 4096:

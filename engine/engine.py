@@ -101,6 +101,8 @@ class TTSEngine:
         dev = devices.resolve(cfg.device)
         devices.configure(dev)
         model = load_model(files, dev)
+        if cfg.flow_attention == "folded":
+            model.flow.decoder.fold_attention()
         graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
         cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
         if graphs:

@@ -46,6 +46,8 @@ def test_flags_reach_the_engine_config() -> None:
     cfg = app.engine_config(gpu)
     assert cfg.flow_reuse is False and EngineConfig().flow_reuse is None  # auto: off for v2's graphs
     assert app.engine_config(app.parse_args(["--flow-reuse"])).flow_reuse is True
+    assert cfg.flow_attention == "mask"
+    assert app.engine_config(app.parse_args(["--flow-attention", "folded"])).flow_attention == "folded"
     with pytest.raises(SystemExit):
         app.parse_args(["--flow-reuse", "--no-flow-reuse"])
     assert cfg.flow_reuse_gb == 1.5 and EngineConfig().flow_reuse_gb is None

@@ -248,6 +248,9 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.norm_out = AdaLayerNormZero(cfg.dim, 2)  # final: (scale, shift), the reverse order
         self.proj_out = nn.Linear(cfg.dim, cfg.mel_dim)
+        # the attention rule folded into q/k dimensions instead of a dense mask (engine.models.attention):
+        # a serving choice (EngineConfig.flow_attention), the same softmax; off = the reference's masks
+        self.fold_masks = False
 
     def forward(
         self,
@@ -265,7 +268,7 @@ class DiT(nn.Module):
         h = self.input_embed(x, cond, mu, spks)
         freqs = self.rotary_embed(x.size(1))
         chunk = self.cfg.static_chunk_size if streaming else 0
-        rule = FrameAttention(mask[:, 0].bool(), chunk)
+        rule = FrameAttention(mask[:, 0].bool(), chunk, self.fold_masks)
         for block in self.transformer_blocks:
             h = block(h, temb, rule, freqs)
         scale, shift = self.norm_out(temb)
@@ -311,6 +314,6 @@ class DiT(nn.Module):
         [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D], no conv states: ``states`` is the U-Net's)."""
         lead = self.cfg.lead_frames
         chunk, queries = self.cfg.static_chunk_size, x.size(2) - lead
-        window = PagedWindow(kv, PagedRows(*rows), lead, chunk, queries)
+        window = PagedWindow(kv, PagedRows(*rows), lead, chunk, queries, self.fold_masks)
         velocity = self.forward_window(x, mu, t, spks, cond, window, 0)
         return velocity, window.written(), states.new_zeros(0)

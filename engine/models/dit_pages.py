@@ -264,6 +264,7 @@ class PagedWindow:
         lead: int,
         chunk: int,
         queries: int,
+        folded: bool = False,  # the attention rule folded into q/k dims (engine.models.attention)
     ) -> None:
         self.kv, self.prefix, self.cfg, self.lead = kv, rows.prefix, rows.cfg, lead
         starts = rows.start[:, None]  # [2B,1]
@@ -273,7 +274,7 @@ class PagedWindow:
         past = rows.prefix.size(1) * chunk
         self.span = past + queries  # every position of the call is below it
         query_valid = self.query_pos < rows.total[:, None]
-        self.rule = WindowAttention.after_prefix(self.query_pos, query_valid, past, starts, chunk)
+        self.rule = WindowAttention.after_prefix(self.query_pos, query_valid, past, starts, chunk, folded)
         self.new: list[Tensor] = []  # each layer's window keys/values, [2, 2B, H, Q, D]
 
     def keys_values(self, step: int, layer: int) -> functools.partial[tuple[Tensor, Tensor]]:

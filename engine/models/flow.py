@@ -108,6 +108,14 @@ class CausalCFM(nn.Module):
         self.noise = flow_noise(cfg.noise_frames, cfg.noise_seed) if noise is None else noise
         self._noise_cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
+    def fold_attention(self) -> None:
+        """The DiT's or U-Net's attention rules folded into q/k dimensions from now on, instead of a dense
+        mask (engine.models.attention); before any compile or capture, which bake the choice in."""
+        est = self.estimator
+        if not isinstance(est, DiT | CausalConditionalDecoder):
+            raise TypeError(f"folded attention needs the DiT or U-Net estimator, not {type(est).__name__}")
+        est.fold_masks = True
+
     def with_estimator(self, estimator: nn.Module) -> CausalCFM:
         """The same solver (settings, noise buffer) around another estimator, e.g. a compiled one."""
         return CausalCFM(self.cfg, estimator, self.noise)

@@ -238,6 +238,9 @@ class CausalConditionalDecoder(nn.Module):
         self.up_blocks = nn.ModuleList([self._level(2 * ch, ch, time_dim, CausalConv1d(ch, ch, 3))])
         self.final_block = CausalBlock1D(ch, ch)
         self.final_proj = nn.Conv1d(ch, cfg.out_channels, 1)
+        # the attention rule folded into q/k dimensions instead of a dense mask (engine.models.attention):
+        # a serving choice (EngineConfig.flow_attention), the same softmax; off = the reference's masks
+        self.fold_masks = False
 
     def _level(self, dim: int, dim_out: int, time_dim: int, conv: nn.Module | None = None) -> nn.ModuleList:
         blocks = nn.ModuleList(
@@ -262,7 +265,7 @@ class CausalConditionalDecoder(nn.Module):
         temb = self.time_mlp(sinusoidal_embedding(t.float(), self.cfg.in_channels).to(x.dtype))
         x = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(2)), cond], dim=1)
         chunk = self.cfg.static_chunk_size if streaming else 0
-        rule = FrameAttention(mask[:, 0].bool(), chunk)
+        rule = FrameAttention(mask[:, 0].bool(), chunk, self.fold_masks)
         down, up = self.down_blocks[0], self.up_blocks[0]
         skip = self._stage(down, x, mask, temb, rule)
         x = self._conv(down)(skip * mask)
@@ -316,7 +319,8 @@ class CausalConditionalDecoder(nn.Module):
         step; ``rows``: ``PagedRows.tensors`` (lead pages [2B,1]) -> (velocity [2B,80,Q], the window's
         keys/values [depth,2,2B,H,Q,D], its conv states [2B,chunks,numbers])."""
         chunk = self.cfg.static_chunk_size
-        step = PagedUNetStep(kv, states, PagedRows(*rows), chunk, x.size(2), self.conv_states())
+        convs = self.conv_states()
+        step = PagedUNetStep(kv, states, PagedRows(*rows), chunk, x.size(2), convs, self.fold_masks)
         return self.forward_window(x, mu, t, spks, cond, step), *step.written()
 
     @staticmethod

@@ -43,8 +43,9 @@ class PagedUNetStep:
         chunk: int,
         queries: int,
         convs: Sequence[tuple[int, int]],
+        folded: bool = False,  # the attention rule folded into q/k dims (engine.models.attention)
     ) -> None:
-        self.window = PagedWindow(kv, rows, 0, chunk, queries)
+        self.window = PagedWindow(kv, rows, 0, chunk, queries, folded)
         self.mask = self.window.rule.valid[:, None, :]  # [2B,1,Q] bool: the real query frames
         self.chunk, self.convs, self.layers = chunk, list(convs), 0
         # [2B,N], each row's CFG half; zero where a window starts at frame 0

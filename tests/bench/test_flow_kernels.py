@@ -39,3 +39,11 @@ def test_sdpa_restricts_the_attention_kernels_the_solve_may_use(tmp_path):
         main([*argv, "--sdpa", "efficient"])
     with pytest.raises(SystemExit):
         parse_args(["--sdpa", "tensorrt", "--out", "x"])
+
+
+def test_attention_folded_runs_the_solver_with_the_rule_in_qk_dims(tmp_path):
+    argv = ["--family", "v2", "--size", "tiny", "--device", "cpu", "--variants", "bf16", "--shapes", "2x100"]
+    argv += ["--repeats", "1", "--cache-dir", str(tmp_path / "cc"), "--out", str(tmp_path)]
+    report = main([*argv, "--attention", "folded"])
+    assert report["attention"] == "folded" and len(report["timings"]) == 1  # type: ignore[arg-type]
+    assert [f["relative_rms"] for f in report["fidelity"]] == [0.0, 0.0]  # type: ignore[union-attr]

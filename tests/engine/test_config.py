@@ -95,3 +95,9 @@ def test_flow_reuse_auto_is_on_but_for_v2s_graphs():
         assert {EngineConfig(flow_reuse=choice).reuses_flow(*case) for case in cases} == {choice}
     with pytest.raises(ValueError, match="flow_reuse"):
         EngineConfig(flow_reuse="yes")  # type: ignore[arg-type]
+
+
+def test_flow_attention_is_the_dense_mask_unless_folded_is_asked():
+    assert EngineConfig().flow_attention == "mask" and EngineConfig(flow_attention="folded").flow_attention
+    with pytest.raises(ValueError, match="flow_attention"):
+        EngineConfig(flow_attention="flex")

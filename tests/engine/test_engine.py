@@ -286,6 +286,21 @@ def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
         eng.close()
 
 
+async def test_folded_attention_serves_the_same_audio(engine, tmp_path):
+    """flow_attention "folded" (the attention rules in q/k dims, no mask tensor): the same request gets the
+    same audio as with the dense masks."""
+    cfg = replace(engine.cfg, flow_attention="folded", voices_dir=str(tmp_path / "voices"))
+    folded = TTSEngine.load(cfg)
+    folded.ready = True
+    try:
+        assert folded.model.flow.decoder.estimator.fold_masks
+        assert not engine.model.flow.decoder.estimator.fold_masks
+        got, want = pcm(await collect(folded, req(engine))), pcm(await collect(engine, req(engine)))
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    finally:
+        folded.close()
+
+
 async def test_abort_mid_stream_frees_everything(engine):
     r = req(engine, text=" ".join([TEXT] * 4))
     got, held = [], []

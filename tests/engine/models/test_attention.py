@@ -51,3 +51,36 @@ def test_window_attention_equals_the_frame_rule_on_its_queries():
     window = rule(q[:, :, 3:], k[:, :, order], v[:, :, order])
     torch.testing.assert_close(window, whole[:, :, 3:], atol=1e-6, rtol=0)
     assert torch.equal(rule.valid, valid[:, 3:])
+
+
+def test_a_folded_rule_computes_the_masked_attention_without_a_mask():
+    """Folded into q/k dimensions, the rule needs no mask tensor and gives the masked softmax: full
+    attention with padding, streaming chunks, and a window after a cached prefix; float32 and bf16."""
+    g = torch.Generator().manual_seed(2)
+    valid = torch.ones(3, 230, dtype=torch.bool)
+    valid[1, 150:], valid[2, 40:] = False, False
+    q, k, v = (torch.randn(3, 4, 230, 16, generator=g) for _ in range(3))
+    for chunk in (0, 50, 9):
+        folded = FrameAttention(valid, chunk, folded=True)
+        assert folded.dense is None and folded.fold is not None
+        want = FrameAttention(valid, chunk)(q, k, v)
+        torch.testing.assert_close(folded(q, k, v), want, atol=1e-6, rtol=0)
+        low = [t.bfloat16() for t in (q, k, v)]
+        torch.testing.assert_close(folded(*low), FrameAttention(valid, chunk)(*low), atol=1e-2, rtol=0)
+    starts = torch.tensor([[100], [37], [0]])
+    query = starts + torch.arange(60)
+    query_valid = query < torch.tensor([[150], [90], [60]])
+    rules = [WindowAttention.after_prefix(query, query_valid, 100, starts, 10, f) for f in (False, True)]
+    qw, kw, vw = q[:, :, :60], k[:, :, :160], v[:, :, :160]
+    assert rules[1].dense is None
+    torch.testing.assert_close(rules[1](qw, kw, vw), rules[0](qw, kw, vw), atol=1e-6, rtol=0)
+
+
+def test_a_streaming_rule_past_32_chunks_keeps_the_dense_mask():
+    """The folded dims hold 31 chunk thresholds: a longer streaming call uses the dense mask (the same
+    result); full attention folds at any length."""
+    valid = torch.ones(1, 33 * 5, dtype=torch.bool)
+    long = FrameAttention(valid, 5, folded=True)
+    assert long.fold is None and long.dense is not None
+    assert FrameAttention(valid[:, : 32 * 5], 5, folded=True).fold is not None
+    assert FrameAttention(valid, 0, folded=True).fold is not None

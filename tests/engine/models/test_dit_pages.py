@@ -27,11 +27,14 @@ from tests.engine.test_graph_cache import Recorded, emulate_capture
 
 
 def paged(
-    monkeypatch, pages: int = 64, compiled: bool = False, family: str = "cosyvoice3"
+    monkeypatch, pages: int = 64, compiled: bool = False, family: str = "cosyvoice3", folded: bool = False
 ) -> tuple[Flow, GraphedCFM]:
-    """A copy of the family's tiny flow whose solver is the graphed one with a pool of ``pages`` pages."""
+    """A copy of the family's tiny flow whose solver is the graphed one with a pool of ``pages`` pages
+    (``folded``: its attention rules folded into q/k dims)."""
     emulate_capture(monkeypatch)
     flow = copy.deepcopy(tiny_flow(family))
+    if folded:
+        flow.decoder.fold_attention()
     graphed = GraphedCFM(flow.decoder, torch.float32, compiled=compiled)
     sizes = _page_sizes(graphed.cfm)
     assert sizes is not None
@@ -158,6 +161,20 @@ def test_the_compiled_estimator_computes_the_same_windows(monkeypatch, family):
 
 
 @families
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_folded_attention_windows_and_final_calls_emit_what_the_masked_recompute_emits(
+    monkeypatch, family, compiled
+):
+    """flow_attention "folded": the page windows (eager, or compiled by Inductor's CPU backend) and the
+    final call, with the rule in q/k dims and no mask tensor, equal the masked recompute within 1e-4."""
+    flow, graphed = paged(monkeypatch, compiled=compiled, family=family, folded=True)
+    v, cache = voice(13, seed=3), graphed.frame_cache(None)  # type: ignore[arg-type]
+    assert stream(flow, v, [41, 90, 140], cache) == [0, 100, 200]
+    final = run([v], [140], finalize=True, flow=flow)
+    torch.testing.assert_close(final, run([v], [140], finalize=True, family=family), atol=1e-4, rtol=0)
+
+
+@families
 def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypatch, family):
     """Load-time cost: every window bucket (batches 1-4, prefix widths 2 and 8) runs on one compiled program
     and the final calls on one more. With duck shaping, batch 4 (= the tiny model's heads) and width 2
@@ -177,15 +194,19 @@ def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypat
 
 @families
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
+@pytest.mark.parametrize("folded", [False, True], ids=["mask", "folded"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_captured_bf16_windows_stay_close_to_the_float32_recompute(family, compiled):
-    """The GPU fidelity guard of reuse: bf16 page windows (compiled, or eager as v2 runs by default) in real
-    CUDA graphs vs the eager float32 full recompute, each call's new frames as mel RMS error relative to
-    the mel's std (compiled: passed on the H200 on 2026-12-01 for v3 and v2; eager: not yet run)."""
+def test_captured_bf16_windows_stay_close_to_the_float32_recompute(family, compiled, folded):
+    """The GPU fidelity guard of reuse: bf16 page windows (compiled, or eager) in real CUDA graphs vs the
+    eager float32 full recompute with dense masks, each call's new frames as mel RMS error relative to the
+    mel's std (mask: passed on the H200 on 2026-12-01 for v3 and v2, compiled and eager; folded: not yet
+    run)."""
     dev = torch.device("cuda")
     flow = copy.deepcopy(tiny_flow(family)).to(dev)
     reference = copy.deepcopy(flow)
+    if folded:
+        flow.decoder.fold_attention()
     graphed = GraphedCFM(flow.decoder, torch.bfloat16, compiled=compiled)
     assert graphed.enable_reuse(2**30, 800, dev) > 10
     flow.decoder = graphed  # type: ignore[assignment]
@@ -222,3 +243,15 @@ def test_without_a_pool_the_compiled_solver_compiles_the_streaming_and_final_cal
     assert graphed.precapture(4, 300, torch.device("cpu")) == 3 * 3 * 2
     assert graphed.pool is None and all(k[2] != WINDOW for k in graphed.graphs._graphs)
     assert counters["stats"]["unique_graphs"] - before == 2
+
+
+@families
+def test_a_folded_estimator_recomputes_streaming_calls_as_the_masked_one(family):
+    """Without a pool (v2's default graphs, the eager solver), streaming calls run the whole estimator with
+    the chunk rule folded: the same mel as with the dense mask."""
+    flow = copy.deepcopy(tiny_flow(family))
+    flow.decoder.fold_attention()
+    v = voice(13, seed=4)
+    torch.testing.assert_close(run([v], [90], flow=flow), run([v], [90], family=family), atol=1e-4, rtol=0)
+    with pytest.raises(TypeError, match="DiT or U-Net"):
+        flow.decoder.with_estimator(torch.nn.Identity()).fold_attention()
