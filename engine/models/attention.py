@@ -51,13 +51,15 @@ def attention_mask(valid: Tensor, chunk: int = 0) -> Tensor:
 
 class FrameAttention:
     """One estimator call's attention rule, built once and used by every layer: ``valid`` [B,T] bool and
-    ``dense`` [B,1,T,T] bool. A plain class, not a frozen dataclass: TorchDynamo traces its construction
-    inside the compiled estimator."""
+    ``dense`` [B,1,T,T] bool, or (``folded``) ``fold`` and no dense mask. A plain class, not a frozen
+    dataclass: TorchDynamo traces its construction inside the compiled estimator."""
 
     def __init__(self, valid: Tensor, chunk: int, folded: bool = False) -> None:
         self.valid = valid
-        pos = torch.arange(valid.size(1), device=valid.device).expand_as(valid)
-        self.fold = Fold.of(pos, pos, valid, chunk) if folded else None
+        self.fold: Fold | None = None
+        if folded:
+            pos = torch.arange(valid.size(1), device=valid.device).expand_as(valid)
+            self.fold = Fold.of(pos, pos, valid, chunk)
         self.dense = None if self.fold else attention_mask(valid, chunk).unsqueeze(1)
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
