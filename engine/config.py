@@ -123,28 +123,25 @@ def fast_start_flag(value: bool | None) -> str:
 
 def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
     """``--flow-compile`` / ``--no-flow-compile`` -> ``args.flow_compile`` (None when neither: auto)."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--flow-compile", dest="flow_compile", action="store_const", const=True, default=None,
-        help="GPU: compile the flow estimator with TorchInductor (default: v3 only)",
-    )  # fmt: skip
-    group.add_argument(
-        "--no-flow-compile", dest="flow_compile", action="store_const", const=False,
-        help="GPU: run the flow estimator eagerly inside its CUDA graphs (no torch.compile)",
+    _add_auto_flags(
+        parser, "flow-compile", "GPU: compile the flow estimator with TorchInductor (default: v3 only)",
+        "GPU: run the flow estimator eagerly inside its CUDA graphs (no torch.compile)",
     )  # fmt: skip
 
 
 def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
     """``--flow-reuse`` / ``--no-flow-reuse`` -> ``args.flow_reuse`` (None when neither: auto)."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--flow-reuse", dest="flow_reuse", action="store_const", const=True, default=None,
-        help="reuse each stream's finished flow frames (default: on, but for v2 in CUDA graphs)",
+    _add_auto_flags(
+        parser, "flow-reuse", "reuse each stream's finished flow frames (default: on, but v2's CUDA graphs)",
+        "recompute each stream's whole prefix in every streaming flow call (no frame reuse)",
     )  # fmt: skip
-    group.add_argument(
-        "--no-flow-reuse", dest="flow_reuse", action="store_const", const=False,
-        help="recompute each stream's whole prefix in every streaming flow call (no frame reuse)",
-    )  # fmt: skip
+
+
+def _add_auto_flags(parser: argparse.ArgumentParser, name: str, on: str, off: str) -> None:
+    """``--NAME`` (True) / ``--no-NAME`` (False), exclusive, into one dest that stays None (auto) unset."""
+    group, dest = parser.add_mutually_exclusive_group(), name.replace("-", "_")
+    group.add_argument(f"--{name}", dest=dest, action="store_const", const=True, default=None, help=on)
+    group.add_argument(f"--no-{name}", dest=dest, action="store_const", const=False, help=off)
 
 
 @dataclass(frozen=True)
