@@ -13,6 +13,12 @@
 #                                                 and 16 streams (PROFILE_AT=LEVELS, or empty: none) ->
 #                                                 $OUT/FAMILY_ARM/ (ARM names the arm: after, or before with
 #                                                 flags that turn the optimisations off)
+#   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
+#                                                 16x400, 16x800 buckets, fidelity) with the attention as
+#                                                 it is (mask), SDPA's cuDNN kernel (cudnn), and the rule
+#                                                 folded into q/k dims (folded) -> $OUT/kernels_FAMILY_ARM/;
+#                                                 v3 compiled, v2 eager (VARIANT=compiled for v2's compiled
+#                                                 U-Net); ARMS=mask,folded picks arms; LIMIT_S is shared
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
 #                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
 #                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
@@ -182,6 +188,25 @@ step_speed() {  # FAMILY ARM [BENCH FLAGS]: 4 files come back (results.json, the
     "${profile[@]}" "$@"
 }
 
+step_kernels() {  # FAMILY: one call, the solver's attention arms one after another (each its own process)
+  [ $# -eq 1 ] || die "usage: run.sh kernels FAMILY"
+  local fam=$1 arms variant arm flags
+  family_dir "$fam" > /dev/null
+  variant=${VARIANT:-$([ "$fam" = v3 ] && echo compiled || echo bf16)}
+  IFS=, read -r -a arms <<< "${ARMS:-mask,cudnn,folded}"
+  environment
+  for arm in "${arms[@]}"; do
+    case "$arm" in
+      mask) flags=() ;; cudnn) flags=(--sdpa cudnn) ;; folded) flags=(--attention folded) ;;
+      *) die "ARMS: mask, cudnn or folded, got '$arm'" ;;
+    esac
+    timeout $((LIMIT_S / ${#arms[@]})) python3 -m bench.flow_kernels --family "$fam" --variants "$variant" \
+      --shapes 1x300,16x400,16x800 --cache-dir "$CACHE/compile" --out "$OUT/kernels_${fam}_$arm" "${flags[@]}" \
+      > "$OUT/kernels_${fam}_$arm.log" 2>&1 && echo "$arm: done" || echo "$arm: failed or cut (rc $?)"
+    grep -E "ms_per_solve|relative_rms|Error" "$OUT/kernels_${fam}_$arm.log" | cut -c1-200 | tail -5 || true
+  done
+}
+
 CACHE_PARTS_MAX=3  # x 16 MB: with the checkout (~8 MB) a cache-in call stays under the 64 MiB it may carry
 
 step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) and vLLM's torch.compile cache
@@ -244,7 +269,7 @@ serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, be
   if [ -x "$SITE/bin/ray" ]; then "$SITE/bin/ray" stop --force > /dev/null 2>&1 || true; fi
 }
 
-[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|speed|cache-out|cache-in|serve ... (see the header)"
+[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve ... (see the header)"
 step=$1
 shift
 case "$step" in
@@ -256,8 +281,9 @@ case "$step" in
   compare) step_compare "$@" ;;
   profile) step_profile "$@" ;;
   speed) step_speed "$@" ;;
+  kernels) step_kernels "$@" ;;
   cache-out) step_cache_out ;;
   cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;
-  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|speed|cache-out|cache-in|serve)" ;;
+  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve)" ;;
 esac
