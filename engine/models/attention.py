@@ -99,7 +99,9 @@ class Fold:
         (b, h, _, d), width = q.shape, self.query.size(-1)
         extra = -(-(d + width) // 8) * 8 - d  # the folded dims, padded so the head is a multiple of 8
         scale = 1.0 / math.sqrt(d)
-        bias = MASKED_SCORE / scale  # a key dimension's entry: its product with a query's 1, scaled
+        # a key dimension's entry (its product with a query's 1, scaled, is the hidden score), finite in
+        # the dtype with room for a sum of every fold dimension (float16: -1023, e^-128 is still 0)
+        bias = max(MASKED_SCORE / scale, -torch.finfo(k.dtype).max / 64)
         qx = F.pad(self.query, (0, extra - width)).to(q.dtype)[:, None].expand(b, h, -1, -1)
         kx = (F.pad(self.key, (0, extra - width)) * bias).to(k.dtype)[:, None].expand(b, h, -1, -1)
         q2, k2 = torch.cat([q, qx], -1), torch.cat([k, kx], -1)
