@@ -199,7 +199,8 @@ class EngineConfig:
     # how the flow estimators' attention hides what a frame may not see: "mask" (a dense [B,1,T,T] mask,
     # as the reference; SDPA's memory-efficient kernel on the H200) or "folded" (the rule folded into
     # extra q/k dimensions, engine.models.attention: no mask tensor, so SDPA may pick its flash kernel;
-    # the same softmax, equal on CPU). Not yet measured on a GPU (bench.flow_kernels --attention folded)
+    # the same softmax, equal on CPU) in whole-sequence calls and the CUDA graphs' page windows (the eager
+    # solver's reuse windows keep the mask). Not yet timed on a GPU (bench/gpu/run.sh kernels)
     flow_attention: str = "mask"
     # With the CUDA graphs: the flow estimator compiled by TorchInductor (fused elementwise chains; one
     # dynamic program for every bucket), kernels kept on disk under cache_dir/compile so a restart reuses
