@@ -423,10 +423,10 @@ class Studio:
 
     # ---- transcription -------------------------------------------------------------------------------
     async def transcribe(self, path: str | None, language: str) -> tuple[Any, Any, str]:
-        """On upload or recording: (transcript field, language control, prompt note). The detected language
-        is offered to the language control while it is on auto."""
+        """On upload or recording: (transcript field, language control, transcription note). The detected
+        language is offered to the language control while it is on auto."""
         if not path:
-            return gr.skip(), gr.skip(), self.prompt_info(path)
+            return gr.skip(), gr.skip(), ""
         if not getattr(self.engine, "asr_model", None):
             return gr.skip(), gr.skip(), views.note_html(self.t("asr_off"))
         try:
@@ -438,8 +438,11 @@ class Studio:
         shown = self.t(f"lang_{code}") if code in LANGUAGES else code
         key = "transcribed_noise" if self.random_weights else "transcribed"
         offer = code if code in LANGUAGES and (language or "auto") == "auto" else gr.skip()
-        note = self.prompt_info(path) + views.note_html(self.t(key, language=shown), "good")
-        return str(result.text), offer, note
+        return str(result.text), offer, views.note_html(self.t(key, language=shown), "good")
+
+    def transcript_cleared(self) -> str:
+        """The prompt audio removed: its transcription note goes with it."""
+        return ""
 
     # ---- the page in the session's language -----------------------------------------------------------
     def page(self) -> tuple[Any, ...]:

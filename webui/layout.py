@@ -111,6 +111,9 @@ def _voice_column(
             c["prompt_note"] = gr.HTML(views.note_html(t("prompt_none")), js_on_load=None)
             with gr.Column() as c["transcript_box"]:  # a box: hiding a late-rendered field itself fails
                 filled["prompt_text"].render()
+                # the transcription's own note: the prompt note above has another writer (prompt_info, on
+                # every change), and whichever answered last would win
+                c["asr_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-asr-note")
             with gr.Row(equal_height=True):
                 c["save_name"] = gr.Textbox(label=lbl("save_name"), placeholder=lbl("save_name_ph"), scale=3)
                 c["save"] = gr.Button(lbl("save_btn"), scale=1, size="md", elem_id="cosy-save")
@@ -213,7 +216,8 @@ def _listen(
     boxes.append("mode_help")
     a["mode"].change(on("mode_changed"), a["mode"], [a[k] for k in boxes], **light)
     a["prompt"].change(on("prompt_info"), a["prompt"], a["prompt_note"], **light)
-    asr_out = [a["prompt_text"], a["language"], a["prompt_note"]]
+    a["prompt"].clear(on("transcript_cleared"), None, a["asr_note"], **light)
+    asr_out = [a["prompt_text"], a["language"], a["asr_note"]]
     gr.on(
         [a["prompt"].upload, a["prompt"].stop_recording], on("transcribe"), [a["prompt"], a["language"]],
         asr_out, show_progress="minimal", show_progress_on=a["prompt_text"],

@@ -142,8 +142,12 @@ def test_upload_fills_the_transcript_and_offers_the_language(browser, server, tm
         page.wait_for_function(
             "document.querySelector('#cosy-transcript textarea').value === 'fake transcript'", timeout=10_000
         )
-        page.get_by_text("Transcribed (English)").first.wait_for(timeout=WAIT_MS)
+        page.locator("#cosy-asr-note", has_text="Transcribed (English)").wait_for(timeout=WAIT_MS)
         assert page.locator("#cosy-lang input").input_value() == "English"  # offered while on Auto
+        # the prompt note (the audio's length, written on every change) is a note of its own
+        page.locator(".cosy-note.cosy-good", has_text="4.0 s").first.wait_for(timeout=WAIT_MS)
+        page.locator("#cosy-prompt button[aria-label='Clear']").first.click()
+        page.locator("#cosy-asr-note", has_text="Transcribed").wait_for(state="detached", timeout=WAIT_MS)
     finally:
         ctx.close()
 
