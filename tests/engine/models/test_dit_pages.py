@@ -175,16 +175,18 @@ def test_folded_attention_windows_and_final_calls_emit_what_the_masked_recompute
 
 
 @families
-def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypatch, family):
+@pytest.mark.parametrize("folded", [False, True], ids=["mask", "folded"])
+def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypatch, family, folded):
     """Load-time cost: every window bucket (batches 1-4, prefix widths 2 and 8) runs on one compiled program
-    and the final calls on one more. With duck shaping, batch 4 (= the tiny model's heads) and width 2
+    and the final calls on one more, with the dense masks or the folded rule (its shape check adds no
+    program). With duck shaping, batch 4 (= the tiny model's heads) and width 2
     (= the k/v pair) were specialised and each new batch or width compiled again (5 programs for v3 here);
     with page tables of B rows, batch 1 was (3 programs). On the H200 a program costs 1-2.5 minutes."""
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
     torch._dynamo.reset()
-    _, graphed = paged(monkeypatch, compiled=True, family=family)
+    _, graphed = paged(monkeypatch, compiled=True, family=family, folded=folded)
     monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
     before = counters["stats"]["unique_graphs"]
     assert graphed.precapture(4, 300, torch.device("cpu")) == 3 * 7
