@@ -76,6 +76,9 @@ class Fold:
 
     def __init__(self, query: Tensor, key: Tensor) -> None:
         self.query, self.key = query, key
+        # (head dim, dtype) -> the extra dims ready for every layer: padded, scaled and cast once per call
+        # of the estimator, not once per layer (22 DiT or 56 U-Net layers x 10 steps)
+        self._ready: dict[tuple[int, torch.dtype], tuple[Tensor, Tensor]] = {}
 
     @classmethod
     def of(cls, query_pos: Tensor, key_pos: Tensor, key_valid: Tensor, chunk: int) -> Fold | None:
@@ -96,17 +99,25 @@ class Fold:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q [B,H,Q,D], k and v [B,H,K,D] -> [B,H,Q,D]: unmasked SDPA over the folded dimensions, scale
         1/sqrt(D) as the masked call's."""
-        (b, h, _, d), width = q.shape, self.query.size(-1)
-        extra = -(-(d + width) // 8) * 8 - d  # the folded dims, padded so the head is a multiple of 8
-        scale = 1.0 / math.sqrt(d)
-        # a key dimension's entry (its product with a query's 1, scaled, is the hidden score), finite in
-        # the dtype with room for a sum of every fold dimension (float16: -1023, e^-128 is still 0)
-        bias = max(MASKED_SCORE / scale, -torch.finfo(k.dtype).max / 64)
-        qx = F.pad(self.query, (0, extra - width)).to(q.dtype)[:, None].expand(b, h, -1, -1)
-        kx = (F.pad(self.key, (0, extra - width)) * bias).to(k.dtype)[:, None].expand(b, h, -1, -1)
-        q2, k2 = torch.cat([q, qx], -1), torch.cat([k, kx], -1)
-        out = F.scaled_dot_product_attention(q2, k2, F.pad(v, (0, extra)), scale=scale)
+        (b, h, _, d), scale = q.shape, 1.0 / math.sqrt(q.size(-1))
+        qx, kx = self._extras(d, q.dtype)
+        q2 = torch.cat([q, qx[:, None].expand(b, h, -1, -1)], -1)
+        k2 = torch.cat([k, kx[:, None].expand(b, h, -1, -1)], -1)
+        out = F.scaled_dot_product_attention(q2, k2, F.pad(v, (0, qx.size(-1))), scale=scale)
         return out[..., :d]
+
+    def _extras(self, d: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The query and key extra dims [B,Q,E], [B,K,E] for heads of ``d`` in ``dtype``: padded so the head
+        is a multiple of 8, the key entries scaled to the bias."""
+        if (d, dtype) not in self._ready:
+            width = self.query.size(-1)
+            pad = -(-(d + width) // 8) * 8 - d - width
+            # a key dimension's entry (its product with a query's 1, scaled, is the hidden score), finite in
+            # the dtype with room for a sum of every fold dimension (float16: -1023, e^-128 is still 0)
+            bias = max(MASKED_SCORE * math.sqrt(d), -torch.finfo(dtype).max / 64)
+            qx = F.pad(self.query, (0, pad)).to(dtype)
+            self._ready[(d, dtype)] = qx, (F.pad(self.key, (0, pad)) * bias).to(dtype)
+        return self._ready[(d, dtype)]
 
 
 def positional_mask(query_pos: Tensor, key_pos: Tensor, key_valid: Tensor, chunk: int = 0) -> Tensor:
