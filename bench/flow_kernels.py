@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from engine import device as devices
 from engine.compiled_estimator import use_compile_cache
+from engine.config import FLOW_ATTENTION
 from engine.flow_graphs import GraphedCFM
 from engine.models.dit import DiT, DiTConfig
 from engine.models.flow import CausalCFM, CfmConfig, CfmInputs
@@ -231,7 +232,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sdpa", default="", help=f"attention kernels SDPA may use, comma list of {sorted(SDPA_BACKENDS)}"
     )
     p.add_argument(
-        "--attention", choices=("mask", "folded"), default="mask",
+        "--attention", choices=FLOW_ATTENTION, default="mask",
         help="the estimator's attention rule: a dense mask, or folded into q/k dims (no mask tensor)",
     )  # fmt: skip
     p.add_argument("--out", required=True)
