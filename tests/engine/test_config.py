@@ -98,6 +98,7 @@ def test_flow_reuse_auto_is_on_but_for_v2s_graphs():
 
 
 def test_flow_attention_is_the_dense_mask_unless_folded_is_asked():
-    assert EngineConfig().flow_attention == "mask" and EngineConfig(flow_attention="folded").flow_attention
+    assert EngineConfig().flow_attention == "mask"
+    assert EngineConfig(flow_attention="folded").flow_attention == "folded"
     with pytest.raises(ValueError, match="flow_attention"):
         EngineConfig(flow_attention="flex")
