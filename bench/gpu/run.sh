@@ -269,7 +269,8 @@ serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, be
   if [ -x "$SITE/bin/ray" ]; then "$SITE/bin/ray" stop --force > /dev/null 2>&1 || true; fi
 }
 
-[ $# -ge 1 ] || die "usage: run.sh bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve ... (see the header)"
+STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve"
+[ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
 case "$step" in
@@ -285,5 +286,5 @@ case "$step" in
   cache-out) step_cache_out ;;
   cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;
-  *) die "unknown step '$step' (bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve)" ;;
+  *) die "unknown step '$step' ($STEPS)" ;;
 esac
