@@ -71,7 +71,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
-        help="flow estimators' attention rule: a dense mask (as the reference) or folded into q/k dims",
+        help="flow estimators' attention: a dense mask (as the reference), folded into q/k dims, or "
+        "(CUDA) the dense mask with cuDNN's kernel tried first",
     )  # fmt: skip
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)

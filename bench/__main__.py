@@ -119,7 +119,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
     p.add_argument(
         "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
-        help="the flow estimators' attention rule: dense mask, or folded into q/k dims",
+        help="flow estimators' attention: a dense mask (as the reference), folded into q/k dims, or "
+        "(CUDA) the dense mask with cuDNN's kernel tried first",
     )  # fmt: skip
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)

@@ -16,6 +16,7 @@ and the reused mel's error against the recomputed one.
 ``--sdpa``: the attention kernels SDPA may pick, in order (e.g. ``cudnn`` or ``flash,efficient``; default:
 torch's own choice, which with the estimators' dense chunk mask is the memory-efficient kernel on the H200).
 The choice holds while the variants compile and capture, and its compiled kernels get a cache of their own.
+``--attention``: the engine's choices (``EngineConfig.flow_attention``): ``mask``, ``folded`` or ``cudnn``.
 """
 
 from __future__ import annotations
@@ -233,7 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--attention", choices=FLOW_ATTENTION, default="mask",
-        help="the estimator's attention rule: a dense mask, or folded into q/k dims (no mask tensor)",
+        help="the estimator's attention (EngineConfig.flow_attention): a dense mask, folded into q/k dims "
+        "(no mask tensor), or the dense mask with cuDNN's kernel tried first",
     )  # fmt: skip
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -249,9 +251,18 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     # kernels compiled under another SDPA choice call other attention ops: a cache of their own
-    use_compile_cache(Path(args.cache_dir) / f"sdpa-{args.sdpa}" if args.sdpa else Path(args.cache_dir))
-    with sdpa_backends(args.sdpa):
+    cache = Path(args.cache_dir)
+    if args.sdpa or args.attention == "cudnn":
+        cache = cache / (f"sdpa-{args.sdpa}" if args.sdpa else "attention-cudnn")
+    use_compile_cache(cache)
+    with sdpa_backends(args.sdpa), kernel_order(args.attention, torch.device(args.device)):
         return _measure(args)
+
+
+def kernel_order(attention: str, dev: torch.device) -> contextlib.AbstractContextManager[object]:
+    """``--attention cudnn``: the engine's kernel order (cuDNN first, then torch's; falls back silently,
+    unlike ``--sdpa cudnn``, which fails where cuDNN cannot run)."""
+    return devices.cudnn_attention(dev) if attention == "cudnn" else contextlib.nullcontext()
 
 
 def _measure(args: argparse.Namespace) -> dict[str, object]:

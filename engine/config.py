@@ -9,7 +9,7 @@ DEFAULT_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
 BACKENDS = ("auto", "native", "vllm")
 DEVICES = ("auto", "cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-FLOW_ATTENTION = ("mask", "folded")  # EngineConfig.flow_attention
+FLOW_ATTENTION = ("mask", "folded", "cudnn")  # EngineConfig.flow_attention
 # flow reuse's memory when ``EngineConfig.flow_reuse_gb`` is None: the eager solver's budget (GiB), and the
 # share of the device memory free after vLLM's start that the CUDA-graph solver's page pool takes (on the
 # H200 with vLLM at 0.3: ~38 GB, ~420 pages of 90 MB, 11 pages for a 10 s stream after a 3.5 s prompt)
@@ -200,7 +200,9 @@ class EngineConfig:
     # as the reference; SDPA's memory-efficient kernel on the H200) or "folded" (the rule folded into
     # extra q/k dimensions, engine.models.attention: no mask tensor, so SDPA may pick its flash kernel;
     # the same softmax, equal on CPU) in whole-sequence calls and the CUDA graphs' page windows (the eager
-    # solver's reuse windows keep the mask). Not yet timed on a GPU (bench/gpu/run.sh kernels)
+    # solver's reuse windows keep the mask), or "cudnn" (CUDA only: the dense mask, SDPA trying cuDNN's
+    # fused attention before its other kernels, process-wide while the engine is open). The choice is
+    # timed by bench/gpu/run.sh kernels and the engine A/B in BENCHMARKS.md
     flow_attention: str = "mask"
     # With the CUDA graphs: the flow estimator compiled by TorchInductor (fused elementwise chains; one
     # dynamic program for every bucket), kernels kept on disk under cache_dir/compile so a restart reuses

@@ -51,6 +51,19 @@ def configure(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
+def cudnn_attention(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """While entered, SDPA tries cuDNN's fused attention first (it takes a dense mask as a bias, bf16 and
+    fp16 only), then its usual kernels in their usual order (so float32 callers, Whisper's, still run).
+    The choice is process-wide torch state, read when a call dispatches and when Inductor traces one.
+    CUDA only: there is no cuDNN attention elsewhere, and asking for it there is a configuration error."""
+    if device.type != "cuda":
+        raise ValueError(f"cuDNN attention (flow_attention 'cudnn') needs a CUDA device, not {device.type}")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    kernels = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)  # torch's order
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, *kernels], set_priority=True)
+
+
 def _runtime(device: torch.device) -> Any:
     """torch.cuda or torch.npu (torch_npu's mirror of it) for an accelerator; None on CPU."""
     if device.type == "cuda":

@@ -92,6 +92,7 @@ class TTSEngine:
         self._active: set[_Active] = set()
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
+        self._settings = contextlib.ExitStack()  # process-wide settings held while open (load: cudnn)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -100,6 +101,17 @@ class TTSEngine:
         files = resolve_model(str(model_dir or cfg.model), cfg.cache_dir, cfg.llm_variant)
         dev = devices.resolve(cfg.device)
         devices.configure(dev)
+        # process-wide settings the engine holds until close(), undone here if loading fails
+        with contextlib.ExitStack() as settings:
+            if cfg.flow_attention == "cudnn":  # before the flow compiles and captures: they fix the kernel
+                settings.enter_context(devices.cudnn_attention(dev))
+            engine = cls._assemble(cfg, files, dev)
+            engine._settings = settings.pop_all()
+        return engine
+
+    @classmethod
+    def _assemble(cls, cfg: EngineConfig, files: ModelDir, dev: torch.device) -> TTSEngine:
+        """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers."""
         model = load_model(files, dev)
         if cfg.flow_attention == "folded":
             model.flow.decoder.fold_attention()
@@ -145,6 +157,7 @@ class TTSEngine:
         self.backend.close()
         self.token2wav.close()
         self.text_pool.close()
+        self._settings.close()
 
     # ------------------------------------------------------------------ public surface
     def split_preview(self, text: str, language: str = "auto") -> list[str]:

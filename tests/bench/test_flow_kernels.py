@@ -47,3 +47,12 @@ def test_attention_folded_runs_the_solver_with_the_rule_in_qk_dims(tmp_path):
     report = main([*argv, "--attention", "folded"])
     assert report["attention"] == "folded" and len(report["timings"]) == 1  # type: ignore[arg-type]
     assert [f["relative_rms"] for f in report["fidelity"]] == [0.0, 0.0]  # type: ignore[union-attr]
+
+
+def test_attention_cudnn_is_the_engines_kernel_order_and_cuda_only(tmp_path):
+    """``--attention cudnn`` enters the engine's order (``engine.device.cudnn_attention``), which refuses
+    a CPU run with a clear error instead of timing the default kernels under its name."""
+    argv = ["--family", "v3", "--size", "tiny", "--device", "cpu", "--variants", "bf16", "--shapes", "1x100"]
+    argv += ["--cache-dir", str(tmp_path / "cc"), "--out", str(tmp_path), "--attention", "cudnn"]
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        main(argv)

@@ -97,8 +97,9 @@ def test_flow_reuse_auto_is_on_but_for_v2s_graphs():
         EngineConfig(flow_reuse="yes")  # type: ignore[arg-type]
 
 
-def test_flow_attention_is_the_dense_mask_unless_folded_is_asked():
+def test_flow_attention_is_the_dense_mask_unless_folded_or_cudnn_is_asked():
     assert EngineConfig().flow_attention == "mask"
     assert EngineConfig(flow_attention="folded").flow_attention == "folded"
+    assert EngineConfig(flow_attention="cudnn").flow_attention == "cudnn"
     with pytest.raises(ValueError, match="flow_attention"):
         EngineConfig(flow_attention="flex")

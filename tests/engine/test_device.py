@@ -69,3 +69,19 @@ def test_captured_call_records_once_after_warmup_and_replays_into_copies(monkeyp
     assert seen[-1] == "replay" and static.tolist() == [1.0, 1.0]  # new values copied into the buffer
     assert len(outs) == 2 and all(o is not s and torch.equal(o, s) for o, s in zip(outs, call.outputs))
     assert call(torch.ones(2)) is not call.output  # the single-output form: a copy of the first
+
+
+def test_cudnn_attention_puts_cudnn_first_while_entered_and_only_on_cuda():
+    """The order is torch state (no device is touched), so a CPU machine checks it; elsewhere than CUDA
+    the choice is refused."""
+    from torch.nn.attention import SDPBackend
+
+    before = torch._C._get_sdp_priority_order()
+    with device.cudnn_attention(torch.device("cuda")):
+        order = torch._C._get_sdp_priority_order()
+        assert order[:4] == [int(SDPBackend.CUDNN_ATTENTION), *before[:3]]  # then flash, efficient, math
+        assert torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    assert torch._C._get_sdp_priority_order() == before
+    with pytest.raises(ValueError, match="CUDA"):
+        device.cudnn_attention(torch.device("cpu"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 from dataclasses import replace
@@ -299,6 +300,42 @@ async def test_folded_attention_serves_the_same_audio(engine, tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
     finally:
         folded.close()
+
+
+def test_cudnn_attention_is_held_while_the_engine_is_open_and_undone_on_close_or_a_failed_load(
+    engine, tmp_path, monkeypatch
+):
+    """flow_attention "cudnn": the engine enters the kernel order before its flow loads (a CPU machine
+    has no cuDNN: a recording context stands in) and leaves it on close, or at once when loading fails."""
+    held: list[str] = []
+
+    @contextlib.contextmanager
+    def order(dev):
+        held.append(f"in:{dev.type}")
+        try:
+            yield
+        finally:
+            held.append("out")
+
+    monkeypatch.setattr("engine.engine.devices.cudnn_attention", order)
+    cfg = replace(engine.cfg, flow_attention="cudnn", voices_dir=str(tmp_path / "voices"))
+    eng = TTSEngine.load(cfg)
+    assert held == ["in:cpu"]
+    eng.close()
+    assert held == ["in:cpu", "out"]
+
+    def broken(files, dev):
+        raise RuntimeError("flow.pt is damaged")
+
+    monkeypatch.setattr("engine.engine.load_model", broken)
+    with pytest.raises(RuntimeError, match="damaged"):
+        TTSEngine.load(cfg)
+    assert held == ["in:cpu", "out", "in:cpu", "out"]
+
+
+def test_cudnn_attention_on_a_cpu_engine_is_a_clear_error(engine):
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        TTSEngine.load(replace(engine.cfg, flow_attention="cudnn"))
 
 
 async def test_abort_mid_stream_frees_everything(engine):

@@ -6,12 +6,15 @@ call goes through the bucket padding and the page tables. Scenarios marked ``fam
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 
 import pytest
 import torch
 
+from engine import device as devices
+from engine.config import FLOW_ATTENTION
 from engine.flow_graphs import WINDOW, GraphedCFM, _page_sizes
 from engine.models.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
 from engine.models.flow import CosyVoice3Flow, Flow
@@ -196,15 +199,20 @@ def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypat
 
 @families
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "eager"])
-@pytest.mark.parametrize("folded", [False, True], ids=["mask", "folded"])
+@pytest.mark.parametrize("attention", FLOW_ATTENTION)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_captured_bf16_windows_stay_close_to_the_float32_recompute(family, compiled, folded):
+def test_captured_bf16_windows_stay_close_to_the_float32_recompute(family, compiled, attention):
     """The GPU fidelity guard of reuse: bf16 page windows (compiled, or eager) in real CUDA graphs vs the
     eager float32 full recompute with dense masks, each call's new frames as mel RMS error relative to the
-    mel's std (mask: passed on the H200 on 2026-12-01 for v3 and v2, compiled and eager; folded: not yet
-    run)."""
+    mel's std, for each flow_attention (mask: passed on the H200 on 2026-12-01 for v3 and v2, compiled and
+    eager). cudnn: the graphs compile and capture under the kernel order, as the engine's do."""
     dev = torch.device("cuda")
+    with devices.cudnn_attention(dev) if attention == "cudnn" else contextlib.nullcontext():
+        _windows_against_the_recompute(family, compiled, attention == "folded", dev)
+
+
+def _windows_against_the_recompute(family: str, compiled: bool, folded: bool, dev: torch.device) -> None:
     flow = copy.deepcopy(tiny_flow(family)).to(dev)
     reference = copy.deepcopy(flow)
     if folded:
