@@ -466,7 +466,10 @@ def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -
     """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
     compiled = cfg.compiles_flow(family)
     if compiled:
-        use_compile_cache(cache / "compile")
+        # cuDNN's order changes which attention op a traced graph calls, not the graph Dynamo sees, which
+        # is what a cache entry may be found by: its programs get a cache of their own
+        cudnn = cfg.flow_attention == "cudnn"
+        use_compile_cache(cache / "compile" / "attention-cudnn" if cudnn else cache / "compile")
     return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled)
 
 
