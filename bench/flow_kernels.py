@@ -161,13 +161,16 @@ def fidelity(cfm: CausalCFM, variant: str, streaming: bool, batch: int = 2, fram
 
 
 def _reference(cfm: CausalCFM, inputs: tuple[Tensor, ...], streaming: bool) -> Tensor:
-    """The float32 eager solve with TF32 off: the reference's arithmetic."""
+    """The float32 eager solve with TF32 off: the reference's arithmetic, on the kernels torch picks for it
+    whatever ``--sdpa`` allows the variant (cuDNN's and flash's take no float32: with ``--sdpa cudnn`` the
+    reference had no kernel on the H200)."""
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
         mu, mask, spks, cond = inputs
         zero = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
-        return cfm(CfmInputs(mu, mask, spks, cond, zero, zero), streaming).float()
+        with sdpa_backends("efficient,math"):
+            return cfm(CfmInputs(mu, mask, spks, cond, zero, zero), streaming).float()
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 

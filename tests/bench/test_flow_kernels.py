@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from bench.flow_kernels import main, parse_args
+from bench.flow_kernels import _reference, bucket_inputs, build_cfm, main, parse_args, sdpa_backends
+from engine.models.flow import CfmInputs
 
 
 def test_reports_timings_and_fidelity_per_variant(tmp_path):
@@ -56,3 +58,16 @@ def test_attention_cudnn_is_the_engines_kernel_order_and_cuda_only(tmp_path):
     argv += ["--cache-dir", str(tmp_path / "cc"), "--out", str(tmp_path), "--attention", "cudnn"]
     with pytest.raises(ValueError, match="needs a CUDA device"):
         main(argv)
+
+
+def test_the_float32_reference_runs_whatever_kernels_sdpa_allows_the_variant():
+    """Under ``--sdpa cudnn`` the H200 had no float32 kernel for the reference solve; here ``efficient``
+    (no CPU kernel) stands in: the reference still solves, and the restriction holds again after it."""
+    cfm = build_cfm("v3", "tiny", torch.device("cpu"))
+    mu, mask, spks, cond = bucket_inputs(1, 100, torch.device("cpu"))
+    zero = torch.zeros(1, dtype=torch.long)
+    with sdpa_backends("efficient"), torch.inference_mode():
+        mel = _reference(cfm, (mu, mask, spks, cond), streaming=True)
+        assert mel.shape == (1, 80, 100) and torch.isfinite(mel).all()
+        with pytest.raises(RuntimeError, match="No viable backend"):
+            cfm(CfmInputs(mu, mask, spks, cond, zero, zero), True)
