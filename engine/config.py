@@ -201,14 +201,15 @@ class EngineConfig:
     # extra q/k dimensions, engine.models.attention: no mask tensor, so SDPA may pick its flash kernel;
     # the same softmax, equal on CPU) in whole-sequence calls and the CUDA graphs' page windows (the eager
     # solver's reuse windows keep the mask), or "cudnn" (CUDA only: the dense mask, SDPA trying cuDNN's
-    # fused attention before its other kernels, process-wide while the engine is open). The choice is
-    # timed by bench/gpu/run.sh kernels and the engine A/B in BENCHMARKS.md
+    # fused attention before its other kernels, process-wide while the engine is open). On the H200 (the
+    # solver alone, BENCHMARKS.md) cudnn was within 2 % of the mask and folded 5-29 % slower: mask stays
     flow_attention: str = "mask"
     # With the CUDA graphs: the flow estimator compiled by TorchInductor (fused elementwise chains; one
     # dynamic program for every bucket), kernels kept on disk under cache_dir/compile so a restart reuses
     # them. False = the eager estimator inside the graphs (the A/B; bench --no-flow-compile). None (auto):
-    # on for v3 (measured on the H200: BENCHMARKS.md), off for v2, whose U-Net had not finished compiling
-    # its graphs 460 s into a cold start there and whose compiled speed is unmeasured (--flow-compile).
+    # on for v3 (measured on the H200: BENCHMARKS.md), off for v2: compiled, its U-Net served +13-15 % audio
+    # s/s at 16-64 streams there, but 1 stream slower (TTFA 249 -> 280 ms) and a 376 s cold start (118 s
+    # eager): worth it for serving many v2 streams (--flow-compile), not for a demo's fresh machine.
     flow_compile: bool | None = None
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
