@@ -205,9 +205,9 @@ def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypat
 def test_captured_bf16_windows_stay_close_to_the_float32_recompute(family, compiled, attention):
     """The GPU fidelity guard of reuse: bf16 page windows (compiled, or eager) in real CUDA graphs vs the
     eager float32 full recompute with dense masks, each call's new frames as mel RMS error relative to the
-    mel's std, for each flow_attention (on the H200 on 2026-12-01, v3 and v2: mask compiled and eager,
-    folded and cudnn eager passed). cudnn: the graphs compile and capture under the kernel order, as the
-    engine's do."""
+    mel's std, for each flow_attention (passed on the H200 on 2026-12-01: mask for v3 and v2, compiled and
+    eager; folded and cudnn eager for both, compiled for v3). cudnn: the graphs compile and capture under
+    the kernel order, as the engine's do."""
     dev = torch.device("cuda")
     with devices.cudnn_attention(dev) if attention == "cudnn" else contextlib.nullcontext():
         _windows_against_the_recompute(family, compiled, attention == "folded", dev)
