@@ -23,10 +23,10 @@ from engine.config import (
     DEFAULT_MODEL,
     DEVICES,
     FAST_START_CHOICES,
-    FLOW_ATTENTION,
     EngineConfig,
     Limits,
     StreamConfig,
+    add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
     fast_start_choice,
@@ -69,11 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
         help="GPU flow solver precision (float32: the reference's, slower under load)",
     )  # fmt: skip
-    p.add_argument(
-        "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
-        help="flow estimators' attention: a dense mask (as the reference), folded into q/k dims, or "
-        "(CUDA) the dense mask with cuDNN's kernel tried first",
-    )  # fmt: skip
+    add_flow_attention_flag(p)
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)
     p.add_argument(

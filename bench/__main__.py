@@ -30,9 +30,9 @@ from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt
 from bench.report import write_report
 from engine.config import (
     FAST_START_CHOICES,
-    FLOW_ATTENTION,
     EngineConfig,
     StreamConfig,
+    add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
     fast_start_flag,
@@ -117,11 +117,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
-    p.add_argument(
-        "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
-        help="flow estimators' attention: a dense mask (as the reference), folded into q/k dims, or "
-        "(CUDA) the dense mask with cuDNN's kernel tried first",
-    )  # fmt: skip
+    add_flow_attention_flag(p)
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)
     p.add_argument(

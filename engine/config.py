@@ -129,6 +129,15 @@ def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_flow_attention_flag(parser: argparse.ArgumentParser) -> None:
+    """``--flow-attention`` -> ``args.flow_attention`` (``EngineConfig.flow_attention``)."""
+    parser.add_argument(
+        "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
+        help="flow estimators' attention: a dense mask (as the reference), folded into q/k dims, or "
+        "(CUDA) the dense mask with cuDNN's kernel tried first",
+    )  # fmt: skip
+
+
 def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
     """``--flow-reuse`` / ``--no-flow-reuse`` -> ``args.flow_reuse`` (None when neither: auto)."""
     _add_auto_flags(
