@@ -1,9 +1,9 @@
 """A small Qwen2-compatible tokenizer folder (the CosyVoice-BlankEN layout) for tests and benchmarks.
 
 The folder holds vocab.json, merges.txt and tokenizer_config.json, like the release (no tokenizer.json), so
-``AutoTokenizer.from_pretrained`` and ``engine.text.load_tokenizer`` treat it exactly as the real one. The
-vocabulary is byte-level BPE: the 256 byte symbols plus merges learned from a short built-in English and
-Chinese text, so every ordinary text id is below ``vocab_size``.
+``AutoTokenizer.from_pretrained`` and ``engine.text.frontend.load_tokenizer`` treat it exactly as the real
+one. The vocabulary is byte-level BPE: the 256 byte symbols plus merges learned from a short built-in English
+and Chinese text, so every ordinary text id is below ``vocab_size``.
 
 Special-token ids are the real ones: <|endoftext|> 151643, <|im_start|> 151644, <|im_end|> 151645, and the
 CosyVoice specials that ``load_tokenizer`` adds then follow from 151646 (<|endofprompt|>) in the official
@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.text import check_family
+from engine.text.frontend import check_family
 
 QWEN_SPECIALS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
 # Ordinary ids stay below this; v2's 300 matches the v2 golden fixture's text vocabulary.

@@ -256,7 +256,7 @@ class EngineConfig:
     # with the CUDA graphs a page pool of ``AUTO_POOL_SHARE`` of the device memory free once vLLM started
     # (allocated at load: the graphs read it at fixed addresses)
     flow_reuse_gb: float | None = None
-    # processes that normalise and tokenise request texts (engine.text_pool: that work holds the GIL, so
+    # processes that normalise and tokenise request texts (engine.text.pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
     # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)
     text_workers: int | None = None

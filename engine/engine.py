@@ -44,9 +44,9 @@ from engine.plan import Plan, Planner
 from engine.playback import Playback
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
-from engine.text import TextFrontend, instruct_presets, load_tokenizer
-from engine.text_pool import TextPool, text_job
-from engine.text_stream import Prefetch, text_pieces, token_pieces
+from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
+from engine.text.pool import TextPool, text_job
+from engine.text.stream import Prefetch, text_pieces, token_pieces
 from engine.token2wav import Token2Wav, Utterance
 from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 

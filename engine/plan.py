@@ -15,8 +15,8 @@ from engine.config import Limits
 from engine.errors import InvalidInput, TooLarge
 from engine.frontend import Frontend, PromptFeatures
 from engine.request import Mode, SynthesisRequest
-from engine.text import TextFrontend, format_cross_lingual
-from engine.text_pool import TextIds, text_ids, text_job
+from engine.text.frontend import TextFrontend, format_cross_lingual
+from engine.text.pool import TextIds, text_ids, text_job
 from engine.voices import Voice, VoiceLibrary
 
 

@@ -166,7 +166,7 @@ def split_text(text: str, language: str = "auto", max_len: int = 80) -> list[str
     """Preview of how the engine will cut ``text``: sentences merged up to ``max_len`` units.
 
     Units are characters for CJK text and words for English (a stand-in for the engine's splitter, which
-    counts text tokens; see engine.text_split).
+    counts text tokens; see engine.text.split).
     """
     spaced = language == "en" or (language == "auto" and not CJK.search(text))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.number_words import digits_to_words, number_to_words, spell_out_numbers
+from engine.text.number_words import digits_to_words, number_to_words, spell_out_numbers
 
 
 @pytest.mark.parametrize(

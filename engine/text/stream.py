@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from engine.errors import InvalidInput, SynthesisFailed, TooLarge
-from engine.text import TextFrontend, normalize_text, resolve_language
+from engine.text.frontend import TextFrontend, normalize_text, resolve_language
 
 # A cut may follow these: CJK ideographs and the CJK / full-width punctuation (no spaces in that text).
 _CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")

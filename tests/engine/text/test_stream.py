@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import TooLarge
-from engine.text import normalize_text
-from engine.text_stream import TextPieces, safe_cut
+from engine.text.frontend import normalize_text
+from engine.text.stream import TextPieces, safe_cut
 
 
 def en(text: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.text_split import (
+from engine.text.split import (
     EN_TERMINALS,
     ZH_TERMINALS,
     cut_sentences,

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidInput, ModelError
-from engine.number_words import spell_out_numbers
-from engine.text_split import split_sentences
+from engine.text.number_words import spell_out_numbers
+from engine.text.split import split_sentences
 
 log = logging.getLogger(__name__)
 

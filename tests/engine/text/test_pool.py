@@ -13,8 +13,8 @@ import pytest
 from bench.tiny_tokenizer import write_tiny_tokenizer
 from engine.errors import InvalidInput, SynthesisFailed
 from engine.request import Mode
-from engine.text import TextFrontend, load_tokenizer
-from engine.text_pool import TextJob, TextPool, text_ids
+from engine.text.frontend import TextFrontend, load_tokenizer
+from engine.text.pool import TextJob, TextPool, text_ids
 
 JOBS = [
     TextJob("On 2024-05-03 it was 25 degrees. Then it rained!", Mode.ZERO_SHOT, "en", True, "A prompt.", ""),
@@ -82,7 +82,7 @@ def test_no_workers_runs_in_a_thread_here(text):
 
 def loaded_normalizers() -> int:
     """Run in a worker: how many wetext normalisers it has built."""
-    from engine.text import _wetext
+    from engine.text.frontend import _wetext
 
     return _wetext.cache_info().currsize
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from engine.errors import InvalidInput, SynthesisFailed
 from engine.request import Mode, SynthesisRequest
-from engine.text import TextFrontend, load_normalizers, load_tokenizer
+from engine.text.frontend import TextFrontend, load_normalizers, load_tokenizer
 
 log = logging.getLogger(__name__)
 

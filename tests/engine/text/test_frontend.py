@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from bench.tiny_tokenizer import write_tiny_tokenizer
-from engine import text
 from engine.errors import InvalidInput, ModelError
-from engine.text import (
+from engine.text import frontend as text
+from engine.text.frontend import (
     END_OF_PROMPT,
     END_OF_PROMPT_ID,
     FAMILIES,
