@@ -36,10 +36,10 @@ from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.sampling import token_limits
+from engine.lm.speech_lm import SpeechLM
 from engine.metrics import ServerStats, Stopwatch
 from engine.models.flow import CausalCFM
 from engine.models.hift import CausalHiFTGenerator
-from engine.models.speech_lm import SpeechLM
 from engine.plan import Plan, Planner
 from engine.playback import Playback
 from engine.request import AudioChunk, Mode, SynthesisRequest

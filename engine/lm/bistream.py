@@ -27,7 +27,7 @@ import torch
 
 from engine.config import SamplingConfig
 from engine.lm.sampling import SamplerState, sample_step, token_limits
-from engine.models.speech_lm import SpeechLM, SpeechLMConfig
+from engine.lm.speech_lm import SpeechLM, SpeechLMConfig
 
 MIX_RATIO = (5, 15)  # text tokens, speech tokens per round (the released yaml's mix_ratio)
 END_OF_PROMPT_ID = 151646  # v3: the prompt text up to and including it leads the input

@@ -24,7 +24,7 @@ from engine.errors import SynthesisFailed
 from engine.lm.backend import LMRequest
 from engine.lm.bistream import Feed, Layout, Picker, RASPicker, Round, Step, embed, run_round
 from engine.lm.sampling import SamplerState, sample_step
-from engine.models.speech_lm import KVCache, SpeechLM
+from engine.lm.speech_lm import KVCache, SpeechLM
 
 log = logging.getLogger(__name__)
 _END = object()

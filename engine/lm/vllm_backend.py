@@ -39,7 +39,7 @@ from engine.config import SamplingConfig
 from engine.lm.backend import LMRequest
 from engine.lm.bistream import Feed, Layout, Round, Table, embed
 from engine.lm.sampling import DeviceRAS
-from engine.models.speech_lm import SpeechLM
+from engine.lm.speech_lm import SpeechLM
 
 log = logging.getLogger(__name__)
 EXPORT_VERSION = 1

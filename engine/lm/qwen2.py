@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from engine.models.lm_config import SpeechLMConfig
+from engine.lm.lm_config import SpeechLMConfig
 
 # cuDNN attention (torch's first choice on Hopper) builds a graph per shape, and the key span changes every
 # decode step: ~2 ms of CPU per call. These backends have no per-shape setup; the list is ordered by priority.

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from engine.errors import InvalidInput
-from engine.models.lm_config import SpeechLMConfig
-from engine.models.qwen2 import KVCache, Qwen2Encoder
+from engine.lm.lm_config import SpeechLMConfig
+from engine.lm.qwen2 import KVCache, Qwen2Encoder
 
 
 class SpeechLM(nn.Module):

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine.errors import InvalidInput, ModelError
-from engine.models.lm_config import SpeechLMConfig
-from engine.models.speech_lm import SpeechLM
+from engine.lm.lm_config import SpeechLMConfig
+from engine.lm.speech_lm import SpeechLM
 from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases
 
 CASES = tiny_cases()
