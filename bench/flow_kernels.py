@@ -34,12 +34,12 @@ import torch
 from torch import Tensor, nn
 
 from engine import device as devices
-from engine.compiled_estimator import use_compile_cache
 from engine.config import FLOW_ATTENTION
-from engine.flow_graphs import GraphedCFM
-from engine.models.dit import DiT, DiTConfig
-from engine.models.flow import CausalCFM, CfmConfig, CfmInputs
-from engine.models.unet import CausalConditionalDecoder, UNetConfig
+from engine.flow.cfm import CausalCFM, CfmConfig, CfmInputs
+from engine.flow.compiled_estimator import use_compile_cache
+from engine.flow.dit import DiT, DiTConfig
+from engine.flow.graphs import GraphedCFM
+from engine.flow.unet import CausalConditionalDecoder, UNetConfig
 
 log = logging.getLogger(__name__)
 VARIANTS = ("autocast", "bf16", "compiled")

@@ -207,7 +207,7 @@ class EngineConfig:
     flow_dtype: str = "bfloat16"
     # how the flow estimators' attention hides what a frame may not see: "mask" (a dense [B,1,T,T] mask,
     # as the reference; SDPA's memory-efficient kernel on the H200) or "folded" (the rule folded into
-    # extra q/k dimensions, engine.models.attention: no mask tensor, so SDPA may pick its flash kernel;
+    # extra q/k dimensions, engine.flow.attention: no mask tensor, so SDPA may pick its flash kernel;
     # the same softmax, equal on CPU) in whole-sequence calls and the CUDA graphs' page windows (the eager
     # solver's reuse windows keep the mask), or "cudnn" (CUDA only: the dense mask, SDPA trying cuDNN's
     # fused attention before its other kernels, process-wide while the engine is open). On the H200 (the
@@ -239,10 +239,10 @@ class EngineConfig:
     # earliest playback deadline first inside frame buckets (engine.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
-    # Euler step: engine.models.dit_cache for v3's DiT, engine.models.unet_cache for v2's U-Net, which also
+    # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
     # estimators are chunk-causal and the noise fixed. The eager solver (CPU, NPU, cuda_graphs off): v3 and
-    # v2; the CUDA-graph solver: both, from a page pool (engine.models.dit_pages, unet_pages; v2's there not
+    # v2; the CUDA-graph solver: both, from a page pool (engine.flow.dit_pages, unet_pages; v2's there not
     # yet run on a GPU, and windows that fail to compile at load leave the graphs recomputing). Costs
     # memory per frame cached at full size: ~3.6 MB (v3) and ~4.6 MB (v2) in float32, 1.8 MB in the graphs'
     # bf16, until the request's final call. False = recompute every call (the A/B). None (auto): on, but

@@ -26,10 +26,11 @@ from engine.admission import Admission
 from engine.asr import Transcriber, Transcript, model_choice
 from engine.audio import AudioInput, AudioLimits
 from engine.checkpoint import LoadedModel, load_model
-from engine.compiled_estimator import use_compile_cache
 from engine.config import AUTO_POOL_SHARE, EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
-from engine.flow_graphs import GraphedCFM
+from engine.flow.cfm import CausalCFM
+from engine.flow.compiled_estimator import use_compile_cache
+from engine.flow.graphs import GraphedCFM
 from engine.frontend import Frontend
 from engine.hift_graphs import GraphedHiFT
 from engine.hub import ModelDir, resolve_model
@@ -38,7 +39,6 @@ from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
 from engine.metrics import ServerStats, Stopwatch
-from engine.models.flow import CausalCFM
 from engine.models.hift import CausalHiFTGenerator
 from engine.plan import Plan, Planner
 from engine.playback import Playback

@@ -11,7 +11,7 @@ each row's noise drawn from its own request's generator.
 With ``flow_reuse`` each streaming ``Utterance`` owns a flow cache, made by the flow solver: the eager one
 gives v3 a ``DiTCache`` and v2 a ``UNetCache``, the CUDA-graph one (with a page pool) a ``PagedCache``.
 Its non-final flow calls compute only the frames after the chunks finished in earlier calls (exact; see
-engine.models.dit_cache, engine.models.unet_cache and engine.models.dit_pages). The final call recomputes
+engine.flow.dit_cache, engine.flow.unet_cache and engine.flow.dit_pages). The final call recomputes
 everything with full attention and frees the cache.
 """
 
@@ -33,11 +33,11 @@ from torch.profiler import record_function  # labels for bench.profile; near fre
 from engine import device as devices
 from engine.config import EAGER_REUSE_GB, EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
+from engine.flow.cfm import Flow
+from engine.flow.dit_cache import DiTCache, ReuseBudget
+from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
 from engine.job_queue import DeadlineQueue
-from engine.models.dit_cache import DiTCache, ReuseBudget
-from engine.models.dit_pages import PagedCache
-from engine.models.flow import Flow
 from engine.models.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
 from engine.streaming import (
     TOKEN_MEL_RATIO,

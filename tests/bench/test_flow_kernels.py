@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.flow_kernels import _reference, bucket_inputs, build_cfm, main, parse_args, sdpa_backends
-from engine.models.flow import CfmInputs
+from engine.flow.cfm import CfmInputs
 
 
 def test_reports_timings_and_fidelity_per_variant(tmp_path):

@@ -174,7 +174,7 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
     """vLLM sizes its KV cache from the device memory free when it starts, so the flow graphs are captured
     after it (captured first, they left vLLM 24 GiB on the H200). Capture itself is recorded, not run."""
     import engine.engine as engine_module
-    from engine.flow_graphs import GraphedCFM
+    from engine.flow.graphs import GraphedCFM
     from engine.hift_graphs import GraphedHiFT
 
     events: list[tuple] = []
@@ -203,8 +203,8 @@ def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_pa
     """v3's CUDA-graph solver gets its page pool at load, before the captures (they record its address):
     by default 40 % of the device memory free then, or ``flow_reuse_gb``; none without reuse."""
     import engine.engine as engine_module
-    from engine.flow_graphs import GraphedCFM
-    from engine.models.dit_pages import PageLayout
+    from engine.flow.dit_pages import PageLayout
+    from engine.flow.graphs import GraphedCFM
 
     monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
     monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2 * 2**30)
@@ -230,7 +230,7 @@ def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch)
     """flow_reuse auto: v2's CUDA-graph solver gets no page pool and recomputes (its windows measured slower
     on the H200); --flow-reuse gives it one; v2's eager solver reuses in auto."""
     import engine.engine as engine_module
-    from engine.flow_graphs import GraphedCFM
+    from engine.flow.graphs import GraphedCFM
 
     monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2**30)
     monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)
@@ -251,7 +251,7 @@ def test_the_graphed_solver_compiles_v3s_estimator_and_not_v2s_by_default(tmp_pa
     """flow_compile auto: v3's DiT through Inductor (its kernels in cache_dir/compile), v2's U-Net eager
     in its graphs (its compiled cold start ran past 460 s on the H200); an explicit choice holds for both."""
     import engine.engine as engine_module
-    from engine.flow_graphs import GraphedCFM
+    from engine.flow.graphs import GraphedCFM
 
     monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
     monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)

@@ -397,7 +397,7 @@ def stream_with_and_without_reuse(tmp_path, family: str, monkeypatch=None):
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), torch.device("cpu"))
     if monkeypatch is not None:
-        from engine.flow_graphs import GraphedCFM
+        from engine.flow.graphs import GraphedCFM
         from tests.engine.test_graph_cache import emulate_capture
 
         emulate_capture(monkeypatch)
@@ -438,7 +438,7 @@ def test_v3_flow_reuse_gives_the_same_stream_audio_computing_only_new_frames(tmp
 def test_v3_flow_reuse_through_the_graphed_solvers_pages_gives_the_same_stream_audio(tmp_path, monkeypatch):
     """The CUDA-graph solver (capture emulated) reuses frames from its page pool: the same PCM as its
     full streaming graphs, from the same query frames as the eager reuse; the pages go back at the end."""
-    from engine.models.dit_pages import PagedCache
+    from engine.flow.dit_pages import PagedCache
 
     _, _, _, cache = stream_with_and_without_reuse(tmp_path, "cosyvoice3", monkeypatch)
     assert isinstance(cache, PagedCache) and (cache.calls, cache.queried) == (3, 100 + 100 + 200)
@@ -448,7 +448,7 @@ def test_v3_flow_reuse_through_the_graphed_solvers_pages_gives_the_same_stream_a
 def test_v2_flow_reuse_through_the_graphed_solvers_pages_gives_the_same_stream_audio(tmp_path, monkeypatch):
     """v2's U-Net in the CUDA-graph solver (capture emulated) reuses frames and conv states from the pages:
     the same PCM as its full streaming graphs, each call computing only what the one before had not."""
-    from engine.models.dit_pages import PagedCache
+    from engine.flow.dit_pages import PagedCache
 
     _, jobs, _, cache = stream_with_and_without_reuse(tmp_path, "cosyvoice2", monkeypatch)
     frames = [2 * (13 + job.end - 3) for job in jobs if not job.finalize]
@@ -458,7 +458,7 @@ def test_v2_flow_reuse_through_the_graphed_solvers_pages_gives_the_same_stream_a
 
 def test_v2_flow_reuse_gives_the_same_stream_audio_computing_fewer_frames(tmp_path):
     """v2's U-Net reuses the finished frames too: the same PCM as recomputing from fewer query frames."""
-    from engine.models.unet_cache import UNetCache
+    from engine.flow.unet_cache import UNetCache
 
     plain, jobs, _, cache = stream_with_and_without_reuse(tmp_path, "cosyvoice2")
     assert isinstance(cache, UNetCache) and len(plain) > 3

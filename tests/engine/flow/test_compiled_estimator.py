@@ -8,7 +8,7 @@ import os
 import torch._dynamo  # noqa: F401  (its import writes Inductor's default cache dir into the environment)
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from engine.compiled_estimator import use_compile_cache
+from engine.flow.compiled_estimator import use_compile_cache
 
 
 def test_the_cache_replaces_inductors_temp_default(monkeypatch, tmp_path):

@@ -1,6 +1,6 @@
 """Streaming flow calls that reuse a request's finished frames emit what the full recompute emits, alone and
-in padded batches whose rows have different cache boundaries: v3's DiT (engine.models.dit_cache) and,
-where a scenario is parametrized by family, v2's U-Net (engine.models.unet_cache; its own cases:
+in padded batches whose rows have different cache boundaries: v3's DiT (engine.flow.dit_cache) and,
+where a scenario is parametrized by family, v2's U-Net (engine.flow.unet_cache; its own cases:
 test_unet_cache)."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import pytest
 import torch
 
 from bench.make_model import randomize
-from engine.models.dit import DiTConfig
-from engine.models.dit_cache import DiTCache, ReuseBudget
-from engine.models.flow import (
+from engine.flow.cfm import (
     CosyVoice2Flow,
     CosyVoice2FlowConfig,
     CosyVoice3Flow,
     CosyVoice3FlowConfig,
     Flow,
 )
-from engine.models.flow_encoder import EncoderConfig
-from engine.models.unet import UNetConfig
-from engine.models.unet_cache import UNetCache
+from engine.flow.dit import DiTConfig
+from engine.flow.dit_cache import DiTCache, ReuseBudget
+from engine.flow.encoder import EncoderConfig
+from engine.flow.unet import UNetConfig
+from engine.flow.unet_cache import UNetCache
 
 CHUNK = DiTConfig().static_chunk_size  # 50 frames, counted from frame 0 (prompt included)
 LOOKAHEAD = CosyVoice3FlowConfig().pre_lookahead_len

@@ -40,7 +40,7 @@ class CompiledEstimator(nn.Module):
         self.dtype = dtype
         self.inner = estimator if dtype == torch.float32 else cast_parameters(estimator, dtype)
         self.run = _compiled(self.inner) if compiled else self.inner
-        # page windows (engine.models.dit_pages, unet_pages), compiled alike on first use
+        # page windows (engine.flow.dit_pages, unet_pages), compiled alike on first use
         paged = getattr(self.inner, "forward_paged", None)
         self.run_paged = _compiled(paged) if compiled and paged is not None else paged
 

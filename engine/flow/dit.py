@@ -6,9 +6,9 @@ embedding; blocks use AdaLN-Zero on the flow-time embedding, tanh-GELU FFN and R
 flattened q/k BEFORE the head split, so only the first dim_head channels (head 0) rotate: a quirk of the
 reference that the released weights depend on. See reference/cosyvoice-spec.md §2.9 and pitfall 21.
 
-``forward_window`` is the streaming call that reuses a request's finished frames (engine.models.dit_cache):
+``forward_window`` is the streaming call that reuses a request's finished frames (engine.flow.dit_cache):
 only a window of query frames runs, attending over the cached keys/values of the frames before it;
-``forward_paged`` is the same over a page pool, from tensors only (engine.models.dit_pages: the CUDA graphs).
+``forward_paged`` is the same over a page pool, from tensors only (engine.flow.dit_pages: the CUDA graphs).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.attention import FrameAttention, WindowAttention
-from engine.models.dit_pages import PagedRows, PagedWindow
-from engine.models.flow_encoder import expect_tag, yaml_field
-from engine.models.unet import sinusoidal_embedding
+from engine.flow.attention import FrameAttention, WindowAttention
+from engine.flow.dit_pages import PagedRows, PagedWindow
+from engine.flow.encoder import expect_tag, yaml_field
+from engine.flow.unet import sinusoidal_embedding
 
 if TYPE_CHECKING:
-    from engine.models.dit_cache import DiTWindow, KeysValues
+    from engine.flow.dit_cache import DiTWindow, KeysValues
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class DiT(nn.Module):
         self.transformer_blocks = nn.ModuleList(DiTBlock(cfg) for _ in range(cfg.depth))
         self.norm_out = AdaLayerNormZero(cfg.dim, 2)  # final: (scale, shift), the reverse order
         self.proj_out = nn.Linear(cfg.dim, cfg.mel_dim)
-        # the attention rule folded into q/k dimensions instead of a dense mask (engine.models.attention):
+        # the attention rule folded into q/k dimensions instead of a dense mask (engine.flow.attention):
         # a serving choice (EngineConfig.flow_attention), the same softmax; off = the reference's masks
         self.fold_masks = False
 
@@ -308,7 +308,7 @@ class DiT(nn.Module):
         states: Tensor,
         *rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """``forward_window`` over page windows (engine.models.dit_pages), tensors in and out so it compiles
+        """``forward_window`` over page windows (engine.flow.dit_pages), tensors in and out so it compiles
         and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; ``rows``:
         ``PagedRows.tensors`` (the lead pages unused: the solver feeds x's lead itself) -> (velocity
         [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D], no conv states: ``states`` is the U-Net's)."""

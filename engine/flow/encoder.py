@@ -4,7 +4,7 @@ the yaml helpers every flow part uses. Keys match the released ``flow.pt`` under
 Shapes: B batch, T tokens at 25 Hz, D = ``output_size``. The encoder turns token embeddings [B,T,Din] into
 frames [B,2T,D] at 50 Hz: Linear+LN+sqrt(D) -> pre-lookahead conv (3 tokens of right context) -> conformer
 layers with ESPnet relative positions -> nearest x2 + causal conv -> Linear+LN+sqrt(D) -> 4 more layers -> LN.
-The attention masks live in ``engine.models.attention``.
+The attention masks live in ``engine.flow.attention``.
 See reference/cosyvoice-spec.md §2.6, §6.5 and pitfalls 17, 23, 25.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.attention import attention_mask
+from engine.flow.attention import attention_mask
 from engine.yaml_data import tag_of
 
 

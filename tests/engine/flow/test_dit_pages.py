@@ -1,5 +1,5 @@
-"""The CUDA-graph solver's frame reuse from a page pool (engine.models.dit_pages; v2's U-Net also keeps its
-convs' states there, engine.models.unet_pages) emits what the full recompute emits: streamed calls, batches
+"""The CUDA-graph solver's frame reuse from a page pool (engine.flow.dit_pages; v2's U-Net also keeps its
+convs' states there, engine.flow.unet_pages) emits what the full recompute emits: streamed calls, batches
 whose rows have different cache boundaries, a pool that runs short, pages given back. On CPU the graphs'
 capture is emulated (the captured function runs eagerly on its static buffers, as a replay would), so every
 call goes through the bucket padding and the page tables. Scenarios marked ``families`` run for both."""
@@ -12,12 +12,6 @@ import gc
 
 import pytest
 import torch
-
-from engine import device as devices
-from engine.config import FLOW_ATTENTION
-from engine.flow_graphs import WINDOW, GraphedCFM, _page_sizes
-from engine.models.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
-from engine.models.flow import CosyVoice3Flow, Flow
 from tests.engine.models.test_dit_cache import (
     CHUNK,
     check_a_batch_with_different_boundaries,
@@ -26,6 +20,12 @@ from tests.engine.models.test_dit_cache import (
     tiny_flow,
     voice,
 )
+
+from engine import device as devices
+from engine.config import FLOW_ATTENTION
+from engine.flow.cfm import CosyVoice3Flow, Flow
+from engine.flow.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
+from engine.flow.graphs import WINDOW, GraphedCFM, _page_sizes
 from tests.engine.test_graph_cache import Recorded, emulate_capture
 
 
@@ -123,7 +123,7 @@ def test_the_pool_hands_out_each_page_once_and_never_the_scratch_page():
 
 
 def test_precapture_records_window_graphs_and_calls_replay_them(monkeypatch):
-    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     flow, graphed = paged(monkeypatch)
     made = emulate_capture(monkeypatch)
     # batch 1, 2 x (final, and windows after up to 2 prefix pages, of 100-300 frames; windows after 3-8
@@ -141,7 +141,7 @@ def test_windows_that_fail_to_compile_leave_the_full_streaming_graphs(monkeypatc
     full-solve graphs instead: the service loads and its streams recompute."""
     from torch._dynamo.exc import BackendCompilerFailed
 
-    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     _, graphed = paged(monkeypatch)
     monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
 
@@ -187,7 +187,7 @@ def test_precapture_compiles_the_windows_once_and_the_final_calls_once(monkeypat
     with page tables of B rows, batch 1 was (3 programs). On the H200 a program costs 1-2.5 minutes."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     torch._dynamo.reset()
     _, graphed = paged(monkeypatch, compiled=True, family=family, folded=folded)
     monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
@@ -245,7 +245,7 @@ def test_without_a_pool_the_compiled_solver_compiles_the_streaming_and_final_cal
     compiles two programs (three, with windows, ran past 460 s on the H200)."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     torch._dynamo.reset()
     emulate_capture(monkeypatch)
     graphed = GraphedCFM(copy.deepcopy(tiny_flow(family)).decoder, torch.float32, compiled=True)

@@ -1,4 +1,4 @@
-"""v2's own cases of flow frame reuse (engine.models.unet_cache): its conv states, a failed call, the budget.
+"""v2's own cases of flow frame reuse (engine.flow.unet_cache): its conv states, a failed call, the budget.
 The scenarios both families share (streamed calls, batches, a full budget) are in test_dit_cache."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import gc
 
 import pytest
 import torch
-
-from engine.models.dit_cache import ReuseBudget
-from engine.models.unet_cache import UNetCache
 from tests.engine.models.test_dit_cache import Voice, tiny_flow, voice
 from tests.engine.models.test_dit_cache import run as shared_run
+
+from engine.flow.dit_cache import ReuseBudget
+from engine.flow.unet_cache import UNetCache
 
 
 def run(voices: list[Voice], counts: list[int], caches: list[UNetCache] | None = None) -> torch.Tensor:

@@ -6,7 +6,7 @@ transformers + causal conv), final causal block, 1x1 projection. Inputs are stac
 (80 each). Convs are causal (left padding) and every conv input is multiplied by the mask, so a frame never
 depends on later frames except through attention. See reference/cosyvoice-spec.md §2.8 and pitfalls 20-23.
 
-``forward_window`` is the streaming call that reuses a request's finished frames (engine.models.unet_cache):
+``forward_window`` is the streaming call that reuses a request's finished frames (engine.flow.unet_cache):
 only a window of query frames runs, each causal conv reading its cached left frames and each attention
 layer the cached keys/values of the frames before the window.
 """
@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.models.attention import FrameAttention
-from engine.models.dit_pages import PagedRows
-from engine.models.flow_encoder import expect_tag, yaml_field
-from engine.models.unet_pages import PagedUNetStep
+from engine.flow.attention import FrameAttention
+from engine.flow.dit_pages import PagedRows
+from engine.flow.encoder import expect_tag, yaml_field
+from engine.flow.unet_pages import PagedUNetStep
 
 if TYPE_CHECKING:
-    from engine.models.unet_cache import UNetStep
+    from engine.flow.unet_cache import UNetStep
 
     WindowStep = UNetStep | PagedUNetStep  # a window's step: cached (eager) or paged (graphs)
 
@@ -238,7 +238,7 @@ class CausalConditionalDecoder(nn.Module):
         self.up_blocks = nn.ModuleList([self._level(2 * ch, ch, time_dim, CausalConv1d(ch, ch, 3))])
         self.final_block = CausalBlock1D(ch, ch)
         self.final_proj = nn.Conv1d(ch, cfg.out_channels, 1)
-        # the attention rule folded into q/k dimensions instead of a dense mask (engine.models.attention):
+        # the attention rule folded into q/k dimensions instead of a dense mask (engine.flow.attention):
         # a serving choice (EngineConfig.flow_attention), the same softmax; off = the reference's masks
         self.fold_masks = False
 
@@ -314,7 +314,7 @@ class CausalConditionalDecoder(nn.Module):
         states: Tensor,
         *rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """``forward_window`` over page windows (engine.models.unet_pages), tensors in and out so it
+        """``forward_window`` over page windows (engine.flow.unet_pages), tensors in and out so it
         compiles and captures: x, mu, cond [2B,80,Q]; t [2B]; spks [2B,80]; kv and states the pool's at this
         step; ``rows``: ``PagedRows.tensors`` (lead pages [2B,1]) -> (velocity [2B,80,Q], the window's
         keys/values [depth,2,2B,H,Q,D], its conv states [2B,chunks,numbers])."""

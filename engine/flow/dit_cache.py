@@ -29,9 +29,9 @@ call (full attention) runs the ordinary solver and the cache is released.
 A ``ReuseBudget`` shared by a worker's caches bounds their total bytes: a cache that cannot grow keeps the
 frames it has (its next windows start there, still exact) and the rest of its request recomputes.
 
-Scope: the eager solver (``CausalCFM.forward_cached``) only; the CUDA-graph solver (engine.flow_graphs) is
+Scope: the eager solver (``CausalCFM.forward_cached``) only; the CUDA-graph solver (engine.flow.graphs) is
 unchanged and recomputes every call. CosyVoice2's U-Net reuses its frames the same way with a cache of its
-own built on this one (engine.models.unet_cache).
+own built on this one (engine.flow.unet_cache).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.models.attention import WindowAttention
+from engine.flow.attention import WindowAttention
 
 # A cached window's keys/values at one layer and step: (k, v) [B,H,Q,D] of the window -> what its queries
 # attend over, [B,H,K,D] (the cached prefix's, then the window's); ``DiTWindow.keys_values`` makes them.

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from engine.errors import TooLarge
-from engine.models.attention import attention_mask
-from engine.models.flow import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
+from engine.flow.attention import attention_mask
+from engine.flow.cfm import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
 from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases, tiny_yaml
 
 CASES = tiny_cases()

@@ -9,8 +9,8 @@ classifier-free guidance 0.7 as one batch [cond rows ‖ uncond rows]; the promp
 row of a padded batch equals that row run alone.
 
 Streaming calls may reuse each request's finished frames instead of re-running its whole prefix
-(``inference(..., caches=...)``, ``CausalCFM.forward_cached``; why it is exact: engine.models.dit_cache for
-CosyVoice3's DiT, engine.models.unet_cache for CosyVoice2's U-Net).
+(``inference(..., caches=...)``, ``CausalCFM.forward_cached``; why it is exact: engine.flow.dit_cache for
+CosyVoice3's DiT, engine.flow.unet_cache for CosyVoice2's U-Net).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.errors import TooLarge
-from engine.models.dit import DiT, DiTConfig
-from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow, ReuseBudget
-from engine.models.dit_pages import PagedCache, PagedRows, PagePool
-from engine.models.flow_encoder import (
+from engine.flow.dit import DiT, DiTConfig
+from engine.flow.dit_cache import CacheLayout, DiTCache, DiTWindow, ReuseBudget
+from engine.flow.dit_pages import PagedCache, PagedRows, PagePool
+from engine.flow.encoder import (
     EncoderConfig,
     PreLookaheadLayer,
     UpsampleConformerEncoder,
@@ -35,8 +35,8 @@ from engine.models.flow_encoder import (
     pad_mask,
     yaml_field,
 )
-from engine.models.unet import CausalConditionalDecoder, UNetConfig
-from engine.models.unet_cache import UNetCache, UNetLayout, UNetWindow
+from engine.flow.unet import CausalConditionalDecoder, UNetConfig
+from engine.flow.unet_cache import UNetCache, UNetLayout, UNetWindow
 from engine.yaml_data import tag_of
 
 MEL_DIM = 80  # the reference CFM hard-codes 80 mel channels
@@ -110,7 +110,7 @@ class CausalCFM(nn.Module):
 
     def fold_attention(self) -> None:
         """The DiT's or U-Net's attention rules folded into q/k dimensions from now on, instead of a dense
-        mask (engine.models.attention); before any compile or capture, which bake the choice in."""
+        mask (engine.flow.attention); before any compile or capture, which bake the choice in."""
         est = self.estimator
         if not isinstance(est, DiT | CausalConditionalDecoder):
             raise TypeError(f"folded attention needs the DiT or U-Net estimator, not {type(est).__name__}")
@@ -171,7 +171,7 @@ class CausalCFM(nn.Module):
         spks: Tensor,
         *batch: Tensor,
     ) -> Tensor:
-        """The streaming solve of a batch of page windows (engine.models.dit_pages, unet_pages), from tensors
+        """The streaming solve of a batch of page windows (engine.flow.dit_pages, unet_pages), from tensors
         only and without a host sync (the CUDA-graph solver captures it): noise [B,80,Q] at the query frames;
         mu, cond [B,80,lead+Q] from each window's lead on (the U-Net: no lead); spks [B,80]; ``batch``:
         ``PagedBatch.tensors`` (start, total, prefix, writes, lead) -> x [B,80,Q] float32. Every step keeps

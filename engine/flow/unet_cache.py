@@ -1,6 +1,6 @@
 """Reuse of a request's finished frames across its streaming CosyVoice2 flow calls (the U-Net estimator).
 
-Why it is exact: as for the DiT (engine.models.dit_cache). In a streaming call every attention layer of the
+Why it is exact: as for the DiT (engine.flow.dit_cache). In a streaming call every attention layer of the
 U-Net is chunk-causal on absolute frames (chunks of ``static_chunk_size`` from frame 0), every conv is
 causal (kernel 3: frame i reads frames i-2..i of its input) or 1x1, LayerNorm, Mish and the FFNs work per
 frame, the time embedding per row, the skip concatenation per frame, and the masks are 1 on every real
@@ -33,15 +33,15 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from engine.models.attention import WindowAttention
-from engine.models.dit_cache import CacheLayout, DiTCache, DiTWindow, KeysValues, ReuseBudget
+from engine.flow.attention import WindowAttention
+from engine.flow.dit_cache import CacheLayout, DiTCache, DiTWindow, KeysValues, ReuseBudget
 
 # One attention layer's rule in a window: (q, k, v) of the window -> its queries' output, as FrameAttention
 AttentionRule = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class CausalConv(Protocol):
-    """engine.models.unet.CausalConv1d, as a window runs it (that module imports this one)."""
+    """engine.flow.unet.CausalConv1d, as a window runs it (that module imports this one)."""
 
     def after(self, past: Tensor, x: Tensor) -> Tensor:
         """x [B,C,Q] following ``past`` [B,C,kernel-1], the input's frames before x -> [B,C_out,Q]."""

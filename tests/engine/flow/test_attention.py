@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.attention import FrameAttention, WindowAttention, attention_mask, positional_mask
+from engine.flow.attention import FrameAttention, WindowAttention, attention_mask, positional_mask
 
 
 def test_streaming_mask_is_chunked_from_frame_zero_and_hides_padding():

@@ -9,7 +9,7 @@ records every bucket up to a batch and length before serving (the engine's load)
 a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured.
 
 With a page pool (``enable_reuse``) streaming calls reuse each request's finished frames
-(engine.models.dit_pages, unet_pages): a request's ``PagedCache`` names its pages, and the window graphs,
+(engine.flow.dit_pages, unet_pages): a request's ``PagedCache`` names its pages, and the window graphs,
 bucketed by (batch, query frames, prefix pages), compute only the frames after them. Final calls recompute
 with full attention.
 """
@@ -24,12 +24,12 @@ from torch._dynamo.exc import BackendCompilerFailed
 from torch.profiler import record_function
 
 from engine import device as devices
-from engine.compiled_estimator import CompiledEstimator
+from engine.flow.cfm import CausalCFM, CfmInputs
+from engine.flow.compiled_estimator import CompiledEstimator
+from engine.flow.dit_cache import ReuseBudget, gather_frames, place_windows
+from engine.flow.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
+from engine.flow.unet import CausalConditionalDecoder
 from engine.graph_cache import GraphCache, bucket, largest_first
-from engine.models.dit_cache import ReuseBudget, gather_frames, place_windows
-from engine.models.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
-from engine.models.flow import CausalCFM, CfmInputs
-from engine.models.unet import CausalConditionalDecoder
 
 # a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
 WINDOW = "window"

@@ -1,7 +1,7 @@
 """Reuse of a request's finished frames in the CUDA-graph flow solver for CosyVoice2's U-Net: the page pool
-of engine.models.dit_pages, plus each causal conv's state.
+of engine.flow.dit_pages, plus each causal conv's state.
 
-Why it is exact, and what is kept: engine.models.unet_cache. Here a chunk's keys/values live in its page, as
+Why it is exact, and what is kept: engine.flow.unet_cache. Here a chunk's keys/values live in its page, as
 for the DiT, and so does every causal conv's input over the chunk's last (kernel - 1) frames, at every step
 and in both CFG rows: the "conv state" that a window starting right after the chunk reads in place of the
 frames before it. A window takes its states from the page of the chunk before it (``PagedBatch.lead``;
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from engine.models.dit_pages import PagedRows, PagedWindow
-from engine.models.unet_cache import attend
+from engine.flow.dit_pages import PagedRows, PagedWindow
+from engine.flow.unet_cache import attend
 
 if TYPE_CHECKING:
-    from engine.models.unet_cache import CausalConv
+    from engine.flow.unet_cache import CausalConv
 
 
 class PagedUNetStep:
@@ -43,7 +43,7 @@ class PagedUNetStep:
         chunk: int,
         queries: int,
         convs: Sequence[tuple[int, int]],
-        folded: bool = False,  # the attention rule folded into q/k dims (engine.models.attention)
+        folded: bool = False,  # the attention rule folded into q/k dims (engine.flow.attention)
     ) -> None:
         self.window = PagedWindow(kv, rows, 0, chunk, queries, folded)
         self.mask = self.window.rule.valid[:, None, :]  # [2B,1,Q] bool: the real query frames

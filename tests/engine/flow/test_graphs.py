@@ -14,9 +14,9 @@ import torch
 
 from bench.make_model import build_model_dir
 from engine.checkpoint import load_model
-from engine.flow_graphs import GraphedCFM, _padded
+from engine.flow.cfm import CfmInputs
+from engine.flow.graphs import GraphedCFM, _padded
 from engine.hub import validate_model_dir
-from engine.models.flow import CfmInputs
 
 
 @pytest.fixture(scope="module", params=["cosyvoice2", "cosyvoice3"])
@@ -94,7 +94,7 @@ def test_precapture_covers_every_bucket_largest_first(flow, monkeypatch):
     graphed = GraphedCFM(flow.decoder, frame_bucket=100)
     seen: list[tuple[int, int, bool]] = []
     monkeypatch.setattr(graphed, "_graph", lambda b, t, s, dev: seen.append((b, t, s)))
-    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     assert graphed.precapture(5, 250, torch.device("cpu")) == len(seen) == 4 * 3 * 2
     assert seen[0] == (8, 300, True) and seen[-1] == (1, 100, False)
     assert sorted(set(seen), reverse=True) == sorted(seen, reverse=True)  # no bucket twice
@@ -162,7 +162,7 @@ def test_graphed_forward_pads_replays_and_slices_like_eager(flow, monkeypatch):
     from tests.engine.test_graph_cache import emulate_capture
 
     made = emulate_capture(monkeypatch)
-    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     first = inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True)
     graphed = GraphedCFM(flow.decoder, frame_bucket=100)
     assert graphed.precapture(4, 250, torch.device("cpu")) == len(made) == 18
@@ -182,7 +182,7 @@ def test_after_precapture_a_longer_call_runs_uncaptured(flow, monkeypatch):
     from tests.engine.test_graph_cache import emulate_capture
 
     made = emulate_capture(monkeypatch)
-    monkeypatch.setattr("engine.flow_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     graphed = GraphedCFM(flow.decoder, frame_bucket=100)
     assert graphed.precapture(2, 100, torch.device("cpu")) == len(made) == 4  # batch 2, 1 x 100 x streaming
     x = inputs(flow, [(20, 90)], finalize=False, streaming=True)  # > 100 frames

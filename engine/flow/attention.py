@@ -8,7 +8,7 @@ inside the compiled estimator on the H200 (torch 2.11, dynamic shapes): Inductor
 BENCHMARKS.md lists attention among the remaining costs. The folded rule below is the other way.
 
 ``WindowAttention`` is the same rule for a streaming call that reuses a request's cached keys
-(engine.models.dit_cache, engine.models.unet_cache): queries and keys carry their absolute frame
+(engine.flow.dit_cache, engine.flow.unet_cache): queries and keys carry their absolute frame
 positions, so the keys may come in any order (the cached prefix first, then the window's own).
 
 Folded (``folded=True``; the estimators' ``fold_masks``, ``EngineConfig.flow_attention``): no mask tensor

@@ -1,7 +1,7 @@
 """Reuse of a request's finished frames in the CUDA-graph flow solver: a page pool (CosyVoice3's DiT here;
-CosyVoice2's U-Net adds its convs' states, engine.models.unet_pages).
+CosyVoice2's U-Net adds its convs' states, engine.flow.unet_pages).
 
-Why the reuse is exact, and what a frame's cache holds, is engine.models.dit_cache's story: in a streaming
+Why the reuse is exact, and what a frame's cache holds, is engine.flow.dit_cache's story: in a streaming
 (non-final) call every frame of a chunk finished in an earlier call follows the same trajectory, so its
 keys/values at every step and layer (both CFG rows) and its x entering every step can be kept and only the
 frames after them computed. ``DiTCache`` keeps them in per-request buffers that grow, which a captured CUDA
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.models.attention import WindowAttention
-from engine.models.dit_cache import twice
+from engine.flow.attention import WindowAttention
+from engine.flow.dit_cache import twice
 
 SCRATCH = 0  # the page that unkept chunks are written to and unused prefix slots read (always masked)
 
@@ -264,7 +264,7 @@ class PagedWindow:
         lead: int,
         chunk: int,
         queries: int,
-        folded: bool = False,  # the attention rule folded into q/k dims (engine.models.attention)
+        folded: bool = False,  # the attention rule folded into q/k dims (engine.flow.attention)
     ) -> None:
         self.kv, self.prefix, self.cfg, self.lead = kv, rows.prefix, rows.cfg, lead
         starts = rows.start[:, None]  # [2B,1]
