@@ -31,10 +31,10 @@ from engine.audio import AudioLimits
 from engine.frontend import Frontend, PromptFeatures
 from engine.hub import resolve_model
 from engine.lm.sampling import SamplerState, sample_step, token_limits
-from engine.models.hift import CausalHiFTGenerator, HiFTGenerator
 from engine.request import Mode, SynthesisRequest
 from engine.streaming import SILENT_TOKENS_V3, ChunkJob, SilenceFilter, V2VocoderState, V3VocoderState
 from engine.token2wav import Utterance
+from engine.vocoder.hift import CausalHiFTGenerator, HiFTGenerator
 
 log = logging.getLogger(__name__)
 

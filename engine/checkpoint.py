@@ -23,7 +23,7 @@ from engine.flow.cfm import Flow, build_flow
 from engine.hub import ModelDir, detect_family
 from engine.lm.lm_config import SpeechLMConfig
 from engine.lm.speech_lm import SpeechLM
-from engine.models.hift import CausalHiFTGenerator, HiftConfig, HiFTGenerator, build_hift
+from engine.vocoder.hift import CausalHiFTGenerator, HiftConfig, HiFTGenerator, build_hift
 from engine.yaml_data import read_yaml, tag_of
 
 log = logging.getLogger(__name__)

@@ -32,14 +32,12 @@ from engine.flow.cfm import CausalCFM
 from engine.flow.compiled_estimator import use_compile_cache
 from engine.flow.graphs import GraphedCFM
 from engine.frontend import Frontend
-from engine.hift_graphs import GraphedHiFT
 from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
 from engine.metrics import ServerStats, Stopwatch
-from engine.models.hift import CausalHiFTGenerator
 from engine.plan import Plan, Planner
 from engine.playback import Playback
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -48,6 +46,8 @@ from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
 from engine.text.pool import TextPool, text_job
 from engine.text.stream import Prefetch, text_pieces, token_pieces
 from engine.token2wav import Token2Wav, Utterance
+from engine.vocoder.graphs import GraphedHiFT
+from engine.vocoder.hift import CausalHiFTGenerator
 from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 
 log = logging.getLogger(__name__)

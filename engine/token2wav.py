@@ -38,7 +38,6 @@ from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
 from engine.job_queue import DeadlineQueue
-from engine.models.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
 from engine.streaming import (
     TOKEN_MEL_RATIO,
     ChunkJob,
@@ -47,6 +46,7 @@ from engine.streaming import (
     V2VocoderState,
     V3VocoderState,
 )
+from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
 
 log = logging.getLogger(__name__)
 

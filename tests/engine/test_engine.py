@@ -175,7 +175,7 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
     after it (captured first, they left vLLM 24 GiB on the H200). Capture itself is recorded, not run."""
     import engine.engine as engine_module
     from engine.flow.graphs import GraphedCFM
-    from engine.hift_graphs import GraphedHiFT
+    from engine.vocoder.graphs import GraphedHiFT
 
     events: list[tuple] = []
     real_backend = engine_module._backend

@@ -246,7 +246,7 @@ def test_v3_vocoder_graphs_give_the_same_stream_audio(tmp_path, monkeypatch):
     """Token2Wav with the graphed HiFT (capture emulated on the CPU): the same samples as the module's own
     calls, for three concurrent streams (their non-final chunks go through bucketed graphs)."""
     from bench.make_model import build_model_dir
-    from engine.hift_graphs import GraphedHiFT
+    from engine.vocoder.graphs import GraphedHiFT
     from tests.engine.test_graph_cache import emulate_capture
 
     made = emulate_capture(monkeypatch)
@@ -726,9 +726,9 @@ def test_v3_final_rows_leave_short_and_speed_stretched_rows_alone(tmp_path):
     """``finals`` needs ``TAIL_FRAMES`` of mel a row, and a whole-file call at another speed vocodes a
     stretched mel: such rows are vocoded one by one, the others share the call."""
     from bench.make_model import build_model_dir
-    from engine.models.hift import TAIL_FRAMES
     from engine.streaming import ChunkJob
     from engine.token2wav import _Job, _v3_final_rows
+    from engine.vocoder.hift import TAIL_FRAMES
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")

@@ -12,7 +12,13 @@ import gc
 
 import pytest
 import torch
-from tests.engine.models.test_dit_cache import (
+
+from engine import device as devices
+from engine.config import FLOW_ATTENTION
+from engine.flow.cfm import CosyVoice3Flow, Flow
+from engine.flow.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
+from engine.flow.graphs import WINDOW, GraphedCFM, _page_sizes
+from tests.engine.flow.test_dit_cache import (
     CHUNK,
     check_a_batch_with_different_boundaries,
     families,
@@ -20,12 +26,6 @@ from tests.engine.models.test_dit_cache import (
     tiny_flow,
     voice,
 )
-
-from engine import device as devices
-from engine.config import FLOW_ATTENTION
-from engine.flow.cfm import CosyVoice3Flow, Flow
-from engine.flow.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
-from engine.flow.graphs import WINDOW, GraphedCFM, _page_sizes
 from tests.engine.test_graph_cache import Recorded, emulate_capture
 
 

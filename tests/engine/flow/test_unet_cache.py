@@ -7,11 +7,11 @@ import gc
 
 import pytest
 import torch
-from tests.engine.models.test_dit_cache import Voice, tiny_flow, voice
-from tests.engine.models.test_dit_cache import run as shared_run
 
 from engine.flow.dit_cache import ReuseBudget
 from engine.flow.unet_cache import UNetCache
+from tests.engine.flow.test_dit_cache import Voice, tiny_flow, voice
+from tests.engine.flow.test_dit_cache import run as shared_run
 
 
 def run(voices: list[Voice], counts: list[int], caches: list[UNetCache] | None = None) -> torch.Tensor:

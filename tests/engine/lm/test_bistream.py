@@ -13,7 +13,6 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
-from tests.engine.models.test_speech_lm import load_tiny
 
 from engine.config import SamplingConfig
 from engine.lm.bistream import MIX_RATIO, Feed, Interleaver, Layout, Round, Step, Table, bistream_tokens
@@ -21,6 +20,7 @@ from engine.lm.native import NativeLM, NativeSession
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLMConfig
 from tests.conftest import tiny_cases, tiny_yaml
+from tests.engine.lm.test_speech_lm import load_tiny
 
 CASES = [c for c in tiny_cases() if (c / "ref_bistream.npz").is_file()]
 needs_fixtures = pytest.mark.skipif(not CASES, reason="no fixture set has tiny/ref_bistream.npz")

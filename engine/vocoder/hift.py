@@ -20,9 +20,9 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
-from engine.models.f0_predictor import F0Predictor
-from engine.models.hift_config import NUM_HARMONICS, HiftConfig
-from engine.models.hift_layers import (
+from engine.vocoder.f0_predictor import F0Predictor
+from engine.vocoder.hift_config import NUM_HARMONICS, HiftConfig
+from engine.vocoder.hift_layers import (
     ResBlock,
     SourceModule,
     causal_conv,
@@ -31,7 +31,7 @@ from engine.models.hift_layers import (
     stage_channels,
     upsamplers,
 )
-from engine.models.hift_noise import HiftNoise, shared_noise
+from engine.vocoder.hift_noise import HiftNoise, shared_noise
 
 
 @dataclass(frozen=True)

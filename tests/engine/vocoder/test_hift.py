@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise, build_hift
-from engine.models.hift_config import SOURCE_CACHE_SAMPLES, F0PredictorConfig, HiftConfig
-from engine.models.hift_layers import causal_padding
-from engine.models.hift_noise import HiftNoise
+from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise, build_hift
+from engine.vocoder.hift_config import SOURCE_CACHE_SAMPLES, F0PredictorConfig, HiftConfig
+from engine.vocoder.hift_layers import causal_padding
+from engine.vocoder.hift_noise import HiftNoise
 from tests.conftest import FAMILIES, case_params, fixture_file, tiny_yaml
 
 ATOL = 1e-4

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from engine.models.hift_config import HiftConfig
+from engine.vocoder.hift_config import HiftConfig
 
 
 def causal_padding(kernel_size: int, dilation: int = 1) -> int:

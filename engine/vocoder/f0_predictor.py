@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from engine.models.hift_config import F0PredictorConfig
-from engine.models.hift_layers import causal_conv, same_conv
+from engine.vocoder.hift_config import F0PredictorConfig
+from engine.vocoder.hift_layers import causal_conv, same_conv
 
 
 class F0Predictor(nn.Module):

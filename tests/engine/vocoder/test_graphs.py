@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine.checkpoint import load_model
-from engine.hift_graphs import GraphedHiFT
 from engine.hub import validate_model_dir
+from engine.vocoder.graphs import GraphedHiFT
 from tests.engine.test_graph_cache import emulate_capture
 
 
@@ -55,7 +55,7 @@ def test_final_and_overlong_calls_run_eager(hift, monkeypatch):
 
 def test_precapture_covers_every_bucket_largest_first(hift, monkeypatch):
     made = emulate_capture(monkeypatch)
-    monkeypatch.setattr("engine.hift_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.vocoder.graphs.devices.empty_cache", lambda dev: None)
     graphed = GraphedHiFT(hift, frame_bucket=100, max_frames=200)
     assert graphed.precapture(3, 900, torch.device("cpu")) == 6  # batch 4, 2, 1 x frames 200, 100
     assert [shape[0] for shape in made] == [(4, 80, 200), (4, 80, 100), (2, 80, 200), (2, 80, 100),
@@ -92,7 +92,7 @@ def test_captured_vocoder_matches_eager_on_cuda(hift):
 
 def test_after_precapture_an_uncaptured_bucket_runs_eager(hift, monkeypatch):
     made = emulate_capture(monkeypatch)
-    monkeypatch.setattr("engine.hift_graphs.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr("engine.vocoder.graphs.devices.empty_cache", lambda dev: None)
     graphed = GraphedHiFT(hift, frame_bucket=100, max_frames=200)
     assert graphed.precapture(1, 100, torch.device("cpu")) == 1
     mel = mels(2, 150)  # batch 2, 200 frames: within max_frames, never captured

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.models.hift_config import FULL_NOISE_SAMPLES, NUM_HARMONICS, F0PredictorConfig
+from engine.vocoder.hift_config import FULL_NOISE_SAMPLES, NUM_HARMONICS, F0PredictorConfig
 
 log = logging.getLogger(__name__)
 

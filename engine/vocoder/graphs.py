@@ -20,7 +20,7 @@ from torch.profiler import record_function
 
 from engine import device as devices
 from engine.graph_cache import GraphCache, bucket, largest_first
-from engine.models.hift import CausalHiFTGenerator
+from engine.vocoder.hift import CausalHiFTGenerator
 
 
 class GraphedHiFT:

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine.models.f0_predictor import F0Predictor
-from engine.models.hift_config import FULL_NOISE_SAMPLES, F0PredictorConfig
-from engine.models.hift_noise import build_noise, shared_noise
+from engine.vocoder.f0_predictor import F0Predictor
+from engine.vocoder.hift_config import FULL_NOISE_SAMPLES, F0PredictorConfig
+from engine.vocoder.hift_noise import build_noise, shared_noise
 from tests.conftest import case_params, fixture_file, tiny_yaml
 
 TINY_F0 = F0PredictorConfig(causal=True, cond_channels=32)  # a small causal predictor

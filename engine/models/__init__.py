@@ -1,1 +1,0 @@
-"""Neural modules of the CosyVoice family; constructor defaults equal the released configs."""
