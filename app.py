@@ -188,7 +188,7 @@ def build_engine(cfg: EngineConfig) -> Any:
     whole stack runs on a fresh CPU machine; its audio is noise and the UI says so. With ``--asr-model auto``
     it gets a tiny random-weight Whisper too (its transcripts are noise, and the UI says so as well).
     """
-    from engine.engine import TTSEngine  # torch and the models load here, not at import
+    from engine.serving.engine import TTSEngine  # torch and the models load here, not at import
 
     if cfg.model != DEMO_TINY:
         return TTSEngine.load(cfg)

@@ -10,12 +10,12 @@ import numpy as np
 
 from api.telemetry import Telemetry
 from engine.config import Limits
-from engine.metrics import ServerStats
 from engine.request import AudioChunk, SynthesisRequest
+from engine.serving.metrics import ServerStats
 
 
 class EngineLike(Protocol):
-    """The public surface of ``engine.engine.TTSEngine`` the API uses (``tests/fakes.py`` has it too).
+    """The public surface of ``engine.serving.engine.TTSEngine`` the API uses (``tests/fakes.py`` has it too).
 
     Read-only properties and positional-only parameters, so plain attributes, properties and any
     parameter names all satisfy it; the voice methods may also be coroutines (``api.voices.call``).

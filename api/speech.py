@@ -30,8 +30,8 @@ from api.schemas import SpeechRequest
 from api.streaming import EngineStreamResponse
 from api.telemetry import Telemetry
 from engine.errors import EngineError
-from engine.metrics import RequestMetrics
 from engine.request import AudioChunk, Mode, SynthesisRequest
+from engine.serving.metrics import RequestMetrics
 
 log = logging.getLogger(__name__)
 

@@ -217,7 +217,7 @@ def model_source(args: argparse.Namespace) -> str:
 
 
 def load_engine(args: argparse.Namespace) -> Any:
-    from engine.engine import TTSEngine
+    from engine.serving.engine import TTSEngine
 
     return TTSEngine.load(engine_config(args))
 

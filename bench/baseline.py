@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from engine.vocoder.streaming import V2VocoderState, V3VocoderState
 
 from bench.load import Recorder
 from engine import device as devices
@@ -32,8 +33,8 @@ from engine.frontend import Frontend, PromptFeatures
 from engine.hub import resolve_model
 from engine.lm.sampling import SamplerState, sample_step, token_limits
 from engine.request import Mode, SynthesisRequest
-from engine.streaming import SILENT_TOKENS_V3, ChunkJob, SilenceFilter, V2VocoderState, V3VocoderState
-from engine.token2wav import Utterance
+from engine.serving.streaming import SILENT_TOKENS_V3, ChunkJob, SilenceFilter
+from engine.serving.token2wav import Utterance
 from engine.vocoder.hift import CausalHiFTGenerator, HiFTGenerator
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from engine.metrics import TTFA_PARTS
 from engine.request import Mode, SynthesisRequest
+from engine.serving.metrics import TTFA_PARTS
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,9 @@ class RequestResult:
     underruns: int
     underrun_s: float
     stage_ms: dict[str, float] = field(default_factory=dict)
-    ttfa_parts_ms: dict[str, float] = field(default_factory=dict)  # engine.metrics.TTFA_PARTS, in-process
+    ttfa_parts_ms: dict[str, float] = field(
+        default_factory=dict
+    )  # engine.serving.metrics.TTFA_PARTS, in-process
 
     @property
     def ok(self) -> bool:

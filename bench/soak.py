@@ -349,7 +349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def load_engine(args: argparse.Namespace, cfg: SoakConfig) -> Any:
     from engine.config import EngineConfig, Limits
-    from engine.engine import TTSEngine
+    from engine.serving.engine import TTSEngine
 
     limits = Limits(max_concurrency=cfg.streams, max_queue=cfg.streams)  # every stream computes at once
     return TTSEngine.load(

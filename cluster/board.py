@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.metrics import ServerStats
+from engine.serving.metrics import ServerStats
 
 
 @dataclass(frozen=True)

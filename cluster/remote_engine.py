@@ -21,8 +21,8 @@ from cluster.board import ReplicaReport
 from cluster.engine_replica import EngineInfo
 from cluster.parcel import pack, ship_audio
 from engine.errors import Busy, EngineError, NotReady
-from engine.metrics import ServerStats
 from engine.request import AudioChunk, SynthesisRequest
+from engine.serving.metrics import ServerStats
 
 log = logging.getLogger(__name__)
 

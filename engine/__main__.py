@@ -83,7 +83,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace):
-    from engine.engine import TTSEngine
+    from engine.serving.engine import TTSEngine
 
     cfg = EngineConfig(
         model=args.model,

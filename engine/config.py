@@ -60,7 +60,7 @@ class StreamConfig:
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
-    # Adaptive hops (engine.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
+    # Adaptive hops (serving.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
     # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
     # fewer, larger flow calls under load. Exact for v3 (chunks end on the reference's boundaries; CPU test
     # on the tiny model); v2's vocoder seams would move, so None (auto) adapts only v3 streams that start
@@ -69,7 +69,7 @@ class StreamConfig:
     adaptive_min_active: int = 8
     hold_buffer_s: float = 3.0
     max_adaptive_hop: int = 200  # tokens (8 s of speech)
-    # token2wav scheduling (engine.job_queue): a chunk whose audio is needed within this many seconds is
+    # token2wav scheduling (serving.job_queue): a chunk whose audio is needed within this many seconds is
     # urgent and joins the next batch even when it makes that flow call longer
     urgent_slack_s: float = 0.3
 
@@ -236,7 +236,7 @@ class EngineConfig:
     # Off until measured on a GPU (bench --t2w-own-stream); exactness is checked by a GPU test.
     t2w_own_stream: bool = False
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
-    # earliest playback deadline first inside frame buckets (engine.job_queue): the A/B for the scheduler
+    # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.metrics import RequestMetrics
+from engine.serving.metrics import RequestMetrics
 
 
 class Mode(enum.StrEnum):

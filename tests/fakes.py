@@ -1,4 +1,4 @@
-"""A small fake of ``engine.engine.TTSEngine`` for UI/API control-logic tests.
+"""A small fake of ``engine.serving.engine.TTSEngine`` for UI/API control-logic tests.
 
 It has the same public surface as the real engine (see README "Engine API"): ``stream``, ``synthesize``,
 ``abort``, ``stats``, voices, ``info``. Audio is a 220 Hz sine, produced in ``chunk_s`` pieces with
@@ -16,8 +16,8 @@ import numpy as np
 
 from engine.asr import Transcript
 from engine.errors import Forbidden, InvalidInput, NotFound
-from engine.metrics import ServerStats, Stopwatch
 from engine.request import AudioChunk, Mode, SynthesisRequest
+from engine.serving.metrics import ServerStats, Stopwatch
 
 
 @dataclass(frozen=True)

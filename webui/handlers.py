@@ -32,8 +32,8 @@ import soundfile as sf
 
 from engine.config import Limits
 from engine.errors import Busy, EngineError, Forbidden, InvalidInput, NotFound
-from engine.metrics import RequestMetrics, ServerStats
 from engine.request import AudioChunk, Mode, SynthesisRequest, new_request_id
+from engine.serving.metrics import RequestMetrics, ServerStats
 from webui import views
 from webui.live_text import LiveTexts
 from webui.stream_route import RID, AudioStore, StreamHub
@@ -61,7 +61,7 @@ SAMPLE_TEXTS = dict(EXAMPLES)  # language -> a text to speak, for the example vo
 
 
 class Engine(Protocol):
-    """The part of ``engine.engine.TTSEngine`` the studio uses."""
+    """The part of ``engine.serving.engine.TTSEngine`` the studio uses."""
 
     sample_rate: int
     model_name: str

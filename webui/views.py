@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.metrics import STAGES, RequestMetrics, ServerStats
+from engine.serving.metrics import STAGES, RequestMetrics, ServerStats
 from webui.texts import Texts
 
 # A sentence: the shortest run of text ending in a run of terminal marks (plus a closing quote) or at the end.

@@ -120,7 +120,7 @@ build_model() {  # the bench's full-size random model in the released layout, bu
 
 # The files that hold gpu-marked tests; the rest import the UI (Gradio is not on the device).
 GPU_TESTS=(tests/engine/lm/test_vllm_backend.py tests/engine/flow/test_graphs.py tests/engine/vocoder/test_graphs.py
-  tests/engine/test_token2wav.py tests/engine/flow/test_dit_pages.py)
+  tests/engine/serving/test_token2wav.py tests/engine/flow/test_dit_pages.py)
 
 step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
   [ $# -gt 0 ] || set -- "${GPU_TESTS[@]}"

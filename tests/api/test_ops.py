@@ -13,7 +13,7 @@ from api.app import build_api, mount_api
 from api.auth import ENV_VAR, bearer_token, key_matches, resolve_api_key
 from api.errors import from_engine
 from engine.errors import Busy, InvalidInput, ModelError, NotFound, NotReady, SynthesisFailed, TooLarge
-from engine.metrics import ServerStats
+from engine.serving.metrics import ServerStats
 from tests.api.support import RecordingEngine, assert_openai_error, client_for
 
 

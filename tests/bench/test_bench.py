@@ -25,7 +25,7 @@ from bench.load import (
 )
 from bench.report import markdown
 from engine.config import EngineConfig, Limits
-from engine.engine import TTSEngine
+from engine.serving.engine import TTSEngine
 
 TOKENS = 60  # streamed: a first chunk at 25 + pad + 3 tokens (pad 13 for the 3.5 s prompt), then the final
 CLI_TOKENS = 30  # one chunk either way: keeps the CLI sweep (12 requests) short

@@ -15,8 +15,8 @@ import torch
 from bench import soak
 from bench.make_model import build_model_dir
 from engine.errors import SynthesisFailed
-from engine.metrics import RequestMetrics, ServerStats
 from engine.request import AudioChunk, SynthesisRequest
+from engine.serving.metrics import RequestMetrics, ServerStats
 
 
 def test_cpu_smoke_writes_a_passing_report(tmp_path):

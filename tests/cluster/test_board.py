@@ -7,7 +7,7 @@ import time
 import pytest
 
 from cluster.board import ReplicaBoard, ReplicaReport
-from engine.metrics import ServerStats
+from engine.serving.metrics import ServerStats
 
 
 def report(replica: str, at: float, active: int = 0) -> ReplicaReport:

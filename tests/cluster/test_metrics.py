@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.board import ReplicaReport
 from cluster.metrics import ReplicaCollector
-from engine.metrics import ServerStats
+from engine.serving.metrics import ServerStats
 
 
 class Source:

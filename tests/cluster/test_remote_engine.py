@@ -23,8 +23,8 @@ from cluster.engine_replica import EngineInfo  # noqa: E402
 from cluster.parcel import Parcel, ShippedFile  # noqa: E402
 from cluster.remote_engine import RemoteEngine  # noqa: E402
 from engine.errors import Busy, NotFound, NotReady  # noqa: E402
-from engine.metrics import RequestMetrics, ServerStats  # noqa: E402
 from engine.request import AudioChunk, SynthesisRequest  # noqa: E402
+from engine.serving.metrics import RequestMetrics, ServerStats  # noqa: E402
 
 INFO = EngineInfo("tiny", "cosyvoice3", 24000, ("calm",))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.make_model import build_model_dir
-from engine.engine import TTSEngine
+from engine.serving.engine import TTSEngine
 from tests.reliability.support import PROMPT_S, load_engine
 from tests.sounds import write_wav
 

@@ -16,8 +16,8 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import EngineConfig, Limits
-from engine.engine import TTSEngine
 from engine.request import AudioChunk, Mode, SynthesisRequest
+from engine.serving.engine import TTSEngine
 from tests.sounds import speech_like
 
 # Small upload cap so an "over the limit" file is cheap to build; the rest are the released defaults.
@@ -87,7 +87,7 @@ def idle_state(engine: TTSEngine) -> dict[str, int]:
         "active_streams": stats.active_streams,
         "queued": stats.queued,
         "lm_active": engine.backend.active,
-        "token2wav_pending": engine.token2wav.pending,
+        "token2wav_pending": engine.serving.token2wav.pending,
     }
 
 

@@ -29,9 +29,9 @@ import soundfile as sf
 import engine.__main__ as cli
 from api.app import build_api
 from api.auth import owner_of as api_owner
-from engine.engine import TTSEngine
 from engine.errors import InvalidInput, NotFound, TooLarge
 from engine.request import Mode
+from engine.serving.engine import TTSEngine
 from engine.voices import OWNERS, owner_dir_name
 from tests.api.support import assert_openai_error
 from tests.reliability.support import (
@@ -703,9 +703,9 @@ def test_cli_bad_inputs(engine, prompt, bad_dir, tmp_path, monkeypatch, capsys, 
 
 async def test_assert_serves_fails_on_a_wedged_engine(engine, prompt):
     """The suite's own check can fail: a held admission slot is seen as not idle."""
-    await engine.admission.acquire()
+    await engine.serving.admission.acquire()
     try:
         assert not await wait_idle(engine, timeout_s=0.1)
     finally:
-        engine.admission.release()
+        engine.serving.admission.release()
     await assert_serves(engine, prompt)

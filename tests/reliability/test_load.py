@@ -168,7 +168,7 @@ async def test_bounded_load_mixed_requests(engine, server):
     assert tally.refused > 0  # 16 clients against 4 + 4 places: the limits were really exercised
     assert elapsed < DEADLINE_S
     stats = engine.stats()
-    assert (stats.active_streams, stats.queued, engine.backend.active, engine.token2wav.pending) == (
+    assert (stats.active_streams, stats.queued, engine.backend.active, engine.serving.token2wav.pending) == (
         0,
         0,
         0,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import app
-from engine.metrics import ServerStats
 from engine.request import SynthesisRequest
+from engine.serving.metrics import ServerStats
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
 from tests.webui.support import OUT, WAIT_MS, fill_request, metric, player, serving, studio_page

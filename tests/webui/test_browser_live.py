@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import app
-from engine.metrics import Stopwatch
 from engine.request import AudioChunk, SynthesisRequest
+from engine.serving.metrics import Stopwatch
 from tests.fakes import FakeEngine
 from tests.webui.support import WAIT_MS, fill_request, player, serving, studio_page
 from tests.webui.test_browser import prompt_wav  # noqa: F401 (a fixture)

@@ -15,8 +15,8 @@ import soundfile as sf
 
 from engine.config import Limits
 from engine.errors import Busy
-from engine.metrics import ServerStats
 from engine.request import Mode, SynthesisRequest
+from engine.serving.metrics import ServerStats
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
 from webui.handlers import Studio

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from engine.metrics import RequestMetrics, ServerStats
+from engine.serving.metrics import RequestMetrics, ServerStats
 from webui import views
 from webui.texts import Texts
 

@@ -72,7 +72,7 @@ def vllm_engine(model_dir, max_concurrency: int):
     """A ready TTSEngine on vLLM; graphs pre-captured for mel up to 100 frames only, so these requests'
     longer flow calls take the uncaptured path."""
     from engine.config import EngineConfig, Limits
-    from engine.engine import TTSEngine
+    from engine.serving.engine import TTSEngine
 
     cfg = EngineConfig(
         model=str(model_dir),

@@ -2,7 +2,7 @@
 
 Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, vocoder continuation); the
 worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
-(``engine.job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
+(``job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
 ``run`` is awaited by the request's coroutine. HiFT runs a batch's rows together where that gives each row
 what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-padded call, its final chunks
 in two (``CausalHiFTGenerator.finals``), v2's in groups of one input shape (by default on a GPU/NPU only),
@@ -37,16 +37,10 @@ from engine.flow.cfm import Flow
 from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
-from engine.job_queue import DeadlineQueue
-from engine.streaming import (
-    TOKEN_MEL_RATIO,
-    ChunkJob,
-    ChunkPlanner,
-    Hift3,
-    V2VocoderState,
-    V3VocoderState,
-)
+from engine.serving.job_queue import DeadlineQueue
+from engine.serving.streaming import TOKEN_MEL_RATIO, ChunkJob, ChunkPlanner
 from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
+from engine.vocoder.streaming import Hift3, V2VocoderState, V3VocoderState
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from engine.checkpoint import load_model
 from engine.config import StreamConfig
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
-from engine.streaming import ChunkJob
-from engine.token2wav import Token2Wav, Utterance
+from engine.serving.streaming import ChunkJob
+from engine.serving.token2wav import Token2Wav, Utterance
 from tests.conftest import fixture_file, tiny_cases, tiny_yaml
 
 CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
@@ -135,9 +135,10 @@ def test_batched_jobs_equal_the_same_jobs_alone(family, tmp_path):
 def test_v3_right_padding_leaves_each_rows_emitted_audio_unchanged(tmp_path):
     """The property batched vocoding rests on: a non-final causal HiFT call over a zero-padded row
     emits exactly what the row alone emits, chunk after chunk."""
+    from engine.vocoder.streaming import V3VocoderState
+
     from bench.make_model import build_model_dir
-    from engine.streaming import V3VocoderState
-    from engine.token2wav import _right_pad
+    from engine.serving.token2wav import _right_pad
 
     hift = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -323,7 +324,7 @@ class BlockedWorker:
         self.batches: list[list[int]] = []
 
     def __call__(self, jobs) -> None:
-        from engine.token2wav import _deliver
+        from engine.serving.token2wav import _deliver
 
         self.batches.append([j.chunk.end for j in jobs])
         self.entered.set()
@@ -336,7 +337,7 @@ def queued_batches(tmp_path, fifo: bool) -> list[list[int]]:
     """The worker's batches (token counts) when, while it is busy with a 1-token chunk, a long chunk with
     6 s of slack and then a first chunk are queued."""
     from bench.make_model import build_model_dir
-    from engine.streaming import ChunkJob
+    from engine.serving.streaming import ChunkJob
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -575,7 +576,7 @@ def run_rounds(
     """All tokens buffered; each round, every unfinished request's next chunk as one worker batch (streaming
     and final chunks apart), run on this thread so that the batches do not depend on timing -> each
     request's chunks (audio, or the error that ended it) and its utterance."""
-    from engine.token2wav import _Job
+    from engine.serving.token2wav import _Job
 
     loop = asyncio.new_event_loop()
     utts = [t2w.utterance(f, seed=seed, stream=True) for (f, _), seed in zip(voices, seeds)]
@@ -711,7 +712,7 @@ def test_v3_final_chunks_of_several_requests_share_the_finals_call_and_get_what_
     monkeypatch.setattr(model.hift, "finals", spy)
     together, _ = run_rounds(t2w, voices, [0, 0, 0])
     assert len(widths) == 1 and len(widths[0]) == 3 and len(set(widths[0])) == 3
-    monkeypatch.setattr("engine.token2wav._v3_final_rows", lambda jobs, mels: [])
+    monkeypatch.setattr("engine.serving.token2wav._v3_final_rows", lambda jobs, mels: [])
     one_by_one, _ = run_rounds(t2w, voices, [0, 0, 0])
     assert len(widths) == 1
     for want, lone, got in zip(alone, one_by_one, together):
@@ -726,8 +727,8 @@ def test_v3_final_rows_leave_short_and_speed_stretched_rows_alone(tmp_path):
     """``finals`` needs ``TAIL_FRAMES`` of mel a row, and a whole-file call at another speed vocodes a
     stretched mel: such rows are vocoded one by one, the others share the call."""
     from bench.make_model import build_model_dir
-    from engine.streaming import ChunkJob
-    from engine.token2wav import _Job, _v3_final_rows
+    from engine.serving.streaming import ChunkJob
+    from engine.serving.token2wav import _Job, _v3_final_rows
     from engine.vocoder.hift import TAIL_FRAMES
 
     model = load_model(

@@ -6,8 +6,8 @@ import pytest
 
 from bench.make_model import build_model_dir
 from engine.config import EngineConfig
-from engine.engine import TTSEngine
 from engine.request import Mode, SynthesisRequest
+from engine.serving.engine import TTSEngine
 from engine.text.frontend import END_OF_PROMPT_ID
 from tests.sounds import write_wav
 

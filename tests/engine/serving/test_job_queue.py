@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.job_queue import DeadlineQueue, frame_bucket_of, pick_batch
+from engine.serving.job_queue import DeadlineQueue, frame_bucket_of, pick_batch
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from engine.admission import Admission
 from engine.errors import Busy
+from engine.serving.admission import Admission
 
 
 async def test_slots_then_fifo_then_busy():

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from engine import device as devices
-from engine.admission import Admission
 from engine.asr import Transcriber, Transcript, model_choice
 from engine.audio import AudioInput, AudioLimits
 from engine.checkpoint import LoadedModel, load_model
@@ -37,15 +36,16 @@ from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
-from engine.metrics import ServerStats, Stopwatch
-from engine.plan import Plan, Planner
-from engine.playback import Playback
 from engine.request import AudioChunk, Mode, SynthesisRequest
-from engine.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
+from engine.serving.admission import Admission
+from engine.serving.metrics import ServerStats, Stopwatch
+from engine.serving.plan import Plan, Planner
+from engine.serving.playback import Playback
+from engine.serving.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
+from engine.serving.token2wav import Token2Wav, Utterance
 from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
 from engine.text.pool import TextPool, text_job
 from engine.text.stream import Prefetch, text_pieces, token_pieces
-from engine.token2wav import Token2Wav, Utterance
 from engine.vocoder.graphs import GraphedHiFT
 from engine.vocoder.hift import CausalHiFTGenerator
 from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples

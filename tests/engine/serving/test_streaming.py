@@ -5,9 +5,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from engine.vocoder.streaming import V2VocoderState, V3VocoderState, crossfade, hamming
 
 from engine.config import StreamConfig
-from engine.streaming import ChunkJob, ChunkPlanner, V2VocoderState, V3VocoderState, crossfade, hamming
+from engine.serving.streaming import ChunkJob, ChunkPlanner
 from tests.conftest import fixture_file, tiny_cases
 
 CFG = StreamConfig()
@@ -124,7 +125,7 @@ def test_v3_emits_each_sample_once():
 
 
 def test_silence_filter_keeps_five_consecutive_silent_tokens():
-    from engine.streaming import SILENT_TOKENS_V3, SilenceFilter
+    from engine.serving.streaming import SILENT_TOKENS_V3, SilenceFilter
 
     f = SilenceFilter(SILENT_TOKENS_V3)
     seq = [7] + [1] * 8 + [9] + [2] * 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.metrics import Stopwatch
+from engine.serving.metrics import Stopwatch
 
 
 def test_snapshot_figures_follow_the_clock():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.playback import Playback
+from engine.serving.playback import Playback
 
 
 class FakeClock:

@@ -14,10 +14,10 @@ import pytest
 
 from bench.make_model import build_model_dir
 from engine.config import EngineConfig, Limits
-from engine.engine import TTSEngine
 from engine.errors import InvalidInput, NotFound, NotReady, TooLarge
 from engine.lm.backend import LMRequest
 from engine.request import Mode, SynthesisRequest
+from engine.serving.engine import TTSEngine
 from tests.sounds import speech_like, write_wav
 
 TEXT = "Hello there, this is a short test sentence."
@@ -124,10 +124,10 @@ async def test_flow_batch_one_runs_every_chunk_alone_with_the_same_audio(engine,
     """``flow_batch=1`` (the no-batching A/B): each flow call carries one request's chunk; audio unchanged."""
     reqs = [req(engine, seed=s, text=f"Sentence number {s} for the batch.") for s in range(3)]
     batched = await asyncio.gather(*(collect(engine, r) for r in reqs))
-    rows, real = [], engine.token2wav._flow
-    monkeypatch.setattr(engine.token2wav, "max_batch", 1)
+    rows, real = [], engine.serving.token2wav._flow
+    monkeypatch.setattr(engine.serving.token2wav, "max_batch", 1)
     monkeypatch.setattr(
-        engine.token2wav, "_flow", lambda utts, chunks: rows.append(len(utts)) or real(utts, chunks)
+        engine.serving.token2wav, "_flow", lambda utts, chunks: rows.append(len(utts)) or real(utts, chunks)
     )
     alone = await asyncio.gather(*(collect(engine, r) for r in reqs))
     assert rows and set(rows) == {1}
@@ -173,7 +173,7 @@ async def test_closing_a_stream_closes_its_lm_request_at_once(engine, monkeypatc
 def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatch):
     """vLLM sizes its KV cache from the device memory free when it starts, so the flow graphs are captured
     after it (captured first, they left vLLM 24 GiB on the H200). Capture itself is recorded, not run."""
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
     from engine.flow.graphs import GraphedCFM
     from engine.vocoder.graphs import GraphedHiFT
 
@@ -202,7 +202,7 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
 def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_path, monkeypatch):
     """v3's CUDA-graph solver gets its page pool at load, before the captures (they record its address):
     by default 40 % of the device memory free then, or ``flow_reuse_gb``; none without reuse."""
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
     from engine.flow.dit_pages import PageLayout
     from engine.flow.graphs import GraphedCFM
 
@@ -229,7 +229,7 @@ def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_pa
 def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch):
     """flow_reuse auto: v2's CUDA-graph solver gets no page pool and recomputes (its windows measured slower
     on the H200); --flow-reuse gives it one; v2's eager solver reuses in auto."""
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
     from engine.flow.graphs import GraphedCFM
 
     monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2**30)
@@ -250,7 +250,7 @@ def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch)
 def test_the_graphed_solver_compiles_v3s_estimator_and_not_v2s_by_default(tmp_path, monkeypatch):
     """flow_compile auto: v3's DiT through Inductor (its kernels in cache_dir/compile), v2's U-Net eager
     in its graphs (its compiled cold start ran past 460 s on the H200); an explicit choice holds for both."""
-    import engine.engine as engine_module
+    import engine.serving.engine as engine_module
     from engine.flow.graphs import GraphedCFM
 
     monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
@@ -317,7 +317,7 @@ def test_cudnn_attention_is_held_while_the_engine_is_open_and_undone_on_close_or
         finally:
             held.append("out")
 
-    monkeypatch.setattr("engine.engine.devices.cudnn_attention", order)
+    monkeypatch.setattr("engine.serving.engine.devices.cudnn_attention", order)
     cfg = replace(engine.cfg, flow_attention="cudnn", voices_dir=str(tmp_path / "voices"))
     eng = TTSEngine.load(cfg)
     assert held == ["in:cpu"]
@@ -327,7 +327,7 @@ def test_cudnn_attention_is_held_while_the_engine_is_open_and_undone_on_close_or
     def broken(files, dev):
         raise RuntimeError("flow.pt is damaged")
 
-    monkeypatch.setattr("engine.engine.load_model", broken)
+    monkeypatch.setattr("engine.serving.engine.load_model", broken)
     with pytest.raises(RuntimeError, match="damaged"):
         TTSEngine.load(cfg)
     assert held == ["in:cpu", "out", "in:cpu", "out"]
@@ -343,15 +343,21 @@ async def test_abort_mid_stream_frees_everything(engine):
     got, held = [], []
     async for chunk in engine.stream(r):
         got.append(chunk)
-        held.append(engine.token2wav.reuse_budget.held)  # the stream's flow frames are cached (v2 and v3)
+        held.append(
+            engine.serving.token2wav.reuse_budget.held
+        )  # the stream's flow frames are cached (v2 and v3)
         assert engine.abort(r.request_id)
     assert not got[-1].is_last
     assert held[0] > 0
     await asyncio.sleep(0.05)
-    assert engine.admission.active == 0 and engine.backend.active == 0 and engine.token2wav.pending == 0
+    assert (
+        engine.serving.admission.active == 0
+        and engine.backend.active == 0
+        and engine.serving.token2wav.pending == 0
+    )
     assert not engine.abort(r.request_id)  # nothing left to abort
     gc.collect()  # the aborted segment's Utterance, and with it its flow cache
-    assert engine.token2wav.reuse_budget.held == 0
+    assert engine.serving.token2wav.reuse_budget.held == 0
 
 
 async def test_closing_the_stream_frees_everything(engine):
@@ -359,15 +365,15 @@ async def test_closing_the_stream_frees_everything(engine):
     await gen.__anext__()
     await gen.aclose()
     await asyncio.sleep(0.05)
-    assert engine.admission.active == 0 and engine.backend.active == 0
+    assert engine.serving.admission.active == 0 and engine.backend.active == 0
     gc.collect()
-    assert engine.token2wav.reuse_budget.held == 0
+    assert engine.serving.token2wav.reuse_budget.held == 0
 
 
 async def test_a_finished_stream_leaves_no_flow_cache_behind(engine):
     """The final flow call releases the stream's cached frames at once, without waiting for the GC."""
     await collect(engine, req(engine))
-    assert engine.token2wav.reuse_budget.held == 0
+    assert engine.serving.token2wav.reuse_budget.held == 0
 
 
 def write_raw(path: Path, samples: np.ndarray, sr: int) -> str:
@@ -405,7 +411,7 @@ async def test_bad_inputs_get_clear_errors(engine, tmp_path, case, error, messag
         kw["text"] = "x" * 5000
     with pytest.raises(error, match=message):
         await collect(engine, req(engine, **kw))
-    assert engine.admission.active == 0
+    assert engine.serving.admission.active == 0
     assert pcm(await collect(engine, req(engine))).size > 0  # still serving
 
 
@@ -418,14 +424,14 @@ def test_split_preview_shows_the_normalised_segments(engine):
 async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(engine, monkeypatch, tmp_path):
     """auto: a v3 request alone on the engine gets the split first chunk; v2 keeps the reference one."""
     seen = []
-    real = engine.token2wav.utterance
+    real = engine.serving.token2wav.utterance
 
     def spy(*args, **kw):
         utt = real(*args, **kw)
         seen.append(utt.planner.this_hop)
         return utt
 
-    monkeypatch.setattr(engine.token2wav, "utterance", spy)
+    monkeypatch.setattr(engine.serving.token2wav, "utterance", spy)
     auto = replace(engine.cfg.stream, fast_start=None)
     monkeypatch.setattr(engine, "cfg", replace(engine.cfg, stream=auto))
     prompt = write_wav(tmp_path / "p.wav", 3.5)  # ~87 prompt tokens: pad 12-13 to the 25-token grid
