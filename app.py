@@ -192,7 +192,7 @@ def build_engine(cfg: EngineConfig) -> Any:
 
     if cfg.model != DEMO_TINY:
         return TTSEngine.load(cfg)
-    from bench.make_model import build_demo_tiny, demo_tiny_whisper
+    from engine.demo.make_model import build_demo_tiny, demo_tiny_whisper
 
     cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
     return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))

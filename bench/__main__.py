@@ -195,7 +195,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def random_model(family: str, size: str, cache_dir: str | Path) -> Path:
     """A random-weight model directory, built once (atomically: a half-written one is never reused)."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     target = Path(cache_dir) / "bench" / f"{family}-{size}"
     if (target / ".complete").is_file():

@@ -94,8 +94,8 @@ def _engine(args: argparse.Namespace):
         asr_model=args.asr_model if _needs_transcript(args) else "none",  # Whisper only when it is used
     )
     model_dir = None
-    if args.model == "demo-tiny":  # as app.py: the entry points may build the bench's tiny model
-        from bench.make_model import build_demo_tiny, demo_tiny_whisper
+    if args.model == "demo-tiny":  # as the server does: the tiny random-weight model, built offline
+        from engine.demo.make_model import build_demo_tiny, demo_tiny_whisper
 
         cfg = replace(cfg, asr_model=demo_tiny_whisper(None, cfg.asr_model))
         model_dir = build_demo_tiny()

@@ -115,7 +115,8 @@ def test_demo_tiny_builds_a_random_model_offline(monkeypatch, tmp_path) -> None:
     built: list[tuple] = []
     monkeypatch.setitem(sys.modules, "engine.serving.engine", types.SimpleNamespace(TTSEngine=FakeTTSEngine))
     monkeypatch.setattr(
-        "bench.make_model.build_model_dir", lambda out, family, size: built.append((out, family, size)) or out
+        "engine.demo.make_model.build_model_dir",
+        lambda out, family, size: built.append((out, family, size)) or out,
     )
     FakeTTSEngine.loads.clear()
     app.build_engine(EngineConfig(model="demo-tiny", cache_dir=str(tmp_path)))

@@ -17,8 +17,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from api.app import build_api
-from bench.make_model import build_model_dir
 from engine.config import EngineConfig, Limits
+from engine.demo.make_model import build_model_dir
 from engine.serving.engine import TTSEngine
 from tests.api.support import live_server, wait_until
 from tests.sounds import speech_like

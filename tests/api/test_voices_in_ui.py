@@ -10,8 +10,8 @@ import soundfile as sf
 
 from api.app import build_api
 from api.auth import owner_of
-from bench.make_model import build_model_dir
 from engine.config import Limits
+from engine.demo.make_model import build_model_dir
 from engine.request import SynthesisRequest
 from tests.api.support import client_for
 from tests.reliability.support import load_engine

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench import soak
-from bench.make_model import build_model_dir
+from engine.demo.make_model import build_model_dir
 from engine.errors import SynthesisFailed
 from engine.request import AudioChunk, SynthesisRequest
 from engine.serving.metrics import RequestMetrics, ServerStats

@@ -15,7 +15,7 @@ import soundfile as sf
 
 pytest.importorskip("ray.serve")
 
-from bench.make_model import build_model_dir
+from engine.demo.make_model import build_model_dir
 from tests.cluster.support import LONG, SHORT, Cluster, local_cluster, wait_until
 from tests.sounds import speech_like
 

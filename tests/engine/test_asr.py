@@ -1,4 +1,4 @@
-"""engine/asr.py: Whisper transcription on the tiny random-weight Whisper (bench/tiny_whisper.py)."""
+"""engine/asr.py: Whisper transcription on the tiny random-weight Whisper (engine/demo/tiny_whisper.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from bench.tiny_whisper import build_whisper_dir
 from engine import asr
+from engine.demo.tiny_whisper import build_whisper_dir
 from engine.errors import InvalidInput, ModelError
 
 VOICES = Path(__file__).resolve().parents[2] / "assets" / "voices"

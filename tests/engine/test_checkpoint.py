@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.make_model import build_model_dir
-from bench.yaml_templates import FULL, model_yaml, qwen_config
 from engine.checkpoint import build_modules, hift_keys, load_model, load_strict, read_model_config, read_state
+from engine.demo.make_model import build_model_dir
+from engine.demo.yaml_templates import FULL, model_yaml, qwen_config
 from engine.errors import ModelError
 from engine.hub import validate_model_dir
 from engine.yaml_data import read_yaml

@@ -7,8 +7,8 @@ import json
 import pytest
 import soundfile as sf
 
-from bench.make_model import build_model_dir
 from engine.__main__ import main
+from engine.demo.make_model import build_model_dir
 from tests.sounds import write_wav
 
 
@@ -82,7 +82,7 @@ def test_bad_input_is_a_clear_error(model, tmp_path, capsys):
 def test_public_voice_transcribed_by_the_asr(model, tmp_path, capsys):
     """``voices add --public`` without a transcript: Whisper (tiny, random) writes one; only --public rm
     removes a public voice."""
-    from bench.tiny_whisper import build_whisper_dir
+    from engine.demo.tiny_whisper import build_whisper_dir
 
     whisper = str(build_whisper_dir(tmp_path / "whisper"))
     prompt = write_wav(tmp_path / "p.wav")

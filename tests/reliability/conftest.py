@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.make_model import build_model_dir
+from engine.demo.make_model import build_model_dir
 from engine.serving.engine import TTSEngine
 from tests.reliability.support import PROMPT_S, load_engine
 from tests.sounds import write_wav

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from bench.make_model import randomize
+from engine.demo.make_model import randomize
 from engine.flow.cfm import (
     CosyVoice2Flow,
     CosyVoice2FlowConfig,

@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 import torch
 
-from bench.make_model import build_model_dir
 from engine.checkpoint import load_model
+from engine.demo.make_model import build_model_dir
 from engine.flow.cfm import CfmInputs
 from engine.flow.graphs import GraphedCFM, _padded
 from engine.hub import validate_model_dir

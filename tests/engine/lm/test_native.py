@@ -6,9 +6,9 @@ import asyncio
 
 import torch
 
-from bench.make_model import build_model_dir
 from engine.checkpoint import load_model
 from engine.config import SamplingConfig
+from engine.demo.make_model import build_model_dir
 from engine.hub import validate_model_dir
 from engine.lm.backend import LMRequest
 from engine.lm.native import NativeLM

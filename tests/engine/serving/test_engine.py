@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.make_model import build_model_dir
 from engine.config import EngineConfig, Limits
+from engine.demo.make_model import build_model_dir
 from engine.errors import InvalidInput, NotFound, NotReady, TooLarge
 from engine.lm.backend import LMRequest
 from engine.request import Mode, SynthesisRequest

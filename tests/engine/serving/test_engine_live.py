@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from bench.make_model import build_model_dir
 from engine.config import Limits
+from engine.demo.make_model import build_model_dir
 from engine.errors import InvalidInput, SynthesisFailed, TooLarge
 from engine.request import Mode, SynthesisRequest
 from tests.reliability.support import load_engine

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.make_model import build_model_dir
 from engine.config import EngineConfig
+from engine.demo.make_model import build_model_dir
 from engine.request import Mode, SynthesisRequest
 from engine.serving.engine import TTSEngine
 from engine.text.frontend import END_OF_PROMPT_ID

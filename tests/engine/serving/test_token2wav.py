@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench.make_model import write_onnx
-from bench.tiny_tokenizer import write_tiny_tokenizer
 from engine.checkpoint import load_model
 from engine.config import StreamConfig
+from engine.demo.make_model import write_onnx
+from engine.demo.tiny_tokenizer import write_tiny_tokenizer
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
 from engine.serving.streaming import ChunkJob
@@ -86,7 +86,7 @@ def test_stream_and_non_stream_reproduce_the_reference(case, tmp_path):
 
 @pytest.mark.parametrize("family", ["cosyvoice2", "cosyvoice3"])
 def test_batched_jobs_equal_the_same_jobs_alone(family, tmp_path):
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), torch.device("cpu"))
     rng = np.random.default_rng(0)
@@ -135,10 +135,9 @@ def test_batched_jobs_equal_the_same_jobs_alone(family, tmp_path):
 def test_v3_right_padding_leaves_each_rows_emitted_audio_unchanged(tmp_path):
     """The property batched vocoding rests on: a non-final causal HiFT call over a zero-padded row
     emits exactly what the row alone emits, chunk after chunk."""
-    from engine.vocoder.streaming import V3VocoderState
-
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
     from engine.serving.token2wav import _right_pad
+    from engine.vocoder.streaming import V3VocoderState
 
     hift = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -182,7 +181,7 @@ CUDA = pytest.param(
 def test_the_worker_on_its_own_stream_computes_the_same_audio(tmp_path, dev):
     """``own_stream`` moves the worker's flow and HiFT off the default stream (CUDA; nothing on CPU); three
     concurrent requests, batched together, get the same samples either way."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device(dev))
     prompts = [random_prompt(10 + i, 90, seed=i) for i in range(3)]
@@ -206,7 +205,7 @@ def test_the_worker_on_its_own_stream_computes_the_same_audio(tmp_path, dev):
 def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path):
     """Splitting the reference's first chunk at the chunk grid moves no later boundary, and v3's flow
     (chunk-causal) and HiFT (causal) then compute the same samples: only the first audio comes sooner."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -232,7 +231,7 @@ def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path)
 
 
 def test_worker_is_healthy_until_closed(tmp_path):
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -246,7 +245,7 @@ def test_worker_is_healthy_until_closed(tmp_path):
 def test_v3_vocoder_graphs_give_the_same_stream_audio(tmp_path, monkeypatch):
     """Token2Wav with the graphed HiFT (capture emulated on the CPU): the same samples as the module's own
     calls, for three concurrent streams (their non-final chunks go through bucketed graphs)."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
     from engine.vocoder.graphs import GraphedHiFT
     from tests.engine.test_graph_cache import emulate_capture
 
@@ -292,7 +291,7 @@ async def run_streamed(
 def test_v3_adaptive_hops_give_the_same_audio_in_fewer_chunks(tmp_path):
     """Merged chunks end on the reference's boundaries; v3's chunk-causal flow and causal HiFT then compute
     the same samples as the fixed schedule, in fewer flow calls."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -336,7 +335,7 @@ class BlockedWorker:
 def queued_batches(tmp_path, fifo: bool) -> list[list[int]]:
     """The worker's batches (token counts) when, while it is busy with a 1-token chunk, a long chunk with
     6 s of slack and then a first chunk are queued."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
     from engine.serving.streaming import ChunkJob
 
     model = load_model(
@@ -394,7 +393,7 @@ def stream_with_and_without_reuse(tmp_path, family: str, monkeypatch=None):
     CUDA-graph solver with a page pool, its capture emulated."""
     from dataclasses import replace
 
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), torch.device("cpu"))
     if monkeypatch is not None:
@@ -473,7 +472,7 @@ def test_v2_flow_reuse_gives_the_same_stream_audio_computing_fewer_frames(tmp_pa
 def test_v3_flow_reuse_keeps_each_requests_frames_apart(tmp_path, batch):
     """Two requests with different voices, their chunks interleaved (batch 1: one flow call after the
     other's; 2: as rows of one call when they meet), give what each gives alone."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -515,7 +514,7 @@ def test_v3_flow_reuse_keeps_each_requests_frames_apart(tmp_path, batch):
 
 def test_v3_flow_reuse_refuses_a_chunk_that_would_emit_uncomputed_frames(tmp_path):
     """A cached call returns zeros before the cache's boundary: a chunk emitting from there fails instead."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
@@ -545,7 +544,7 @@ def v2_voices() -> list[tuple[PromptFeatures, list[int]]]:
 def test_v2_hift_groups_are_off_on_the_cpu_unless_asked_for(tmp_path):
     """On the CPU a batched full-size v2 HiFT call was slower than its rows one by one: no groups there
     by default (the rows run alone, as before), groups where asked for."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice2", "tiny")), torch.device("cpu")
@@ -560,7 +559,7 @@ def test_v2_hift_groups_are_off_on_the_cpu_unless_asked_for(tmp_path):
 
 def v2_worker(tmp_path) -> Token2Wav:
     """A tiny v2 model's Token2Wav with its worker thread stopped (``run_rounds`` drives the batches)."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(
         validate_model_dir(build_model_dir(tmp_path, "cosyvoice2", "tiny")), torch.device("cpu")
@@ -695,7 +694,7 @@ def test_v3_final_chunks_of_several_requests_share_the_finals_call_and_get_what_
     calls run as ``CausalHiFTGenerator.finals`` (a padded call and one over their last frames) and give
     what the same final rows give vocoded one by one; each stream's audio is what it gets alone (within
     the flow batch's rounding, ~1e-5: the final flow call is batched either way)."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device(dev))
     t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
@@ -726,7 +725,7 @@ def test_v3_final_chunks_of_several_requests_share_the_finals_call_and_get_what_
 def test_v3_final_rows_leave_short_and_speed_stretched_rows_alone(tmp_path):
     """``finals`` needs ``TAIL_FRAMES`` of mel a row, and a whole-file call at another speed vocodes a
     stretched mel: such rows are vocoded one by one, the others share the call."""
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
     from engine.serving.streaming import ChunkJob
     from engine.serving.token2wav import _Job, _v3_final_rows
     from engine.vocoder.hift import TAIL_FRAMES

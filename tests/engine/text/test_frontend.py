@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.tiny_tokenizer import write_tiny_tokenizer
+from engine.demo.tiny_tokenizer import write_tiny_tokenizer
 from engine.errors import InvalidInput, ModelError
 from engine.text import frontend as text
 from engine.text.frontend import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.tiny_tokenizer import write_tiny_tokenizer
+from engine.demo.tiny_tokenizer import write_tiny_tokenizer
 from engine.errors import InvalidInput, SynthesisFailed
 from engine.request import Mode
 from engine.text.frontend import TextFrontend, load_tokenizer

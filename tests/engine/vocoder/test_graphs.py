@@ -17,7 +17,7 @@ from tests.engine.test_graph_cache import emulate_capture
 
 @pytest.fixture(scope="module")
 def hift(tmp_path_factory):
-    from bench.make_model import build_model_dir
+    from engine.demo.make_model import build_model_dir
 
     root = tmp_path_factory.mktemp("v3")
     return load_model(

@@ -1,6 +1,6 @@
 """Write a model directory in the released layout with seeded random weights (tiny or full size).
 
-    python -m bench.make_model --family cosyvoice3 --size tiny --out DIR
+    python -m engine.demo.make_model --family cosyvoice3 --size tiny --out DIR
 
 Files: {family}.yaml (released structure), llm.pt / flow.pt / hift.pt (plain state dicts with the released
 keys: tied lm_head present, weight-norm parametrizations), CosyVoice-BlankEN/ (config.json + a small
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.onnx_standins import write_standins
-from bench.tiny_tokenizer import write_tiny_tokenizer
-from bench.yaml_templates import FULL, SMALL, TINY, model_yaml, qwen_config
 from engine.checkpoint import build_modules
+from engine.demo.onnx_standins import write_standins
+from engine.demo.tiny_tokenizer import write_tiny_tokenizer
+from engine.demo.yaml_templates import FULL, SMALL, TINY, model_yaml, qwen_config
 from engine.yaml_data import read_yaml
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def tame_hift(hift: Any) -> None:
 
 def fixture_onnx() -> Path | None:
     env = os.environ.get("COSYSTREAM_FIXTURES")
-    root = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+    root = Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "fixtures"
     onnx_dir = root / "onnx"
     return onnx_dir if (onnx_dir / "campplus_standin.onnx").is_file() else None
 
@@ -110,7 +110,7 @@ def demo_tiny_whisper(cache_dir: str | None, asr_model: str) -> str:
     transcripts are noise); any other choice is kept as it is."""
     if asr_model != "auto":
         return asr_model
-    from bench.tiny_whisper import build_whisper_dir
+    from engine.demo.tiny_whisper import build_whisper_dir
 
     root = Path(cache_dir or Path.home() / ".cache" / "cosystream") / "demo-tiny-whisper"
     return str(build_whisper_dir(root))

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from bench.make_model import SIZES, build_model_dir
 from engine.checkpoint import load_model
+from engine.demo.make_model import SIZES, build_model_dir
 from engine.hub import validate_model_dir
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.tiny_tokenizer import DEFAULT_VOCAB_SIZE, QWEN_SPECIALS, write_tiny_tokenizer
+from engine.demo.tiny_tokenizer import DEFAULT_VOCAB_SIZE, QWEN_SPECIALS, write_tiny_tokenizer
 from engine.text.frontend import END_OF_PROMPT, END_OF_PROMPT_ID, FAMILIES, load_tokenizer
 from tests.conftest import fixture_file
 
