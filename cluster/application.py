@@ -61,7 +61,7 @@ def application(
 def build(args: dict[str, Any]) -> Any:
     """``serve deploy`` builder: ``args`` are ``app.py``'s flags without dashes (``max-concurrency: 16``)
     plus the cluster's (``replicas``, ``gpus-per-replica`` ...), checked by the same parser."""
-    from app import engine_config, parse_args
+    from server.cli import engine_config, parse_args
 
     argv = [f"--{key}={value}" for key, value in args.items()]
     ns = parse_args(argv)
@@ -84,7 +84,7 @@ def run_local(ns: argparse.Namespace) -> None:
     SIGTERM, then stops Serve (its HAProxy included) and Ray."""
     import ray
 
-    from app import engine_config
+    from server.cli import engine_config
 
     # a new Ray on this machine (not one a `ray start` left running); its workers import this checkout
     slow_host_tolerance()

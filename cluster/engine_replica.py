@@ -30,7 +30,7 @@ from engine.request import AudioChunk
 
 log = logging.getLogger(__name__)
 
-DEMO_TINY = "demo-tiny"  # app.DEMO_TINY; app.py is imported lazily (it pulls in the UI's texts)
+DEMO_TINY = "demo-tiny"  # server.cli.DEMO_TINY; server.cli is imported lazily (it pulls in the UI's texts)
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def own_cache(cfg: EngineConfig) -> EngineConfig:
 
 class EngineReplica:
     async def __init__(self, cfg: EngineConfig, board: str, interval_s: float, stale_s: float):  # type: ignore[misc]  # Serve awaits it
-        from app import build_engine  # the single-process server's loader (demo-tiny included)
+        from server.cli import build_engine  # the single-process server's loader (demo-tiny included)
 
         self.cfg = own_cache(cfg)
         self.engine = await asyncio.to_thread(build_engine, self.cfg)

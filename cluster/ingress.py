@@ -1,4 +1,4 @@
-"""The ingress deployment: the single-process server's app (API + studio, ``app.create_app``) over a
+"""The ingress deployment: the single-process server's app (API + studio, ``server.web.create_app``) over a
 ``RemoteEngine``, so every route, limit and message is the same code as on one GPU.
 
 Run one ingress replica: the studio keeps a browser session's stream and downloads in this process, and it
@@ -36,7 +36,7 @@ class IngressConfig:
 class Ingress:
     async def __init__(self, engine: Any, cfg: IngressConfig):  # type: ignore[misc]  # Serve awaits it
         from api.context import EngineLike
-        from app import create_app  # gradio and the API load here, in the replica
+        from server.web import create_app  # gradio and the API load here, in the replica
         from webui.handlers import Engine as StudioEngine
 
         info: EngineInfo = await engine.info.remote()  # waits for the first engine replica to be up

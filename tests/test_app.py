@@ -15,49 +15,49 @@ from typing import ClassVar
 import httpx
 import pytest
 
-import app
 from engine.config import DEFAULT_MODEL, EngineConfig, Limits
+from server import cli, web
 from tests.fakes import FakeEngine
 
 
 def test_defaults() -> None:
-    args = app.parse_args([])
+    args = cli.parse_args([])
     assert (args.model, args.host, args.port, args.ui_lang, args.share) == (
         DEFAULT_MODEL, "127.0.0.1", 7860, "auto", False,
     )  # fmt: skip
-    assert app.engine_config(args) == EngineConfig(asr_model="auto")  # the library's default is "none"
+    assert cli.engine_config(args) == EngineConfig(asr_model="auto")  # the library's default is "none"
 
 
 def test_flags_reach_the_engine_config() -> None:
-    args = app.parse_args(
+    args = cli.parse_args(
         ["--model", "demo-tiny", "--device", "cpu", "--backend", "native", "--max-concurrency", "4",
          "--ui-lang", "en", "--port", "9000", "--api-key", "k", "--api-key", "k2", "--asr-model", "none"]
     )  # fmt: skip
-    cfg = app.engine_config(args)
+    cfg = cli.engine_config(args)
     assert (cfg.model, cfg.device, cfg.backend) == ("demo-tiny", "cpu", "native")
     assert cfg.limits == Limits(max_concurrency=4)
     assert (args.ui_lang, args.port, args.api_key, cfg.asr_model) == ("en", 9000, ["k", "k2"], "none")
     assert cfg.stream.fast_start is None  # auto, as StreamConfig
-    assert app.engine_config(app.parse_args(["--fast-start", "auto"])).stream.fast_start is None
-    assert app.engine_config(app.parse_args(["--fast-start", "off"])).stream.fast_start is False
-    assert app.engine_config(app.parse_args(["--fast-start", "on"])).stream.fast_start is True
+    assert cli.engine_config(cli.parse_args(["--fast-start", "auto"])).stream.fast_start is None
+    assert cli.engine_config(cli.parse_args(["--fast-start", "off"])).stream.fast_start is False
+    assert cli.engine_config(cli.parse_args(["--fast-start", "on"])).stream.fast_start is True
     flags = ["--flow-dtype", "float32", "--graph-warmup-s", "15", "--gpu-memory-utilization", "0.5"]
-    gpu = app.parse_args([*flags, "--no-flow-compile", "--no-flow-reuse", "--flow-reuse-gb", "1.5"])
-    cfg = app.engine_config(gpu)
+    gpu = cli.parse_args([*flags, "--no-flow-compile", "--no-flow-reuse", "--flow-reuse-gb", "1.5"])
+    cfg = cli.engine_config(gpu)
     assert cfg.flow_reuse is False and EngineConfig().flow_reuse is None  # auto: off for v2's graphs
-    assert app.engine_config(app.parse_args(["--flow-reuse"])).flow_reuse is True
+    assert cli.engine_config(cli.parse_args(["--flow-reuse"])).flow_reuse is True
     assert cfg.flow_attention == "mask"
-    assert app.engine_config(app.parse_args(["--flow-attention", "folded"])).flow_attention == "folded"
+    assert cli.engine_config(cli.parse_args(["--flow-attention", "folded"])).flow_attention == "folded"
     with pytest.raises(SystemExit):
-        app.parse_args(["--flow-reuse", "--no-flow-reuse"])
+        cli.parse_args(["--flow-reuse", "--no-flow-reuse"])
     assert cfg.flow_reuse_gb == 1.5 and EngineConfig().flow_reuse_gb is None
     assert cfg.limits.forced_tokens is False  # a public server ignores the bench's forced lengths
-    assert app.engine_config(app.parse_args(["--allow-forced-tokens"])).limits.forced_tokens is True
+    assert cli.engine_config(cli.parse_args(["--allow-forced-tokens"])).limits.forced_tokens is True
     assert (cfg.flow_dtype, cfg.graph_warmup_s, cfg.gpu_memory_utilization) == ("float32", 15.0, 0.5)
     assert cfg.flow_compile is False and EngineConfig().flow_compile is None  # auto: v3 only
-    assert app.engine_config(app.parse_args(["--flow-compile"])).flow_compile is True
+    assert cli.engine_config(cli.parse_args(["--flow-compile"])).flow_compile is True
     with pytest.raises(SystemExit):
-        app.parse_args(["--flow-compile", "--no-flow-compile"])
+        cli.parse_args(["--flow-compile", "--no-flow-compile"])
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless
 
 
@@ -77,7 +77,7 @@ def test_flags_reach_the_engine_config() -> None:
 )
 def test_bad_flags_exit_with_usage(argv, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
-        app.parse_args(argv)
+        cli.parse_args(argv)
     assert exc.value.code == 2 and "usage:" in capsys.readouterr().err
 
 
@@ -99,7 +99,7 @@ def test_build_engine_imports_the_engine_lazily(monkeypatch) -> None:
         sys.modules, "engine.serving.engine", None
     )  # "not importable": proves the import is inside
     with pytest.raises(ModuleNotFoundError):
-        app.build_engine(EngineConfig())
+        cli.build_engine(EngineConfig())
 
 
 class FakeTTSEngine:
@@ -119,8 +119,8 @@ def test_demo_tiny_builds_a_random_model_offline(monkeypatch, tmp_path) -> None:
         lambda out, family, size: built.append((out, family, size)) or out,
     )
     FakeTTSEngine.loads.clear()
-    app.build_engine(EngineConfig(model="demo-tiny", cache_dir=str(tmp_path)))
-    app.build_engine(EngineConfig(model="/models/cv3"))
+    cli.build_engine(EngineConfig(model="demo-tiny", cache_dir=str(tmp_path)))
+    cli.build_engine(EngineConfig(model="/models/cv3"))
     assert built == [(tmp_path / "demo-tiny", "cosyvoice3", "tiny")]
     assert FakeTTSEngine.loads == [("demo-tiny", tmp_path / "demo-tiny"), ("/models/cv3", None)]
 
@@ -129,12 +129,12 @@ def test_mount_api_is_optional(monkeypatch, caplog) -> None:
     from fastapi import FastAPI
 
     monkeypatch.setitem(sys.modules, "api.app", None)
-    assert app.mount_api(FastAPI(), FakeEngine(), Limits(), None) is False
+    assert web.mount_api(FastAPI(), FakeEngine(), Limits(), None) is False
     assert "serving the UI only" in caplog.text
 
 
 async def test_app_serves_the_ui_and_studio_routes() -> None:
-    fastapi_app = app.create_app(FakeEngine(), ui_lang="en", random_weights=True)
+    fastapi_app = web.create_app(FakeEngine(), ui_lang="en", random_weights=True)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fastapi_app), base_url="http://t") as c:
         page = await c.get("/")
         assert page.status_code == 200 and "CosyStream" in page.text
@@ -150,17 +150,17 @@ def test_model_and_device_defaults_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("COSYSTREAM_DEVICE", "cpu")
     import importlib
 
-    import app
+    from server import cli
 
-    importlib.reload(app)
-    args = app.parse_args([])
+    importlib.reload(cli)
+    args = cli.parse_args([])
     assert args.model == "iic/CosyVoice2-0.5B" and args.device == "cpu"
 
 
 def test_every_limit_has_a_flag():
-    import app
+    from server import cli
 
-    args = app.parse_args(
+    args = cli.parse_args(
         [
             "--max-queue",
             "3",
@@ -176,28 +176,28 @@ def test_every_limit_has_a_flag():
             "2",
         ]
     )
-    limits = app.engine_config(args).limits
+    limits = cli.engine_config(args).limits
     assert (limits.max_queue, limits.max_text_chars, limits.max_upload_bytes) == (3, 500, 2 * 2**20)
     assert (limits.max_prompt_s, limits.request_timeout_s, limits.max_concurrency) == (20, 60, 2)
 
 
 def test_cluster_flags_default_to_one_process_and_are_checked(capsys) -> None:
-    import app
+    from server import cli
 
-    args = app.parse_args(["--voices-dir", "/shared/voices"])
-    assert args.replicas == 0 and app.engine_config(args).voices_dir == "/shared/voices"
-    scaled = app.parse_args(["--replicas", "2", "--max-replicas", "4", "--gpus-per-replica", "1"])
+    args = cli.parse_args(["--voices-dir", "/shared/voices"])
+    assert args.replicas == 0 and cli.engine_config(args).voices_dir == "/shared/voices"
+    scaled = cli.parse_args(["--replicas", "2", "--max-replicas", "4", "--gpus-per-replica", "1"])
     assert (scaled.replicas, scaled.min_replicas, scaled.max_replicas) == (2, 1, 4)
     assert scaled.gpus_per_replica == 1
     for argv in (["--replicas", "-1"], ["--replicas", "2", "--share"], ["--max-replicas", "0"]):
         with pytest.raises(SystemExit):
-            app.parse_args(argv)
+            cli.parse_args(argv)
     assert "--replicas" in capsys.readouterr().err
 
 
 async def test_a_queue_join_logs_no_deprecation_warning(recwarn) -> None:
     """Gradio's queue join used to warn about Starlette's renamed 422 constant on every Generate click."""
-    fastapi_app = app.create_app(FakeEngine(), ui_lang="en", random_weights=True)
+    fastapi_app = web.create_app(FakeEngine(), ui_lang="en", random_weights=True)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fastapi_app), base_url="http://t") as c:
         join = {"data": [], "fn_index": 0, "session_hash": "readme0"}
         assert (await c.post("/gradio_api/queue/join", json=join)).status_code == 200
@@ -207,7 +207,7 @@ async def test_a_queue_join_logs_no_deprecation_warning(recwarn) -> None:
 def test_the_url_is_logged_once_the_port_listens() -> None:
     """The "CosyStream on http://..." line gives the bound port (0 asked: the system's pick), and a client
     connecting the moment it is logged finds the socket listening."""
-    fastapi_app = app.create_app(FakeEngine(), ui_lang="en", random_weights=True)
+    fastapi_app = web.create_app(FakeEngine(), ui_lang="en", random_weights=True)
     connected: list[str] = []
 
     class Probe(logging.Handler):
@@ -218,10 +218,10 @@ def test_the_url_is_logged_once_the_port_listens() -> None:
                 with socket.create_connection((host, int(port)), timeout=5):
                     connected.append(message)
 
-    probe, level = Probe(), app.log.level
-    app.log.addHandler(probe)
-    app.log.setLevel(logging.INFO)
-    server = app.web_server(fastapi_app, "127.0.0.1", 0, "fake")
+    probe, level = Probe(), web.log.level
+    web.log.addHandler(probe)
+    web.log.setLevel(logging.INFO)
+    server = web.web_server(fastapi_app, "127.0.0.1", 0, "fake")
     thread = threading.Thread(target=server.run, daemon=True)
     try:
         thread.start()
@@ -231,8 +231,8 @@ def test_the_url_is_logged_once_the_port_listens() -> None:
     finally:
         server.should_exit = True
         thread.join(10)
-        app.log.removeHandler(probe)
-        app.log.setLevel(level)
+        web.log.removeHandler(probe)
+        web.log.setLevel(level)
     assert len(connected) == 1 and "(model fake)" in connected[0], connected
 
 
@@ -240,12 +240,12 @@ def test_api_keys_put_the_studio_behind_a_login() -> None:
     """With keys, Gradio's own routes refuse a visitor until they log in with one of the keys."""
     from fastapi.testclient import TestClient
 
-    with TestClient(app.create_app(FakeEngine(), ui_lang="en", api_key=["k1", "k2"])) as client:
+    with TestClient(web.create_app(FakeEngine(), ui_lang="en", api_key=["k1", "k2"])) as client:
         assert client.get("/config").status_code == 401
         assert client.post("/login", data={"username": "anyone", "password": "nope"}).status_code == 400
         assert client.post("/login", data={"username": "anyone", "password": "k2"}).status_code == 200
         assert client.get("/config").status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
         assert client.get("/v1/models").status_code == 401
-    with TestClient(app.create_app(FakeEngine(), ui_lang="en", api_key="")) as client:
+    with TestClient(web.create_app(FakeEngine(), ui_lang="en", api_key="")) as client:
         assert client.get("/config").status_code == 200  # no keys: an open demo

@@ -1,5 +1,6 @@
 """README.md stays true: every code block after a ``<!-- readme-test -->`` marker runs, as written, against
-``--model demo-tiny`` served by ``app.create_app`` on a free port of 127.0.0.1 (the README's 7860 replaced).
+``--model demo-tiny`` served by ``server.web.create_app`` on a free port of 127.0.0.1 (the README's 7860
+replaced).
 Shell blocks run line by line with bash (each must exit 0), Python blocks with ``exec``; ``me.wav`` is a
 generated recording in the working directory, as the README assumes."""
 
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import app
 from engine.config import EngineConfig
+from server import cli, web
 from tests.conftest import REPO
 from tests.sounds import write_wav
 from tests.webui.support import serving
@@ -58,7 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         cache_dir=str(home),
         voices_dir=str(home / "voices"),
     )
-    fastapi_app = app.create_app(app.build_engine(cfg), ui_lang="en", random_weights=True)
+    fastapi_app = web.create_app(cli.build_engine(cfg), ui_lang="en", random_weights=True)
     with serving(fastapi_app, start_s=120) as url:  # its start-up runs a warm-up synthesis
         yield url.removeprefix("http://").rstrip("/")
 

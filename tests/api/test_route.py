@@ -10,15 +10,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-import app
 from api.app import build_api
+from server import web
 from tests.api.support import RecordingEngine, assert_openai_error, client_for
 
 
 @pytest.fixture(scope="module")
 def apps() -> dict[str, FastAPI]:
     """The API alone, and the whole app with the Gradio UI mounted at "/" (built once: it is slow)."""
-    with_ui = app.create_app(RecordingEngine(), ui_lang="en", random_weights=True)
+    with_ui = web.create_app(RecordingEngine(), ui_lang="en", random_weights=True)
     return {"api": build_api(RecordingEngine(), api_key=""), "with_ui": with_ui}
 
 

@@ -87,7 +87,7 @@ def idle_state(engine: TTSEngine) -> dict[str, int]:
         "active_streams": stats.active_streams,
         "queued": stats.queued,
         "lm_active": engine.backend.active,
-        "token2wav_pending": engine.serving.token2wav.pending,
+        "token2wav_pending": engine.token2wav.pending,
     }
 
 

@@ -703,9 +703,9 @@ def test_cli_bad_inputs(engine, prompt, bad_dir, tmp_path, monkeypatch, capsys, 
 
 async def test_assert_serves_fails_on_a_wedged_engine(engine, prompt):
     """The suite's own check can fail: a held admission slot is seen as not idle."""
-    await engine.serving.admission.acquire()
+    await engine.admission.acquire()
     try:
         assert not await wait_idle(engine, timeout_s=0.1)
     finally:
-        engine.serving.admission.release()
+        engine.admission.release()
     await assert_serves(engine, prompt)

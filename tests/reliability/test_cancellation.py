@@ -148,34 +148,34 @@ async def test_task_cancelled_mid_chunk_frees_everything(engine, prompt):
 async def full(engine) -> Any:
     """Every admission slot taken (as by long requests), so the next request waits in the queue."""
     for _ in range(LIMITS.max_concurrency):
-        await engine.serving.admission.acquire()
+        await engine.admission.acquire()
     held = LIMITS.max_concurrency
     try:
         yield
     finally:
         for _ in range(held):
-            engine.serving.admission.release()
+            engine.admission.release()
 
 
 async def test_cancelled_while_queued_frees_the_queue_place(engine, prompt, full):
     task = asyncio.create_task(collect(engine, long_request(prompt)))
-    assert await _until(lambda: engine.serving.admission.queued == 1)
+    assert await _until(lambda: engine.admission.queued == 1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert engine.serving.admission.queued == 0 and engine.serving.admission.active == LIMITS.max_concurrency
+    assert engine.admission.queued == 0 and engine.admission.active == LIMITS.max_concurrency
     assert engine.backend.active == 0
 
 
 async def test_aborted_while_queued_computes_nothing_once_admitted(engine, prompt, full):
     req = long_request(prompt)
     task = asyncio.create_task(collect(engine, req))
-    assert await _until(lambda: engine.serving.admission.queued == 1)
+    assert await _until(lambda: engine.admission.queued == 1)
     before = tokens_total(engine)
     assert engine.abort(req.request_id)
-    engine.serving.admission.release()  # a slot frees: the aborted request is admitted and must end at once
+    engine.admission.release()  # a slot frees: the aborted request is admitted and must end at once
     chunks = await asyncio.wait_for(task, 5)
-    await engine.serving.admission.acquire()  # give the fixture its slot back
+    await engine.admission.acquire()  # give the fixture its slot back
     assert chunks == [] and tokens_total(engine) - before <= 1
     assert await _until(lambda: engine.backend.active == 0)  # see test_engine_survives_a_closed_client_loop
 
@@ -208,42 +208,42 @@ def marked(utt: Any, tokens: int) -> bool:
 
 def poison_vocoder(engine: TTSEngine, monkeypatch, tokens: int) -> None:
     """The vocoder raises for the request whose prompt has ``tokens`` speech tokens (its own prompt)."""
-    real = engine.serving.token2wav._vocode
+    real = engine.token2wav._vocode
 
     def vocode(utt, mel, finalize):
         if marked(utt, tokens):
             raise Poison("vocoder failed for this request")
         return real(utt, mel, finalize)
 
-    real_batch = engine.serving.token2wav._vocode_batch
+    real_batch = engine.token2wav._vocode_batch
 
     def vocode_batch(utts, mel):  # v3 rows vocoded together: the batch fails, then each runs alone
         if any(marked(u, tokens) for u in utts):
             raise Poison("vocoder failed for this request")
         return real_batch(utts, mel)
 
-    real_finals = engine.serving.token2wav._v3_finals
+    real_finals = engine.token2wav._v3_finals
 
     def v3_finals(jobs, mels):  # v3 final rows vocoded together: likewise
         if any(marked(j.utt, tokens) for j in jobs):
             raise Poison("vocoder failed for this request")
         return real_finals(jobs, mels)
 
-    monkeypatch.setattr(engine.serving.token2wav, "_vocode", vocode)
-    monkeypatch.setattr(engine.serving.token2wav, "_vocode_batch", vocode_batch)
-    monkeypatch.setattr(engine.serving.token2wav, "_v3_finals", v3_finals)
+    monkeypatch.setattr(engine.token2wav, "_vocode", vocode)
+    monkeypatch.setattr(engine.token2wav, "_vocode_batch", vocode_batch)
+    monkeypatch.setattr(engine.token2wav, "_v3_finals", v3_finals)
 
 
 def poison_flow(engine: TTSEngine, monkeypatch, tokens: int) -> None:
     """The flow raises when the marked request is in its batch."""
-    real = engine.serving.token2wav._flow
+    real = engine.token2wav._flow
 
     def flow(utts, chunks):
         if any(marked(u, tokens) for u in utts):
             raise Poison("flow failed for this request")
         return real(utts, chunks)
 
-    monkeypatch.setattr(engine.serving.token2wav, "_flow", flow)
+    monkeypatch.setattr(engine.token2wav, "_flow", flow)
 
 
 def one_batch(engine: TTSEngine, monkeypatch, n: int) -> None:
@@ -251,7 +251,7 @@ def one_batch(engine: TTSEngine, monkeypatch, n: int) -> None:
     flow batch whatever the thread timing (they are all due now: urgent jobs always join the batch)."""
     import engine.serving.job_queue as job_queue
 
-    queue, real, waited = engine.serving.token2wav._jobs, job_queue.pick_batch, []
+    queue, real, waited = engine.token2wav._jobs, job_queue.pick_batch, []
 
     def pick_batch(queued, *args):  # called by the worker with the queue's lock held
         if not waited:

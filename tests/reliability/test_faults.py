@@ -59,7 +59,7 @@ def is_marked(utt: Any, tokens: int) -> bool:
 
 def nan_vocoder(engine: TTSEngine, monkeypatch, tokens: int, from_chunk: int = 0) -> None:
     """HiFT returns NaN for the marked request, from its ``from_chunk``-th chunk on."""
-    real, calls = engine.serving.token2wav._vocode, {"n": 0}
+    real, calls = engine.token2wav._vocode, {"n": 0}
 
     def vocode(utt, mel, finalize):
         out = real(utt, mel, finalize)
@@ -69,7 +69,7 @@ def nan_vocoder(engine: TTSEngine, monkeypatch, tokens: int, from_chunk: int = 0
                 return torch.full_like(out, float("nan"))
         return out
 
-    real_batch = engine.serving.token2wav._vocode_batch
+    real_batch = engine.token2wav._vocode_batch
 
     def vocode_batch(utts, mel):  # v3 rows vocoded together: the marked row turns NaN
         out = real_batch(utts, mel)
@@ -80,24 +80,24 @@ def nan_vocoder(engine: TTSEngine, monkeypatch, tokens: int, from_chunk: int = 0
                     out[row] = float("nan")
         return out
 
-    monkeypatch.setattr(engine.serving.token2wav, "_vocode", vocode)
-    monkeypatch.setattr(engine.serving.token2wav, "_vocode_batch", vocode_batch)
+    monkeypatch.setattr(engine.token2wav, "_vocode", vocode)
+    monkeypatch.setattr(engine.token2wav, "_vocode_batch", vocode_batch)
 
 
 def nan_flow(engine: TTSEngine, monkeypatch, tokens: int) -> None:
     """The flow's mel for the marked request is NaN (its batch-mates' rows are untouched)."""
-    real = engine.serving.token2wav._flow
+    real = engine.token2wav._flow
 
     def flow(utts, chunks):
         mels = real(utts, chunks)
         return [torch.full_like(m, float("nan")) if is_marked(u, tokens) else m for u, m in zip(utts, mels)]
 
-    monkeypatch.setattr(engine.serving.token2wav, "_flow", flow)
+    monkeypatch.setattr(engine.token2wav, "_flow", flow)
 
 
 def oom_flow_once(engine: TTSEngine, monkeypatch, tokens: int) -> None:
     """The flow raises CUDA's out-of-memory error once, for the marked request."""
-    real, raised = engine.serving.token2wav._flow, []
+    real, raised = engine.token2wav._flow, []
 
     def flow(utts, chunks):
         if not raised and any(is_marked(u, tokens) for u in utts):
@@ -105,7 +105,7 @@ def oom_flow_once(engine: TTSEngine, monkeypatch, tokens: int) -> None:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return real(utts, chunks)
 
-    monkeypatch.setattr(engine.serving.token2wav, "_flow", flow)
+    monkeypatch.setattr(engine.token2wav, "_flow", flow)
 
 
 FAULTS: dict[str, Callable[..., None]] = {"nan_vocoder": nan_vocoder, "nan_flow": nan_flow}

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from app import create_app
 from bench.soak import rss_mb
+from server.web import create_app
 from tests.api.support import live_server
 from tests.reliability.support import (
     LIMITS,
@@ -168,7 +168,7 @@ async def test_bounded_load_mixed_requests(engine, server):
     assert tally.refused > 0  # 16 clients against 4 + 4 places: the limits were really exercised
     assert elapsed < DEADLINE_S
     stats = engine.stats()
-    assert (stats.active_streams, stats.queued, engine.backend.active, engine.serving.token2wav.pending) == (
+    assert (stats.active_streams, stats.queued, engine.backend.active, engine.token2wav.pending) == (
         0,
         0,
         0,

@@ -1,7 +1,8 @@
 """The studio end to end in headless Chromium: upload, Generate with streaming, audio plays, metrics show
 numbers, Stop aborts the engine mid-stream, a missing prompt shows its error.
 
-The app is ``app.create_app`` around a slow fake engine on 127.0.0.1 (a later switch: ``--model demo-tiny``).
+The app is ``server.web.create_app`` around a slow fake engine on 127.0.0.1 (a later switch:
+``--model demo-tiny``).
 Writes ``test-output/webui-studio.png`` and ``test-output/webui-latency.json`` (click -> first sound in the
 browser vs the server's time to first audio).
 """
@@ -15,9 +16,9 @@ from typing import Any
 
 import pytest
 
-import app
 from engine.request import SynthesisRequest
 from engine.serving.metrics import ServerStats
+from server import web
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
 from tests.webui.support import OUT, WAIT_MS, fill_request, metric, player, serving, studio_page
@@ -46,7 +47,7 @@ class BrowserEngine(FakeEngine):
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, BrowserEngine]]:
     engine = BrowserEngine()
-    with serving(app.create_app(engine, ui_lang="en", random_weights=True)) as url:
+    with serving(web.create_app(engine, ui_lang="en", random_weights=True)) as url:
         yield url, engine
 
 

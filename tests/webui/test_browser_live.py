@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import app
 from engine.request import AudioChunk, SynthesisRequest
 from engine.serving.metrics import Stopwatch
+from server import web
 from tests.fakes import FakeEngine
 from tests.webui.support import WAIT_MS, fill_request, player, serving, studio_page
 from tests.webui.test_browser import prompt_wav  # noqa: F401 (a fixture)
@@ -50,7 +50,7 @@ def server() -> Iterator[tuple[str, LiveEngine]]:
     engine = LiveEngine()
     idle, LiveTexts.IDLE_S = LiveTexts.IDLE_S, 8.0  # a busy test machine can delay keystrokes by seconds
     try:
-        with serving(app.create_app(engine, ui_lang="en")) as url:
+        with serving(web.create_app(engine, ui_lang="en")) as url:
             yield url, engine
     finally:
         LiveTexts.IDLE_S = idle

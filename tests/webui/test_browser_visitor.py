@@ -3,8 +3,8 @@ example voice that fills the form and generates, an upload that fills the transc
 text / live readouts on one screen, fields a mode does not use hidden, the UI in the browser's language,
 page loads that throw no script error (issue 15).
 
-The app is ``app.create_app(ui_lang="auto")`` around the fake engine (its ASR answers "fake transcript")
-with the shipped example voices, on 127.0.0.1. Screenshots at 1440x900 in en and zh go to
+The app is ``server.web.create_app(ui_lang="auto")`` around the fake engine (its ASR answers "fake
+transcript") with the shipped example voices, on 127.0.0.1. Screenshots at 1440x900 in en and zh go to
 ``test-output/`` and, when it exists, ``/work/notes/shots/``.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-import app
 from engine.request import AudioChunk, SynthesisRequest
 from engine.voices import load_examples
+from server import web
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
 from tests.webui.support import OUT, TRANSCRIBED, WAIT_MS, serving, studio_page
@@ -28,7 +28,8 @@ from webui.texts import EXAMPLES
 pytestmark = pytest.mark.browser
 SHOTS = Path("/work/notes/shots")
 VIEW = {"width": 1440, "height": 900}
-ASSETS = Path(app.__file__).parent / "assets" / "voices"
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "assets" / "voices"
 # Gradio 6.17's examples table threw on 51 of 57 cold page loads of this studio (the fewest in a run: 9 of
 # 12); 8 loads miss a rate of 3 in 4 with odds 0.25**8 < 1e-4, and take about 20 s
 COLD_LOADS = 8
@@ -53,7 +54,7 @@ class VisitorEngine(FakeEngine):
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, VisitorEngine]]:
     engine = VisitorEngine()
-    with serving(app.create_app(engine)) as url:
+    with serving(web.create_app(engine)) as url:
         yield url, engine
 
 
@@ -116,10 +117,7 @@ def test_example_voice_fills_the_form_and_generates(browser, server) -> None:
         page.locator('.cosy-status[data-state="done"]').wait_for(timeout=20_000)
         req = engine.requests[-1]
         assert req.prompt_text == transcript and req.language == "en" and req.prompt_wav
-        assert (
-            Path(req.prompt_wav).read_bytes()
-            == (Path(app.__file__).parent / "assets/voices/en-amy.wav").read_bytes()
-        )
+        assert Path(req.prompt_wav).read_bytes() == (ROOT / "assets/voices/en-amy.wav").read_bytes()
     finally:
         ctx.close()
 

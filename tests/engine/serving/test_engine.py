@@ -124,10 +124,10 @@ async def test_flow_batch_one_runs_every_chunk_alone_with_the_same_audio(engine,
     """``flow_batch=1`` (the no-batching A/B): each flow call carries one request's chunk; audio unchanged."""
     reqs = [req(engine, seed=s, text=f"Sentence number {s} for the batch.") for s in range(3)]
     batched = await asyncio.gather(*(collect(engine, r) for r in reqs))
-    rows, real = [], engine.serving.token2wav._flow
-    monkeypatch.setattr(engine.serving.token2wav, "max_batch", 1)
+    rows, real = [], engine.token2wav._flow
+    monkeypatch.setattr(engine.token2wav, "max_batch", 1)
     monkeypatch.setattr(
-        engine.serving.token2wav, "_flow", lambda utts, chunks: rows.append(len(utts)) or real(utts, chunks)
+        engine.token2wav, "_flow", lambda utts, chunks: rows.append(len(utts)) or real(utts, chunks)
     )
     alone = await asyncio.gather(*(collect(engine, r) for r in reqs))
     assert rows and set(rows) == {1}
@@ -343,21 +343,15 @@ async def test_abort_mid_stream_frees_everything(engine):
     got, held = [], []
     async for chunk in engine.stream(r):
         got.append(chunk)
-        held.append(
-            engine.serving.token2wav.reuse_budget.held
-        )  # the stream's flow frames are cached (v2 and v3)
+        held.append(engine.token2wav.reuse_budget.held)  # the stream's flow frames are cached (v2 and v3)
         assert engine.abort(r.request_id)
     assert not got[-1].is_last
     assert held[0] > 0
     await asyncio.sleep(0.05)
-    assert (
-        engine.serving.admission.active == 0
-        and engine.backend.active == 0
-        and engine.serving.token2wav.pending == 0
-    )
+    assert engine.admission.active == 0 and engine.backend.active == 0 and engine.token2wav.pending == 0
     assert not engine.abort(r.request_id)  # nothing left to abort
     gc.collect()  # the aborted segment's Utterance, and with it its flow cache
-    assert engine.serving.token2wav.reuse_budget.held == 0
+    assert engine.token2wav.reuse_budget.held == 0
 
 
 async def test_closing_the_stream_frees_everything(engine):
@@ -365,15 +359,15 @@ async def test_closing_the_stream_frees_everything(engine):
     await gen.__anext__()
     await gen.aclose()
     await asyncio.sleep(0.05)
-    assert engine.serving.admission.active == 0 and engine.backend.active == 0
+    assert engine.admission.active == 0 and engine.backend.active == 0
     gc.collect()
-    assert engine.serving.token2wav.reuse_budget.held == 0
+    assert engine.token2wav.reuse_budget.held == 0
 
 
 async def test_a_finished_stream_leaves_no_flow_cache_behind(engine):
     """The final flow call releases the stream's cached frames at once, without waiting for the GC."""
     await collect(engine, req(engine))
-    assert engine.serving.token2wav.reuse_budget.held == 0
+    assert engine.token2wav.reuse_budget.held == 0
 
 
 def write_raw(path: Path, samples: np.ndarray, sr: int) -> str:
@@ -411,7 +405,7 @@ async def test_bad_inputs_get_clear_errors(engine, tmp_path, case, error, messag
         kw["text"] = "x" * 5000
     with pytest.raises(error, match=message):
         await collect(engine, req(engine, **kw))
-    assert engine.serving.admission.active == 0
+    assert engine.admission.active == 0
     assert pcm(await collect(engine, req(engine))).size > 0  # still serving
 
 
@@ -424,14 +418,14 @@ def test_split_preview_shows_the_normalised_segments(engine):
 async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(engine, monkeypatch, tmp_path):
     """auto: a v3 request alone on the engine gets the split first chunk; v2 keeps the reference one."""
     seen = []
-    real = engine.serving.token2wav.utterance
+    real = engine.token2wav.utterance
 
     def spy(*args, **kw):
         utt = real(*args, **kw)
         seen.append(utt.planner.this_hop)
         return utt
 
-    monkeypatch.setattr(engine.serving.token2wav, "utterance", spy)
+    monkeypatch.setattr(engine.token2wav, "utterance", spy)
     auto = replace(engine.cfg.stream, fast_start=None)
     monkeypatch.setattr(engine, "cfg", replace(engine.cfg, stream=auto))
     prompt = write_wav(tmp_path / "p.wav", 3.5)  # ~87 prompt tokens: pad 12-13 to the 25-token grid

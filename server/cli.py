@@ -1,0 +1,190 @@
+"""The server's command line: flags -> ``EngineConfig``, the engine built once (``build_engine``) and shared
+by the UI and the API (``server.web``), or Ray Serve replicas (``cluster/``) with ``--replicas``.
+
+Nothing heavy is imported at module level: torch, gradio and the engine load inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from engine.config import (
+    BACKENDS,
+    DEFAULT_MODEL,
+    DEVICES,
+    FAST_START_CHOICES,
+    EngineConfig,
+    Limits,
+    StreamConfig,
+    add_flow_attention_flag,
+    add_flow_compile_flags,
+    add_flow_reuse_flags,
+    fast_start_choice,
+    fast_start_flag,
+)
+from webui.texts import UI_LANG_CHOICES
+
+if TYPE_CHECKING:
+    pass
+
+
+DEMO_TINY = "demo-tiny"  # the engine builds a tiny random-weight model offline; the UI says it is noise
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="cosystream", description="Streaming CosyVoice2/3 studio and speech API."
+    )
+    p.add_argument(
+        "--model", default=os.environ.get("COSYSTREAM_MODEL", DEFAULT_MODEL),
+        help=f"local model dir, ModelScope / Hugging Face id, or '{DEMO_TINY}' (offline, random weights)",
+    )  # fmt: skip
+    p.add_argument("--device", choices=DEVICES, default=os.environ.get("COSYSTREAM_DEVICE", "auto"))
+    p.add_argument(
+        "--backend", choices=BACKENDS, default="auto", help="speech LM backend (auto: vllm on GPU)"
+    )
+    p.add_argument(
+        "--llm-variant", choices=("base", "rl"), default="base", help="rl: use llm.rl.pt if present"
+    )
+    p.add_argument(
+        "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
+        help="GPU flow solver precision (float32: the reference's, slower under load)",
+    )  # fmt: skip
+    add_flow_attention_flag(p)
+    add_flow_compile_flags(p)
+    add_flow_reuse_flags(p)
+    p.add_argument(
+        "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
+        help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
+        "Default: 4 eager; with CUDA graphs 40%% of the memory free after vLLM starts",
+    )  # fmt: skip
+    p.add_argument(
+        "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
+        help="capture the flow/HiFT CUDA graphs for mel up to this many seconds at load; 0: on first use",
+    )  # fmt: skip
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
+        help="share of GPU memory vLLM takes for the speech LM (weights + KV cache)",
+    )  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--share", action="store_true", help="also open a public Gradio share link")
+    p.add_argument(
+        "--max-concurrency", type=_positive_int, default=Limits.max_concurrency,
+        help="requests computing at once (engine slots and the UI's GPU queue)",
+    )  # fmt: skip
+    p.add_argument("--max-queue", type=int, default=Limits.max_queue, help="requests waiting for a slot")
+    p.add_argument("--max-text-chars", type=_positive_int, default=Limits.max_text_chars)
+    p.add_argument("--max-upload-mb", type=float, default=Limits.max_upload_bytes / 2**20)
+    p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
+    p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
+    p.add_argument(
+        "--allow-forced-tokens", action="store_true",
+        help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
+    )  # fmt: skip
+    p.add_argument(
+        "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
+        help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
+    )  # fmt: skip
+    p.add_argument(
+        "--voices-dir", default=None,
+        help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
+    )  # fmt: skip
+    p.add_argument(
+        "--ui-lang", choices=UI_LANG_CHOICES, default="auto",
+        help="language of the web UI (auto: the browser's; zh or en force one)",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key", action="append", default=None,
+        help="a bearer key the API requires; repeat for several (each its own voice namespace). The studio "
+        "then asks for a login: any user name, one of the keys as the password (default: "
+        "COSYSTREAM_API_KEY, comma-separated)",
+    )  # fmt: skip
+    p.add_argument(
+        "--asr-model", default="auto",
+        help="Whisper that transcribes prompts: auto (large-v3-turbo on GPU, small on CPU), a Hugging Face "
+        f"id or local dir, or none; '{DEMO_TINY}' uses a tiny random-weight Whisper",
+    )  # fmt: skip
+    add_cluster_flags(p)
+    args = p.parse_args(argv)
+    if args.replicas < 0:
+        p.error(f"--replicas must be >= 0, got {args.replicas}")
+    if args.replicas and args.share:
+        p.error("--share opens a tunnel to one process: put a proxy in front of the cluster instead")
+    try:
+        engine_config(args)  # the config's own checks (ranges, combinations) answer as usage errors too
+    except ValueError as err:
+        p.error(str(err))
+    return args
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """Scale-out (``cluster/``, needs requirements-cluster.txt): engine replicas on Ray Serve."""
+    g = p.add_argument_group("scale out on Ray Serve (pip install -r requirements-cluster.txt)")
+    g.add_argument(
+        "--replicas", type=int, default=0,
+        help="N >= 1: start a local Ray with N engine replicas behind one ingress (0: one process, no Ray)",
+    )  # fmt: skip
+    g.add_argument("--min-replicas", type=_positive_int, default=1, help="autoscaling floor")
+    g.add_argument("--max-replicas", type=_positive_int, default=None, help="set to autoscale")
+    g.add_argument(
+        "--gpus-per-replica", type=float, default=None, help="default: 1 when Ray sees GPUs, else 0"
+    )
+    g.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per replica")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    limits = Limits(
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        max_text_chars=args.max_text_chars,
+        max_upload_bytes=int(args.max_upload_mb * 2**20),
+        max_prompt_s=args.max_prompt_s,
+        request_timeout_s=args.request_timeout_s,
+        forced_tokens=args.allow_forced_tokens,
+    )
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        backend=args.backend,
+        llm_variant=args.llm_variant,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        flow_dtype=args.flow_dtype,
+        flow_attention=args.flow_attention,
+        flow_compile=args.flow_compile,
+        flow_reuse=args.flow_reuse,
+        flow_reuse_gb=args.flow_reuse_gb,
+        graph_warmup_s=args.graph_warmup_s,
+        voices_dir=args.voices_dir,
+        limits=limits,
+        stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
+        asr_model=args.asr_model,
+    )
+
+
+def build_engine(cfg: EngineConfig) -> Any:
+    """Load the checkpoint (downloading it on first use) and return the resident engine.
+
+    ``demo-tiny`` writes a tiny random-weight model in the released layout first (offline, seconds), so the
+    whole stack runs on a fresh CPU machine; its audio is noise and the UI says so. With ``--asr-model auto``
+    it gets a tiny random-weight Whisper too (its transcripts are noise, and the UI says so as well).
+    """
+    from engine.serving.engine import TTSEngine  # torch and the models load here, not at import
+
+    if cfg.model != DEMO_TINY:
+        return TTSEngine.load(cfg)
+    from engine.demo.make_model import build_demo_tiny, demo_tiny_whisper
+
+    cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
+    return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))

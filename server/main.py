@@ -1,0 +1,30 @@
+"""The server's entry point (``python app.py``, the ``cosystream`` script): one process serving the studio
+and the API, or, with ``--replicas N``, Ray Serve replicas of it (``cluster/``), which this process starts and
+waits for. The launcher sits above both, so ``cluster/`` can reuse ``server.cli`` and ``server.web``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from server.cli import DEMO_TINY, build_engine, engine_config, parse_args
+from server.web import create_app, open_share_link, web_server
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
+        from cluster.application import run_local
+
+        run_local(args)
+        return
+    cfg = engine_config(args)
+    engine = build_engine(cfg)
+    app = create_app(
+        engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
+        random_weights=cfg.model == DEMO_TINY,
+    )  # fmt: skip
+    if args.share:
+        open_share_link(args.host, args.port)
+    web_server(app, args.host, args.port, cfg.model).run()
