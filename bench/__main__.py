@@ -32,9 +32,12 @@ from engine.config import (
     FAST_START_CHOICES,
     EngineConfig,
     StreamConfig,
+    add_device_flags,
+    add_fast_start_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
+    add_model_flag,
     fast_start_flag,
 )
 
@@ -73,7 +76,7 @@ def mode_list(text: str) -> list[str]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="a model directory or hub id (real or random weights)")
+    add_model_flag(src, None, "a model directory or hub id (real or random weights)")
     src.add_argument(
         "--random-full", choices=sorted(FAMILIES), help="full-size random weights, released layout"
     )
@@ -101,8 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
     p.add_argument("--baseline", action="store_true", help="also run the reference-style baseline")
     p.add_argument("--baseline-max-concurrency", type=int, default=4, help="it serialises: keep it small")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "npu"))
-    p.add_argument("--backend", default="auto", choices=("auto", "native", "vllm"))
+    add_device_flags(p)
     p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cosystream"))
     p.add_argument("--warmup", type=int, default=1, help="untimed bench requests per mode before measuring")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -136,10 +138,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
-    p.add_argument(
-        "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
-        help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
-    )  # fmt: skip
+    add_fast_start_flag(p)
     p.add_argument(
         "--adaptive-hop", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.adaptive_hop),
         help="merge reference chunks while a client has audio buffered (auto: v3 from 8 active streams)",

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from bench.load import Workload, distribution, prompt_audio
+from engine.config import add_device_flags, add_model_flag
 from engine.request import Mode
 
 log = logging.getLogger("bench.soak")
@@ -333,7 +334,7 @@ def read_report(path: Path) -> tuple[SoakRun, str, str]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="model directory (or hub id)")
+    add_model_flag(p, None, "model directory (or hub id)")
     p.add_argument("--rescore", action="store_true", help="score --out's soak.json again; run nothing")
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--minutes", type=float, default=30.0)
@@ -341,8 +342,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-s", type=float, default=10.0, help="memory sampling interval")
     p.add_argument("--mode", default="zero_shot", choices=["zero_shot", "cross_lingual"])
     p.add_argument("--trim", action="store_true", help="malloc_trim before each RSS reading (glibc)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "npu"])
-    p.add_argument("--backend", default="auto", choices=["auto", "native", "vllm"])
+    add_device_flags(p)
     p.add_argument("--out", required=True, help="directory for soak.json and soak.md")
     return p.parse_args(argv)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.config import EngineConfig, add_device_flags, add_model_flag
 from engine.errors import EngineError
 from engine.request import Mode, SynthesisRequest
 
@@ -71,14 +71,8 @@ def _asr_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help="model directory, ModelScope / Hugging Face id, or 'demo-tiny' (offline, random weights)",
-    )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "npu"])
-    p.add_argument("--backend", default="auto", choices=["auto", "native", "vllm"])
-    p.add_argument("--llm-variant", default="base", choices=["base", "rl"])
+    add_model_flag(p)
+    add_device_flags(p, llm_variant=True)
     p.add_argument("--voices-dir")
 
 

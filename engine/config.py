@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
 BACKENDS = ("auto", "native", "vllm")
 DEVICES = ("auto", "cpu", "cuda", "npu")
+LLM_VARIANTS = ("base", "rl")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 FLOW_ATTENTION = ("mask", "folded", "cudnn")  # EngineConfig.flow_attention
 # flow reuse's memory when ``EngineConfig.flow_reuse_gb`` is None: the eager solver's budget (GiB), and the
@@ -119,6 +121,37 @@ def fast_start_choice(choice: str) -> bool | None:
 def fast_start_flag(value: bool | None) -> str:
     """``StreamConfig.fast_start`` -> its ``--fast-start`` flag (the CLIs' default comes from the config)."""
     return {None: "auto", True: "on", False: "off"}[value]
+
+
+MODEL_HELP = "local model dir, ModelScope / Hugging Face id, or 'demo-tiny' (offline, random weights)"
+
+
+def add_model_flag(parser: Any, default: str | None = DEFAULT_MODEL, text: str = MODEL_HELP) -> None:
+    """``--model`` -> ``args.model``; ``parser`` may be a mutually exclusive group (the bench's)."""
+    parser.add_argument("--model", default=default, help=text)
+
+
+def add_device_flags(
+    parser: argparse.ArgumentParser, device: str = "auto", llm_variant: bool = False
+) -> None:
+    """``--device`` and ``--backend`` (``EngineConfig.device`` / ``.backend``), with ``--llm-variant`` on
+    request; ``device`` is the default (the server reads it from COSYSTREAM_DEVICE)."""
+    parser.add_argument("--device", choices=DEVICES, default=device, help="auto: CUDA, then NPU, then CPU")
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default="auto", help="speech LM backend (auto: vllm on GPU)"
+    )
+    if llm_variant:
+        parser.add_argument(
+            "--llm-variant", choices=LLM_VARIANTS, default="base", help="rl: use llm.rl.pt if present"
+        )
+
+
+def add_fast_start_flag(parser: argparse.ArgumentParser) -> None:
+    """``--fast-start auto|on|off`` -> ``args.fast_start`` (``fast_start_choice`` makes the config value)."""
+    parser.add_argument(
+        "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
+        help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
+    )  # fmt: skip
 
 
 def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:

@@ -59,6 +59,12 @@ class SynthesisRequest:
     request_id: str = field(default_factory=new_request_id)
     text_stream: AsyncIterable[str] | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def streams_audio(self) -> bool:
+        """Whether the audio goes out chunk by chunk: asked for, at speed 1. Another speed re-times a whole
+        mel (``engine.vocoder.streaming.stretches``), so it turns streaming off: audio comes per segment."""
+        return self.stream and self.speed == 1.0
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
         if not 0.5 <= self.speed <= 2.0:

@@ -13,18 +13,17 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
-    BACKENDS,
     DEFAULT_MODEL,
-    DEVICES,
-    FAST_START_CHOICES,
     EngineConfig,
     Limits,
     StreamConfig,
+    add_device_flags,
+    add_fast_start_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
+    add_model_flag,
     fast_start_choice,
-    fast_start_flag,
 )
 from webui.texts import UI_LANG_CHOICES
 
@@ -46,17 +45,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="cosystream", description="Streaming CosyVoice2/3 studio and speech API."
     )
-    p.add_argument(
-        "--model", default=os.environ.get("COSYSTREAM_MODEL", DEFAULT_MODEL),
-        help=f"local model dir, ModelScope / Hugging Face id, or '{DEMO_TINY}' (offline, random weights)",
-    )  # fmt: skip
-    p.add_argument("--device", choices=DEVICES, default=os.environ.get("COSYSTREAM_DEVICE", "auto"))
-    p.add_argument(
-        "--backend", choices=BACKENDS, default="auto", help="speech LM backend (auto: vllm on GPU)"
-    )
-    p.add_argument(
-        "--llm-variant", choices=("base", "rl"), default="base", help="rl: use llm.rl.pt if present"
-    )
+    add_model_flag(p, os.environ.get("COSYSTREAM_MODEL", DEFAULT_MODEL))
+    add_device_flags(p, os.environ.get("COSYSTREAM_DEVICE", "auto"), llm_variant=True)
     p.add_argument(
         "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
         help="GPU flow solver precision (float32: the reference's, slower under load)",
@@ -93,10 +83,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--allow-forced-tokens", action="store_true",
         help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
     )  # fmt: skip
-    p.add_argument(
-        "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
-        help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
-    )  # fmt: skip
+    add_fast_start_flag(p)
     p.add_argument(
         "--voices-dir", default=None,
         help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",

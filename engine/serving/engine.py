@@ -287,7 +287,7 @@ class TTSEngine:
     async def _audio(
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
     ) -> AsyncGenerator[np.ndarray, None]:
-        stream = req.stream and req.speed == 1.0  # speed re-times a whole mel: applied per segment
+        stream = req.streams_audio
         load = self.admission.active
         schedule = replace(
             self.cfg.stream,
@@ -345,7 +345,7 @@ class TTSEngine:
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active, text: Prefetch
     ) -> AsyncGenerator[np.ndarray, None]:
         """Text-streaming input: one bistream decode over the pieces as they arrive (lm/bistream.py)."""
-        stream = req.stream and req.speed == 1.0
+        stream = req.streams_audio
         schedule = replace(
             self.cfg.stream, fast_start=self.cfg.stream.splits_first_chunk(self.family, self.admission.active)
         )

@@ -23,6 +23,12 @@ def hamming(n: int) -> torch.Tensor:
     return torch.from_numpy(np.hamming(n).astype(np.float32))
 
 
+def stretches(finalize: bool, speed: float, fresh: bool) -> bool:
+    """Whether a vocoder call runs on a speed-stretched mel: speed re-times a whole mel, so only a whole-file
+    call (``finalize`` with nothing vocoded before: ``fresh``) at a speed other than 1 does."""
+    return finalize and fresh and speed != 1.0
+
+
 class V2VocoderState:
     """HiFT continuation for v2: re-vocode the last 8 mel frames, reuse 3840 source samples, cross-fade.
 
@@ -51,7 +57,7 @@ class V2VocoderState:
         if self.mel is not None:
             mel = torch.cat([self.mel, mel], dim=2)
         source = self.source if self.source is not None else torch.zeros(1, 1, 0, device=mel.device)
-        if finalize and speed != 1.0 and self.mel is None:
+        if stretches(finalize, speed, fresh=self.mel is None):
             mel = stretch_mel(mel, speed)
         return V2Call(mel, source, finalize)
 
@@ -101,7 +107,7 @@ class V3VocoderState:
     def stretches(self, finalize: bool, speed: float) -> bool:
         """Whether ``step`` vocodes a speed-stretched mel: a whole-file call (nothing sent yet) at another
         speed."""
-        return finalize and speed != 1.0 and self.emitted == 0
+        return stretches(finalize, speed, fresh=self.emitted == 0)
 
     @property
     def frames(self) -> int:

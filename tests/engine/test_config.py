@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.config import (
+    DEFAULT_MODEL,
     FAST_START_CHOICES,
     EngineConfig,
     Limits,
@@ -103,3 +104,34 @@ def test_flow_attention_is_the_dense_mask_unless_folded_or_cudnn_is_asked():
     assert EngineConfig(flow_attention="cudnn").flow_attention == "cudnn"
     with pytest.raises(ValueError, match="flow_attention"):
         EngineConfig(flow_attention="flex")
+
+
+def test_speed_other_than_one_turns_streaming_off() -> None:
+    assert SynthesisRequest(text="x", stream=True).streams_audio
+    assert not SynthesisRequest(text="x", stream=True, speed=1.5).streams_audio
+    assert not SynthesisRequest(text="x", stream=False).streams_audio
+
+
+def test_the_shared_flags_parse_into_the_config_values() -> None:
+    import argparse
+
+    from engine.config import add_device_flags, add_fast_start_flag, add_model_flag
+
+    p = argparse.ArgumentParser()
+    add_model_flag(p)
+    add_device_flags(p, "cpu", llm_variant=True)
+    add_fast_start_flag(p)
+    args = p.parse_args([])
+    assert (args.model, args.device, args.backend, args.llm_variant) == (DEFAULT_MODEL, "cpu", "auto", "base")
+    assert fast_start_choice(args.fast_start) is StreamConfig.fast_start
+    args = p.parse_args(
+        ["--device", "cuda", "--backend", "vllm", "--llm-variant", "rl", "--fast-start", "off"]
+    )
+    assert (args.device, args.backend, args.llm_variant, fast_start_choice(args.fast_start)) == (
+        "cuda", "vllm", "rl", False,
+    )  # fmt: skip
+    with pytest.raises(SystemExit):
+        p.parse_args(["--device", "tpu"])
+    bare = argparse.ArgumentParser()
+    add_device_flags(bare)
+    assert not hasattr(bare.parse_args([]), "llm_variant")

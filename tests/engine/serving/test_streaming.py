@@ -5,10 +5,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from engine.vocoder.streaming import V2VocoderState, V3VocoderState, crossfade, hamming
 
 from engine.config import StreamConfig
 from engine.serving.streaming import ChunkJob, ChunkPlanner
+from engine.vocoder.streaming import V2VocoderState, V3VocoderState, crossfade, hamming
 from tests.conftest import fixture_file, tiny_cases
 
 CFG = StreamConfig()
@@ -214,3 +214,12 @@ def test_adaptive_settings_are_checked():
     assert StreamConfig().adapts_hops("cosyvoice3", 8) and not StreamConfig().adapts_hops("cosyvoice3", 7)
     assert not StreamConfig().adapts_hops("cosyvoice2", 64)
     assert StreamConfig(adaptive_hop=True).adapts_hops("cosyvoice2", 1)
+
+
+def test_only_a_whole_file_call_at_another_speed_stretches() -> None:
+    from engine.vocoder.streaming import stretches
+
+    assert stretches(finalize=True, speed=1.5, fresh=True)
+    assert not stretches(finalize=True, speed=1.0, fresh=True)
+    assert not stretches(finalize=False, speed=1.5, fresh=True)
+    assert not stretches(finalize=True, speed=1.5, fresh=False)
