@@ -56,9 +56,9 @@ class StreamConfig:
     # LM tokens. v3's flow and HiFT are causal, so its audio is the same sample for sample; v2 moves one
     # vocoder seam. The extra chunk costs one more flow + HiFT pass and leaves a thin first buffer, so
     # None (auto) splits only for v3 and only while at most fast_start_max_active requests compute.
-    # H200, v3, bf16 flow (2026-11-30, 8 requests of 10 s): 1 stream TTFA p50 308 -> 194 ms, RTF unchanged.
-    # With the fp32 solver an earlier run showed 277 -> 1491 ms (the split-off first flow call took ~1.4 s;
-    # not reproduced with bf16, cause not found), so use "off" with --flow-dtype float32 on a GPU.
+    # On a GPU with the bf16 flow it cut the 1-stream TTFA by about a third, RTF unchanged; with the fp32
+    # solver the split-off first flow call was once seen to take ~1.4 s (BENCHMARKS.md), so use "off" with
+    # --flow-dtype float32 on a GPU.
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
@@ -230,13 +230,12 @@ class EngineConfig:
     asr_model: str = "none"
     gpu_memory_utilization: float = 0.3
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
-    # also v3's non-final HiFT calls (with cuda_graphs; eager they are launch-bound, 46-55 ms a call on the
-    # H200 whatever the mel's length). H200, v3 bf16: 1 stream TTFA p50 190 -> 176 ms; 16 streams p95
-    # 1027 -> 991 ms, 46.6 -> 48.9 audio s/s, device peak 5.2 -> 3.8 GiB.
+    # also v3's non-final HiFT calls (with cuda_graphs): eager they are launch-bound, about as long whatever
+    # the mel's length; replayed they lower TTFA, p95 and device memory (figures: BENCHMARKS.md).
     hift_graphs: bool = True
-    # The flow solver's compute dtype on GPU (float32 | bfloat16; the CPU path is always float32). bf16 on
-    # the H200: 16 streams RTF 0.424 -> 0.330 and +26 % audio s/s, 1 stream ~+25 ms TTFA; mel RMS error 0.7 %
-    # of the mel's std against float32 (full-size random weights, CPU check).
+    # The flow solver's compute dtype on GPU (float32 | bfloat16; the CPU path is always float32). bf16
+    # serves about a quarter more audio s/s at 16 streams for ~25 ms more 1-stream TTFA (BENCHMARKS.md);
+    # its mel RMS error is 0.7 % of the mel's std against float32 (full-size random weights).
     flow_dtype: str = "bfloat16"
     # how the flow estimators' attention hides what a frame may not see: "mask" (a dense [B,1,T,T] mask,
     # as the reference; SDPA's memory-efficient kernel on the H200) or "folded" (the rule folded into
@@ -266,7 +265,7 @@ class EngineConfig:
     prompt_cache_size: int = 64
     # the token2wav worker on a CUDA stream of its own instead of the default stream that request threads
     # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
-    # Off until measured on a GPU (bench --t2w-own-stream); exactness is checked by a GPU test.
+    # Off by default; bench --t2w-own-stream is its A/B and a GPU test checks the audio is unchanged.
     t2w_own_stream: bool = False
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
     # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
@@ -275,13 +274,12 @@ class EngineConfig:
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
     # estimators are chunk-causal and the noise fixed. The eager solver (CPU, NPU, cuda_graphs off): v3 and
-    # v2; the CUDA-graph solver: both, from a page pool (engine.flow.dit_pages, unet_pages; v2's there not
-    # yet run on a GPU, and windows that fail to compile at load leave the graphs recomputing). Costs
+    # v2; the CUDA-graph solver: both, from a page pool (engine.flow.dit_pages, unet_pages; windows that fail
+    # to compile at load leave the graphs recomputing). Costs
     # memory per frame cached at full size: ~3.6 MB (v3) and ~4.6 MB (v2) in float32, 1.8 MB in the graphs'
     # bf16, until the request's final call. False = recompute every call (the A/B). None (auto): on, but
-    # for v2 in CUDA graphs, where its eager U-Net windows were slower than the recompute on the H200
-    # (2026-12-01, d19e608: 1 stream TTFA p50 249 -> 295 ms, 64 streams 97.1 -> 87.7 audio s/s, underrun
-    # streams 2/64 -> 18/64; BENCHMARKS.md); --flow-reuse turns them on.
+    # for v2 in CUDA graphs, where its eager U-Net windows were slower than the recompute (higher TTFA,
+    # fewer audio s/s, more underruns at 64 streams: BENCHMARKS.md); --flow-reuse turns them on.
     flow_reuse: bool | None = None
     # the memory all streams' reuse caches may hold together (GiB); a stream that finds it full keeps what
     # it has cached and recomputes the rest, so the bound costs speed, never audio. None (auto): 4 GiB for

@@ -4,7 +4,7 @@ The reference semantics (spec 5.2): nucleus over the descending-sorted softmax k
 before it is < top_p and i < top_k (so the entry that crosses top_p is kept); one draw over the kept,
 unnormalised probabilities. If the drawn id occurs at least ``win_size * tau_r`` times in the last
 ``win_size`` generated ids, it is excluded (-inf) and one id is drawn from the softmax of the full
-vocabulary (the post-2026-02 reference, which can no longer re-draw the repeated id).
+vocabulary (the later reference, which can no longer re-draw the repeated id).
 
 Draws use inverse-CDF sampling with uniforms from each request's own CPU ``torch.Generator`` (two per
 step, whether or not the fallback fires), so a request's tokens depend only on its seed and its logits:

@@ -1,8 +1,8 @@
 """Text normalisation and tokenisation for many requests at once, in worker processes.
 
 The text side of a request (wetext normalisation, sentence splitting, the Qwen tokenizer) is Python that
-holds the GIL: in threads, concurrent requests queue behind each other (CPU check, 2026-12-01: two threads
-took longer than one doing the same calls in turn). Each worker process holds its own copy of the
+holds the GIL: in threads, concurrent requests queue behind each other (two threads take longer than one
+doing the same calls in turn). Each worker process holds its own copy of the
 ``TextFrontend``, loaded from the tokenizer directory when it starts (not pickled from this process: a
 pickled Hugging Face tokenizer whose vocabulary has holes, as the tiny test one does, comes back with other
 special-token ids), and answers ``TextJob -> TextIds``. With

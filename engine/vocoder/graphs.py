@@ -1,9 +1,8 @@
 """v3's causal HiFT as replayed CUDA graphs at bucketed (batch, frames) shapes, for non-final chunks.
 
 Eager, one HiFT call issues ~1,000 ops (convs, Snake activations, the source's sines, STFT and its
-inverse) whatever the mel's length: on the H200 a 10 s request's 5 calls took 126 ms at one stream, and
-profiled calls took 46-55 ms each whether the mel held 2 s or 10 s (4th session), so a call is
-launch-bound. A graph replays all of it in one launch.
+inverse) whatever the mel's length: profiled calls take about as long whether the mel holds 2 s or 10 s
+(figures: BENCHMARKS.md), so a call is launch-bound. A graph replays all of it in one launch.
 
 Padding is exact where it is used: a non-final call's output covers only frames whose samples do not
 depend on later frames (v3's convs are causal and the f0 look-ahead and the iSTFT tail are withheld: the
