@@ -1,1 +1,2 @@
-"""Benchmarks and the builders they share with the tests (tiny tokenizer, model directories)."""
+"""Benchmarks: load sweeps, open-loop load, soak, profiles and kernel timings over the engine (random-weight
+model directories come from ``engine.demo``)."""
