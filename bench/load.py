@@ -165,9 +165,8 @@ class RequestResult:
     underruns: int
     underrun_s: float
     stage_ms: dict[str, float] = field(default_factory=dict)
-    ttfa_parts_ms: dict[str, float] = field(
-        default_factory=dict
-    )  # engine.serving.metrics.TTFA_PARTS, in-process
+    # engine.serving.metrics.TTFA_PARTS, in-process
+    ttfa_parts_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
