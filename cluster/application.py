@@ -19,10 +19,10 @@ from typing import Any
 from ray import serve
 
 from cluster.board import board_name
-from cluster.engine_replica import DEMO_TINY, EngineReplica
+from cluster.engine_replica import EngineReplica
 from cluster.ingress import Ingress, IngressConfig
 from cluster.settings import ClusterConfig
-from engine.config import EngineConfig
+from engine.config import DEMO_TINY, EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,10 @@ from ray import serve
 
 from cluster.board import ReplicaBoard, ReplicaReport
 from cluster.parcel import Parcel, local_audio, unpacked
-from engine.config import EngineConfig
+from engine.config import DEMO_TINY, EngineConfig
 from engine.request import AudioChunk
 
 log = logging.getLogger(__name__)
-
-DEMO_TINY = "demo-tiny"  # server.cli.DEMO_TINY; server.cli is imported lazily (it pulls in the UI's texts)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from engine.config import EngineConfig, add_device_flags, add_model_flag
+from engine.config import DEMO_TINY, EngineConfig, add_device_flags, add_model_flag
 from engine.errors import EngineError
 from engine.request import Mode, SynthesisRequest
 
@@ -88,7 +88,7 @@ def _engine(args: argparse.Namespace):
         asr_model=args.asr_model if _needs_transcript(args) else "none",  # Whisper only when it is used
     )
     model_dir = None
-    if args.model == "demo-tiny":  # as the server does: the tiny random-weight model, built offline
+    if args.model == DEMO_TINY:  # as the server does: the tiny random-weight model, built offline
         from engine.demo.make_model import build_demo_tiny, demo_tiny_whisper
 
         cfg = replace(cfg, asr_model=demo_tiny_whisper(None, cfg.asr_model))

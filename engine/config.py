@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_MODEL = "FunAudioLLM/Fun-CosyVoice3-0.5B-2512"
+DEMO_TINY = "demo-tiny"  # --model: a tiny random-weight model built offline (engine.demo); its audio is noise
 BACKENDS = ("auto", "native", "vllm")
 DEVICES = ("auto", "cpu", "cuda", "npu")
 LLM_VARIANTS = ("base", "rl")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import (
     DEFAULT_MODEL,
+    DEMO_TINY,
     EngineConfig,
     Limits,
     StreamConfig,
@@ -29,9 +30,6 @@ from webui.texts import UI_LANG_CHOICES
 
 if TYPE_CHECKING:
     pass
-
-
-DEMO_TINY = "demo-tiny"  # the engine builds a tiny random-weight model offline; the UI says it is noise
 
 
 def _positive_int(text: str) -> int:

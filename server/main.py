@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from server.cli import DEMO_TINY, build_engine, engine_config, parse_args
+from engine.config import DEMO_TINY
+from server.cli import build_engine, engine_config, parse_args
 from server.web import create_app, open_share_link, web_server
 
 
