@@ -11,6 +11,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FAMILIES = ("cosyvoice2", "cosyvoice3")  # the fixture format's families: cosyvoice{2,3}/ under the root
 NO_CASES = "no cosyvoice*/tiny case under the fixture root (COSYSTREAM_FIXTURES or ../shared/fixtures)"
+# the ceiling of a test's wait for an event or a state (a server up, a page drawn, a request freed): a wait
+# returns as soon as its condition holds, so only a failing test waits this long; generous for a busy 2-core
+# machine, where a page's first load and a tiny model's request take seconds instead of milliseconds
+WAIT_S = 120.0
 
 
 def fixture_root() -> Path | None:

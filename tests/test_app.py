@@ -17,6 +17,7 @@ import pytest
 
 from engine.config import DEFAULT_MODEL, EngineConfig, Limits
 from server import cli, web
+from tests.conftest import WAIT_S
 from tests.fakes import FakeEngine
 
 
@@ -215,7 +216,7 @@ def test_the_url_is_logged_once_the_port_listens() -> None:
             message = record.getMessage()
             if message.startswith("CosyStream on http://"):
                 host, port = message.split()[2].removeprefix("http://").split(":")
-                with socket.create_connection((host, int(port)), timeout=5):
+                with socket.create_connection((host, int(port)), timeout=WAIT_S):
                     connected.append(message)
 
     probe, level = Probe(), web.log.level
@@ -225,7 +226,7 @@ def test_the_url_is_logged_once_the_port_listens() -> None:
     thread = threading.Thread(target=server.run, daemon=True)
     try:
         thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT_S
         while not connected and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.05)
     finally:

@@ -6,6 +6,13 @@ prompt + chunk ends on the flow's 25-token chunk grid; each chunk needs 3 more t
 flow re-runs on ALL tokens so far and the new mel is sliced from ``offset * 2`` frames; the hop doubles
 up to 100. The reference keeps the hop on the shared model object, so request N inherits request N-1's
 hop (and races under concurrency); here every request owns its planner, which fixes that defect.
+
+The flow's output starts at the prompt's last mel frame (its ``prompt_feat_len``), which is 2 x the prompt
+tokens except in voice conversion, whose prompt is not trimmed to that ratio (spec §3.7). The reference
+slices every chunk from ``offset * 2`` of that output, so with an untrimmed prompt of 2P - d mel frames each
+chunk after the first repeats d frames of the one before (skips -d when d < 0), and starts inside the frames
+a reusing flow call has not computed. Here a later chunk starts at its first token's frame,
+2 x (prompt tokens + offset) in the whole sequence: the chunks tile the whole-file call's frames exactly.
 """
 
 from __future__ import annotations
@@ -48,8 +55,15 @@ class ChunkPlanner:
     boundary whose look-ahead the tokens cover.
     """
 
-    def __init__(self, prompt_tokens: int, cfg: StreamConfig, stream: bool = True):
+    def __init__(
+        self, prompt_tokens: int, cfg: StreamConfig, stream: bool = True, prompt_frames: int | None = None
+    ):
+        """``prompt_frames``: the prompt's mel frames, where the flow's output starts (None: 2 x the
+        prompt tokens, a trimmed prompt's)."""
         self.cfg, self.stream = cfg, stream
+        # frames between the flow output's start and the first token's: token t's frames start at output
+        # frame 2t + lag
+        self.lag = 0 if prompt_frames is None else TOKEN_MEL_RATIO * prompt_tokens - prompt_frames
         pad = math.ceil(prompt_tokens / cfg.token_hop) * cfg.token_hop - prompt_tokens
         split = bool(cfg.fast_start) and pad >= cfg.min_first_hop  # None (unresolved): off
         # split: pad tokens, then hop: the reference's first chunk ends on this same grid line
@@ -76,11 +90,16 @@ class ChunkPlanner:
             if not lm_done and self._holds(last, buffered_s):
                 return None
             start, self.at = self.at.offset, last.next(self.cfg)
-            return ChunkJob(self.at.offset + self.cfg.lookahead, start * TOKEN_MEL_RATIO, False)
+            return ChunkJob(self.at.offset + self.cfg.lookahead, self._mel_start(start), False)
         if not lm_done:
             return None
         self.done = True
-        return ChunkJob(n_tokens, self.offset * TOKEN_MEL_RATIO, True)
+        return ChunkJob(n_tokens, self._mel_start(self.offset), True)
+
+    def _mel_start(self, offset: int) -> int:
+        """The flow output's frame where a chunk from token ``offset`` starts: the first chunk emits the
+        output from its start, a later one from its first token's frame (the module doc says why)."""
+        return 0 if offset == 0 else max(0, offset * TOKEN_MEL_RATIO + self.lag)
 
     def _ready(self, chunk: _Boundary, n_tokens: int) -> bool:
         """That chunk's tokens and their look-ahead are buffered."""

@@ -134,7 +134,7 @@ class Token2Wav:
         tokens = torch.tensor(features.speech_tokens, dtype=torch.long, device=dev)[None]
         feat = torch.tensor(features.prompt_mel, dtype=torch.float32, device=dev)[None]
         emb = torch.tensor(features.speaker_embedding, dtype=torch.float32, device=dev)[None]
-        planner = ChunkPlanner(tokens.shape[1], schedule or self.stream_cfg, stream=stream)
+        planner = ChunkPlanner(tokens.shape[1], schedule or self.stream_cfg, stream, feat.shape[1])
         v2 = self.family == "cosyvoice2"
         reuse = self.reuses_flow and stream and flow_reuse is not False
         cache = self.flow.decoder.frame_cache(self.reuse_budget) if reuse else None

@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from engine.request import AudioChunk, SynthesisRequest
+from tests.conftest import WAIT_S
 from tests.fakes import FakeEngine
 
 
@@ -99,7 +100,7 @@ def live_server(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT_S
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("uvicorn did not start")
@@ -112,7 +113,7 @@ def live_server(app: FastAPI) -> Iterator[str]:
         sock.close()
 
 
-def wait_until(predicate: Any, timeout_s: float = 5.0) -> bool:
+def wait_until(predicate: Any, timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

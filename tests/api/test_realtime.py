@@ -21,6 +21,7 @@ from engine.config import EngineConfig, Limits
 from engine.demo.make_model import build_model_dir
 from engine.serving.engine import TTSEngine
 from tests.api.support import live_server, wait_until
+from tests.conftest import WAIT_S
 from tests.sounds import speech_like
 
 KEY = "sk-realtime"
@@ -74,7 +75,7 @@ def send(ws: ClientConnection, kind: str, **fields: Any) -> None:
 
 @contextmanager
 def open_session(url: str, **kw: Any) -> Iterator[ClientConnection]:
-    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=30) as ws:
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=WAIT_S) as ws:
         ws.send(json.dumps(session(**kw)))
         yield ws
 
@@ -110,9 +111,9 @@ def test_text_streams_in_and_audio_streams_out(url: str, engine: TTSEngine) -> N
 
 def test_a_wrong_key_gets_an_error_event(url: str) -> None:
     with connect(url, additional_headers={"Authorization": "Bearer nope"}) as ws:
-        event = json.loads(ws.recv(timeout=30))
+        event = json.loads(ws.recv(timeout=WAIT_S))
         with pytest.raises(ConnectionClosed) as closed:
-            ws.recv(timeout=30)
+            ws.recv(timeout=WAIT_S)
     assert event == {
         "type": "error",
         "error": {"message": "invalid API key", "type": "authentication_error", "param": None,
@@ -160,5 +161,5 @@ def test_a_client_that_leaves_aborts_its_request(url: str, engine: TTSEngine) ->
             send(ws, "input_text_buffer.append", text=" " + word)
         assert next(it)["type"] == "response.audio.delta"  # computing
         cancelled = engine.stats().cancelled
-    assert wait_until(lambda: engine.stats().cancelled == cancelled + 1, 30)
-    assert wait_until(lambda: engine.stats().active_streams == 0, 30)
+    assert wait_until(lambda: engine.stats().cancelled == cancelled + 1)
+    assert wait_until(lambda: engine.stats().active_streams == 0)

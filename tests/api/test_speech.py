@@ -29,6 +29,7 @@ from tests.api.support import (
     expected_samples,
     wav_bytes,
 )
+from tests.conftest import WAIT_S
 
 SPEECH = "/v1/audio/speech"
 
@@ -344,7 +345,7 @@ async def run_until_disconnect(app: Any, payload: dict[str, Any], after_body_byt
         if message["type"] == "http.response.body" and message.get("body"):
             got_audio.set()
 
-    await asyncio.wait_for(app(http_scope(SPEECH, raw), receive, send), timeout=10)
+    await asyncio.wait_for(app(http_scope(SPEECH, raw), receive, send), timeout=WAIT_S)
     return sent
 
 
@@ -384,7 +385,7 @@ async def test_send_failing_after_disconnect_closes_the_suspended_generator() ->
         if message["type"] == "http.response.body" and message.get("body"):
             raise OSError("connection reset by peer")
 
-    await asyncio.wait_for(build_api(engine, api_key="")(scope, receive, send), timeout=10)
+    await asyncio.wait_for(build_api(engine, api_key="")(scope, receive, send), timeout=WAIT_S)
     assert engine.active == {} and engine.aborted == [engine.requests[-1].request_id]
 
 

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster.board import ReplicaReport, board_name
 from cluster.settings import ClusterConfig
 from engine.config import EngineConfig, Limits
+from tests.conftest import WAIT_S
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "test"
@@ -77,14 +78,14 @@ def local_cluster(model_dir: Path, voices_dir: Path) -> Iterator[Cluster]:
         )  # fmt: skip
         serve.run(application(cfg, layout, ui_lang="en", api_key=""), name=APP, route_prefix="/")
         cluster = Cluster(f"http://127.0.0.1:{port}", ray.get_actor(board_name(APP), namespace="cosystream"))
-        assert wait_until(lambda: len(cluster.reports()) == 2, 30), "the replicas never reported"
+        assert wait_until(lambda: len(cluster.reports()) == 2), "the replicas never reported"
         yield cluster
     finally:
         serve.shutdown()
         ray.shutdown()
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

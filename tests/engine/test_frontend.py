@@ -13,7 +13,7 @@ import pytest
 from engine import audio
 from engine.errors import InvalidInput, ModelError, TooLarge
 from engine.frontend import Frontend, PromptFeatures
-from tests.conftest import fixture_file, fixture_root
+from tests.conftest import WAIT_S, fixture_file, fixture_root
 
 ROOT = fixture_root()
 ONNX = ROOT / "onnx" if ROOT else None
@@ -172,7 +172,7 @@ def test_one_prompt_arriving_many_times_at_once_is_computed_once(monkeypatch):
     def slow_compute(*args):
         runs.append(1)
         computing.set()
-        release.wait(timeout=30)
+        release.wait(timeout=WAIT_S)
         return real_compute(*args)
 
     def counted_hash(*args):
@@ -184,10 +184,10 @@ def test_one_prompt_arriving_many_times_at_once_is_computed_once(monkeypatch):
     clip = speechy(1.0, seed=5)
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(frontend.extract, clip)
-        assert computing.wait(timeout=30)
+        assert computing.wait(timeout=WAIT_S)
         others = [pool.submit(frontend.extract, clip) for _ in range(2)]
         for _ in range(3):  # the first request's hash and both others': they are past it
-            assert hashed.acquire(timeout=30)
+            assert hashed.acquire(timeout=WAIT_S)
         release.set()
         results = [first.result(), *(f.result() for f in others)]
     assert len(runs) == 1

@@ -18,6 +18,7 @@ import soundfile as sf
 from engine.config import EngineConfig, Limits
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.serving.engine import TTSEngine
+from tests.conftest import WAIT_S
 from tests.sounds import speech_like
 
 # Small upload cap so an "over the limit" file is cheap to build; the rest are the released defaults.
@@ -91,7 +92,7 @@ def idle_state(engine: TTSEngine) -> dict[str, int]:
     }
 
 
-async def wait_idle(engine: TTSEngine, timeout_s: float = 3.0) -> bool:
+async def wait_idle(engine: TTSEngine, timeout_s: float = WAIT_S) -> bool:
     """True once no stream, queue entry, LM sequence or token2wav job is left (polls: they are threads)."""
     deadline = time.monotonic() + timeout_s
     while any(idle_state(engine).values()):

@@ -19,6 +19,7 @@ from api.app import build_api
 from engine.request import SynthesisRequest
 from engine.serving.engine import TTSEngine
 from tests.api.support import live_server
+from tests.conftest import WAIT_S
 from tests.reliability.support import (
     LIMITS,
     TEXT,
@@ -37,7 +38,6 @@ from webui.texts import Texts
 log = logging.getLogger(__name__)
 
 LONG = 400  # speech tokens of a "long" request: ~6 streamed chunks, several seconds of CPU
-FREED_WITHIN_S = 1.5  # one chunk of a long request takes ~0.1-0.5 s here; leave room for a loaded machine
 
 
 def long_request(prompt, **kw: Any) -> SynthesisRequest:
@@ -45,8 +45,9 @@ def long_request(prompt, **kw: Any) -> SynthesisRequest:
 
 
 async def freed_after(engine: TTSEngine, t0: float) -> float:
-    """Seconds from ``t0`` until the engine is idle (fails the test if it is not within the bound)."""
-    assert await wait_idle(engine, timeout_s=5.0), idle_state(engine)
+    """Seconds from ``t0`` until the engine is idle (fails the test if it never is). The callers check that
+    the request stopped early by its LM tokens, not by this time, which a busy machine stretches."""
+    assert await wait_idle(engine, timeout_s=WAIT_S), idle_state(engine)
     seconds = time.monotonic() - t0
     log.info("freed %.3f s after the client left", seconds)
     return seconds
@@ -73,7 +74,7 @@ async def test_http_stream_closed_midway_frees_everything(engine, prompt, server
     }  # fmt: skip
     before = tokens_total(engine)
     async with (
-        httpx.AsyncClient(base_url=server, timeout=30) as client,
+        httpx.AsyncClient(base_url=server, timeout=WAIT_S) as client,
         client.stream("POST", "/v1/audio/speech", json=body) as r,
     ):
         assert r.status_code == 200
@@ -82,8 +83,7 @@ async def test_http_stream_closed_midway_frees_everything(engine, prompt, server
             assert data
             break  # the first bytes arrived: hang up
         t0 = time.monotonic()
-    freed_s = await freed_after(engine, t0)
-    assert freed_s < FREED_WITHIN_S, f"freed {freed_s:.2f} s after the client left"
+    await freed_after(engine, t0)
     assert not engine.abort(rid)  # no longer registered
     assert tokens_total(engine) - before < LONG  # it stopped early, it did not run to the end
     await assert_serves(engine, prompt)
@@ -107,21 +107,22 @@ async def test_ui_stop_frees_everything_and_keeps_the_audio(engine, tmp_path):
         if len(outputs) == 1:  # the first chunk is in: the user presses Stop
             assert 'data-state="stop_sent"' in studio.stop(rid)
             t0 = time.monotonic()
-    stopped_s = time.monotonic() - t0
-    freed_s = await freed_after(engine, t0)
-    assert max(stopped_s, freed_s) < FREED_WITHIN_S, (stopped_s, freed_s)
+    log.info("the studio's stream ended %.3f s after Stop", time.monotonic() - t0)
+    await freed_after(engine, t0)
     final = outputs[-1]
     assert 'data-state="stopped"' in final[2] and final[0]["value"]  # the audio made so far is kept
     assert tokens_total(engine) - before < LONG
 
 
 async def test_closed_generator_frees_everything(engine, prompt):
+    before = tokens_total(engine)
     gen = engine.stream(long_request(prompt))
     first = await anext(gen)
     check_pcm(first.pcm)
     t0 = time.monotonic()
     await gen.aclose()
-    assert await freed_after(engine, t0) < FREED_WITHIN_S
+    await freed_after(engine, t0)
+    assert tokens_total(engine) - before < LONG  # it stopped early, it did not run to the end
     await assert_serves(engine, prompt)
 
 
@@ -133,14 +134,16 @@ async def test_task_cancelled_mid_chunk_frees_everything(engine, prompt):
         async for _ in engine.stream(long_request(prompt)):
             got.set()
 
+    before = tokens_total(engine)
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(got.wait(), 10)
+    await asyncio.wait_for(got.wait(), WAIT_S)
     await asyncio.sleep(0.05)  # now inside the next chunk's computation
     t0 = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await freed_after(engine, t0) < FREED_WITHIN_S
+    await freed_after(engine, t0)
+    assert tokens_total(engine) - before < LONG
     await assert_serves(engine, prompt)
 
 
@@ -174,13 +177,13 @@ async def test_aborted_while_queued_computes_nothing_once_admitted(engine, promp
     before = tokens_total(engine)
     assert engine.abort(req.request_id)
     engine.admission.release()  # a slot frees: the aborted request is admitted and must end at once
-    chunks = await asyncio.wait_for(task, 5)
+    chunks = await asyncio.wait_for(task, WAIT_S)
     await engine.admission.acquire()  # give the fixture its slot back
     assert chunks == [] and tokens_total(engine) - before <= 1
     assert await _until(lambda: engine.backend.active == 0)  # see test_engine_survives_a_closed_client_loop
 
 
-async def _until(predicate: Any, timeout_s: float = 3.0) -> bool:
+async def _until(predicate: Any, timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
@@ -247,7 +250,7 @@ def poison_flow(engine: TTSEngine, monkeypatch, tokens: int) -> None:
 
 
 def one_batch(engine: TTSEngine, monkeypatch, n: int) -> None:
-    """The token2wav worker's first batch waits (<= 5 s) until ``n`` jobs are queued, so they share one
+    """The token2wav worker's first batch waits (up to WAIT_S) until ``n`` jobs are queued, so they share one
     flow batch whatever the thread timing (they are all due now: urgent jobs always join the batch)."""
     import engine.serving.job_queue as job_queue
 
@@ -256,7 +259,7 @@ def one_batch(engine: TTSEngine, monkeypatch, n: int) -> None:
     def pick_batch(queued, *args):  # called by the worker with the queue's lock held
         if not waited:
             waited.append(True)  # the wait releases the lock, so requests can queue their jobs
-            queue._changed.wait_for(lambda: len(queued) >= n, timeout=5)
+            queue._changed.wait_for(lambda: len(queued) >= n, timeout=WAIT_S)
         return real(queued, *args)
 
     monkeypatch.setattr(job_queue, "pick_batch", pick_batch)
@@ -318,7 +321,7 @@ async def test_a_request_that_raises_never_leaves_others_stuck(engine, prompt, t
     tasks = [asyncio.create_task(collect(engine, r)) for r in others]
     assert await _until(lambda: engine.backend.active == 3)  # the three are decoding
     tasks.insert(0, asyncio.create_task(collect(engine, bad)))
-    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT_S)
     assert isinstance(results[0], Poison), results[0]
     for got, want in zip(results[1:], alone):
         assert not isinstance(got, BaseException), f"another request failed too: {got!r}"
@@ -347,7 +350,7 @@ def test_engine_survives_a_closed_client_loop(model_dir, prompt, tmp_path):
         time.sleep(0.3)  # a few LM steps try to hand tokens to the closed loop
 
         async def after() -> list[Any]:
-            return await asyncio.wait_for(collect(engine, good_request(prompt)), 2)
+            return await asyncio.wait_for(collect(engine, good_request(prompt)), WAIT_S)
 
         check_pcm(np.concatenate([c.pcm for c in asyncio.run(after())]))
     finally:

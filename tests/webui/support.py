@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import WAIT_S
+
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "test-output"
 # how long a test waits for what the page must show; a loaded 2-core CI machine once took over 10 s for a
 # transcript or an error that arrive in about a second alone (a wait ends as soon as its condition holds)
-WAIT_MS = 30_000
+WAIT_MS = int(WAIT_S * 1000)
 
 
 def free_port() -> int:
@@ -25,7 +27,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(fastapi_app: Any, start_s: float = 30.0) -> Iterator[str]:
+def serving(fastapi_app: Any, start_s: float = WAIT_S) -> Iterator[str]:
     """The app on a free 127.0.0.1 port in a thread, its URL while the block runs, then stopped."""
     import uvicorn
 
@@ -47,10 +49,11 @@ def studio_page(browser: Any, url: str, errors: list[str] | None = None) -> Any:
     """A 1400x1000 page on the studio (a fresh context: nothing cached), once its player script has loaded.
     ``errors`` collects the page's uncaught script errors, from before it starts loading."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(WAIT_MS)  # every wait, click and fill: a ceiling, not a schedule
     if errors is not None:
         page.on("pageerror", lambda err: errors.append(f"{err}\n{err.stack or ''}"))
     page.goto(url)
-    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=30_000)
+    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=WAIT_MS)
     return page
 
 
@@ -60,9 +63,9 @@ TRANSCRIBED = "document.querySelector('#cosy-transcript textarea').value !== ''"
 def fill_request(page: Any, prompt: str | None, text: str = "Hello there. This is a streaming test!") -> None:
     if prompt:
         page.locator("#cosy-prompt input[type=file]").set_input_files(prompt)
-        page.locator(".cosy-note.cosy-good").first.wait_for(timeout=10_000)  # duration: "4.0 s ... ok"
+        page.locator(".cosy-note.cosy-good").first.wait_for(timeout=WAIT_MS)  # duration: "4.0 s ... ok"
         # the upload is transcribed into the field: wait for it, so it cannot overwrite what is typed next
-        page.wait_for_function(TRANSCRIBED, timeout=60_000)
+        page.wait_for_function(TRANSCRIBED, timeout=WAIT_MS)
         page.locator("#cosy-transcript textarea").fill("this is the prompt")
     page.locator("#cosy-text textarea").fill(text)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import WAIT_S
 from tests.webui.support import (
     OUT,
     REPO,
@@ -33,7 +34,7 @@ LONG_TEXT = " ".join(f"This is sentence number {i} of a long demo text." for i i
 
 
 def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=WAIT_S) as r:
         return r.read().decode()
 
 
@@ -81,8 +82,9 @@ def demo(tmp_path_factory) -> Iterator[str]:
 @pytest.fixture
 def page(browser, demo) -> Iterator[Any]:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(WAIT_MS)  # every wait, click and fill: a ceiling, not a schedule
     page.goto(demo)
-    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=60_000)
+    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=WAIT_MS)
     yield page
     page.close()
 
@@ -104,15 +106,15 @@ def test_demo_banner_and_missing_prompt_error(page) -> None:
 def test_demo_upload_is_transcribed_by_the_tiny_whisper(page, prompt_wav) -> None:
     """The real ASR path: a random-weight Whisper fills the transcript with noise, and the note says so."""
     page.locator("#cosy-prompt input[type=file]").set_input_files(prompt_wav)
-    page.get_by_text("RANDOM-weight Whisper").first.wait_for(timeout=60_000)
+    page.get_by_text("RANDOM-weight Whisper").first.wait_for(timeout=WAIT_MS)
     assert page.locator("#cosy-transcript textarea").input_value().strip()
 
 
 def test_demo_streams_plays_and_shows_metrics(page, prompt_wav) -> None:
     fill_request(page, prompt_wav, "Hello there. This is the real engine speaking, streaming as it goes.")
     page.locator("#cosy-generate").click()
-    page.wait_for_function("window.cosyPlayer.stats.playedS > 0.2", timeout=60_000)
-    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=120_000)
+    page.wait_for_function("window.cosyPlayer.stats.playedS > 0.2", timeout=WAIT_MS)
+    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=WAIT_MS)
     live = player(page)
     assert live["sampleRate"] == 24000 and live["samples"] > 24000 // 2
     server_ttfa = metric(page, "ttfa_server")
@@ -131,10 +133,10 @@ def test_demo_streams_plays_and_shows_metrics(page, prompt_wav) -> None:
 def test_demo_stop_aborts_the_engine_request(page, demo, prompt_wav) -> None:
     fill_request(page, prompt_wav, LONG_TEXT)
     page.locator("#cosy-generate").click()
-    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=60_000)
+    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=WAIT_MS)
     page.locator("#cosy-stop").click()
-    page.locator('.cosy-status[data-state="stopped"]').wait_for(timeout=20_000)
-    deadline = time.monotonic() + 10
+    page.locator('.cosy-status[data-state="stopped"]').wait_for(timeout=WAIT_MS)
+    deadline = time.monotonic() + WAIT_S
     while active_streams(demo) != 0:
         assert time.monotonic() < deadline, "the engine kept computing after Stop"
         time.sleep(0.2)

@@ -74,7 +74,7 @@ def test_live_text_feeds_the_box_as_written_and_plays_before_the_text_ends(page,
     box = page.locator("#cosy-text textarea")
     box.press("End")
     box.press_sequentially(" and typed ones", delay=40)
-    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=30_000)
+    page.locator('.cosy-status[data-state="done"]').wait_for(timeout=WAIT_MS)
     assert "".join(engine.pieces) == "Pasted words arrive one by one and typed ones"
     assert engine.audio_before_end
     live = player(page)

@@ -20,6 +20,7 @@ import pytest
 from engine.request import AudioChunk, SynthesisRequest
 from engine.voices import load_examples
 from server import web
+from tests.conftest import WAIT_S
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
 from tests.webui.support import OUT, TRANSCRIBED, WAIT_MS, serving, studio_page
@@ -60,9 +61,10 @@ def server() -> Iterator[tuple[str, VisitorEngine]]:
 
 def open_page(browser: Any, url: str, locale: str = "en-US") -> tuple[Any, Any]:
     context = browser.new_context(viewport=VIEW, locale=locale)
+    context.set_default_timeout(WAIT_MS)  # every wait, click and fill: a ceiling, not a schedule
     page = context.new_page()
     page.goto(url)
-    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=30_000)
+    page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=WAIT_MS)
     return context, page
 
 
@@ -88,13 +90,13 @@ def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -
         id_a, id_b = browser_id(a), browser_id(b)
         assert id_a != id_b and len(id_a) == 32
         a.locator("#cosy-prompt input[type=file]").set_input_files(prompt)
-        a.wait_for_function(TRANSCRIBED, timeout=60_000)
+        a.wait_for_function(TRANSCRIBED, timeout=WAIT_MS)
         a.get_by_label("Save this prompt as").fill("Alice private")
         a.locator("#cosy-save").click()
         a.get_by_text("Saved voice “Alice private”").first.wait_for(timeout=WAIT_MS)
         assert ("studio:" + id_a, "alice private") in engine.voices
         a.reload()
-        a.wait_for_function("window.cosyPlayer", timeout=30_000)
+        a.wait_for_function("window.cosyPlayer", timeout=WAIT_MS)
         assert browser_id(a) == id_a  # the id lives in the browser, across reloads
         assert "Alice private" in saved_voice_choices(a)
         assert not any("Alice" in o for o in saved_voice_choices(b))  # B's list lacks A's voice
@@ -109,12 +111,12 @@ def test_example_voice_fills_the_form_and_generates(browser, server) -> None:
     try:
         page.locator("#cosy-examples").get_by_text("en-amy", exact=True).click()
         transcript = (ASSETS / "en-amy.txt").read_text().strip()
-        page.wait_for_function(TRANSCRIBED, timeout=60_000)
+        page.wait_for_function(TRANSCRIBED, timeout=WAIT_MS)
         assert page.locator("#cosy-transcript textarea").input_value() == transcript
         assert page.locator("#cosy-text textarea").input_value().startswith("The quick brown fox")
         assert page.locator("#cosy-lang input").input_value() == "English"
         page.locator("#cosy-generate").click()
-        page.locator('.cosy-status[data-state="done"]').wait_for(timeout=20_000)
+        page.locator('.cosy-status[data-state="done"]').wait_for(timeout=WAIT_MS)
         req = engine.requests[-1]
         assert req.prompt_text == transcript and req.language == "en" and req.prompt_wav
         assert Path(req.prompt_wav).read_bytes() == (ROOT / "assets/voices/en-amy.wav").read_bytes()
@@ -138,7 +140,7 @@ def test_upload_fills_the_transcript_and_offers_the_language(browser, server, tm
     try:
         page.locator("#cosy-prompt input[type=file]").set_input_files(str(write_wav(tmp_path / "p.wav", 4.0)))
         page.wait_for_function(
-            "document.querySelector('#cosy-transcript textarea').value === 'fake transcript'", timeout=10_000
+            "document.querySelector('#cosy-transcript textarea').value === 'fake transcript'", timeout=WAIT_MS
         )
         page.locator("#cosy-asr-note", has_text="Transcribed (English)").wait_for(timeout=WAIT_MS)
         assert page.locator("#cosy-lang input").input_value() == "English"  # offered while on Auto
@@ -194,7 +196,7 @@ def test_cold_page_loads_throw_no_script_error(browser, server) -> None:
         assert not errors, f"load {load + 1} of {COLD_LOADS} threw: {errors[0]}"
 
 
-def drawn_or_failed(page: Any, errors: list[str], timeout_s: float = 15.0) -> None:
+def drawn_or_failed(page: Any, errors: list[str], timeout_s: float = WAIT_S) -> None:
     """Until the example texts are on the page (their components mounted) or a script error came."""
     deadline = time.monotonic() + timeout_s
     while not errors and not page.get_by_text(EXAMPLE_TEXT).first.is_visible():

@@ -18,6 +18,8 @@ from engine.errors import InvalidInput, NotFound, NotReady, TooLarge
 from engine.lm.backend import LMRequest
 from engine.request import Mode, SynthesisRequest
 from engine.serving.engine import TTSEngine
+from tests.conftest import WAIT_S
+from tests.reliability.support import idle_state, wait_idle
 from tests.sounds import speech_like, write_wav
 
 TEXT = "Hello there, this is a short test sentence."
@@ -83,6 +85,23 @@ async def test_every_mode_streams_audio_with_metrics(engine, kw, tmp_path):
         assert audio.size == 50 * 960
     else:
         assert m.lm_tokens > 0 and audio.size % 480 == 0
+
+
+@pytest.mark.parametrize("source_s", [2.0, 4.0, 8.0])
+async def test_vc_with_an_example_voice_streams_the_whole_file_calls_frames(engine, source_s, tmp_path):
+    """An example voice as the VC prompt: VC keeps the prompt untrimmed, and this one has a mel frame fewer
+    than 2 a token. Streaming (its flow calls reuse their finished frames) runs to the end, and its chunks
+    cover the whole-file call's frames, none repeated or skipped at a seam."""
+    voice = Path(__file__).resolve().parents[2] / "assets" / "voices" / "en-amy.wav"
+    features = engine.frontend.extract(str(voice), trim=False)
+    assert len(features.prompt_mel) == 2 * len(features.speech_tokens) - 1  # the case at issue
+    source = write_wav(tmp_path / "src.wav", source_s, 16000, seed=3)
+    kw = {"mode": Mode.VC, "text": "", "prompt_wav": str(voice), "source_wav": str(source)}
+    chunks = await collect(engine, req(engine, **kw))
+    assert engine.token2wav.reuses_flow and len(chunks) >= 3  # 2+ audio chunks and the end: a seam
+    whole = pcm(await collect(engine, req(engine, stream=False, **kw)))
+    # 25 source tokens a second, 2 frames each, and the prompt's missing frame (generated: the reference's)
+    assert pcm(chunks).size == whole.size == (int(source_s * 50) + 1) * 480
 
 
 async def test_saved_voice_is_usable_and_deletable(engine):
@@ -347,7 +366,7 @@ async def test_abort_mid_stream_frees_everything(engine):
         assert engine.abort(r.request_id)
     assert not got[-1].is_last
     assert held[0] > 0
-    await asyncio.sleep(0.05)
+    assert await wait_idle(engine, WAIT_S), idle_state(engine)  # the LM and worker threads let go
     assert engine.admission.active == 0 and engine.backend.active == 0 and engine.token2wav.pending == 0
     assert not engine.abort(r.request_id)  # nothing left to abort
     gc.collect()  # the aborted segment's Utterance, and with it its flow cache
@@ -358,7 +377,7 @@ async def test_closing_the_stream_frees_everything(engine):
     gen = engine.stream(req(engine, text=" ".join([TEXT] * 4)))
     await gen.__anext__()
     await gen.aclose()
-    await asyncio.sleep(0.05)
+    assert await wait_idle(engine, WAIT_S), idle_state(engine)
     assert engine.admission.active == 0 and engine.backend.active == 0
     gc.collect()
     assert engine.token2wav.reuse_budget.held == 0

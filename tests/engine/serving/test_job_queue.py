@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from engine.serving.job_queue import DeadlineQueue, frame_bucket_of, pick_batch
+from tests.conftest import WAIT_S
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def test_take_blocks_until_a_put_and_returns_none_once_closed_and_empty():
     taker.start()
     q.put(Job("a", 0.0))
     q.close()
-    taker.join(timeout=10)
+    taker.join(timeout=WAIT_S)
     assert not taker.is_alive()
     assert got[0] is not None and names(got[0]) == ["a"] and got[1] is None
     with pytest.raises(RuntimeError, match="closed"):

@@ -25,6 +25,18 @@ def drain(planner: ChunkPlanner, total: int) -> list[ChunkJob]:
     return jobs
 
 
+def test_chunks_after_the_first_start_at_their_first_tokens_frame_under_an_untrimmed_prompt():
+    """A VC prompt of 2P - 1 mel frames (P = 158, as an example voice gives): the flow's output starts at
+    frame 315, so a chunk from token t starts at output frame 2t + 1, the frame after the chunk before
+    it and the reusing flow cache's boundary (the reference's 2t would repeat a frame at every seam)."""
+    jobs = drain(ChunkPlanner(158, CFG, prompt_frames=315), total=100)
+    # pad = 175 - 158 = 17: the first chunk is 42 tokens, ending at frame 2 x (158 + 42) = 400 = 315 + 85
+    assert jobs == [ChunkJob(45, 0, False), ChunkJob(95, 85, False), ChunkJob(100, 185, True)]
+    over = drain(ChunkPlanner(158, CFG, prompt_frames=317), total=100)  # 2P + 1: the output starts later
+    assert [j.mel_start for j in over] == [0, 83, 183]
+    assert drain(ChunkPlanner(158, CFG, prompt_frames=316), 100) == drain(ChunkPlanner(158, CFG), 100)
+
+
 def test_first_hop_pads_to_the_chunk_grid_then_doubles_to_100():
     jobs = drain(ChunkPlanner(prompt_tokens=10, cfg=CFG), total=400)
     # pad = 25 - 10 = 15: first chunk 40 tokens (+3 look-ahead), then 50, 100, 100 ...

@@ -20,7 +20,7 @@ from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
 from engine.serving.streaming import ChunkJob
 from engine.serving.token2wav import Token2Wav, Utterance
-from tests.conftest import fixture_file, tiny_cases, tiny_yaml
+from tests.conftest import WAIT_S, fixture_file, tiny_cases, tiny_yaml
 
 CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
 
@@ -327,7 +327,7 @@ class BlockedWorker:
 
         self.batches.append([j.chunk.end for j in jobs])
         self.entered.set()
-        self.release.wait(timeout=30)
+        self.release.wait(timeout=WAIT_S)
         for job in jobs:
             _deliver(job, np.zeros(1, np.float32), None)
 
