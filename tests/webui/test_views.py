@@ -126,11 +126,25 @@ def test_prompt_status_reports_duration_against_the_range() -> None:
 
 
 def test_preset_choices_accept_strings_and_dicts() -> None:
-    presets = ["请用广东话表达。", {"label": "Fast", "instruct": "请用尽可能快地语速说一句话。"}]
-    assert views.preset_choices(presets) == [
-        ("请用广东话表达。", "请用广东话表达。"),
+    presets = ["请用广东话表达。", {"label": "Fast", "instruct": "请用尽可能快地语速说一句话。"}, "说快点"]
+    assert views.preset_choices(presets, Texts("en")) == [
+        ("Cantonese (广东话)", "请用广东话表达。"),
         ("Fast", "请用尽可能快地语速说一句话。"),
+        ("说快点", "说快点"),  # no reference preset: the instruction is its own label
     ]
+
+
+def test_every_reference_preset_reads_in_the_page_language_and_sends_the_trained_text() -> None:
+    from engine.text import instruct_presets
+
+    reference = [p.instruct for p in instruct_presets("cosyvoice3")]
+    en = views.preset_choices(reference, Texts("en"))
+    zh = views.preset_choices(reference, Texts("zh"))
+    assert len(reference) == 26 and [v for _, v in en] == [v for _, v in zh] == reference
+    assert all(re.match(r"[A-Z][a-z]", label) for label, _ in en), en  # English first on en pages
+    assert ("Loud (大声)", "Please say a sentence as loudly as possible.") in en
+    assert not [label for label, _ in zh if re.search(r"[A-Za-z]", label)], zh  # no English on zh pages
+    assert ("大声", "Please say a sentence as loudly as possible.") in zh
 
 
 def entry(rid: str, text: str, created_at: float, stopped: bool = False) -> views.HistoryEntry:
