@@ -388,9 +388,9 @@ class Studio:
 
     async def browser_voices(self, browser_id: str | None) -> tuple[str, Any]:
         """On load, after OWNER_JS put the browser's id in the input: (the id for the hidden field, the
-        saved-voice list this browser may use)."""
-        known = browser_id if owner_of(browser_id) and not isinstance(browser_id, Account) else ""
-        return known, await self.voice_dropdown(known)
+        saved-voice list this browser (or this login: never written into the page) may use)."""
+        known = browser_id if browser_id and owner_of(browser_id) else ""
+        return ("" if isinstance(known, Account) else known), await self.voice_dropdown(known)
 
     async def save_voice(
         self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str = ""

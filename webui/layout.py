@@ -159,10 +159,8 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
                 -1, label=lbl("seed"), info=lbl("seed_info"), precision=0, minimum=-1, scale=3
             )
             # an SVG die, not an emoji: it draws without an emoji font (the label is for screen readers)
-            c["dice"] = gr.Button(
-                lbl("dice"), icon=str(player.STATIC / "dice.svg"), elem_classes="cosy-dice", scale=0,
-                min_width=52,
-            )
+            die = str(player.STATIC / "dice.svg")
+            c["dice"] = gr.Button(lbl("dice"), icon=die, elem_classes="cosy-dice", scale=0, min_width=52)
         with gr.Row():
             go = "cosy-go"
             c["generate"] = gr.Button(

@@ -243,7 +243,7 @@ def preset_choices(presets: Sequence[object], t: Texts | None = None) -> list[tu
 
 
 def _in_language(label: str, t: Texts | None) -> str:
-    """"English (中文)" -> the whole label in English, the part in brackets in Chinese."""
+    """A label "English (中文)": whole on an English page, the part in brackets on a Chinese one."""
     native = re.fullmatch(r".*\((.+)\)", label)
     return native.group(1) if t is not None and t.lang == "zh" and native else label
 
