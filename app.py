@@ -252,7 +252,7 @@ def create_app(
 
     app = FastAPI(title="CosyStream", lifespan=lifespan)
     mount_api(app, engine, limits, api_key)
-    app.state.stop_streams = hub.shutdown  # web_server calls it before it waits for open responses
+    app.state.stream_hub = hub  # web_server shuts it before it waits for open responses
     signed_in = login.signed_in if login else None
     app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in))
     demo = build_demo(
@@ -333,9 +333,9 @@ def web_server(app: FastAPI, host: str, port: int, model: str) -> uvicorn.Server
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # uvicorn waits for every open response before the lifespan ends: a live reader still waiting
             # for its request would hold the exit for the whole request timeout
-            stop_streams = getattr(app.state, "stop_streams", None)
-            if stop_streams is not None:
-                stop_streams()
+            hub = getattr(app.state, "stream_hub", None)
+            if hub is not None:
+                hub.shutdown()
             await super().shutdown(sockets)
 
     return Server(uvicorn.Config(app, host=host, port=port, log_level="info"))

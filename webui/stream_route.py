@@ -42,6 +42,7 @@ class _Channel:
         self.sample_rate = 0  # 0 = closed before it opened (the request failed validation)
         self.buffered = 0  # bytes published and not read yet
         self.reader = False
+        self.waiting = 0  # readers waiting for the handler to open it
         self.created = time.monotonic()
 
 
@@ -108,11 +109,14 @@ class StreamHub:
         channel = self._channel(rid)
         if channel.reader or self.closed:
             return None
+        channel.waiting += 1
         try:
             await asyncio.wait_for(channel.opened.wait(), timeout_s)
         except TimeoutError:
             self._channels.pop(rid, None)
             return None
+        finally:
+            channel.waiting -= 1
         if not channel.sample_rate or self.closed:
             self._channels.pop(rid, None)
             return None
@@ -127,6 +131,11 @@ class StreamHub:
                 yield data
         finally:
             self._channels.pop(rid, None)
+
+    @property
+    def waiting(self) -> int:
+        """Readers waiting for their request to start."""
+        return sum(ch.waiting for ch in self._channels.values())
 
     def __len__(self) -> int:
         return len(self._channels)
