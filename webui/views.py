@@ -286,7 +286,8 @@ def header_html(t: Texts, chips: dict[str, str], banner: str | None = None) -> s
         for k, v in chips.items()
     )
     top = (
-        f'<div class="cosy-header"><div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
+        f'<div class="cosy-header" data-error-title="{html.escape(t("err_title"))}">'
+        f'<div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
         f'<div class="cosy-sub">{html.escape(t("subtitle"))}</div></div>'
         f'<div class="cosy-chips">{chip_html}</div></div>'
     )
