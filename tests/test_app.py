@@ -267,7 +267,9 @@ def test_studio_routes_need_the_login_when_keys_are_set() -> None:
             assert client.request(method, path).status_code == 401
         assert client.get(f"/webui/audio/{rid}.wav").status_code == 401
         assert client.get(f"/webui/pcm/{rid}", headers={"Authorization": "Bearer k1"}).status_code == 401
-        assert client.post("/login", data={"username": "alice", "password": "k2"}).status_code == 200
+        # as Gradio's login page sends it: multipart form data
+        form = [("username", (None, "alice")), ("password", (None, "k2"))]
+        assert client.post("/login", files=form).status_code == 200
         assert client.get(f"/webui/pcm/{rid}").status_code == 404  # signed in: unknown, at once
         assert client.post(f"/webui/pcm/{rid}").status_code == 204
         assert client.get(f"/webui/audio/{rid}.wav").status_code == 404  # signed in: not in the history

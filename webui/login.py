@@ -15,7 +15,10 @@ import html
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
 
 from webui.texts import UI_LANGS, Texts
 
@@ -47,15 +50,15 @@ class KeyLogin:
         key = self.key_of(password)
         return key is not None and username.rpartition(TAG)[2] == self.fingerprint(key)
 
-    def tag(self, form: bytes) -> bytes:
-        """The login form with the user name tagged by the password's key (unchanged when none matches)."""
-        fields = parse_qsl(form.decode("utf-8", "replace"), keep_blank_values=True)
+    def tag(self, fields: list[tuple[str, str]]) -> bytes:
+        """The login form, url-encoded, with the user name tagged by the password's key (as typed when no
+        key matches: Gradio's check then refuses it)."""
         values = dict(fields)
         key = self.key_of(values.get("password", ""))
-        if key is None:
-            return form
-        name = f"{values.get('username', '').strip()}{TAG}{self.fingerprint(key)}"
-        return urlencode([(k, name if k == "username" else v) for k, v in fields]).encode()
+        if key is not None:
+            name = f"{values.get('username', '').strip()}{TAG}{self.fingerprint(key)}"
+            fields = [(k, name if k == "username" else v) for k, v in fields]
+        return urlencode(fields).encode()
 
     def owner(self, username: str | None) -> str | None:
         """The voice namespace of a signed-in session's user name; None when it names no key."""
@@ -97,18 +100,19 @@ class TaggedLogin:
         if scope["type"] != "http" or scope["method"] != "POST" or path != self.path:
             await self.app(scope, receive, send)
             return
-        body, more = b"", True
-        while more and len(body) <= MAX_FORM_BYTES:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-        if more:  # too long to be a login form
-            await send({"type": "http.response.start", "status": 413, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
+        request = Request(scope, receive)
+        if int(request.headers.get("content-length") or 0) > MAX_FORM_BYTES:
+            await PlainTextResponse("a login form is a name and a key", 413)(scope, receive, send)
             return
-        body = self.login.tag(body)
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
-        headers.append((b"content-length", str(len(body)).encode()))
+        # Gradio's page posts multipart form data, other clients url-encoded: either is read, and it goes on
+        # url-encoded (the form Gradio's login route reads either way)
+        async with request.form() as form:
+            fields = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
+        body = self.login.tag(fields)
+        drop = (b"content-length", b"content-type")
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
+        headers += [(b"content-type", b"application/x-www-form-urlencoded")]
+        headers += [(b"content-length", str(len(body)).encode())]
         sent = False
 
         async def replay() -> dict[str, Any]:
