@@ -441,7 +441,8 @@ class Studio:
         try:
             result = await self.engine.transcribe(path, None)  # type: ignore[attr-defined]
         except EngineError as err:
-            note = self.t("transcribe_failed", error=str(err))
+            log.warning("transcribing the prompt failed: %s", err)  # the engine's words stay in the log
+            note = self.t("transcribe_failed")
             return gr.skip(), gr.skip(), views.note_html(note, "bad")
         code = str(result.language)
         shown = language_name(code, self.t)

@@ -354,3 +354,26 @@ def test_detected_languages_are_named_never_coded() -> None:
     assert language_name("ja", Texts("en")) == "日本語 (Japanese)"
     assert language_name("de", Texts("zh")) == "德语" and language_name("de", Texts("en")) == "German"
     assert language_name("xx", Texts("zh")) == "其他语言"
+
+
+async def test_transcription_notes_name_languages_and_keep_engine_words_in_the_log(
+    engine, prompt, tmp_path, monkeypatch, caplog
+) -> None:
+    studio = Studio(engine, Limits(), Texts("zh"), StreamHub(), AudioStore(tmp_path / "store"))
+
+    async def german(audio: object, language: str | None = None) -> Any:
+        from engine.asr import Transcript
+
+        return Transcript("Guten Tag", "de", 3.0)
+
+    monkeypatch.setattr(engine, "transcribe", german)
+    _, offered, note = await studio.transcribe(prompt, "auto")
+    assert "德语" in note and "(de)" not in note and offered is not None
+
+    async def broken(audio: object, language: str | None = None) -> Any:
+        raise Busy("ModelError: whisper worker died")
+
+    monkeypatch.setattr(engine, "transcribe", broken)
+    _, _, note = await studio.transcribe(prompt, "auto")
+    assert "无法识别" in note and "whisper" not in note and "ModelError" not in note
+    assert "whisper worker died" in caplog.text
