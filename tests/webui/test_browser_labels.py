@@ -3,7 +3,7 @@
 A Chinese page shows no English word except names and units (``ALLOWED``, each with its reason), in every
 mode, in its error toast and in the component config (labels, choices, placeholders the page has not
 opened yet); every metric tile's label and value fit their tile in both languages, with the widest values
-a request can produce. Writes ``test-output/studio-labels-{en,zh}.png``.
+a request can produce. Writes ``test-output/studio-labels-{en,zh-zh,auto-zh}.png``.
 """
 
 from __future__ import annotations
@@ -64,32 +64,41 @@ def config_texts(config: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-@pytest.fixture(scope="module", params=["zh", "en"])
+SESSIONS = [("zh", "zh"), ("auto", "zh"), ("en", "en")]  # (--ui-lang, the browser's language)
+
+
+@pytest.fixture(scope="module", params=SESSIONS, ids=lambda p: "-".join(p))
 def studio(request, browser) -> Any:
-    """(language, page) on a 1440x900 studio forced to that language, with a browser of that locale."""
+    """(ui_lang, language, page, names) on a 1440x900 studio (--ui-lang forced, or auto: following the
+    browser), with a browser of that language's locale."""
     import app
 
     engine = FakeEngine()
-    lang = request.param
-    with serving(app.create_app(engine, ui_lang=lang, random_weights=True)) as url:
+    ui_lang, lang = request.param
+    with serving(app.create_app(engine, ui_lang=ui_lang, random_weights=True)) as url:
         locale = "zh-CN" if lang == "zh" else "en-US"
         page = browser.new_page(viewport={"width": 1440, "height": 900}, locale=locale)
         page.goto(url)
         page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=WAIT_MS)
-        page.wait_for_function("document.querySelector('.cosy-header .cosy-chip')", timeout=WAIT_MS)
-        yield lang, page, {engine.model_name, engine.family}
+        # the page's load event renders the server's texts in the session's language (auto: the first
+        # render is English)
+        title = Texts(lang)("title")
+        ready = "(t) => document.querySelector('.cosy-title')?.textContent === t"
+        page.wait_for_function(ready, arg=title, timeout=WAIT_MS)
+        yield ui_lang, lang, page, {engine.model_name, engine.family}
         page.close()
 
 
-def test_a_chinese_page_has_no_english_but_names_and_units(studio) -> None:
-    lang, page, names = studio
+def test_a_chinese_page_has_no_english_but_names_and_units(studio, request) -> None:
+    ui_lang, lang, page, names = studio
     if lang != "zh":
         pytest.skip("the English page may be English")
     OUT.mkdir(exist_ok=True)
-    page.screenshot(path=str(OUT / "studio-labels-zh.png"))
+    page.screenshot(path=str(OUT / f"studio-labels-{request.node.callspec.id}.png"))
     assert not english_words(page.evaluate(PAGE_WORDS_JS), names)
-    config = page.evaluate("fetch('config').then((r) => r.json())")
-    assert not english_words(config_texts(config), names)
+    if ui_lang == "zh":  # auto: the config is the English first render, with i18n keys the browser resolves
+        config = page.evaluate("fetch('config').then((r) => r.json())")
+        assert not english_words(config_texts(config), names)
     for mode in ("跨语种", "指令控制", "声音转换", "已存音色", "零样本克隆"):
         page.get_by_text(mode, exact=True).click()
         page.wait_for_function(
@@ -109,7 +118,7 @@ def _help(mode_label: str) -> str:
 
 def test_every_metric_tile_fits_at_1440x900(studio) -> None:
     """The tiles as the page first shows them, then with the widest values a request produces."""
-    lang, page, _ = studio
+    _, lang, page, _ = studio
     page.locator(".cosy-metrics").scroll_into_view_if_needed()
     OUT.mkdir(exist_ok=True)
     if lang == "en":
