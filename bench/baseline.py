@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from engine.vocoder.streaming import V2VocoderState, V3VocoderState
 
 from bench.load import Recorder
 from engine import device as devices
@@ -36,6 +35,7 @@ from engine.request import Mode, SynthesisRequest
 from engine.serving.streaming import SILENT_TOKENS_V3, ChunkJob, SilenceFilter
 from engine.serving.token2wav import Utterance
 from engine.vocoder.hift import CausalHiFTGenerator, HiFTGenerator
+from engine.vocoder.streaming import V2VocoderState, V3VocoderState
 
 log = logging.getLogger(__name__)
 

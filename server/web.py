@@ -9,7 +9,7 @@ import secrets
 import socket
 import threading
 import warnings
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.config import Limits
@@ -44,17 +44,22 @@ def create_app(
 ) -> FastAPI:
     """One FastAPI app: the API, the studio's PCM / download routes, then the Gradio UI at "/" (last,
     because a mount at "/" catches every path registered after it). With API keys the studio needs a
-    Gradio login (any user name, a key as the password), so nobody uses it without a key."""
+    Gradio login (any user name, a key as the password, ``webui.login``), so nobody uses it without a key;
+    a session's saved voices are then its key's, the API's namespace for that key."""
     import gradio as gr
     from fastapi import FastAPI
+    from starlette.routing import Mount
 
-    from api.auth import resolve_api_keys
+    from api.auth import owner_of, resolve_api_keys
     from webui import stream_route
     from webui.layout import build_demo, page_options
+    from webui.login import KeyLogin, TaggedLogin, login_message
 
     quiet_gradio_deprecations()
     limits = limits or Limits()
     hub, store = stream_route.StreamHub(), stream_route.AudioStore()
+    keys = resolve_api_keys(api_key)
+    login = KeyLogin(keys, owner_of) if keys else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -70,14 +75,22 @@ def create_app(
 
     app = FastAPI(title="CosyStream", lifespan=lifespan)
     mount_api(app, engine, limits, api_key)
-    app.include_router(stream_route.router(hub, store, open_timeout_s=limits.request_timeout_s))
-    demo = build_demo(engine, ui_lang, limits, hub=hub, store=store, random_weights=random_weights)
+    app.state.stream_hub = hub  # web_server shuts it before it waits for open responses
+    signed_in = login.signed_in if login else None
+    app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in))
+    demo = build_demo(
+        engine, ui_lang, limits, hub=hub, store=store, random_weights=random_weights,
+        account=login.owner if login else None,
+    )  # fmt: skip
     # uploads over the limit are refused before they are written to disk
     options = page_options(ui_lang) | {"max_file_size": limits.max_upload_bytes}
-    keys = resolve_api_keys(api_key)
-    if keys:
-        options["auth"] = studio_login(keys)
-    return gr.mount_gradio_app(app, demo, path="/", **options)
+    if login is not None:
+        options |= {"auth": login.check, "auth_message": login_message(ui_lang)}
+    gr.mount_gradio_app(app, demo, path="/", **options)
+    if login is not None:
+        login.bind(next(r.app for r in app.routes if isinstance(r, Mount) and hasattr(r.app, "tokens")))
+        app.add_middleware(TaggedLogin, login=login)
+    return app
 
 
 def quiet_gradio_deprecations() -> None:
@@ -90,16 +103,6 @@ def quiet_gradio_deprecations() -> None:
         r"The copy keyword is deprecated",
     ):
         warnings.filterwarnings("ignore", message=message, module=r"gradio\.")
-
-
-def studio_login(keys: Sequence[str]) -> Callable[[str, str], bool]:
-    """Gradio's auth check: any user name with one of the API keys as the password."""
-    from api.auth import matching_key
-
-    def check(_username: str, password: str) -> bool:
-        return matching_key(password, keys) is not None
-
-    return check
 
 
 def open_share_link(host: str, port: int) -> None:
@@ -130,5 +133,13 @@ def web_server(app: FastAPI, host: str, port: int, model: str) -> uvicorn.Server
                     for sock in server.sockets:
                         bound_host, bound_port = sock.getsockname()[:2]
                         log.info("CosyStream on http://%s:%d (model %s)", bound_host, bound_port, model)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # uvicorn waits for every open response before the lifespan ends: a live reader still waiting
+            # for its request would hold the exit for the whole request timeout
+            hub = getattr(app.state, "stream_hub", None)
+            if hub is not None:
+                hub.shutdown()
+            await super().shutdown(sockets)
 
     return Server(uvicorn.Config(app, host=host, port=port, log_level="info"))

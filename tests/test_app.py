@@ -250,3 +250,85 @@ def test_api_keys_put_the_studio_behind_a_login() -> None:
         assert client.get("/v1/models").status_code == 401
     with TestClient(web.create_app(FakeEngine(), ui_lang="en", api_key="")) as client:
         assert client.get("/config").status_code == 200  # no keys: an open demo
+
+
+def test_the_login_page_names_the_product_and_how_to_sign_in() -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(web.create_app(FakeEngine(), ui_lang="auto", api_key=["k1"])) as client:
+        refused = client.get("/gradio_api/login_check")
+        assert refused.status_code == 401
+        message = refused.json()["detail"]["auth_message"]
+        assert "CosyStream" in message and "any user name" in message and "API 密钥" in message
+
+
+def test_studio_routes_need_the_login_when_keys_are_set() -> None:
+    """/webui/pcm and /webui/audio answer 401 without the studio's session, and serve once signed in."""
+    from fastapi.testclient import TestClient
+
+    rid = "0123456789abcdef0123456789abcdef"
+    with TestClient(web.create_app(FakeEngine(), ui_lang="en", api_key=["k1", "k2"])) as client:
+        for method, path in [("POST", f"/webui/pcm/{rid}"), ("GET", f"/webui/pcm/{rid}")]:
+            assert client.request(method, path).status_code == 401
+        assert client.get(f"/webui/audio/{rid}.wav").status_code == 401
+        assert client.get(f"/webui/pcm/{rid}", headers={"Authorization": "Bearer k1"}).status_code == 401
+        # as Gradio's login page sends it: multipart form data
+        form = [("username", (None, "alice")), ("password", (None, "k2"))]
+        assert client.post("/login", files=form).status_code == 200
+        assert client.get(f"/webui/pcm/{rid}").status_code == 404  # signed in: unknown, at once
+        assert client.post(f"/webui/pcm/{rid}").status_code == 204
+        assert client.get(f"/webui/audio/{rid}.wav").status_code == 404  # signed in: not in the history
+
+
+def test_voices_saved_after_signing_in_belong_to_the_key(tmp_path) -> None:
+    """The studio saves in the namespace the API gives the same key: the API with that key lists the
+    voice, another key does not, and the browser id the page sends does not pick the namespace."""
+    from gradio_client import Client, handle_file
+
+    from api.auth import owner_of
+    from tests.sounds import write_wav
+    from tests.webui.support import serving
+
+    engine = FakeEngine()
+    wav = write_wav(tmp_path / "prompt.wav", seconds=4.0)
+    with serving(web.create_app(engine, ui_lang="en", api_key=["k1", "k2"])) as url:
+        studio = Client(url, auth=("alice", "k1"), verbose=False)
+        studio.predict("Mine", handle_file(str(wav)), "hello there", "ab" * 16, api_name="/save_voice")
+
+        def names(key: str) -> list[str]:
+            got = httpx.get(url + "v1/audio/voices", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+            return [v["name"] for v in got.json()["data"]]
+
+        assert "Mine" in names("k1") and "Mine" not in names("k2")
+    assert [owner for owner, _ in engine.voices] == [owner_of("k1")]
+
+
+def test_a_pending_live_reader_does_not_hold_the_shutdown() -> None:
+    """A reader waits for an announced request that never starts: on exit it is answered at once (204)
+    instead of holding uvicorn's graceful shutdown for the request timeout (300 s here)."""
+    fastapi_app = web.create_app(FakeEngine(), ui_lang="en", limits=Limits(request_timeout_s=300.0))
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    server = web.web_server(fastapi_app, "127.0.0.1", number, "fake")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{number}/webui/pcm/{'9' * 32}"
+    deadline = time.monotonic() + 120
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the app did not start"
+        time.sleep(0.05)
+    assert httpx.post(base, timeout=30).status_code == 204
+    answers: list[int] = []
+    reader = threading.Thread(target=lambda: answers.append(httpx.get(base, timeout=120).status_code))
+    reader.start()
+    while not fastapi_app.state.stream_hub.waiting:
+        assert time.monotonic() < deadline and reader.is_alive(), "the reader never started waiting"
+        time.sleep(0.05)
+    started = time.monotonic()
+    server.should_exit = True
+    thread.join(60)
+    reader.join(60)
+    assert not thread.is_alive() and answers == [204]
+    assert time.monotonic() - started < 60  # far below the 300 s the reader would otherwise hold it

@@ -37,7 +37,7 @@ from engine.serving.metrics import RequestMetrics, ServerStats
 from webui import views
 from webui.live_text import LiveTexts
 from webui.stream_route import RID, AudioStore, StreamHub
-from webui.texts import EXAMPLES, LANGUAGES, UI_LANGS, Texts, browser_lang
+from webui.texts import EXAMPLES, LANGUAGES, UI_LANGS, Texts, browser_lang, language_name
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,15 @@ async def call_engine(fn: Any, *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
+class Account(str):
+    """A signed-in session's voice namespace (its key's, as the API has it), put by ``Studios`` in place of
+    the browser id the page sent; the page can only ever send a plain ``str``, never one of these."""
+
+
 def owner_of(browser_id: str | None) -> str | None:
     """The voice namespace of a browser id; None (public voices only) for anything not drawn by OWNER_JS."""
+    if isinstance(browser_id, Account):
+        return str(browser_id) or None
     return STUDIO_OWNER + browser_id if browser_id and BROWSER_ID.match(browser_id) else None
 
 
@@ -132,7 +139,8 @@ class Studio:
         try:
             seconds, _ = audio_seconds(path)
         except Exception as err:  # any decoder failure is the user's file, not our bug
-            raise user_error(self.t("prompt_unreadable", error=type(err).__name__)) from err
+            log.info("prompt audio unreadable: %r", err)  # the decoder's words stay in the log
+            raise user_error(self.t("prompt_unreadable")) from err
         if seconds < self.prompt_min_s:
             raise user_error(self.t("prompt_short", seconds=seconds, min_s=self.prompt_min_s))
         if seconds > self.limits.max_prompt_s:
@@ -331,7 +339,8 @@ class Studio:
         try:
             seconds, rate = audio_seconds(path)
         except Exception as err:  # shown as a note; Generate raises the same as gr.Error
-            return views.note_html(self.t("prompt_unreadable", error=type(err).__name__), "bad")
+            log.info("prompt audio unreadable: %r", err)
+            return views.note_html(self.t("prompt_unreadable"), "bad")
         return views.prompt_status_html(seconds, rate, self.prompt_min_s, self.limits.max_prompt_s, self.t)
 
     def text_info(self, text: str, language: str) -> tuple[str, str]:
@@ -379,9 +388,9 @@ class Studio:
 
     async def browser_voices(self, browser_id: str | None) -> tuple[str, Any]:
         """On load, after OWNER_JS put the browser's id in the input: (the id for the hidden field, the
-        saved-voice list this browser may use)."""
+        saved-voice list this browser (or this login: never written into the page) may use)."""
         known = browser_id if browser_id and owner_of(browser_id) else ""
-        return known, await self.voice_dropdown(known)
+        return ("" if isinstance(known, Account) else known), await self.voice_dropdown(known)
 
     async def save_voice(
         self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str = ""
@@ -432,10 +441,11 @@ class Studio:
         try:
             result = await self.engine.transcribe(path, None)  # type: ignore[attr-defined]
         except EngineError as err:
-            note = self.t("transcribe_failed", error=str(err))
+            log.warning("transcribing the prompt failed: %s", err)  # the engine's words stay in the log
+            note = self.t("transcribe_failed")
             return gr.skip(), gr.skip(), views.note_html(note, "bad")
         code = str(result.language)
-        shown = self.t(f"lang_{code}") if code in LANGUAGES else code
+        shown = language_name(code, self.t)
         key = "transcribed_noise" if self.random_weights else "transcribed"
         offer = code if code in LANGUAGES and (language or "auto") == "auto" else gr.skip()
         return str(result.text), offer, views.note_html(self.t(key, language=shown), "good")
@@ -448,7 +458,7 @@ class Studio:
     def page(self) -> tuple[Any, ...]:
         """On load: every server-rendered text and choice list in this studio's language (labels follow
         the browser through Gradio's i18n): header, mode, language, mode help, prompt note, counter,
-        status, metrics, live card, history."""
+        status, metrics, live card, history, instruction presets."""
         from webui import player
 
         modes = gr.update(choices=[(self.mode_labels[m], m) for m in UI_MODES])
@@ -459,6 +469,7 @@ class Studio:
             views.note_html(self.t("mode_help_zero_shot")), self.prompt_info(None),
             views.counter_text("", self.limits.max_text_chars, 0, self.t), self.status("idle"),
             views.metrics_html(None, self.t), player.card_html(self.t), self.history_view([]),
+            gr.update(choices=views.preset_choices(self.engine.instruct_presets(), self.t)),
         )  # fmt: skip
 
     # ---- server panel --------------------------------------------------------------------------------
@@ -474,9 +485,12 @@ class Studios:
     """One ``Studio`` per UI language; ``listener(name)`` is the event function Gradio calls, which hands
     the event to the studio the request's language (or the forced ``ui_lang``) picks."""
 
-    def __init__(self, studio: Studio, ui_lang: str = "auto"):
+    def __init__(
+        self, studio: Studio, ui_lang: str = "auto", account: Callable[[str | None], str | None] | None = None
+    ):
         self.forced = ui_lang if ui_lang in UI_LANGS else None
         self.by_lang = {lang: studio.in_language(Texts(lang)) for lang in UI_LANGS}
+        self.account = account  # with a login: the session's user name -> its voice namespace
 
     def pick(self, request: gr.Request | None) -> Studio:
         if self.forced is not None:
@@ -484,27 +498,52 @@ class Studios:
         headers = getattr(request, "headers", None) or {}
         return self.by_lang[browser_lang(headers.get("accept-language"))]
 
+    def signed(self, request: gr.Request | None, at: int | None, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """With a login, the session's own namespace replaces the browser id at ``at`` (nothing the page
+        sends can name one); a session no key signed (none with a login) gets no namespace."""
+        if self.account is None or at is None or at >= len(args):
+            return args
+        owner = self.account(getattr(request, "username", None))
+        return (*args[:at], Account(owner or ""), *args[at + 1 :])
+
     def listener(self, name: str) -> Callable[..., Any]:
         """``request`` first: Gradio inserts it at the annotated parameter's position, the inputs follow."""
         method = getattr(Studio, name)
+        params = list(inspect.signature(method).parameters)[1:]  # after self
+        at = params.index("browser_id") if "browser_id" in params else None
         fn: Callable[..., Any]
         if inspect.isasyncgenfunction(method):
 
             async def stream(request: gr.Request, *args: Any) -> AsyncIterator[Any]:
-                async for out in getattr(self.pick(request), name)(*args):
-                    yield out
+                studio = self.pick(request)
+                try:
+                    async for out in getattr(studio, name)(*self.signed(request, at, args)):
+                        yield out
+                except gr.Error as err:
+                    err.title = studio.t("err_title")  # the toast's heading, in the page's language
+                    raise
 
             fn = stream
         elif inspect.iscoroutinefunction(method):
 
             async def coro(request: gr.Request, *args: Any) -> Any:
-                return await getattr(self.pick(request), name)(*args)
+                studio = self.pick(request)
+                try:
+                    return await getattr(studio, name)(*self.signed(request, at, args))
+                except gr.Error as err:
+                    err.title = studio.t("err_title")  # the toast's heading, in the page's language
+                    raise
 
             fn = coro
         else:
 
             def plain(request: gr.Request, *args: Any) -> Any:
-                return getattr(self.pick(request), name)(*args)
+                studio = self.pick(request)
+                try:
+                    return getattr(studio, name)(*self.signed(request, at, args))
+                except gr.Error as err:
+                    err.title = studio.t("err_title")  # the toast's heading, in the page's language
+                    raise
 
             fn = plain
         fn.__name__ = fn.__qualname__ = name  # Gradio names the event's API endpoint after it

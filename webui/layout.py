@@ -10,6 +10,7 @@ Gradio 6: pass ``page_options(ui_lang)`` to ``gr.mount_gradio_app``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -42,16 +43,18 @@ def build_demo(
     hub: StreamHub | None = None,
     store: AudioStore | None = None,
     random_weights: bool = False,
+    account: Callable[[str | None], str | None] | None = None,
 ) -> gr.Blocks:
     """The studio over one resident engine; ``hub``/``store`` must be the ones ``stream_route`` serves.
-    ``ui_lang`` "auto" follows the browser; "zh" / "en" force one language."""
+    ``ui_lang`` "auto" follows the browser; "zh" / "en" force one language. ``account`` (with a login):
+    a session's user name -> its voice namespace (``login.KeyLogin.owner``)."""
     limits, lbl = limits or Limits(), Labels(ui_lang)
     t = lbl.texts  # the first render's language; ``Studio.page`` re-renders it in the session's on load
     hub = hub if hub is not None else StreamHub()  # an empty hub is falsy (it has __len__)
     studio = Studio(engine, limits, t, hub, store if store is not None else AudioStore(), random_weights)
     studio.chips = {"model": str(engine.model_name), "family": str(getattr(engine, "family", "?"))}
     studio.chips["rate"] = f"{engine.sample_rate // 1000} kHz"
-    studios = Studios(studio, ui_lang)
+    studios = Studios(studio, ui_lang, account)
     with gr.Blocks(title=t("title"), analytics_enabled=False) as demo:
         header = gr.HTML(studio.page()[0], js_on_load=None)
         ask = _filled_by_examples(lbl, t)  # placed below; made first so the examples can sit above them
@@ -128,7 +131,7 @@ def _voice_column(
                 sources=["upload", "microphone"], type="filepath", label=lbl("source_audio")
             )
         with gr.Column(visible=False) as c["instruct_box"]:
-            presets = views.preset_choices(engine.instruct_presets())
+            presets = views.preset_choices(engine.instruct_presets(), t)
             c["preset"] = gr.Dropdown(presets, value=None, label=lbl("instruct_preset"))
             c["instruct"] = gr.Textbox(label=lbl("instruct_text"), placeholder=lbl("instruct_ph"), lines=2)
     return c
@@ -155,7 +158,9 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             c["seed"] = gr.Number(
                 -1, label=lbl("seed"), info=lbl("seed_info"), precision=0, minimum=-1, scale=3
             )
-            c["dice"] = gr.Button(t("dice"), elem_classes="cosy-dice", scale=0, min_width=52)
+            # an SVG die, not an emoji: it draws without an emoji font (the label is for screen readers)
+            die = str(player.STATIC / "dice.svg")
+            c["dice"] = gr.Button(lbl("dice"), icon=die, elem_classes="cosy-dice", scale=0, min_width=52)
         with gr.Row():
             go = "cosy-go"
             c["generate"] = gr.Button(
@@ -257,7 +262,7 @@ def _listen(
     a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **typed)
     gr.Timer(1.0).tick(on("server_panel"), None, b["server"], **light)
     page = [b["header"], a["mode"], a["language"], a["mode_help"], a["prompt_note"], a["counter"]]
-    page += [b["status"], b["metrics"], b["live"], b["history"]]
+    page += [b["status"], b["metrics"], b["live"], b["history"], a["preset"]]
     demo.load(on("page"), None, page, **light)
     # the script draws or reads the id in the browser and hands it over as the input
     demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)

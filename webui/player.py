@@ -18,8 +18,9 @@ LIVE_STATES = ("idle", "waiting", "streaming", "playing", "done", "stopped", "er
 
 
 def head_html() -> str:
-    """``<script>`` with the player, for ``gr.mount_gradio_app(head=...)``."""
-    return f"<script>\n{(STATIC / 'player.js').read_text(encoding='utf-8')}\n</script>"
+    """``<script>`` with the player and the toast titles, for ``gr.mount_gradio_app(head=...)``."""
+    scripts = ((STATIC / name).read_text(encoding="utf-8") for name in ("player.js", "toast.js"))
+    return "".join(f"<script>\n{js}\n</script>" for js in scripts)
 
 
 def css() -> str:

@@ -5,6 +5,11 @@ chunk's PCM into a ``StreamHub`` channel named by the request id (a 32-hex uuid 
 time), and the browser reads it from ``GET /webui/pcm/{rid}`` as raw little-endian int16 mono with the rate
 in the ``X-Sample-Rate`` header. The handler and the route run on the same event loop, so plain asyncio
 queues connect them. Finished audio is kept on disk by ``AudioStore`` for the history's download links.
+
+The browser announces its id first (``POST /webui/pcm/{rid}``, at the click, while the Generate event may
+still wait in Gradio's queue); an id nobody announced or opened is refused at once (404), never waited on.
+On shutdown ``StreamHub.shutdown`` ends every wait and stream, so no reader holds the server open. With a
+login (``signed_in``) every route answers 401 to a request without the studio's session.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import shutil
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,7 @@ class _Channel:
         self.sample_rate = 0  # 0 = closed before it opened (the request failed validation)
         self.buffered = 0  # bytes published and not read yet
         self.reader = False
+        self.waiting = 0  # readers waiting for the handler to open it
         self.created = time.monotonic()
 
 
@@ -50,6 +56,7 @@ class StreamHub:
     def __init__(self, max_channels: int = 256, max_buffer_bytes: int = 16 << 20, ttl_s: float = 600.0):
         self.max_channels, self.max_buffer_bytes, self.ttl_s = max_channels, max_buffer_bytes, ttl_s
         self._channels: OrderedDict[str, _Channel] = OrderedDict()
+        self.closed = False  # the server is shutting down: no new waits
 
     def _channel(self, rid: str) -> _Channel:
         channel = self._channels.get(rid)
@@ -63,6 +70,21 @@ class StreamHub:
         for rid, ch in list(self._channels.items()):
             if len(self._channels) >= self.max_channels or (not ch.reader and now - ch.created > self.ttl_s):
                 del self._channels[rid]
+
+    def announce(self, rid: str) -> None:
+        """The browser will read ``rid``: its reader may wait for the handler (until ``ttl_s``)."""
+        self._channel(rid)
+
+    def known(self, rid: str) -> bool:
+        """Announced by the browser or opened / closed by the handler (and not read or expired yet)."""
+        return not self.closed and rid in self._channels
+
+    def shutdown(self) -> None:
+        """End every wait and every stream now (the server is stopping; the readers get what they had)."""
+        self.closed = True
+        for channel in self._channels.values():
+            channel.queue.put_nowait(None)
+            channel.opened.set()
 
     def open(self, rid: str, sample_rate: int) -> None:
         channel = self._channel(rid)
@@ -85,14 +107,17 @@ class StreamHub:
     async def wait_open(self, rid: str, timeout_s: float) -> int | None:
         """Sample rate once the handler opens ``rid``; None if it failed first, timed out, or is taken."""
         channel = self._channel(rid)
-        if channel.reader:
+        if channel.reader or self.closed:
             return None
+        channel.waiting += 1
         try:
             await asyncio.wait_for(channel.opened.wait(), timeout_s)
         except TimeoutError:
             self._channels.pop(rid, None)
             return None
-        if not channel.sample_rate:
+        finally:
+            channel.waiting -= 1
+        if not channel.sample_rate or self.closed:
             self._channels.pop(rid, None)
             return None
         channel.reader = True
@@ -106,6 +131,11 @@ class StreamHub:
                 yield data
         finally:
             self._channels.pop(rid, None)
+
+    @property
+    def waiting(self) -> int:
+        """Readers waiting for their request to start."""
+        return sum(ch.waiting for ch in self._channels.values())
 
     def __len__(self) -> int:
         return len(self._channels)
@@ -166,14 +196,32 @@ def encode_mp3(wav: Path, mp3: Path) -> None:
     tmp.replace(mp3)
 
 
-def router(hub: StreamHub, store: AudioStore, open_timeout_s: float = 300.0) -> APIRouter:
-    """``/webui/pcm/{rid}`` (live PCM) and ``/webui/audio/{rid}.{wav|mp3}`` (finished audio)."""
-    routes = APIRouter(prefix="/webui")
+def router(
+    hub: StreamHub, store: AudioStore, open_timeout_s: float = 300.0,
+    signed_in: Callable[[Request], bool] | None = None,
+) -> APIRouter:  # fmt: skip
+    """``/webui/pcm/{rid}`` (announce, then live PCM) and ``/webui/audio/{rid}.{wav|mp3}`` (finished audio).
+    ``signed_in``: whether a request carries the studio's login (None: the studio has no login)."""
+
+    def session(request: Request) -> None:
+        if signed_in is not None and not signed_in(request):
+            raise HTTPException(401, "sign in to the studio first")
+
+    routes = APIRouter(prefix="/webui", dependencies=[Depends(session)])
+
+    @routes.post("/pcm/{rid}", status_code=204)
+    async def announce(rid: str) -> Response:
+        if not RID.match(rid):
+            raise HTTPException(404, "not a request id")
+        if hub.closed:
+            raise HTTPException(503, "the server is stopping")
+        hub.announce(rid)
+        return Response(status_code=204)
 
     @routes.get("/pcm/{rid}")
     async def pcm(rid: str) -> Response:
-        if not RID.match(rid):
-            raise HTTPException(404, "unknown stream")
+        if not RID.match(rid) or not hub.known(rid):
+            raise HTTPException(404, "unknown stream")  # at once: nobody said this id would come
         rate = await hub.wait_open(rid, open_timeout_s)
         if rate is None:
             return Response(status_code=204)  # failed validation, stopped early, or never started

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from engine.serving.metrics import STAGES, RequestMetrics, ServerStats
-from webui.texts import Texts
+from engine.text.frontend import instruct_presets
+from webui.texts import Texts, language_name
 
 # A sentence: the shortest run of text ending in a run of terminal marks (plus a closing quote) or at the end.
 SENTENCE = re.compile(r"\S.*?(?:[。！？；!?;.]+[”\"]?|$)", re.S)
@@ -77,7 +78,7 @@ def stage_bar_html(stage_ms: dict[str, float], t: Texts) -> str:
         share = 100.0 * ms / total if total > 0 else 0.0
         parts.append(f'<span class="cosy-seg cosy-s{i}" style="width:{share:.1f}%"></span>')
         legend.append(
-            f'<span class="cosy-leg"><i class="cosy-s{i}"></i>{stage} '
+            f'<span class="cosy-leg"><i class="cosy-s{i}"></i>{html.escape(t("stage_" + stage))} '
             f'<b data-metric="stage_{stage}">{fmt_ms(ms)}</b></span>'
         )
     return (
@@ -226,15 +227,25 @@ def voice_choices(voices: Sequence[Any], t: Texts) -> list[tuple[str, str]]:
     ]
 
 
-def preset_choices(presets: Sequence[object]) -> list[tuple[str, str]]:
-    """Engine presets (plain strings, or dicts with ``label``/``instruct``) -> dropdown (label, value)."""
+def preset_choices(presets: Sequence[object], t: Texts | None = None) -> list[tuple[str, str]]:
+    """Engine presets (plain strings, or dicts with ``label``/``instruct``) -> dropdown (label, value).
+
+    The value is always the instruction the model was trained on; the label is in ``t``'s language: a
+    reference preset's English label ("Cantonese (广东话)") on an English page, its Chinese name ("广东话")
+    on a Chinese one; an instruction of no preset labels itself."""
+    known = {p.instruct: p.label for p in instruct_presets("cosyvoice3")}  # the labels are family-free
     choices = []
     for p in presets:
-        if isinstance(p, dict):
-            choices.append((str(p.get("label", p["instruct"])), str(p["instruct"])))
-        else:
-            choices.append((str(p), str(p)))
+        instruct = str(p["instruct"]) if isinstance(p, dict) else str(p)
+        label = str(p.get("label", instruct)) if isinstance(p, dict) else known.get(instruct, instruct)
+        choices.append((_in_language(label, t) if label != instruct else label, instruct))
     return choices
+
+
+def _in_language(label: str, t: Texts | None) -> str:
+    """A label "English (中文)": whole on an English page, the part in brackets on a Chinese one."""
+    native = re.fullmatch(r".*\((.+)\)", label)
+    return native.group(1) if t is not None and t.lang == "zh" and native else label
 
 
 def history_html(entries: Sequence[HistoryEntry], t: Texts, mode_label: dict[str, str]) -> str:
@@ -243,16 +254,18 @@ def history_html(entries: Sequence[HistoryEntry], t: Texts, mode_label: dict[str
         return note_html(t("history_empty"))
     head = "".join(f"<th>{html.escape(t(k))}</th>" for k in ("h_time", "h_mode", "h_text", "h_settings"))
     head += f"<th>{html.escape(t('h_metrics'))}</th><th>{html.escape(t('h_files'))}</th>"
-    rows = [_history_row(e, mode_label) for e in reversed(entries)]
+    rows = [_history_row(e, mode_label, t) for e in reversed(entries)]
     return f'<table class="cosy-history"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
-def _history_row(e: HistoryEntry, mode_label: dict[str, str]) -> str:
+def _history_row(e: HistoryEntry, mode_label: dict[str, str], t: Texts) -> str:
     text = e.text if len(e.text) <= 48 else e.text[:47] + "…"
-    stream = "stream" if e.stream else "offline"
-    settings = f"{e.language} · {e.voice} · ×{e.speed:g} · seed {e.seed} · {stream}"
+    stream = t("h_stream") if e.stream else t("h_offline")
+    voice = t("h_upload") if e.voice == "upload" else e.voice
+    language = language_name(e.language, t)
+    settings = f"{language} · {voice} · ×{e.speed:g} · {t('h_seed')} {e.seed} · {stream}"
     flag = " ⏹" if e.stopped else ""
-    metrics = f"TTFA {fmt_ms(e.ttfa_ms)} ms · RTF {fmt_num(e.rtf, 3)} · {e.audio_s:.1f} s{flag}"
+    metrics = f"{t('h_ttfa')} {fmt_ms(e.ttfa_ms)} ms · RTF {fmt_num(e.rtf, 3)} · {e.audio_s:.1f} s{flag}"
     base = f"webui/audio/{e.request_id}"
     links = f'<a href="{base}.wav" download>wav</a> · <a href="{base}.mp3" download>mp3</a>'
     cells = (
@@ -269,10 +282,12 @@ def _history_row(e: HistoryEntry, mode_label: dict[str, str]) -> str:
 def header_html(t: Texts, chips: dict[str, str], banner: str | None = None) -> str:
     """Title, subtitle, model facts as chips (e.g. model, family, rate) and an optional warning banner."""
     chip_html = "".join(
-        f'<span class="cosy-chip">{html.escape(k)} <b>{html.escape(v)}</b></span>' for k, v in chips.items()
+        f'<span class="cosy-chip">{html.escape(t("chip_" + k))} <b>{html.escape(v)}</b></span>'
+        for k, v in chips.items()
     )
     top = (
-        f'<div class="cosy-header"><div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
+        f'<div class="cosy-header" data-error-title="{html.escape(t("err_title"))}">'
+        f'<div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
         f'<div class="cosy-sub">{html.escape(t("subtitle"))}</div></div>'
         f'<div class="cosy-chips">{chip_html}</div></div>'
     )

@@ -19,7 +19,7 @@ from engine.request import Mode, SynthesisRequest
 from engine.serving.metrics import ServerStats
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from webui.handlers import Studio
+from webui.handlers import Account, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -157,8 +157,10 @@ async def test_prompt_duration_is_checked(studio, tmp_path, seconds, message) ->
 async def test_unreadable_prompt(studio, tmp_path) -> None:
     path = tmp_path / "junk.wav"
     path.write_bytes(b"not audio at all" * 10)
-    with pytest.raises(gr.Error, match="could not be read"):
+    with pytest.raises(gr.Error, match="could not be read") as raised:
         await run(studio, prompt_wav=str(path))
+    assert "Error" not in str(raised.value)  # the decoder's exception class stays in the log
+    assert "Error" not in studio.prompt_info(str(path))
 
 
 async def test_engine_busy_becomes_a_busy_message(studio, engine, prompt, monkeypatch) -> None:
@@ -307,3 +309,71 @@ def test_server_panel_tracks_throughput(tmp_path, monkeypatch) -> None:
 def test_generate_inputs_are_the_engines_files(studio, prompt) -> None:
     req = studio.build_request(**{k: v for k, v in ui(prompt_wav=prompt).items() if k != "history"})
     assert Path(req.prompt_wav).exists() and req.seed is None and req.language == "auto"
+
+
+class SignedIn:
+    """The part of ``gr.Request`` the studio reads: the session's user name and the browser's language."""
+
+    def __init__(self, username: str | None, lang: str = "en"):
+        self.username, self.headers = username, {"accept-language": lang}
+
+
+async def test_a_login_session_saves_lists_and_uses_its_own_namespace(studio, engine, prompt) -> None:
+    """With a login the session's namespace replaces whatever browser id the page sends, for every voice
+    listener; a page cannot name a namespace itself (a plain string is only ever a browser id)."""
+    accounts = {"alice~fp1": "api:key:k1", "bob~fp2": "api:key:k2"}
+    studios = Studios(studio, "auto", accounts.get)
+    save, choices = studios.listener("save_voice"), studios.listener("browser_voices")
+    await save(SignedIn("alice~fp1"), "Mine", prompt, "hello", BROWSER_A)
+    assert [owner for owner, _ in engine.voices] == ["api:key:k1"]
+    field, dropdown = await choices(SignedIn("alice~fp1"), BROWSER_B)  # another browser, same key
+    assert field == "" and ("Mine", "mine") in dropdown.choices  # the namespace is never put in the page
+    _, other = await choices(SignedIn("bob~fp2"), BROWSER_A)  # the browser that saved it, another key
+    assert ("Mine", "mine") not in other.choices
+    generate = studios.listener("generate")
+    values = ui(mode="voice", voice_id="mine", browser_id=BROWSER_B)
+    args = [values.pop(k) for k in list(values)]
+    assert [u async for u in generate(SignedIn("alice~fp1"), *args)][-1][0] is not None
+    assert engine.requests[-1].voice_owner == "api:key:k1"
+    with pytest.raises(gr.Error, match="browser id"):  # a session no key signed has no namespace
+        await save(SignedIn("mallory"), "Eve", prompt, "t", BROWSER_A)
+    assert await studio.voice_choices("api:key:k1") == []  # the page's plain string is no namespace
+    assert Account("api:key:k1") == "api:key:k1"
+
+
+async def test_toasts_are_titled_in_the_page_language(studio, prompt) -> None:
+    studios = Studios(studio, "auto")
+    with pytest.raises(gr.Error) as raised:
+        await studios.listener("save_voice")(SignedIn(None, "zh-CN"), "", prompt, "t", BROWSER_A)
+    assert raised.value.title == "出错了" and "名字" in raised.value.message
+
+
+def test_detected_languages_are_named_never_coded() -> None:
+    from webui.texts import language_name
+
+    assert language_name("ja", Texts("en")) == "日本語 (Japanese)"
+    assert language_name("de", Texts("zh")) == "德语" and language_name("de", Texts("en")) == "German"
+    assert language_name("xx", Texts("zh")) == "其他语言"
+
+
+async def test_transcription_notes_name_languages_and_keep_engine_words_in_the_log(
+    engine, prompt, tmp_path, monkeypatch, caplog
+) -> None:
+    studio = Studio(engine, Limits(), Texts("zh"), StreamHub(), AudioStore(tmp_path / "store"))
+
+    async def german(audio: object, language: str | None = None) -> Any:
+        from engine.asr import Transcript
+
+        return Transcript("Guten Tag", "de", 3.0)
+
+    monkeypatch.setattr(engine, "transcribe", german)
+    _, offered, note = await studio.transcribe(prompt, "auto")
+    assert "德语" in note and "(de)" not in note and offered is not None
+
+    async def broken(audio: object, language: str | None = None) -> Any:
+        raise Busy("ModelError: whisper worker died")
+
+    monkeypatch.setattr(engine, "transcribe", broken)
+    _, _, note = await studio.transcribe(prompt, "auto")
+    assert "无法识别" in note and "whisper" not in note and "ModelError" not in note
+    assert "whisper worker died" in caplog.text

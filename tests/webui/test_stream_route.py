@@ -16,6 +16,16 @@ from webui.stream_route import AudioStore, StreamHub, router
 RID = "0123456789abcdef0123456789abcdef"
 
 
+async def waiting_reader(hub: StreamHub, ceiling_s: float = 30.0) -> None:
+    """Until a reader is inside its wait for the handler (state, not a fixed sleep; ceiling_s at most)."""
+
+    async def poll() -> None:
+        while not hub.waiting:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), ceiling_s)
+
+
 async def read_all(hub: StreamHub, rid: str) -> bytes:
     return b"".join([chunk async for chunk in hub.read(rid)])
 
@@ -130,3 +140,52 @@ async def test_audio_route_serves_wav_and_mp3(client_parts) -> None:
     assert "attachment" in mp3.headers["content-disposition"]
     assert (await client.get(f"/webui/audio/{'c' * 32}.wav")).status_code == 404
     assert (await client.get("/webui/audio/..%2Fetc.wav")).status_code == 404
+
+
+async def test_an_unknown_id_is_refused_at_once_and_an_announced_one_waits(tmp_path) -> None:
+    hub = StreamHub()
+    app = FastAPI()
+    app.include_router(router(hub, AudioStore(tmp_path), open_timeout_s=300.0))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        # a 300 s wait would trip the 30 s ceiling: the answer comes without waiting
+        unknown = await asyncio.wait_for(client.get(f"/webui/pcm/{RID}"), 30)
+        assert unknown.status_code == 404 and len(hub) == 0  # nothing kept for it either
+        assert (await client.post("/webui/pcm/not-an-id")).status_code == 404
+        assert (await client.post(f"/webui/pcm/{RID}")).status_code == 204
+        reading = asyncio.create_task(client.get(f"/webui/pcm/{RID}"))
+        await waiting_reader(hub)
+        hub.open(RID, 24000)
+        hub.publish(RID, b"\x05\x00")
+        hub.close(RID)
+        resp = await asyncio.wait_for(reading, 30)
+        assert resp.status_code == 200 and resp.content == b"\x05\x00"
+
+
+async def test_shutdown_ends_waiting_and_streaming_readers() -> None:
+    hub = StreamHub()
+    hub.announce(RID)
+    waiting = asyncio.create_task(hub.wait_open(RID, 300.0))
+    other = "e" * 32
+    hub.open(other, 24000)
+    hub.publish(other, b"ab")
+    assert await hub.wait_open(other, 1.0) == 24000
+    streaming = asyncio.create_task(read_all(hub, other))
+    await waiting_reader(hub)
+    hub.shutdown()
+    assert await asyncio.wait_for(waiting, 30) is None  # answered now, not after 300 s
+    assert await asyncio.wait_for(streaming, 30) == b"ab"  # the reader keeps what it had, then ends
+    assert not hub.known(RID) and await hub.wait_open("f" * 32, 300.0) is None
+
+
+async def test_every_route_needs_the_session_when_there_is_a_login(tmp_path) -> None:
+    hub, store = StreamHub(), AudioStore(tmp_path)
+    store.save(RID, np.zeros(240, np.float32), 24000)
+    app = FastAPI()
+    app.include_router(router(hub, store, 2.0, signed_in=lambda req: req.cookies.get("session") == "ok"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        for method, path in [("POST", f"/webui/pcm/{RID}"), ("GET", f"/webui/pcm/{RID}")]:
+            assert (await client.request(method, path)).status_code == 401
+        assert (await client.get(f"/webui/audio/{RID}.wav")).status_code == 401
+        client.cookies.set("session", "ok")
+        assert (await client.get(f"/webui/audio/{RID}.wav")).status_code == 200
+        assert (await client.post(f"/webui/pcm/{RID}")).status_code == 204

@@ -126,11 +126,28 @@ def test_prompt_status_reports_duration_against_the_range() -> None:
 
 
 def test_preset_choices_accept_strings_and_dicts() -> None:
-    presets = ["请用广东话表达。", {"label": "Fast", "instruct": "请用尽可能快地语速说一句话。"}]
-    assert views.preset_choices(presets) == [
-        ("请用广东话表达。", "请用广东话表达。"),
+    presets = ["请用广东话表达。", {"label": "Fast", "instruct": "请用尽可能快地语速说一句话。"}, "说快点"]
+    assert views.preset_choices(presets, Texts("en")) == [
+        ("Cantonese (广东话)", "请用广东话表达。"),
         ("Fast", "请用尽可能快地语速说一句话。"),
+        ("说快点", "说快点"),  # no reference preset: the instruction is its own label
     ]
+
+
+def test_every_reference_preset_reads_in_the_page_language_and_sends_the_trained_text() -> None:
+    from engine.text.frontend import instruct_presets
+
+    reference = [p.instruct for p in instruct_presets("cosyvoice3")]
+    en = views.preset_choices(reference, Texts("en"))
+    zh = views.preset_choices(reference, Texts("zh"))
+    assert len(reference) == 26 and [v for _, v in en] == [v for _, v in zh] == reference
+    assert all(re.match(r"[A-Z][a-z]", label) for label, _ in en), en  # English first on en pages
+    assert ("Loud (大声)", "Please say a sentence as loudly as possible.") in en
+    assert not [label for label, _ in zh if re.search(r"[A-Za-z]", label)], zh  # no English on zh pages
+    assert ("大声", "Please say a sentence as loudly as possible.") in zh
+
+
+RID_H = "0123456789abcdef0123456789abcdef"
 
 
 def entry(rid: str, text: str, created_at: float, stopped: bool = False) -> views.HistoryEntry:
@@ -154,3 +171,13 @@ def test_header_banner_only_when_asked() -> None:
     plain = views.header_html(T, {"model": "m<1>"})
     assert "cosy-banner" not in plain and "m&lt;1&gt;" in plain
     assert "RANDOM" in views.header_html(T, {}, T("banner_random"))
+
+
+def test_a_chinese_history_row_names_everything_in_chinese() -> None:
+    """Language names, voice, stream / whole file, seed and TTFA words in Chinese (units and formats stay)."""
+    row = views.history_html([entry(RID_H, "你好", 0.0)], Texts("zh"), {"zero_shot": "零样本克隆"})
+    words = set(re.findall(r"[A-Za-z][A-Za-z0-9]*", re.sub(r"<[^>]+>", " ", row)))
+    assert words <= {"English", "RTF", "ms", "s", "wav", "mp3"}, words  # English: its own name, as 日本語
+    assert "English (英语)" in row and "上传" in row and "种子 7" in row and "流式" in row
+    header = views.header_html(Texts("zh"), {"model": "Fun-CosyVoice3-0.5B", "family": "cosyvoice3"})
+    assert "模型" in header and "系列" in header and "model" not in re.sub(r"<[^>]+>", " ", header)

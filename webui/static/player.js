@@ -1,8 +1,8 @@
 // CosyStream live player: plays a request's PCM with WebAudio while it is generated.
 //
 // Gradio's streamed gr.Audio buffers seconds before it plays, so the Generate button's js hook draws the
-// request id, calls cosyPlayer.start(rid) and passes the id to the handler; the handler publishes every
-// chunk to GET webui/pcm/<rid> (raw little-endian int16 mono, rate in X-Sample-Rate). Buffers are scheduled
+// request id, calls cosyPlayer.start(rid) (which announces it with POST webui/pcm/<rid>) and passes the id to
+// the handler; the handler publishes every chunk to GET webui/pcm/<rid> (raw little-endian int16 mono, rate in X-Sample-Rate). Buffers are scheduled
 // back to back on one AudioContext; "first sound" is the moment the first audible sample reaches the
 // output, measured from the click with performance.now() (AudioContext.getOutputTimestamp maps the
 // context clock to it). window.cosyPlayer.stats exposes the numbers (the browser test reads them).
@@ -59,7 +59,9 @@
     render();
     const ctrl = (S.ctrl = new AbortController());
     const url = new URL("webui/pcm/" + rid, document.baseURI);
-    fetch(url, { signal: ctrl.signal, cache: "no-store" })
+    // announce the id first: the server refuses a read of an id nobody announced at once (404)
+    fetch(url, { method: "POST", signal: ctrl.signal })
+      .then((said) => (said.ok ? fetch(url, { signal: ctrl.signal, cache: "no-store" }) : said))
       .then((resp) => pump(resp, rid, ctx))
       .catch((err) => {
         if (err.name === "AbortError" || S.rid !== rid) return;
