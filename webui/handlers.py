@@ -346,15 +346,6 @@ class Studio:
             segments
         )
 
-    def mode_changed(self, mode: str) -> tuple[Any, ...]:
-        """Visibility of (prompt group, transcript, voice group, instruct group, source, text group, help)."""
-        show = {
-            "prompt": mode != "voice", "transcript": mode == "zero_shot", "voice": mode == "voice",
-            "instruct": mode == "instruct", "source": mode == "vc", "text": mode != "vc",
-        }  # fmt: skip
-        updates = tuple(gr.update(visible=v) for v in show.values())
-        return (*updates, views.note_html(self.t(f"mode_help_{mode}")))
-
     @staticmethod
     def dice() -> int:
         return random.randrange(2**31)
@@ -456,7 +447,7 @@ class Studio:
         banner = self.t("banner_random") if self.random_weights else None
         return (
             views.header_html(self.t, self.chips, banner), modes, langs,
-            views.note_html(self.t("mode_help_zero_shot")), self.prompt_info(None),
+            views.mode_help_html(UI_MODES, self.t), self.prompt_info(None),
             views.counter_text("", self.limits.max_text_chars, 0, self.t), self.status("idle"),
             views.metrics_html(None, self.t), player.card_html(self.t), self.history_view([]),
         )  # fmt: skip
