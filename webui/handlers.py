@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import html
 import inspect
 import logging
 import random
@@ -23,7 +24,7 @@ import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
 import gradio as gr
@@ -74,6 +75,42 @@ class Engine(Protocol):
     def list_voices(self, owner: str | None = None) -> Any: ...  # a Sequence, or a coroutine (call_engine)
     def delete_voice(self, voice_id: str, owner: str | None = None) -> Any: ...
     def example_voices(self) -> Sequence[Any]: ...
+
+
+@dataclass(frozen=True)
+class Form:
+    """Generate's inputs as the page sends them, in this order (``layout`` lists its components by these
+    names; the browser hook finds ``stream`` and ``rid`` by position)."""
+
+    mode: str = "zero_shot"
+    prompt_wav: str | None = None
+    prompt_text: str = ""
+    instruct_text: str = ""
+    source_wav: str | None = None
+    voice_id: str | None = None
+    language: str = "auto"
+    text: str = ""
+    stream: bool = True
+    speed: float = 1.0
+    seed: float | None = -1
+    rid: str = ""  # drawn by the browser at click time (``player.generate_js``)
+    history: tuple[views.HistoryEntry, ...] = ()
+    browser_id: str = ""  # the browser's voice namespace (``OWNER_JS``)
+    live: bool = False  # the text arrives as it is typed (``live_text.py``)
+    wps: float = 4.0  # live text: words per second
+
+    @classmethod
+    def from_ui(cls, *values: Any) -> Form:
+        """The listener's positional values; Gradio's None for an empty field becomes the field's default."""
+        names = [f.name for f in fields(cls)]
+        given = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+        text_fields = ("prompt_text", "instruct_text", "text", "language", "rid", "browser_id")
+        given |= {k: str(given[k]) for k in text_fields if k in given}
+        given["history"] = tuple(given.get("history", ()))
+        return cls(**given)
+
+
+FORM_FIELDS = tuple(f.name for f in fields(Form))
 
 
 def user_error(message: str) -> gr.Error:
@@ -132,7 +169,8 @@ class Studio:
         try:
             seconds, _ = audio_seconds(path)
         except Exception as err:  # any decoder failure is the user's file, not our bug
-            raise user_error(self.t("prompt_unreadable", error=type(err).__name__)) from err
+            log.info("unreadable prompt %s: %r", path, err)
+            raise user_error(self.t("prompt_unreadable_plain")) from err
         if seconds < self.prompt_min_s:
             raise user_error(self.t("prompt_short", seconds=seconds, min_s=self.prompt_min_s))
         if seconds > self.limits.max_prompt_s:
@@ -144,90 +182,79 @@ class Studio:
         if len(text) > self.limits.max_text_chars:
             raise user_error(self.t("err_text_long", chars=len(text), limit=self.limits.max_text_chars))
 
-    def build_request(
-        self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
-        voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str, browser_id: str = "", live: bool = False,
-    ) -> SynthesisRequest:  # fmt: skip
-        """Validate the UI values for ``mode`` and build the engine request (``gr.Error`` on a bad input).
-        ``live``: the text comes later, as it is written (it may start empty)."""
-        text, prompt_text, instruct_text = (
-            (text or "").strip(),
-            (prompt_text or "").strip(),
-            instruct_text or "",
-        )
+    def build_request(self, form: Form) -> SynthesisRequest:
+        """Validate the form for its mode and build the engine request (``gr.Error`` on a bad input)."""
+        mode, text, prompt_text = form.mode, form.text.strip(), form.prompt_text.strip()
+        instruct_text = form.instruct_text.strip()
         if mode not in UI_MODES:
             raise user_error(self.t("err_bad_setting", error=f"mode {mode!r}"))
-        if mode != "vc" and not live:
+        if mode != "vc" and not form.live:
             self.check_text(text)
-        if mode == "voice" and not voice_id:
+        if mode == "voice" and not form.voice_id:
             raise user_error(self.t("err_no_voice"))
         if mode != "voice":
-            self.check_prompt(prompt_wav)
+            self.check_prompt(form.prompt_wav)
         if mode == "zero_shot" and not prompt_text:
             raise user_error(self.t("err_no_prompt_text"))
-        if mode == "instruct" and not instruct_text.strip():
+        if mode == "instruct" and not instruct_text:
             raise user_error(self.t("err_no_instruct"))
-        if mode == "vc" and not source_wav:
+        if mode == "vc" and not form.source_wav:
             raise user_error(self.t("err_no_source"))
         try:
             return SynthesisRequest(
                 text="" if mode == "vc" else text,
                 mode=Mode.ZERO_SHOT if mode == "voice" else Mode(mode),
-                prompt_wav=None if mode == "voice" else prompt_wav,
-                voice_id=voice_id if mode == "voice" else None,
-                voice_owner=owner_of(browser_id),
+                prompt_wav=None if mode == "voice" else form.prompt_wav,
+                voice_id=form.voice_id if mode == "voice" else None,
+                voice_owner=owner_of(form.browser_id),
                 prompt_text=prompt_text if mode == "zero_shot" else "",
-                instruct_text=instruct_text.strip() if mode == "instruct" else "",
-                source_wav=source_wav if mode == "vc" else None,
-                language=language or "auto",
-                stream=bool(stream),
-                speed=float(speed),
-                seed=None if seed is None or seed < 0 else int(seed),
-                request_id=rid,
+                instruct_text=instruct_text if mode == "instruct" else "",
+                source_wav=form.source_wav if mode == "vc" else None,
+                language=form.language or "auto",
+                stream=bool(form.stream),
+                speed=float(form.speed),
+                seed=None if form.seed is None or form.seed < 0 else int(form.seed),
+                request_id=form.rid,
             )
         except ValueError as err:
             raise user_error(self.t("err_bad_setting", error=err)) from err
 
     def engine_error(self, err: EngineError) -> gr.Error:
-        """The engine's refusal in the page's language (its own English detail in brackets)."""
+        return user_error(self.engine_message(err))
+
+    def engine_message(self, err: EngineError) -> str:
+        """The engine's refusal in the page's language: a refusal's own detail (the visitor's input, the
+        queue) in brackets; any other failure's text stays in the log."""
         if isinstance(err, Busy):
-            return user_error(self.t("err_busy", error=str(err)))
+            return self.t("err_busy", error=str(err))
         if isinstance(err, Forbidden):
-            return user_error(self.t("err_voice_public"))
+            return self.t("err_voice_public")
         if isinstance(err, NotFound):
-            return user_error(self.t("err_voice_missing"))
+            return self.t("err_voice_missing")
         if isinstance(err, InvalidInput):
-            return user_error(self.t("err_input", error=str(err)))
-        return user_error(self.t("err_failed", error=str(err)))
+            return self.t("err_input", error=str(err))
+        return self.t("err_internal")
 
     # ---- generate / stop -----------------------------------------------------------------------------
-    async def generate(
-        self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
-        voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str, history: list[views.HistoryEntry], browser_id: str = "", live: bool = False,
-        wps: float = 4.0,
-    ) -> AsyncIterator[tuple[Any, ...]]:  # fmt: skip
+    async def generate(self, form: Form) -> AsyncIterator[tuple[Any, ...]]:
         """Yields (final audio, metrics html, status html, history, history html) per chunk, then the file.
 
-        ``rid`` is drawn by the browser at click time so its live player can ask for the PCM before this
-        handler runs; with streaming on every chunk's PCM is published to the hub under that id. ``live``:
-        the text box feeds the engine while it is written (``live_text.py``), at ``wps`` words per second.
+        ``form.rid`` is drawn by the browser at click time so its live player can ask for the PCM before
+        this handler runs; with streaming on every chunk's PCM is published to the hub under that id.
+        ``form.live``: the text box feeds the engine while it is written (``live_text.py``), at ``form.wps``
+        words per second.
         """
-        rid = rid if RID.match(rid or "") else new_request_id()
-        live = bool(live) and mode != "vc"
+        rid = form.rid if RID.match(form.rid) else new_request_id()
+        form = replace(form, rid=rid, live=bool(form.live) and form.mode != "vc")
         try:  # the browser's player is waiting on rid: a bad input must close it too
-            req = self.build_request(
-                mode, prompt_wav, prompt_text, instruct_text, source_wav, voice_id, language, text, stream,
-                speed, seed, rid, browser_id, live,
-            )  # fmt: skip
+            req = self.build_request(form)
         except gr.Error:
             self.hub.close(rid)
             raise
-        if live:
-            feed = self.live.open(rid, text or "", max(1.0, float(wps or 4.0)))
+        if form.live:
+            feed = self.live.open(rid, form.text, max(1.0, float(form.wps or 4.0)))
             req = replace(req, text="", text_stream=feed.pieces())
-        updates = self._generate(req, history)
+        updates = self._generate(req, list(form.history))
         try:
             async for update in updates:
                 yield update
@@ -254,6 +281,7 @@ class Studio:
         if req.stream:
             self.hub.open(rid, self.engine.sample_rate)
         chunks = self.engine.stream(req)
+        failure = ""
         try:
             async for chunk in chunks:
                 parts.append(chunk.pcm)
@@ -262,14 +290,26 @@ class Studio:
                     self.hub.publish(rid, views.pcm16_bytes(chunk.pcm))
                 running = self.status("running", audio=chunk.metrics.audio_s)
                 yield gr.skip(), views.metrics_html(chunk.metrics, self.t), running, gr.skip(), gr.skip()
-        except EngineError as err:
-            raise self.engine_error(err) from err
+        except EngineError as err:  # a refusal or a failure the engine names
+            log.warning("request %s ended by the engine: %r", rid, err)
+            failure = self.engine_message(err)
+        except Exception:  # an engine bug: its text and traceback go to the log, not to the visitor
+            log.exception("request %s failed", rid)
+            failure = self.t("err_internal")
         finally:
             self.hub.close(rid)
             if last is None or not last.is_last:
                 self.engine.abort(rid)  # closed mid-stream (tab closed, event cancelled): free the engine
             await chunks.aclose()
-        yield self.finish(req, parts, last, history)
+        yield self.failed(failure, last) if failure else self.finish(req, parts, last, history)
+
+    def failed(self, message: str, last: AudioChunk | None) -> tuple[Any, ...]:
+        """The update that ends a failed request: a toast, and the status says so (with its Retry button,
+        shown by css while the status is "failed"); the event itself succeeds, so the page is not left with
+        Gradio's error state on the status."""
+        gr.Warning(message, title=self.t("failed_title"))
+        metrics = views.metrics_html(last.metrics if last is not None else None, self.t)
+        return gr.skip(), metrics, self.status("failed", message=message), gr.skip(), gr.skip()
 
     def finish(
         self, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
@@ -319,7 +359,8 @@ class Studio:
         return self.status("stop_sent")
 
     def status(self, state: str, **fields: Any) -> str:
-        return f'<div class="cosy-status" data-state="{state}">{self.t(f"status_{state}", **fields)}</div>'
+        text = html.escape(self.t(f"status_{state}", **fields))
+        return f'<div class="cosy-status" data-state="{state}">{text}</div>'
 
     def history_view(self, history: list[views.HistoryEntry]) -> str:
         return views.history_html(history or [], self.t, self.mode_labels)
@@ -331,7 +372,8 @@ class Studio:
         try:
             seconds, rate = audio_seconds(path)
         except Exception as err:  # shown as a note; Generate raises the same as gr.Error
-            return views.note_html(self.t("prompt_unreadable", error=type(err).__name__), "bad")
+            log.info("unreadable prompt %s: %r", path, err)
+            return views.note_html(self.t("prompt_unreadable_plain"), "bad")
         return views.prompt_status_html(seconds, rate, self.prompt_min_s, self.limits.max_prompt_s, self.t)
 
     def text_info(self, text: str, language: str) -> tuple[str, str]:
@@ -413,27 +455,40 @@ class Studio:
         return rows, labels
 
     # ---- transcription -------------------------------------------------------------------------------
-    async def transcribe(self, path: str | None, language: str) -> tuple[Any, Any, str]:
-        """On upload or recording: (transcript field, language control, transcription note). The detected
-        language is offered to the language control while it is on auto."""
+    async def transcribe(
+        self, path: str | None, language: str, transcript: str = "", typed: bool = False
+    ) -> tuple[Any, Any, str, bool]:
+        """On upload or recording: (transcript field, language control, transcription note, typed). The
+        visitor's words win: a transcript they typed stays, and the note shows what was heard. The
+        detected language is offered to the language control while it is on auto."""
         if not path:
-            return gr.skip(), gr.skip(), ""
+            return gr.skip(), gr.skip(), "", typed
         if not getattr(self.engine, "asr_model", None):
-            return gr.skip(), gr.skip(), views.note_html(self.t("asr_off"))
+            return gr.skip(), gr.skip(), views.note_html(self.t("asr_off")), typed
         try:
             result = await self.engine.transcribe(path, None)  # type: ignore[attr-defined]
         except EngineError as err:
-            note = self.t("transcribe_failed", error=str(err))
-            return gr.skip(), gr.skip(), views.note_html(note, "bad")
+            log.warning("transcription of %s failed: %r", path, err)
+            return gr.skip(), gr.skip(), views.note_html(self.t("transcribe_failed_plain"), "bad"), typed
         code = str(result.language)
-        shown = self.t(f"lang_{code}") if code in LANGUAGES else code
-        key = "transcribed_noise" if self.random_weights else "transcribed"
         offer = code if code in LANGUAGES and (language or "auto") == "auto" else gr.skip()
-        return str(result.text), offer, views.note_html(self.t(key, language=shown), "good")
+        if typed and (transcript or "").strip():
+            note = views.note_html(self.t("transcript_kept", text=str(result.text)))
+            return gr.skip(), offer, note, True
+        shown = self.t(f"lang_{code}") if code in LANGUAGES else self.t("language_other")
+        key = "transcribed_noise" if self.random_weights else "transcribed"
+        return str(result.text), offer, views.note_html(self.t(key, language=shown), "good"), False
 
-    def transcript_cleared(self) -> str:
-        """The prompt audio removed: its transcription note goes with it."""
-        return ""
+    @staticmethod
+    def transcript_typed(transcript: str) -> bool:
+        """The visitor typed in the transcript field: theirs while it holds any words."""
+        return bool((transcript or "").strip())
+
+    @staticmethod
+    def transcript_cleared(typed: bool) -> tuple[Any, str]:
+        """The prompt audio removed: (the transcript, the transcription note). A transcript filled for the
+        removed audio goes with it; one the visitor typed stays."""
+        return (gr.skip() if typed else ""), ""
 
     # ---- the page in the session's language -----------------------------------------------------------
     def page(self) -> tuple[Any, ...]:
@@ -475,14 +530,16 @@ class Studios:
         headers = getattr(request, "headers", None) or {}
         return self.by_lang[browser_lang(headers.get("accept-language"))]
 
-    def listener(self, name: str) -> Callable[..., Any]:
-        """``request`` first: Gradio inserts it at the annotated parameter's position, the inputs follow."""
+    def listener(self, name: str, build: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """``request`` first: Gradio inserts it at the annotated parameter's position, the inputs follow.
+        ``build``: the method takes one object built from the inputs (``Form.from_ui``)."""
         method = getattr(Studio, name)
         fn: Callable[..., Any]
         if inspect.isasyncgenfunction(method):
 
             async def stream(request: gr.Request, *args: Any) -> AsyncIterator[Any]:
-                async for out in getattr(self.pick(request), name)(*args):
+                values = (build(*args),) if build is not None else args
+                async for out in getattr(self.pick(request), name)(*values):
                     yield out
 
             fn = stream

@@ -16,7 +16,7 @@ import gradio as gr
 
 from engine.config import Limits
 from webui import player, views
-from webui.handlers import OWNER_JS, UI_MODES, Engine, Studio, Studios
+from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import EXAMPLES, LANGUAGES, Labels, Texts, i18n
 
@@ -223,9 +223,12 @@ def _answer_column(lbl: Labels, t: Texts) -> dict[str, Any]:
         label=lbl("final_audio"), type="filepath", interactive=False, buttons=["download"],
         waveform_options=wave,
     )  # fmt: skip
-    c["status"] = gr.HTML(
-        f'<div class="cosy-status" data-state="idle">{t("status_idle")}</div>', js_on_load=None
-    )
+    with gr.Row(equal_height=True, elem_classes="cosy-status-row"):
+        c["status"] = gr.HTML(
+            f'<div class="cosy-status" data-state="idle">{t("status_idle")}</div>', js_on_load=None, scale=4
+        )
+        # shown by css only while the status says "failed": the same listener as Generate
+        c["retry"] = gr.Button(lbl("retry"), size="sm", scale=1, min_width=90, elem_id="cosy-retry")
     with gr.Column(elem_classes=CARD):
         c["metrics"] = gr.HTML(views.metrics_html(None, t), js_on_load=None)
     with gr.Accordion(lbl("server"), open=False, elem_classes=CARD):
@@ -263,11 +266,14 @@ def _listen(
     light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}  # UI-only work skips the GPU queue
     gpu: dict[str, Any] = {"concurrency_id": GPU, "concurrency_limit": limits.max_concurrency}
     a["prompt"].change(on("prompt_info"), a["prompt"], a["prompt_note"], **light)
-    a["prompt"].clear(on("transcript_cleared"), None, a["asr_note"], **light)
-    asr_out = [a["prompt_text"], a["language"], a["asr_note"]]
+    typed = gr.State(False)  # the transcript holds the visitor's own words (typed, not filled)
+    a["prompt_text"].input(on("transcript_typed"), a["prompt_text"], typed, **light)
+    a["prompt"].clear(on("transcript_cleared"), typed, [a["prompt_text"], a["asr_note"]], **light)
+    asr_in = [a["prompt"], a["language"], a["prompt_text"], typed]
+    asr_out = [a["prompt_text"], a["language"], a["asr_note"], typed]
     gr.on(
-        [a["prompt"].upload, a["prompt"].stop_recording], on("transcribe"), [a["prompt"], a["language"]],
-        asr_out, show_progress="minimal", show_progress_on=a["prompt_text"],
+        [a["prompt"].upload, a["prompt"].stop_recording], on("transcribe"), asr_in, asr_out,
+        show_progress="minimal", show_progress_on=a["prompt_text"],
     )  # fmt: skip
     gr.on(
         [a["text"].change, a["language"].change], on("text_info"), [a["text"], a["language"]],
@@ -279,29 +285,25 @@ def _listen(
     save_inputs = [a["save_name"], a["prompt"], a["prompt_text"], owner]
     a["save"].click(on("save_voice"), save_inputs, [a["voice"], a["save_note"]], **gpu)
     a["delete"].click(on("delete_voice"), [a["voice"], owner], [a["voice"], a["voice_note"]], **light)
-    names = [
-        "mode",
-        "prompt",
-        "prompt_text",
-        "instruct",
-        "source",
-        "voice",
-        "language",
-        "text",
-        "stream",
-        "speed",
-    ]
-    inputs = [*(a[k] for k in names), a["seed"], rid, history, owner, a["live_text"], a["live_wps"]]
+    form = {
+        "mode": a["mode"], "prompt_wav": a["prompt"], "prompt_text": a["prompt_text"],
+        "instruct_text": a["instruct"], "source_wav": a["source"], "voice_id": a["voice"],
+        "language": a["language"], "text": a["text"], "stream": a["stream"], "speed": a["speed"],
+        "seed": a["seed"], "rid": rid, "history": history, "browser_id": owner, "live": a["live_text"],
+        "wps": a["live_wps"],
+    }  # fmt: skip
+    inputs = [form[name] for name in FORM_FIELDS]
     outputs = [b["audio"], b["metrics"], b["status"], history, b["history"]]
-    js = player.generate_js(len(inputs), names.index("stream"), inputs.index(rid))
-    a["generate"].click(
-        on("generate"), inputs, outputs, js=js, show_progress="minimal", show_progress_on=b["status"], **gpu
-    )
+    js = player.generate_js(len(inputs), FORM_FIELDS.index("stream"), FORM_FIELDS.index("rid"))
+    gr.on(
+        [a["generate"].click, b["retry"].click], on("generate", Form.from_ui), inputs, outputs, js=js,
+        show_progress="minimal", show_progress_on=b["status"], **gpu,
+    )  # fmt: skip
     a["stop"].click(on("stop"), rid, b["status"], js=player.STOP_JS, **light)
     # always_last: .input's default ("once") drops keystrokes while one is being handled, so the box's
     # final words could never reach a live-text request
-    typed = {**light, "trigger_mode": "always_last"}
-    a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **typed)
+    keys = {**light, "trigger_mode": "always_last"}
+    a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **keys)
     gr.Timer(1.0).tick(on("server_panel"), None, b["server"], **light)
     page = [b["header"], a["mode"], a["language"], a["mode_help"], a["prompt_note"], a["counter"]]
     page += [b["status"], b["metrics"], b["live"], b["history"]]

@@ -152,6 +152,16 @@ EN: dict[str, str] = {
     "example_voices": "Example voices (click to fill the form)",
     "voice_public": "public",
     "voice_example": "example",
+    # the request's end when it fails, kept transcripts, unknown languages, unreadable files
+    "status_failed": "Failed: {message}",
+    "failed_title": "Generation failed",
+    "retry": "Retry",
+    "err_internal": "The server could not finish this request (the details are in its log). "
+    "Press Retry, or change the text or the voice.",
+    "transcript_kept": "Kept the transcript you typed; the recognizer heard “{text}”.",
+    "language_other": "another language",
+    "transcribe_failed_plain": "Could not transcribe the prompt; type the transcript.",
+    "prompt_unreadable_plain": "The prompt audio could not be read; try a wav, flac or mp3 file.",
 }
 
 ZH: dict[str, str] = {
@@ -290,6 +300,15 @@ ZH: dict[str, str] = {
     "example_voices": "示例音色（点击填入表单）",
     "voice_public": "公共",
     "voice_example": "示例",
+    # the request's end when it fails, kept transcripts, unknown languages, unreadable files
+    "status_failed": "失败：{message}",
+    "failed_title": "生成失败",
+    "retry": "重试",
+    "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",
+    "transcript_kept": "保留了你输入的参考文本；识别结果为“{text}”。",
+    "language_other": "其他语言",
+    "transcribe_failed_plain": "无法识别参考音频；请手动输入文本。",
+    "prompt_unreadable_plain": "无法读取参考音频；请使用 wav、flac 或 mp3 文件。",
 }
 
 TABLES = {"en": EN, "zh": ZH}
