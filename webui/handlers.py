@@ -307,7 +307,7 @@ class Studio:
         """The update that ends a failed request: a toast, and the status says so (with its Retry button,
         shown by css while the status is "failed"); the event itself succeeds, so the page is not left with
         Gradio's error state on the status."""
-        gr.Warning(message, title=self.t("failed_title"))
+        gr.Warning(message)
         metrics = views.metrics_html(last.metrics if last is not None else None, self.t)
         return gr.skip(), metrics, self.status("failed", message=message), gr.skip(), gr.skip()
 
@@ -315,7 +315,8 @@ class Studio:
         self, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
         history: list[views.HistoryEntry],
     ) -> tuple[Any, ...]:  # fmt: skip
-        """The final update: the whole file (not autoplayed when the live player already played it)."""
+        """The final update: the whole file. Never autoplayed: the live player played the stream, and with
+        streaming off it plays this file itself (``player.FINISHED_JS``)."""
         metrics = last.metrics if last is not None else RequestMetrics(request_id=req.request_id)
         stopped = last is None or not last.is_last
         if not parts or sum(len(p) for p in parts) == 0:
@@ -332,7 +333,7 @@ class Studio:
         status = self.status("stopped", audio=metrics.audio_s) if stopped else self.status(
             "done", audio=metrics.audio_s, seed=metrics.seed
         )  # fmt: skip
-        audio = gr.update(value=str(path), autoplay=not req.stream)
+        audio = gr.update(value=str(path), autoplay=False)
         return (audio, views.metrics_html(metrics, self.t), status, history, self.history_view(history))
 
     def history_entry(self, req: SynthesisRequest, m: RequestMetrics, stopped: bool) -> views.HistoryEntry:
@@ -457,32 +458,26 @@ class Studio:
     # ---- transcription -------------------------------------------------------------------------------
     async def transcribe(
         self, path: str | None, language: str, transcript: str = "", typed: bool = False
-    ) -> tuple[Any, Any, str, bool]:
-        """On upload or recording: (transcript field, language control, transcription note, typed). The
-        visitor's words win: a transcript they typed stays, and the note shows what was heard. The
-        detected language is offered to the language control while it is on auto."""
+    ) -> tuple[Any, Any, str]:
+        """On upload or recording: (transcript field, language control, transcription note). The visitor's
+        words win: a transcript they ``typed`` stays, and the note shows what was heard. The detected
+        language is offered to the language control while it is on auto."""
         if not path:
-            return gr.skip(), gr.skip(), "", typed
+            return gr.skip(), gr.skip(), ""
         if not getattr(self.engine, "asr_model", None):
-            return gr.skip(), gr.skip(), views.note_html(self.t("asr_off")), typed
+            return gr.skip(), gr.skip(), views.note_html(self.t("asr_off"))
         try:
             result = await self.engine.transcribe(path, None)  # type: ignore[attr-defined]
         except EngineError as err:
             log.warning("transcription of %s failed: %r", path, err)
-            return gr.skip(), gr.skip(), views.note_html(self.t("transcribe_failed_plain"), "bad"), typed
+            return gr.skip(), gr.skip(), views.note_html(self.t("transcribe_failed_plain"), "bad")
         code = str(result.language)
         offer = code if code in LANGUAGES and (language or "auto") == "auto" else gr.skip()
         if typed and (transcript or "").strip():
-            note = views.note_html(self.t("transcript_kept", text=str(result.text)))
-            return gr.skip(), offer, note, True
+            return gr.skip(), offer, views.note_html(self.t("transcript_kept", text=str(result.text)))
         shown = self.t(f"lang_{code}") if code in LANGUAGES else self.t("language_other")
         key = "transcribed_noise" if self.random_weights else "transcribed"
-        return str(result.text), offer, views.note_html(self.t(key, language=shown), "good"), False
-
-    @staticmethod
-    def transcript_typed(transcript: str) -> bool:
-        """The visitor typed in the transcript field: theirs while it holds any words."""
-        return bool((transcript or "").strip())
+        return str(result.text), offer, views.note_html(self.t(key, language=shown), "good")
 
     @staticmethod
     def transcript_cleared(typed: bool) -> tuple[Any, str]:

@@ -221,14 +221,13 @@ def _answer_column(lbl: Labels, t: Texts) -> dict[str, Any]:
     wave = gr.WaveformOptions(waveform_color="#a78bfa", waveform_progress_color="#7c3aed")
     c["audio"] = gr.Audio(
         label=lbl("final_audio"), type="filepath", interactive=False, buttons=["download"],
-        waveform_options=wave,
+        waveform_options=wave, elem_id="cosy-result",
     )  # fmt: skip
-    with gr.Row(equal_height=True, elem_classes="cosy-status-row"):
-        c["status"] = gr.HTML(
-            f'<div class="cosy-status" data-state="idle">{t("status_idle")}</div>', js_on_load=None, scale=4
-        )
-        # shown by css only while the status says "failed": the same listener as Generate
-        c["retry"] = gr.Button(lbl("retry"), size="sm", scale=1, min_width=90, elem_id="cosy-retry")
+    c["status"] = gr.HTML(
+        f'<div class="cosy-status" data-state="idle">{t("status_idle")}</div>', js_on_load=None
+    )
+    # shown by css only while the status says "failed"; it runs Generate's listener again
+    c["retry"] = gr.Button(lbl("retry"), size="sm", elem_id="cosy-retry")
     with gr.Column(elem_classes=CARD):
         c["metrics"] = gr.HTML(views.metrics_html(None, t), js_on_load=None)
     with gr.Accordion(lbl("server"), open=False, elem_classes=CARD):
@@ -266,14 +265,15 @@ def _listen(
     light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}  # UI-only work skips the GPU queue
     gpu: dict[str, Any] = {"concurrency_id": GPU, "concurrency_limit": limits.max_concurrency}
     a["prompt"].change(on("prompt_info"), a["prompt"], a["prompt_note"], **light)
-    typed = gr.State(False)  # the transcript holds the visitor's own words (typed, not filled)
-    a["prompt_text"].input(on("transcript_typed"), a["prompt_text"], typed, **light)
-    a["prompt"].clear(on("transcript_cleared"), typed, [a["prompt_text"], a["asr_note"]], **light)
+    typed = gr.Checkbox(False, visible=False)  # the browser fills it in (``player.TRANSCRIBE_JS``)
+    a["prompt_text"].input(None, a["prompt_text"], None, js=player.TRANSCRIPT_TYPED_JS, **light)
+    cleared = [a["prompt_text"], a["asr_note"]]
+    a["prompt"].clear(on("transcript_cleared"), typed, cleared, js=player.CLEARED_JS, **light)
     asr_in = [a["prompt"], a["language"], a["prompt_text"], typed]
-    asr_out = [a["prompt_text"], a["language"], a["asr_note"], typed]
     gr.on(
-        [a["prompt"].upload, a["prompt"].stop_recording], on("transcribe"), asr_in, asr_out,
-        show_progress="minimal", show_progress_on=a["prompt_text"],
+        [a["prompt"].upload, a["prompt"].stop_recording], on("transcribe"), asr_in,
+        [a["prompt_text"], a["language"], a["asr_note"]], js=player.TRANSCRIBE_JS, show_progress="minimal",
+        show_progress_on=a["prompt_text"],
     )  # fmt: skip
     gr.on(
         [a["text"].change, a["language"].change], on("text_info"), [a["text"], a["language"]],
@@ -295,10 +295,11 @@ def _listen(
     inputs = [form[name] for name in FORM_FIELDS]
     outputs = [b["audio"], b["metrics"], b["status"], history, b["history"]]
     js = player.generate_js(len(inputs), FORM_FIELDS.index("stream"), FORM_FIELDS.index("rid"))
-    gr.on(
+    generated = gr.on(
         [a["generate"].click, b["retry"].click], on("generate", Form.from_ui), inputs, outputs, js=js,
         show_progress="minimal", show_progress_on=b["status"], **gpu,
     )  # fmt: skip
+    generated.then(None, None, None, js=player.FINISHED_JS, **light)
     a["stop"].click(on("stop"), rid, b["status"], js=player.STOP_JS, **light)
     # always_last: .input's default ("once") drops keystrokes while one is being handled, so the box's
     # final words could never reach a live-text request

@@ -57,5 +57,15 @@ STOP_JS = (
 )
 
 
+# The transcript's keystrokes mark it the visitor's (while it holds words), in the browser at once: a flag
+# kept on the server would arrive after an upload made right after typing. Transcription and clearing the
+# prompt read the flag in place of their hidden input (``handlers.Studio.transcribe``).
+TRANSCRIPT_TYPED_JS = "(text) => { window.cosyTyped = !!(text && text.trim()); return []; }"
+TRANSCRIBE_JS = "(path, language, text, typed) => [path, language, text, !!window.cosyTyped]"
+CLEARED_JS = "(typed) => [!!window.cosyTyped]"
+
+# After Generate's event ends: with streaming off the player plays the finished file.
+FINISHED_JS = "() => { const p = window.cosyPlayer; if (p) p.finished(); return []; }"
+
 # The text box's input event in live-text mode: the handler gets the box and the live player's request id.
 TYPED_JS = "(text, rid) => { const p = window.cosyPlayer; return [text, p && p.rid ? p.rid : rid]; }"

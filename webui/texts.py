@@ -154,7 +154,6 @@ EN: dict[str, str] = {
     "voice_example": "example",
     # the request's end when it fails, kept transcripts, unknown languages, unreadable files
     "status_failed": "Failed: {message}",
-    "failed_title": "Generation failed",
     "retry": "Retry",
     "err_internal": "The server could not finish this request (the details are in its log). "
     "Press Retry, or change the text or the voice.",
@@ -302,7 +301,6 @@ ZH: dict[str, str] = {
     "voice_example": "示例",
     # the request's end when it fails, kept transcripts, unknown languages, unreadable files
     "status_failed": "失败：{message}",
-    "failed_title": "生成失败",
     "retry": "重试",
     "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",
     "transcript_kept": "保留了你输入的参考文本；识别结果为“{text}”。",

@@ -118,10 +118,11 @@ async def test_live_pcm_matches_the_final_file(studio, prompt) -> None:
     assert live_pcm.shape == pcm.shape and np.abs(live_pcm - pcm).max() <= 1  # 1 LSB: rounding modes
 
 
-async def test_streaming_off_publishes_nothing_and_autoplays(studio, prompt) -> None:
+async def test_streaming_off_publishes_nothing_and_saves_the_file(studio, prompt) -> None:
     outs = await run(studio, prompt_wav=prompt, stream=False)
     assert await studio.hub.wait_open(RID, 1.0) is None
-    assert outs[-1][0]["autoplay"] is True
+    assert outs[-1][0]["autoplay"] is False  # the page's player plays it (player.FINISHED_JS)
+    assert studio.store.path(RID, "wav") == Path(outs[-1][0]["value"])
 
 
 BAD_INPUTS = [
@@ -345,11 +346,10 @@ def test_the_form_takes_the_pages_values_in_order() -> None:
 
 
 async def test_transcription_fills_an_untyped_transcript_and_keeps_a_typed_one(studio, prompt) -> None:
-    text, offer, note, typed = await studio.transcribe(prompt, "auto", "old words of an example", False)
-    assert (text, offer, typed) == ("fake transcript", "en", False) and "Transcribed (English)" in note
-    text, offer, note, typed = await studio.transcribe(prompt, "auto", "my own words", True)
-    assert text == gr.skip() and typed is True and "fake transcript" in note and "Kept" in note
-    assert studio.transcript_typed("  mine ") and not studio.transcript_typed("  ")
+    text, offer, note = await studio.transcribe(prompt, "auto", "old words of an example", False)
+    assert (text, offer) == ("fake transcript", "en") and "Transcribed (English)" in note
+    text, offer, note = await studio.transcribe(prompt, "auto", "my own words", True)
+    assert text == gr.skip() and offer == "en" and "fake transcript" in note and "Kept" in note
     assert studio.transcript_cleared(False) == ("", "")  # filled for the removed audio: it goes too
     assert studio.transcript_cleared(True)[0] == gr.skip()  # the visitor's words stay
 
@@ -359,5 +359,5 @@ async def test_an_unknown_detected_language_is_named_not_coded(studio, engine, p
         return type("T", (), {"text": "habari", "language": "sw"})()
 
     monkeypatch.setattr(engine, "transcribe", swahili)
-    text, offer, note, _ = await studio.transcribe(prompt, "auto", "", False)
+    text, offer, note = await studio.transcribe(prompt, "auto", "", False)
     assert text == "habari" and offer == gr.skip() and "another language" in note and "sw" not in note

@@ -26,7 +26,7 @@ def test_gpu_work_shares_one_concurrency_group_and_the_queue_is_bounded() -> Non
     fns = listeners(demo)
     for name in ("generate", "save_voice"):
         assert (fns[name].concurrency_id, fns[name].concurrency_limit, fns[name].queue) == (GPU, 3, True)
-    for name in ("stop", "text_info", "server_panel", "transcript_typed", "prompt_info", "dice"):
+    for name in ("stop", "text_info", "server_panel", "transcript_cleared", "prompt_info", "dice"):
         assert fns[name].queue is False, name  # UI-only work never waits behind the GPU
     assert demo._queue.max_size == 7
 
