@@ -266,7 +266,6 @@ def _listen(
     gpu: dict[str, Any] = {"concurrency_id": GPU, "concurrency_limit": limits.max_concurrency}
     a["prompt"].change(on("prompt_info"), a["prompt"], a["prompt_note"], **light)
     typed = gr.Checkbox(False, visible=False)  # the browser fills it in (``player.TRANSCRIBE_JS``)
-    a["prompt_text"].input(None, a["prompt_text"], None, js=player.TRANSCRIPT_TYPED_JS, **light)
     cleared = [a["prompt_text"], a["asr_note"]]
     a["prompt"].clear(on("transcript_cleared"), typed, cleared, js=player.CLEARED_JS, **light)
     asr_in = [a["prompt"], a["language"], a["prompt_text"], typed]

@@ -57,10 +57,9 @@ STOP_JS = (
 )
 
 
-# The transcript's keystrokes mark it the visitor's (while it holds words), in the browser at once: a flag
-# kept on the server would arrive after an upload made right after typing. Transcription and clearing the
-# prompt read the flag in place of their hidden input (``handlers.Studio.transcribe``).
-TRANSCRIPT_TYPED_JS = "(text) => { window.cosyTyped = !!(text && text.trim()); return []; }"
+# Transcription and clearing the prompt read whether the transcript holds the visitor's own words from the
+# page (player.js keeps the flag on every edit, in the browser at once: a flag kept on the server would
+# arrive after an upload made right after typing), in place of their hidden input.
 TRANSCRIBE_JS = "(path, language, text, typed) => [path, language, text, !!window.cosyTyped]"
 CLEARED_JS = "(typed) => [!!window.cosyTyped]"
 

@@ -224,6 +224,15 @@
     });
   }
 
+  // The transcript field holds the visitor's own words while they have typed (or pasted) some: every edit
+  // of theirs fires a DOM input event, a value set by the server or an example does not. Transcription
+  // and clearing the prompt read the flag (player.py, TRANSCRIBE_JS / CLEARED_JS).
+  document.addEventListener("input", (e) => {
+    if (e.target instanceof HTMLTextAreaElement && e.target.closest("#cosy-transcript")) {
+      window.cosyTyped = e.target.value.trim() !== "";
+    }
+  }, { capture: true });
+
   // Start the audio output at the page's first gesture, so Generate does not pay for the device spin-up.
   document.addEventListener("pointerdown", () => context(), { once: true, capture: true });
 
