@@ -2,9 +2,10 @@
 
 ``Studio`` holds what the listeners share (engine, limits, labels, the live-PCM hub, the audio store); its
 methods are the listener functions ``layout.py`` wires up. Input checks that need only the UI's values
-happen here so a bad input fails before it queues for the GPU; everything else is the engine's to judge and
-comes back as an ``engine.errors`` exception, shown as a translated ``gr.Error``. This is the only module
-that raises ``gr.Error``.
+happen here so a bad input fails before it queues for the GPU (a translated ``gr.Error``); everything else
+is the engine's to judge. A request the engine refuses or fails ends with a translated "failed" status, a
+toast and a Retry button, never with the engine's own exception text (that goes to the log). This is the
+only module that raises ``gr.Error``.
 
 Languages: ``Studios`` holds one ``Studio`` per UI language (sharing the server panel's samples and the
 stopped-request ids) and hands each event to the one its request's Accept-Language picks (or the forced

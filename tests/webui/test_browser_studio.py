@@ -174,6 +174,7 @@ def test_an_engine_failure_ends_the_request_visibly(page_in, server, lang) -> No
     body = page.locator("body").inner_text()
     assert "frame 349" not in body and "RuntimeError" not in body
     assert page.locator("#cosy-generate").is_enabled()
+    page.locator('#cosy-live[data-state="error"]').wait_for(timeout=WAIT_MS)  # the live card says so too
     page.locator("#cosy-retry").click()  # the engine works again: Retry runs the same request
     page.locator('.cosy-status[data-state="done"]').wait_for(timeout=WAIT_MS)
     assert page.locator("#cosy-retry").is_hidden()

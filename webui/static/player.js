@@ -78,11 +78,15 @@
   }
 
   async function finished() {
-    // Generate's event ended. With streaming off, the whole file plays on the context the click woke (a
+    // Generate's event ended. A failed request marks the card; with streaming off, the whole file plays on the context the click woke (a
     // media element told to autoplay from a later update may be refused by the browser, and Gradio's
     // waveform player does not play it); a failed request has no file (404) and plays nothing.
     const rid = S.fileRid;
     S.fileRid = "";
+    if (document.querySelector('.cosy-status[data-state="failed"]')) {
+      if (S.rid) { stats.state = "error"; render(); } // what was received played; the card says it failed
+      return;
+    }
     if (!rid || S.rid !== rid) return;
     const resp = await fetch(new URL("webui/audio/" + rid + ".wav", document.baseURI), { cache: "no-store" });
     if (resp.status !== 200 || S.rid !== rid) { if (S.rid === rid) { stats.state = "idle"; render(); } return; }
