@@ -2,9 +2,10 @@
 
 ``Studio`` holds what the listeners share (engine, limits, labels, the live-PCM hub, the audio store); its
 methods are the listener functions ``layout.py`` wires up. Input checks that need only the UI's values
-happen here so a bad input fails before it queues for the GPU; everything else is the engine's to judge and
-comes back as an ``engine.errors`` exception, shown as a translated ``gr.Error``. This is the only module
-that raises ``gr.Error``.
+happen here so a bad input fails before it queues for the GPU (a translated ``gr.Error``); everything else
+is the engine's to judge. A request the engine refuses or fails ends with a translated "failed" status, a
+toast and a Retry button, never with the engine's own exception text (that goes to the log). This is the
+only module that raises ``gr.Error``.
 
 Languages: ``Studios`` holds one ``Studio`` per UI language (sharing the server panel's samples and the
 stopped-request ids) and hands each event to the one its request's Accept-Language picks (or the forced
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import html
 import inspect
 import logging
 import random
@@ -23,7 +25,7 @@ import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
 import gradio as gr
@@ -74,6 +76,45 @@ class Engine(Protocol):
     def list_voices(self, owner: str | None = None) -> Any: ...  # a Sequence, or a coroutine (call_engine)
     def delete_voice(self, voice_id: str, owner: str | None = None) -> Any: ...
     def example_voices(self) -> Sequence[Any]: ...
+
+
+@dataclass(frozen=True)
+class Form:
+    """Generate's inputs as the page sends them, in this order (``layout`` lists its components by these
+    names; the browser hook finds ``stream`` and ``rid`` by position)."""
+
+    mode: str = "zero_shot"
+    prompt_wav: str | None = None
+    prompt_text: str = ""
+    instruct_text: str = ""
+    source_wav: str | None = None
+    voice_id: str | None = None
+    language: str = "auto"
+    text: str = ""
+    stream: bool = True
+    speed: float = 1.0
+    seed: float | None = -1
+    rid: str = ""  # drawn by the browser at click time (``player.generate_js``)
+    history: tuple[views.HistoryEntry, ...] = ()
+    browser_id: str = ""  # the browser's voice namespace (``OWNER_JS``)
+    live: bool = False  # the text arrives as it is typed (``live_text.py``)
+    wps: float = 4.0  # live text: words per second
+
+    @classmethod
+    def from_ui(cls, *values: Any) -> Form:
+        """The listener's positional values; Gradio's None for an empty field becomes the field's default."""
+        names = [f.name for f in fields(cls)]
+        given = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+        text_fields = ("prompt_text", "instruct_text", "text", "language", "rid", "browser_id")
+        # a str subclass stays itself: a signed-in session's ``Account`` must reach ``owner_of`` as one
+        given |= {
+            k: given[k] if isinstance(given[k], str) else str(given[k]) for k in text_fields if k in given
+        }
+        given["history"] = tuple(given.get("history", ()))
+        return cls(**given)
+
+
+FORM_FIELDS = tuple(f.name for f in fields(Form))
 
 
 def user_error(message: str) -> gr.Error:
@@ -152,90 +193,79 @@ class Studio:
         if len(text) > self.limits.max_text_chars:
             raise user_error(self.t("err_text_long", chars=len(text), limit=self.limits.max_text_chars))
 
-    def build_request(
-        self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
-        voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str, browser_id: str = "", live: bool = False,
-    ) -> SynthesisRequest:  # fmt: skip
-        """Validate the UI values for ``mode`` and build the engine request (``gr.Error`` on a bad input).
-        ``live``: the text comes later, as it is written (it may start empty)."""
-        text, prompt_text, instruct_text = (
-            (text or "").strip(),
-            (prompt_text or "").strip(),
-            instruct_text or "",
-        )
+    def build_request(self, form: Form) -> SynthesisRequest:
+        """Validate the form for its mode and build the engine request (``gr.Error`` on a bad input)."""
+        mode, text, prompt_text = form.mode, form.text.strip(), form.prompt_text.strip()
+        instruct_text = form.instruct_text.strip()
         if mode not in UI_MODES:
             raise user_error(self.t("err_bad_setting", error=f"mode {mode!r}"))
-        if mode != "vc" and not live:
+        if mode != "vc" and not form.live:
             self.check_text(text)
-        if mode == "voice" and not voice_id:
+        if mode == "voice" and not form.voice_id:
             raise user_error(self.t("err_no_voice"))
         if mode != "voice":
-            self.check_prompt(prompt_wav)
+            self.check_prompt(form.prompt_wav)
         if mode == "zero_shot" and not prompt_text:
             raise user_error(self.t("err_no_prompt_text"))
-        if mode == "instruct" and not instruct_text.strip():
+        if mode == "instruct" and not instruct_text:
             raise user_error(self.t("err_no_instruct"))
-        if mode == "vc" and not source_wav:
+        if mode == "vc" and not form.source_wav:
             raise user_error(self.t("err_no_source"))
         try:
             return SynthesisRequest(
                 text="" if mode == "vc" else text,
                 mode=Mode.ZERO_SHOT if mode == "voice" else Mode(mode),
-                prompt_wav=None if mode == "voice" else prompt_wav,
-                voice_id=voice_id if mode == "voice" else None,
-                voice_owner=owner_of(browser_id),
+                prompt_wav=None if mode == "voice" else form.prompt_wav,
+                voice_id=form.voice_id if mode == "voice" else None,
+                voice_owner=owner_of(form.browser_id),
                 prompt_text=prompt_text if mode == "zero_shot" else "",
-                instruct_text=instruct_text.strip() if mode == "instruct" else "",
-                source_wav=source_wav if mode == "vc" else None,
-                language=language or "auto",
-                stream=bool(stream),
-                speed=float(speed),
-                seed=None if seed is None or seed < 0 else int(seed),
-                request_id=rid,
+                instruct_text=instruct_text if mode == "instruct" else "",
+                source_wav=form.source_wav if mode == "vc" else None,
+                language=form.language or "auto",
+                stream=bool(form.stream),
+                speed=float(form.speed),
+                seed=None if form.seed is None or form.seed < 0 else int(form.seed),
+                request_id=form.rid,
             )
         except ValueError as err:
             raise user_error(self.t("err_bad_setting", error=err)) from err
 
     def engine_error(self, err: EngineError) -> gr.Error:
-        """The engine's refusal in the page's language (its own English detail in brackets)."""
+        return user_error(self.engine_message(err))
+
+    def engine_message(self, err: EngineError) -> str:
+        """The engine's refusal in the page's language: a refusal's own detail (the visitor's input, the
+        queue) in brackets; any other failure's text stays in the log."""
         if isinstance(err, Busy):
-            return user_error(self.t("err_busy", error=str(err)))
+            return self.t("err_busy", error=str(err))
         if isinstance(err, Forbidden):
-            return user_error(self.t("err_voice_public"))
+            return self.t("err_voice_public")
         if isinstance(err, NotFound):
-            return user_error(self.t("err_voice_missing"))
+            return self.t("err_voice_missing")
         if isinstance(err, InvalidInput):
-            return user_error(self.t("err_input", error=str(err)))
-        return user_error(self.t("err_failed", error=str(err)))
+            return self.t("err_input", error=str(err))
+        return self.t("err_internal")
 
     # ---- generate / stop -----------------------------------------------------------------------------
-    async def generate(
-        self, mode: str, prompt_wav: str | None, prompt_text: str, instruct_text: str, source_wav: str | None,
-        voice_id: str | None, language: str, text: str, stream: bool, speed: float, seed: float | None,
-        rid: str, history: list[views.HistoryEntry], browser_id: str = "", live: bool = False,
-        wps: float = 4.0,
-    ) -> AsyncIterator[tuple[Any, ...]]:  # fmt: skip
+    async def generate(self, form: Form) -> AsyncIterator[tuple[Any, ...]]:
         """Yields (final audio, metrics html, status html, history, history html) per chunk, then the file.
 
-        ``rid`` is drawn by the browser at click time so its live player can ask for the PCM before this
-        handler runs; with streaming on every chunk's PCM is published to the hub under that id. ``live``:
-        the text box feeds the engine while it is written (``live_text.py``), at ``wps`` words per second.
+        ``form.rid`` is drawn by the browser at click time so its live player can ask for the PCM before
+        this handler runs; with streaming on every chunk's PCM is published to the hub under that id.
+        ``form.live``: the text box feeds the engine while it is written (``live_text.py``), at ``form.wps``
+        words per second.
         """
-        rid = rid if RID.match(rid or "") else new_request_id()
-        live = bool(live) and mode != "vc"
+        rid = form.rid if RID.match(form.rid) else new_request_id()
+        form = replace(form, rid=rid, live=bool(form.live) and form.mode != "vc")
         try:  # the browser's player is waiting on rid: a bad input must close it too
-            req = self.build_request(
-                mode, prompt_wav, prompt_text, instruct_text, source_wav, voice_id, language, text, stream,
-                speed, seed, rid, browser_id, live,
-            )  # fmt: skip
+            req = self.build_request(form)
         except gr.Error:
             self.hub.close(rid)
             raise
-        if live:
-            feed = self.live.open(rid, text or "", max(1.0, float(wps or 4.0)))
+        if form.live:
+            feed = self.live.open(rid, form.text, max(1.0, float(form.wps or 4.0)))
             req = replace(req, text="", text_stream=feed.pieces())
-        updates = self._generate(req, history)
+        updates = self._generate(req, list(form.history))
         try:
             async for update in updates:
                 yield update
@@ -262,6 +292,7 @@ class Studio:
         if req.stream:
             self.hub.open(rid, self.engine.sample_rate)
         chunks = self.engine.stream(req)
+        failure = ""
         try:
             async for chunk in chunks:
                 parts.append(chunk.pcm)
@@ -270,20 +301,33 @@ class Studio:
                     self.hub.publish(rid, views.pcm16_bytes(chunk.pcm))
                 running = self.status("running", audio=chunk.metrics.audio_s)
                 yield gr.skip(), views.metrics_html(chunk.metrics, self.t), running, gr.skip(), gr.skip()
-        except EngineError as err:
-            raise self.engine_error(err) from err
+        except EngineError as err:  # a refusal or a failure the engine names
+            log.warning("request %s ended by the engine: %r", rid, err)
+            failure = self.engine_message(err)
+        except Exception:  # an engine bug: its text and traceback go to the log, not to the visitor
+            log.exception("request %s failed", rid)
+            failure = self.t("err_internal")
         finally:
             self.hub.close(rid)
             if last is None or not last.is_last:
                 self.engine.abort(rid)  # closed mid-stream (tab closed, event cancelled): free the engine
             await chunks.aclose()
-        yield self.finish(req, parts, last, history)
+        yield self.failed(failure, last) if failure else self.finish(req, parts, last, history)
+
+    def failed(self, message: str, last: AudioChunk | None) -> tuple[Any, ...]:
+        """The update that ends a failed request: a toast, and the status says so (with its Retry button,
+        shown by css while the status is "failed"); the event itself succeeds, so the page is not left with
+        Gradio's error state on the status."""
+        gr.Warning(message)
+        metrics = views.metrics_html(last.metrics if last is not None else None, self.t)
+        return gr.skip(), metrics, self.status("failed", message=message), gr.skip(), gr.skip()
 
     def finish(
         self, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
         history: list[views.HistoryEntry],
     ) -> tuple[Any, ...]:  # fmt: skip
-        """The final update: the whole file (not autoplayed when the live player already played it)."""
+        """The final update: the whole file. Never autoplayed: the live player played the stream, and with
+        streaming off it plays this file itself (``player.FINISHED_JS``)."""
         metrics = last.metrics if last is not None else RequestMetrics(request_id=req.request_id)
         stopped = last is None or not last.is_last
         if not parts or sum(len(p) for p in parts) == 0:
@@ -300,7 +344,7 @@ class Studio:
         status = self.status("stopped", audio=metrics.audio_s) if stopped else self.status(
             "done", audio=metrics.audio_s, seed=metrics.seed
         )  # fmt: skip
-        audio = gr.update(value=str(path), autoplay=not req.stream)
+        audio = gr.update(value=str(path), autoplay=False)
         return (audio, views.metrics_html(metrics, self.t), status, history, self.history_view(history))
 
     def history_entry(self, req: SynthesisRequest, m: RequestMetrics, stopped: bool) -> views.HistoryEntry:
@@ -327,7 +371,8 @@ class Studio:
         return self.status("stop_sent")
 
     def status(self, state: str, **fields: Any) -> str:
-        return f'<div class="cosy-status" data-state="{state}">{self.t(f"status_{state}", **fields)}</div>'
+        text = html.escape(self.t(f"status_{state}", **fields))
+        return f'<div class="cosy-status" data-state="{state}">{text}</div>'
 
     def history_view(self, history: list[views.HistoryEntry]) -> str:
         return views.history_html(history or [], self.t, self.mode_labels)
@@ -354,15 +399,6 @@ class Studio:
         return views.counter_text(text or "", limit, len(segments), self.t), views.split_preview_html(
             segments
         )
-
-    def mode_changed(self, mode: str) -> tuple[Any, ...]:
-        """Visibility of (prompt group, transcript, voice group, instruct group, source, text group, help)."""
-        show = {
-            "prompt": mode != "voice", "transcript": mode == "zero_shot", "voice": mode == "voice",
-            "instruct": mode == "instruct", "source": mode == "vc", "text": mode != "vc",
-        }  # fmt: skip
-        updates = tuple(gr.update(visible=v) for v in show.values())
-        return (*updates, views.note_html(self.t(f"mode_help_{mode}")))
 
     @staticmethod
     def dice() -> int:
@@ -431,8 +467,11 @@ class Studio:
         return rows, labels
 
     # ---- transcription -------------------------------------------------------------------------------
-    async def transcribe(self, path: str | None, language: str) -> tuple[Any, Any, str]:
-        """On upload or recording: (transcript field, language control, transcription note). The detected
+    async def transcribe(
+        self, path: str | None, language: str, transcript: str = "", typed: bool = False
+    ) -> tuple[Any, Any, str]:
+        """On upload or recording: (transcript field, language control, transcription note). The visitor's
+        words win: a transcript they ``typed`` stays, and the note shows what was heard. The detected
         language is offered to the language control while it is on auto."""
         if not path:
             return gr.skip(), gr.skip(), ""
@@ -442,17 +481,20 @@ class Studio:
             result = await self.engine.transcribe(path, None)  # type: ignore[attr-defined]
         except EngineError as err:
             log.warning("transcribing the prompt failed: %s", err)  # the engine's words stay in the log
-            note = self.t("transcribe_failed")
-            return gr.skip(), gr.skip(), views.note_html(note, "bad")
+            return gr.skip(), gr.skip(), views.note_html(self.t("transcribe_failed"), "bad")
         code = str(result.language)
+        offer = code if code in LANGUAGES and (language or "auto") == "auto" else gr.skip()
+        if typed and (transcript or "").strip():
+            return gr.skip(), offer, views.note_html(self.t("transcript_kept", text=str(result.text)))
         shown = language_name(code, self.t)
         key = "transcribed_noise" if self.random_weights else "transcribed"
-        offer = code if code in LANGUAGES and (language or "auto") == "auto" else gr.skip()
         return str(result.text), offer, views.note_html(self.t(key, language=shown), "good")
 
-    def transcript_cleared(self) -> str:
-        """The prompt audio removed: its transcription note goes with it."""
-        return ""
+    @staticmethod
+    def transcript_cleared(typed: bool) -> tuple[Any, str]:
+        """The prompt audio removed: (the transcript, the transcription note). A transcript filled for the
+        removed audio goes with it; one the visitor typed stays."""
+        return (gr.skip() if typed else ""), ""
 
     # ---- the page in the session's language -----------------------------------------------------------
     def page(self) -> tuple[Any, ...]:
@@ -466,7 +508,7 @@ class Studio:
         banner = self.t("banner_random") if self.random_weights else None
         return (
             views.header_html(self.t, self.chips, banner), modes, langs,
-            views.note_html(self.t("mode_help_zero_shot")), self.prompt_info(None),
+            views.mode_help_html(UI_MODES, self.t), self.prompt_info(None),
             views.counter_text("", self.limits.max_text_chars, 0, self.t), self.status("idle"),
             views.metrics_html(None, self.t), player.card_html(self.t), self.history_view([]),
             gr.update(choices=views.preset_choices(self.engine.instruct_presets(), self.t)),
@@ -506,18 +548,20 @@ class Studios:
         owner = self.account(getattr(request, "username", None))
         return (*args[:at], Account(owner or ""), *args[at + 1 :])
 
-    def listener(self, name: str) -> Callable[..., Any]:
-        """``request`` first: Gradio inserts it at the annotated parameter's position, the inputs follow."""
+    def listener(self, name: str, build: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """``request`` first: Gradio inserts it at the annotated parameter's position, the inputs follow.
+        ``build``: the method takes one object built from the inputs (``Form.from_ui``)."""
         method = getattr(Studio, name)
-        params = list(inspect.signature(method).parameters)[1:]  # after self
+        params = FORM_FIELDS if build else list(inspect.signature(method).parameters)[1:]  # after self
         at = params.index("browser_id") if "browser_id" in params else None
         fn: Callable[..., Any]
         if inspect.isasyncgenfunction(method):
 
             async def stream(request: gr.Request, *args: Any) -> AsyncIterator[Any]:
                 studio = self.pick(request)
+                args = self.signed(request, at, args)
                 try:
-                    async for out in getattr(studio, name)(*self.signed(request, at, args)):
+                    async for out in getattr(studio, name)(*((build(*args),) if build else args)):
                         yield out
                 except gr.Error as err:
                     err.title = studio.t("err_title")  # the toast's heading, in the page's language

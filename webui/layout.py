@@ -17,12 +17,32 @@ import gradio as gr
 
 from engine.config import Limits
 from webui import player, views
-from webui.handlers import OWNER_JS, UI_MODES, Engine, Studio, Studios
+from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import EXAMPLES, LANGUAGES, Labels, Texts, i18n
 
 GPU = "gpu"  # one concurrency group for every listener that computes on the device
 CARD = ["cosy-card"]
+# The modes each group of inputs serves. The page shows a group while the mode radio has one of its modes
+# checked, in css (``mode_css``): no listener toggles visibility, so no order of clicks can leave a group
+# hidden (Gradio 6.17 kept a column's hidden class when visible:true came back for it).
+SHOWN_IN = {
+    "prompt_box": ("zero_shot", "cross_lingual", "instruct", "vc"),
+    "transcript_box": ("zero_shot",),
+    "voice_box": ("voice",),
+    "source_box": ("vc",),
+    "instruct_box": ("instruct",),
+    "text_box": ("zero_shot", "cross_lingual", "instruct", "voice"),
+}
+
+
+def mode_css() -> str:
+    """One rule per mode: its elements show while the radio's input of that value is checked."""
+    rules = [".cosy-for { display: none !important; }"]
+    for m in UI_MODES:
+        checked = f'#cosy-mode input[value="{m}"][aria-checked="true"]'
+        rules.append(f".gradio-container:has({checked}) .cosy-for-{m} {{ display: flex !important; }}")
+    return "\n".join(rules)
 
 
 def page_options(ui_lang: str = "auto") -> dict[str, Any]:
@@ -31,7 +51,8 @@ def page_options(ui_lang: str = "auto") -> dict[str, Any]:
         primary_hue="violet", secondary_hue="indigo", neutral_hue="slate",
         font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
     )  # fmt: skip
-    options: dict[str, Any] = {"theme": theme, "css": player.css(), "head": player.head_html()}
+    css = player.css() + "\n" + mode_css()
+    options: dict[str, Any] = {"theme": theme, "css": css, "head": player.head_html()}
     return options | ({"i18n": i18n()} if ui_lang == "auto" else {})
 
 
@@ -58,10 +79,12 @@ def build_demo(
     with gr.Blocks(title=t("title"), analytics_enabled=False) as demo:
         header = gr.HTML(studio.page()[0], js_on_load=None)
         ask = _filled_by_examples(lbl, t)  # placed below; made first so the examples can sit above them
+        ask |= _mode_bar(lbl, t)
         with gr.Row(equal_height=False, elem_classes="cosy-main"):
             with gr.Column(scale=10, min_width=360):
                 ask |= _voice_column(lbl, t, engine, studio, ask)
             with gr.Column(scale=10, min_width=360):
+                ask |= _source_card(lbl)
                 ask |= _text_column(lbl, t, limits, ask)
             with gr.Column(scale=10, min_width=360, elem_classes="cosy-answer"):
                 answer = _answer_column(lbl, t)
@@ -103,48 +126,75 @@ def _filled_by_examples(lbl: Labels, t: Texts) -> dict[str, Any]:
 def _voice_column(
     lbl: Labels, t: Texts, engine: Engine, studio: Studio, filled: dict[str, Any]
 ) -> dict[str, Any]:
+    """The prompt (examples, audio, transcript, instruction, save) or the saved voice, as the mode needs."""
     c: dict[str, Any] = {}
     with gr.Column(elem_classes=CARD):
-        c["mode"] = gr.Radio([(t(f"mode_{m}"), m) for m in UI_MODES], value="zero_shot", label=lbl("mode"))
-        c["mode_help"] = gr.HTML(views.note_html(t("mode_help_zero_shot")), js_on_load=None)
-    with gr.Column(elem_classes=CARD):
-        with gr.Column() as c["prompt_box"]:
+        with gr.Column(elem_classes=views.for_modes(SHOWN_IN["prompt_box"])) as c["prompt_box"]:
             _example_voices(lbl, studio, filled)
             filled["prompt"].render()
             c["prompt_note"] = gr.HTML(views.note_html(t("prompt_none")), js_on_load=None)
-            with gr.Column() as c["transcript_box"]:  # a box: hiding a late-rendered field itself fails
+            with gr.Column(elem_classes=views.for_modes(SHOWN_IN["transcript_box"])) as c["transcript_box"]:
                 filled["prompt_text"].render()
                 # the transcription's own note: the prompt note above has another writer (prompt_info, on
                 # every change), and whichever answered last would win
                 c["asr_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-asr-note")
+            with gr.Column(elem_classes=views.for_modes(SHOWN_IN["instruct_box"])) as c["instruct_box"]:
+                presets = views.preset_choices(engine.instruct_presets(), t)
+                c["preset"] = gr.Dropdown(
+                    presets, value=None, label=lbl("instruct_preset"), elem_id="cosy-preset"
+                )
+                c["instruct"] = gr.Textbox(
+                    label=lbl("instruct_text"),
+                    placeholder=lbl("instruct_ph"),
+                    lines=2,
+                    elem_id="cosy-instruct",
+                )
+            # last: saving is optional, the inputs above are what Generate needs
             with gr.Row(equal_height=True):
                 c["save_name"] = gr.Textbox(label=lbl("save_name"), placeholder=lbl("save_name_ph"), scale=3)
                 c["save"] = gr.Button(lbl("save_btn"), scale=1, size="md", elem_id="cosy-save")
             c["save_note"] = gr.HTML("", js_on_load=None)
-        with gr.Column(visible=False) as c["voice_box"]:
+        with gr.Column(elem_classes=views.for_modes(SHOWN_IN["voice_box"])) as c["voice_box"]:
             with gr.Row(equal_height=True):
                 c["voice"] = gr.Dropdown([], label=lbl("saved_voice"), scale=4, elem_id="cosy-voice")
                 c["delete"] = gr.Button(lbl("delete_btn"), variant="stop", size="md", scale=1)
             c["voice_note"] = gr.HTML("", js_on_load=None)
-        with gr.Column(visible=False) as c["source_box"]:
-            c["source"] = gr.Audio(
-                sources=["upload", "microphone"], type="filepath", label=lbl("source_audio")
-            )
-        with gr.Column(visible=False) as c["instruct_box"]:
-            presets = views.preset_choices(engine.instruct_presets(), t)
-            c["preset"] = gr.Dropdown(presets, value=None, label=lbl("instruct_preset"))
-            c["instruct"] = gr.Textbox(label=lbl("instruct_text"), placeholder=lbl("instruct_ph"), lines=2)
+    return c
+
+
+def _mode_bar(lbl: Labels, t: Texts) -> dict[str, Any]:
+    """The mode across the page, above the columns: in one line it costs the columns little height."""
+    c: dict[str, Any] = {}
+    with gr.Row(equal_height=True, elem_classes=[*CARD, "cosy-modebar"]):
+        c["mode"] = gr.Radio(
+            [(t(f"mode_{m}"), m) for m in UI_MODES], value="zero_shot", label=lbl("mode"), scale=3,
+            show_label=False, elem_id="cosy-mode",
+        )  # fmt: skip
+        c["mode_help"] = gr.HTML(views.mode_help_html(UI_MODES, t), js_on_load=None, scale=2)
+    return c
+
+
+def _source_card(lbl: Labels) -> dict[str, Any]:
+    """Voice conversion's source speech, in the place of the text it replaces."""
+    c: dict[str, Any] = {}
+    with gr.Column(elem_classes=[*CARD, *views.for_modes(SHOWN_IN["source_box"])]) as c["source_box"]:
+        c["source"] = gr.Audio(
+            sources=["upload", "microphone"],
+            type="filepath",
+            label=lbl("source_audio"),
+            elem_id="cosy-source",
+        )
     return c
 
 
 def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) -> dict[str, Any]:
     c: dict[str, Any] = {}
-    with gr.Column(elem_classes=CARD) as c["text_box"]:
+    with gr.Column(elem_classes=[*CARD, *views.for_modes(SHOWN_IN["text_box"])]) as c["text_box"]:
         filled["language"].render()
         filled["text"].render()
         c["counter"] = gr.HTML(views.counter_text("", limits.max_text_chars, 0, t), js_on_load=None)
         # side by side and closed: the live-text controls cost no height, so Generate stays on the screen
-        with gr.Row(equal_height=True):
+        with gr.Row(equal_height=True, elem_classes="cosy-accordions"):
             with gr.Accordion(lbl("split_preview"), open=False):
                 c["split"] = gr.HTML(views.split_preview_html([]), js_on_load=None)
             with gr.Accordion(lbl("live_text"), open=False, elem_id="cosy-live-text"):
@@ -176,11 +226,13 @@ def _answer_column(lbl: Labels, t: Texts) -> dict[str, Any]:
     wave = gr.WaveformOptions(waveform_color="#a78bfa", waveform_progress_color="#7c3aed")
     c["audio"] = gr.Audio(
         label=lbl("final_audio"), type="filepath", interactive=False, buttons=["download"],
-        waveform_options=wave,
+        waveform_options=wave, elem_id="cosy-result",
     )  # fmt: skip
     c["status"] = gr.HTML(
         f'<div class="cosy-status" data-state="idle">{t("status_idle")}</div>', js_on_load=None
     )
+    # shown by css only while the status says "failed"; it runs Generate's listener again
+    c["retry"] = gr.Button(lbl("retry"), size="sm", elem_id="cosy-retry")
     with gr.Column(elem_classes=CARD):
         c["metrics"] = gr.HTML(views.metrics_html(None, t), js_on_load=None)
     with gr.Accordion(lbl("server"), open=False, elem_classes=CARD):
@@ -217,15 +269,15 @@ def _listen(
     on = studios.listener  # the event function for a Studio method, in the session's language
     light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}  # UI-only work skips the GPU queue
     gpu: dict[str, Any] = {"concurrency_id": GPU, "concurrency_limit": limits.max_concurrency}
-    boxes = ["prompt_box", "transcript_box", "voice_box", "instruct_box", "source_box", "text_box"]
-    boxes.append("mode_help")
-    a["mode"].change(on("mode_changed"), a["mode"], [a[k] for k in boxes], **light)
     a["prompt"].change(on("prompt_info"), a["prompt"], a["prompt_note"], **light)
-    a["prompt"].clear(on("transcript_cleared"), None, a["asr_note"], **light)
-    asr_out = [a["prompt_text"], a["language"], a["asr_note"]]
+    typed = gr.Checkbox(False, visible=False)  # the browser fills it in (``player.TRANSCRIBE_JS``)
+    cleared = [a["prompt_text"], a["asr_note"]]
+    a["prompt"].clear(on("transcript_cleared"), typed, cleared, js=player.CLEARED_JS, **light)
+    asr_in = [a["prompt"], a["language"], a["prompt_text"], typed]
     gr.on(
-        [a["prompt"].upload, a["prompt"].stop_recording], on("transcribe"), [a["prompt"], a["language"]],
-        asr_out, show_progress="minimal", show_progress_on=a["prompt_text"],
+        [a["prompt"].upload, a["prompt"].stop_recording], on("transcribe"), asr_in,
+        [a["prompt_text"], a["language"], a["asr_note"]], js=player.TRANSCRIBE_JS, show_progress="minimal",
+        show_progress_on=a["prompt_text"],
     )  # fmt: skip
     gr.on(
         [a["text"].change, a["language"].change], on("text_info"), [a["text"], a["language"]],
@@ -237,29 +289,26 @@ def _listen(
     save_inputs = [a["save_name"], a["prompt"], a["prompt_text"], owner]
     a["save"].click(on("save_voice"), save_inputs, [a["voice"], a["save_note"]], **gpu)
     a["delete"].click(on("delete_voice"), [a["voice"], owner], [a["voice"], a["voice_note"]], **light)
-    names = [
-        "mode",
-        "prompt",
-        "prompt_text",
-        "instruct",
-        "source",
-        "voice",
-        "language",
-        "text",
-        "stream",
-        "speed",
-    ]
-    inputs = [*(a[k] for k in names), a["seed"], rid, history, owner, a["live_text"], a["live_wps"]]
+    form = {
+        "mode": a["mode"], "prompt_wav": a["prompt"], "prompt_text": a["prompt_text"],
+        "instruct_text": a["instruct"], "source_wav": a["source"], "voice_id": a["voice"],
+        "language": a["language"], "text": a["text"], "stream": a["stream"], "speed": a["speed"],
+        "seed": a["seed"], "rid": rid, "history": history, "browser_id": owner, "live": a["live_text"],
+        "wps": a["live_wps"],
+    }  # fmt: skip
+    inputs = [form[name] for name in FORM_FIELDS]
     outputs = [b["audio"], b["metrics"], b["status"], history, b["history"]]
-    js = player.generate_js(len(inputs), names.index("stream"), inputs.index(rid))
-    a["generate"].click(
-        on("generate"), inputs, outputs, js=js, show_progress="minimal", show_progress_on=b["status"], **gpu
-    )
+    js = player.generate_js(len(inputs), FORM_FIELDS.index("stream"), FORM_FIELDS.index("rid"))
+    generated = gr.on(
+        [a["generate"].click, b["retry"].click], on("generate", Form.from_ui), inputs, outputs, js=js,
+        show_progress="minimal", show_progress_on=b["status"], **gpu,
+    )  # fmt: skip
+    generated.then(None, None, None, js=player.FINISHED_JS, **light)
     a["stop"].click(on("stop"), rid, b["status"], js=player.STOP_JS, **light)
     # always_last: .input's default ("once") drops keystrokes while one is being handled, so the box's
     # final words could never reach a live-text request
-    typed = {**light, "trigger_mode": "always_last"}
-    a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **typed)
+    keys = {**light, "trigger_mode": "always_last"}
+    a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **keys)
     gr.Timer(1.0).tick(on("server_panel"), None, b["server"], **light)
     page = [b["header"], a["mode"], a["language"], a["mode_help"], a["prompt_note"], a["counter"]]
     page += [b["status"], b["metrics"], b["live"], b["history"], a["preset"]]

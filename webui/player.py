@@ -58,5 +58,14 @@ STOP_JS = (
 )
 
 
+# Transcription and clearing the prompt read whether the transcript holds the visitor's own words from the
+# page (player.js keeps the flag on every edit, in the browser at once: a flag kept on the server would
+# arrive after an upload made right after typing), in place of their hidden input.
+TRANSCRIBE_JS = "(path, language, text, typed) => [path, language, text, !!window.cosyTyped]"
+CLEARED_JS = "(typed) => [!!window.cosyTyped]"
+
+# After Generate's event ends: with streaming off the player plays the finished file.
+FINISHED_JS = "() => { const p = window.cosyPlayer; if (p) p.finished(); return []; }"
+
 # The text box's input event in live-text mode: the handler gets the box and the live player's request id.
 TYPED_JS = "(text, rid) => { const p = window.cosyPlayer; return [text, p && p.rid ? p.rid : rid]; }"

@@ -167,6 +167,12 @@ EN: dict[str, str] = {
     "example_voices": "Example voices (click to fill the form)",
     "voice_public": "public",
     "voice_example": "example",
+    # the request's end when it fails, kept transcripts, unknown languages, unreadable files
+    "status_failed": "Failed: {message}",
+    "retry": "Retry",
+    "err_internal": "The server could not finish this request (the details are in its log). "
+    "Press Retry, or change the text or the voice.",
+    "transcript_kept": "Kept the transcript you typed; the recognizer heard “{text}”.",
 }
 
 ZH: dict[str, str] = {
@@ -320,6 +326,11 @@ ZH: dict[str, str] = {
     "example_voices": "示例音色（点击填入表单）",
     "voice_public": "公共",
     "voice_example": "示例",
+    # the request's end when it fails, kept transcripts, unknown languages, unreadable files
+    "status_failed": "失败：{message}",
+    "retry": "重试",
+    "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",
+    "transcript_kept": "保留了你输入的参考文本；识别结果为“{text}”。",
 }
 
 TABLES = {"en": EN, "zh": ZH}

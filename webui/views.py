@@ -201,6 +201,19 @@ def note_html(text: str, kind: str = "") -> str:
     return f'<div class="{cls}">{html.escape(text)}</div>'
 
 
+def for_modes(modes: Sequence[str]) -> list[str]:
+    """The classes that show an element only while one of ``modes`` is picked (``layout.mode_css``)."""
+    return ["cosy-for", *(f"cosy-for-{m}" for m in modes)]
+
+
+def mode_help_html(modes: Sequence[str], t: Texts) -> str:
+    """Every mode's help line; the page shows the picked mode's."""
+    return "".join(
+        f'<div class="cosy-note {" ".join(for_modes([m]))}">{html.escape(t(f"mode_help_{m}"))}</div>'
+        for m in modes
+    )
+
+
 def prompt_status_html(seconds: float | None, rate: int, min_s: float, max_s: float, t: Texts) -> str:
     """One line under the prompt audio: its duration and whether it is inside [min_s, max_s]."""
     if seconds is None:

@@ -31,7 +31,7 @@ from tests.reliability.support import (
     idle_state,
     wait_idle,
 )
-from webui.handlers import Studio
+from webui.handlers import Form, Studio
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -98,11 +98,11 @@ async def test_ui_stop_frees_everything_and_keeps_the_audio(engine, tmp_path):
     values = {
         "mode": "cross_lingual", "prompt_wav": ui_prompt, "prompt_text": "", "instruct_text": "",
         "source_wav": None, "voice_id": None, "language": "auto", "text": TEXT, "stream": True,
-        "speed": 1.0, "seed": 1, "rid": rid, "history": [],
+        "speed": 1.0, "seed": 1, "rid": rid, "history": (),
     }  # fmt: skip
     outputs, t0 = [], 0.0
     before = tokens_total(engine)
-    async for out in studio.generate(**values):
+    async for out in studio.generate(Form(**values)):
         outputs.append(out)
         if len(outputs) == 1:  # the first chunk is in: the user presses Stop
             assert 'data-state="stop_sent"' in studio.stop(rid)

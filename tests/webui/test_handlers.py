@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from engine.request import Mode, SynthesisRequest
 from engine.serving.metrics import ServerStats
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from webui.handlers import Account, Studio, Studios
+from webui.handlers import FORM_FIELDS, Account, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -60,14 +61,14 @@ def ui(**over: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "mode": "zero_shot", "prompt_wav": None, "prompt_text": "hello there", "instruct_text": "",
         "source_wav": None, "voice_id": None, "language": "auto", "text": "Say this.", "stream": True,
-        "speed": 1.0, "seed": -1, "rid": RID, "history": [],
+        "speed": 1.0, "seed": -1, "rid": RID, "history": (),
     }  # fmt: skip
     values.update(over)
     return values
 
 
 async def run(studio: Studio, **over: Any) -> list[tuple]:
-    return [out async for out in studio.generate(**ui(**over))]
+    return [out async for out in studio.generate(Form(**ui(**over)))]
 
 
 @pytest.mark.parametrize(
@@ -117,10 +118,11 @@ async def test_live_pcm_matches_the_final_file(studio, prompt) -> None:
     assert live_pcm.shape == pcm.shape and np.abs(live_pcm - pcm).max() <= 1  # 1 LSB: rounding modes
 
 
-async def test_streaming_off_publishes_nothing_and_autoplays(studio, prompt) -> None:
+async def test_streaming_off_publishes_nothing_and_saves_the_file(studio, prompt) -> None:
     outs = await run(studio, prompt_wav=prompt, stream=False)
     assert await studio.hub.wait_open(RID, 1.0) is None
-    assert outs[-1][0]["autoplay"] is True
+    assert outs[-1][0]["autoplay"] is False  # the page's player plays it (player.FINISHED_JS)
+    assert studio.store.path(RID, "wav") == Path(outs[-1][0]["value"])
 
 
 BAD_INPUTS = [
@@ -131,7 +133,6 @@ BAD_INPUTS = [
     ({"mode": "instruct", "instruct_text": " "}, "needs an instruction"),
     ({"mode": "vc", "text": ""}, "needs the source speech"),
     ({"mode": "voice", "voice_id": None}, "Pick a saved voice"),
-    ({"mode": "voice", "voice_id": "ghost"}, "gone or not yours"),  # the engine's NotFound, translated
     ({"speed": 3.0}, "speed must be within"),
     ({"mode": "sing"}, "mode 'sing'"),
 ]
@@ -168,14 +169,14 @@ async def test_engine_busy_becomes_a_busy_message(studio, engine, prompt, monkey
         raise Busy("64 requests are waiting")
 
     monkeypatch.setattr(engine, "check", busy)
-    with pytest.raises(gr.Error, match=r"server is busy \(64 requests are waiting\)"):
-        await run(studio, prompt_wav=prompt)
+    status = (await run(studio, prompt_wav=prompt))[-1][2]
+    assert 'data-state="failed"' in status and "server is busy (64 requests are waiting)" in status
 
 
 async def test_stop_aborts_the_engine_and_keeps_the_partial_audio(prompt, tmp_path) -> None:
     engine = FakeEngine(n_chunks=200, chunk_s=0.1, delay_s=0.01)
     studio = Studio(engine, Limits(), T, StreamHub(), AudioStore(tmp_path))
-    gen = studio.generate(**ui(prompt_wav=prompt))
+    gen = studio.generate(Form(**ui(prompt_wav=prompt)))
     await gen.__anext__()
     await gen.__anext__()
     assert RID in engine.active
@@ -190,7 +191,7 @@ async def test_stop_aborts_the_engine_and_keeps_the_partial_audio(prompt, tmp_pa
 async def test_closing_the_listener_mid_stream_aborts(prompt, tmp_path) -> None:
     engine = FakeEngine(n_chunks=200, chunk_s=0.1, delay_s=0.01)
     studio = Studio(engine, Limits(), T, StreamHub(), AudioStore(tmp_path))
-    gen = studio.generate(**ui(prompt_wav=prompt))
+    gen = studio.generate(Form(**ui(prompt_wav=prompt)))
     await gen.__anext__()
     await gen.aclose()  # what Gradio does when the tab closes or the event is cancelled
     assert engine.aborted == [RID] and not engine.active
@@ -240,8 +241,8 @@ async def test_voices_belong_to_their_browser(studio, engine, prompt) -> None:
         await studio.delete_voice("alice", BROWSER_B)
     with pytest.raises(gr.Error, match="only the server's operator"):
         await studio.delete_voice("shared", BROWSER_A)
-    with pytest.raises(gr.Error, match="gone or not yours"):
-        await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_B)
+    used = await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_B)
+    assert 'data-state="failed"' in used[-1][2] and "gone or not yours" in used[-1][2]
     assert (await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_A))[-1][0] is not None
     for bad in ("", "not-a-browser-id", "A1" * 16):  # only ids drawn by the page's script are owners
         with pytest.raises(gr.Error, match="browser id"):
@@ -265,19 +266,6 @@ def test_prompt_info_and_text_info(studio, prompt) -> None:
     counter, split = studio.text_info("One. Two! " * 3, "en")
     assert "30 / 50 characters · segments: 1" in counter and split.count("<li>") == 1
     assert "cosy-over" in studio.text_info("x" * 51, "en")[0]
-
-
-@pytest.mark.parametrize("mode", ["zero_shot", "cross_lingual", "instruct", "vc", "voice"])
-def test_mode_changes_what_is_visible(studio, mode) -> None:
-    *boxes, note = studio.mode_changed(mode)
-    visible = dict(
-        zip(("prompt", "transcript", "voice", "instruct", "source", "text"), (b["visible"] for b in boxes))
-    )
-    assert visible == {
-        "prompt": mode != "voice", "transcript": mode == "zero_shot", "voice": mode == "voice",
-        "instruct": mode == "instruct", "source": mode == "vc", "text": mode != "vc",
-    }  # fmt: skip
-    assert html.escape(T(f"mode_help_{mode}")) in note
 
 
 def test_dice_and_presets() -> None:
@@ -307,7 +295,7 @@ def test_server_panel_tracks_throughput(tmp_path, monkeypatch) -> None:
 
 
 def test_generate_inputs_are_the_engines_files(studio, prompt) -> None:
-    req = studio.build_request(**{k: v for k, v in ui(prompt_wav=prompt).items() if k != "history"})
+    req = studio.build_request(Form(**ui(prompt_wav=prompt)))
     assert Path(req.prompt_wav).exists() and req.seed is None and req.language == "auto"
 
 
@@ -330,9 +318,9 @@ async def test_a_login_session_saves_lists_and_uses_its_own_namespace(studio, en
     assert field == "" and ("Mine", "mine") in dropdown.choices  # the namespace is never put in the page
     _, other = await choices(SignedIn("bob~fp2"), BROWSER_A)  # the browser that saved it, another key
     assert ("Mine", "mine") not in other.choices
-    generate = studios.listener("generate")
-    values = ui(mode="voice", voice_id="mine", browser_id=BROWSER_B)
-    args = [values.pop(k) for k in list(values)]
+    generate = studios.listener("generate", Form.from_ui)
+    form = Form(**ui(mode="voice", voice_id="mine", browser_id=BROWSER_B))
+    args = [getattr(form, k) for k in FORM_FIELDS]  # the page's values, in its order
     assert [u async for u in generate(SignedIn("alice~fp1"), *args)][-1][0] is not None
     assert engine.requests[-1].voice_owner == "api:key:k1"
     with pytest.raises(gr.Error, match="browser id"):  # a session no key signed has no namespace
@@ -377,3 +365,69 @@ async def test_transcription_notes_name_languages_and_keep_engine_words_in_the_l
     _, _, note = await studio.transcribe(prompt, "auto")
     assert "无法识别" in note and "whisper" not in note and "ModelError" not in note
     assert "whisper worker died" in caplog.text
+
+
+class FailingEngine(FakeEngine):
+    """Streams one chunk, then fails the way an engine bug does (an exception no refusal names)."""
+
+    async def stream(self, req: SynthesisRequest) -> AsyncIterator:  # type: ignore[override]
+        async with contextlib.aclosing(super().stream(req)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+                raise RuntimeError("flow reuse: a chunk emits frame 349, inside its 350 cached frames")
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+async def test_an_engine_failure_ends_the_request_in_the_pages_language(
+    prompt, tmp_path, caplog, lang
+) -> None:
+    engine = FailingEngine(n_chunks=3, chunk_s=0.2, delay_s=0.0)
+    t = Texts(lang)
+    studio = Studio(engine, Limits(), t, StreamHub(), AudioStore(tmp_path))
+    outs = await run(studio, prompt_wav=prompt)
+    audio, _, status, _, _ = outs[-1]
+    assert 'data-state="failed"' in status and html.escape(t("err_internal")) in status
+    assert "frame 349" not in status and "RuntimeError" not in status  # the engine's words stay in the log
+    assert "frame 349" in caplog.text and "RuntimeError" in caplog.text
+    assert not engine.active  # the engine is freed
+    assert audio is gr.skip() or audio == gr.skip()
+
+
+async def test_a_missing_saved_voice_fails_with_the_translated_refusal(studio, engine) -> None:
+    status = (await run(studio, mode="voice", voice_id="ghost", prompt_wav=None))[-1][2]
+    assert 'data-state="failed"' in status and "gone or not yours" in status
+
+
+def test_the_form_takes_the_pages_values_in_order() -> None:
+    values = ["instruct", "/p.wav", None, "Speak slowly.", None, None, "en", "Hi.", False, 1.5, 7.0, RID]
+    values += [[], "f" * 32, True, 6]
+    form = Form.from_ui(*values)
+    assert (form.mode, form.prompt_wav, form.prompt_text, form.instruct_text) == (
+        "instruct",
+        "/p.wav",
+        "",
+        "Speak slowly.",
+    )
+    assert (form.stream, form.speed, form.seed, form.rid, form.history, form.live, form.wps) == (
+        False, 1.5, 7.0, RID, (), True, 6
+    )  # fmt: skip
+    with pytest.raises(ValueError):
+        Form.from_ui(*values[:-1])  # one value short: the page and the form disagree
+
+
+async def test_transcription_fills_an_untyped_transcript_and_keeps_a_typed_one(studio, prompt) -> None:
+    text, offer, note = await studio.transcribe(prompt, "auto", "old words of an example", False)
+    assert (text, offer) == ("fake transcript", "en") and "Transcribed (English)" in note
+    text, offer, note = await studio.transcribe(prompt, "auto", "my own words", True)
+    assert text == gr.skip() and offer == "en" and "fake transcript" in note and "Kept" in note
+    assert studio.transcript_cleared(False) == ("", "")  # filled for the removed audio: it goes too
+    assert studio.transcript_cleared(True)[0] == gr.skip()  # the visitor's words stay
+
+
+async def test_an_unknown_detected_language_is_named_not_coded(studio, engine, prompt, monkeypatch) -> None:
+    async def swahili(audio: object, language: str | None = None) -> Any:
+        return type("T", (), {"text": "habari", "language": "sw"})()
+
+    monkeypatch.setattr(engine, "transcribe", swahili)
+    text, offer, note = await studio.transcribe(prompt, "auto", "", False)
+    assert text == "habari" and offer == gr.skip() and "another language" in note and "sw" not in note

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import Limits
 from tests.fakes import FakeEngine
-from webui.layout import GPU, build_demo, page_options
+from webui.layout import GPU, SHOWN_IN, build_demo, page_options
 
 
 def listeners(demo) -> dict[str, object]:
@@ -26,7 +26,7 @@ def test_gpu_work_shares_one_concurrency_group_and_the_queue_is_bounded() -> Non
     fns = listeners(demo)
     for name in ("generate", "save_voice"):
         assert (fns[name].concurrency_id, fns[name].concurrency_limit, fns[name].queue) == (GPU, 3, True)
-    for name in ("stop", "text_info", "server_panel", "mode_changed", "prompt_info", "dice"):
+    for name in ("stop", "text_info", "server_panel", "transcript_cleared", "prompt_info", "dice"):
         assert fns[name].queue is False, name  # UI-only work never waits behind the GPU
     assert demo._queue.max_size == 7
 
@@ -52,3 +52,18 @@ def test_page_options_carry_the_player_and_styles() -> None:
     opts = page_options()
     assert "window.cosyPlayer" in opts["head"] and opts["head"].startswith("<script>")
     assert ".cosy-tile" in opts["css"] and opts["theme"] is not None
+
+
+def test_each_mode_shows_exactly_its_inputs_through_css() -> None:
+    """No listener toggles visibility: each group carries its modes' classes and the page's css shows a
+    group only while the radio's input of one of those modes is checked."""
+    demo = build_demo(FakeEngine(), "en")
+    classes = {tuple(b.elem_classes or ()) for b in demo.blocks.values()}
+    for modes in SHOWN_IN.values():
+        assert any(set(c) >= {"cosy-for", *(f"cosy-for-{m}" for m in modes)} for c in classes), modes
+    css = page_options()["css"]
+    assert ".cosy-for { display: none !important; }" in css
+    for mode in ("zero_shot", "cross_lingual", "instruct", "vc", "voice"):
+        rule = f'#cosy-mode input[value="{mode}"][aria-checked="true"]) .cosy-for-{mode} {{ display: flex'
+        assert rule in css
+    assert not any(getattr(f.fn, "__name__", "") == "mode_changed" for f in demo.fns.values())

@@ -13,7 +13,7 @@
   const AUDIBLE = 1e-3; // |sample| above this counts as sound (-60 dBFS)
   const PEAK_BINS = 180; // bars in the live waveform
 
-  const S = { rid: "", ctx: null, ctrl: null, nextAt: 0, pending: [], pendingN: 0, sources: [], peaks: [], top: 0 };
+  const S = { rid: "", fileRid: "", ctx: null, ctrl: null, nextAt: 0, pending: [], pendingN: 0, sources: [], peaks: [], top: 0 };
   let stats = fresh("");
 
   function fresh(rid) {
@@ -70,10 +70,41 @@
   }
 
   function idle(rid) {
-    // Streaming is off: remember the id (Stop needs it) and show no live numbers.
+    // Streaming is off: remember the id (Stop needs it), show no live numbers, and wake the output inside
+    // the click, so the finished file may play when the request ends (finished()).
     stop();
-    S.rid = rid; stats = fresh(rid);
+    context();
+    S.rid = rid; S.fileRid = rid; stats = fresh(rid); stats.state = "waiting";
     setBrowserTtfa("—");
+    render();
+  }
+
+  async function finished() {
+    // Generate's event ended. A failed request marks the card; with streaming off, the whole file plays on the context the click woke (a
+    // media element told to autoplay from a later update may be refused by the browser, and Gradio's
+    // waveform player does not play it); a failed request has no file (404) and plays nothing.
+    const rid = S.fileRid;
+    S.fileRid = "";
+    if (document.querySelector('.cosy-status[data-state="failed"]')) {
+      if (S.rid) { stats.state = "error"; render(); } // what was received played; the card says it failed
+      return;
+    }
+    if (!rid || S.rid !== rid) return;
+    const resp = await fetch(new URL("webui/audio/" + rid + ".wav", document.baseURI), { cache: "no-store" });
+    if (resp.status !== 200 || S.rid !== rid) { if (S.rid === rid) { stats.state = "idle"; render(); } return; }
+    const ctx = context();
+    const buf = await ctx.decodeAudioData(await resp.arrayBuffer());
+    if (S.rid !== rid) return;
+    const pcm = buf.getChannelData(0);
+    stats.sampleRate = buf.sampleRate; stats.samples = pcm.length; stats.state = "playing";
+    S.peaks = []; S.top = 0; addPeaks(pcm);
+    const src = ctx.createBufferSource();
+    src.buffer = buf;
+    src.connect(ctx.destination);
+    src.onended = () => { if (S.sources.includes(src)) { stats.playedS = buf.duration; stats.state = "done"; render(); } };
+    src.start();
+    S.sources.push(src);
+    stats.scheduledS = buf.duration;
     render();
   }
 
@@ -152,6 +183,7 @@
   }
 
   function stop() {
+    S.fileRid = ""; // a stopped request's partial file is not played
     if (S.ctrl) S.ctrl.abort();
     S.ctrl = null;
     const sources = S.sources;
@@ -198,11 +230,20 @@
     });
   }
 
+  // The transcript field holds the visitor's own words while they have typed (or pasted) some: every edit
+  // of theirs fires a DOM input event, a value set by the server or an example does not. Transcription
+  // and clearing the prompt read the flag (player.py, TRANSCRIBE_JS / CLEARED_JS).
+  document.addEventListener("input", (e) => {
+    if (e.target instanceof HTMLTextAreaElement && e.target.closest("#cosy-transcript")) {
+      window.cosyTyped = e.target.value.trim() !== "";
+    }
+  }, { capture: true });
+
   // Start the audio output at the page's first gesture, so Generate does not pay for the device spin-up.
   document.addEventListener("pointerdown", () => context(), { once: true, capture: true });
 
   window.cosyPlayer = {
-    newRid, start, idle, stop,
+    newRid, start, idle, finished, stop,
     get rid() { return S.rid; },
     get stats() { return { ...stats }; },
   };
