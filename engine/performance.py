@@ -28,7 +28,8 @@ LOOKAHEAD = 1  # spoken parts computed ahead of the one being delivered
 
 
 class Streamer(Protocol):
-    sample_rate: int
+    @property
+    def sample_rate(self) -> int: ...
 
     def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]: ...
 

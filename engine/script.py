@@ -130,10 +130,12 @@ def break_seconds(tag: str, line: int = 1) -> float:
     match = _BREAK.fullmatch(tag.strip())
     timing = _BREAK_TIME.match(match["attrs"]) if match else None
     if timing is None:
-        raise InvalidInput(f'line {line}: {tag!r} is not a pause; write <break time="500ms"/> or "1.5s"')
+        message = f'line {line}: {tag!r} is not a pause; write <break time="500ms"/> or "1.5s"'
+        raise InvalidInput(message, field="text")
     seconds = float(timing["value"]) / (1000.0 if timing["unit"] == "ms" else 1.0)
     if seconds > MAX_BREAK_S:
-        raise InvalidInput(f"line {line}: a break of {seconds:g} s is over the limit of {MAX_BREAK_S:g} s")
+        message = f"line {line}: a break of {seconds:g} s is over the limit of {MAX_BREAK_S:g} s"
+        raise InvalidInput(message, field="text")
     return seconds
 
 
