@@ -6,12 +6,15 @@ import base64
 import io
 import json
 
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
 
+from api.app import build_api
+from engine.config import Limits
 from engine.request import Mode
-from tests.api.support import assert_openai_error, expected_samples, wav_bytes
+from tests.api.support import RecordingEngine, assert_openai_error, expected_samples, live_server, wav_bytes
 
 SCRIPT = 'Alice: Hello Bob. <break time="250ms"/> Nice day.\nBob (cheerful): Hi Alice!'
 
@@ -103,3 +106,26 @@ async def test_bad_scripts_get_clear_errors(client, voices, change, status, para
     error = assert_openai_error(r, status, param)
     if match:
         assert match in error["message"]
+
+
+async def test_a_20000_character_text_streams_from_its_first_sentence(tmp_path):
+    engine = RecordingEngine(n_chunks=2, chunk_s=0.2, delay_s=0.02)  # ~40 ms of compute per sentence
+    wav = tmp_path / "v.wav"
+    wav.write_bytes(wav_bytes(3.0))
+    voice = engine.add_voice("Narrator", str(wav), "A prompt.", None).id
+    sentence = "This long text goes on, sentence after sentence, for a while. "
+    text = (sentence * (20000 // len(sentence) + 1))[:20000]
+    request = {"script": text, "voices": {"Narrator": voice}, "stream": True, "response_format": "pcm"}
+    with live_server(build_api(engine, Limits(), api_key="")) as url:
+        client = httpx.AsyncClient(base_url=url, timeout=120)
+        async with client, client.stream("POST", "/v1/audio/script", json=request) as r:
+            assert r.status_code == 200
+            total = int(r.headers["X-Script-Parts"])
+            received, asked_at_first_byte = 0, None
+            async for data in r.aiter_bytes():
+                if asked_at_first_byte is None and data:
+                    asked_at_first_byte = len(engine.requests)
+                received += len(data)
+    assert total > 60 and asked_at_first_byte is not None and asked_at_first_byte <= 3  # look-ahead 1
+    assert len(engine.requests) == total and received // 2 == total * expected_samples(engine)
+    assert all(q.voice_id == voice and len(q.text) <= 230 for q in engine.requests)
