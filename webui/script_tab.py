@@ -36,6 +36,7 @@ EXAMPLE_SCRIPT = (
     "Bob (speaking slowly and calmly): Thanks, Alice. [breath] It is <strong>really</strong> fast now.\n"
     "Alice: Let us hear it."
 )
+STOP_JS = "() => { const p = window.cosyPlayer; if (p) p.stop(); return []; }"  # silence the player now
 BREAK_HELP = '<break time="500ms"/>: exact silence (ms or s, up to 10 s)'
 NOISE_NOTE = "demo-tiny has random weights: its speech is noise, so the word timings are noise too."
 PLAYER_JS = """
@@ -230,7 +231,9 @@ def build(
             with gr.Column(scale=2):
                 names, voices = _cast_rows()
                 gap = gr.Slider(0.0, 2.0, value=0.3, step=0.05, label="Gap between turns (s)")
-                go = gr.Button("Perform the script", variant="primary", elem_id="cosy-script-go")
+                with gr.Row():
+                    go = gr.Button("Perform the script", variant="primary", elem_id="cosy-script-go", scale=3)
+                    stop = gr.Button("Stop", variant="stop", elem_id="cosy-script-stop", scale=1)
                 progress = gr.HTML(
                     progress_html(0, 0, 0.0, 0.0), js_on_load=None, elem_id="cosy-script-progress"
                 )
@@ -240,8 +243,10 @@ def build(
         rid = gr.Textbox(visible=False)
     inputs = [text, gap, *names, *voices, rid, owner, prompt, prompt_text]
     js = start_js(inputs.index(rid))
-    go.click(desk.perform, inputs, [progress, result, files], js=js, show_progress="hidden")
+    run = go.click(desk.perform, inputs, [progress, result, files], js=js, show_progress="hidden")
     light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}
+    # cancelling closes the listener's generator: its finally closes the performance, aborting every part
+    stop.click(None, None, None, js=STOP_JS, cancels=[run], **light)
     demo.load(desk.voices, owner, voices, **light)
     owner.change(desk.voices, owner, voices, **light)  # the browser's id arrives after the first load
 

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 
 import app
-from tests.api.support import RecordingEngine
+from tests.api.support import RecordingEngine, wait_until
 from tests.sounds import write_wav
 from tests.webui.support import WAIT_MS, serving, studio_page
 
 pytestmark = pytest.mark.browser
 SCREENS = Path("/work/notes/screens")
+VOICES_SET = "(() => { const v = document.querySelector('#cosy-sp-voice-1 input'); return v && v.value; })()"
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +50,7 @@ def test_a_two_speaker_script_streams_highlights_and_downloads_subtitles(page, s
     page.locator("#cosy-script .label-wrap").first.click()
     box = page.locator("#cosy-script-text textarea")
     box.wait_for(timeout=WAIT_MS)
-    page.wait_for_function(
-        "(() => { const v = document.querySelector('#cosy-sp-voice-1 input'); return v && v.value; })()",
-        timeout=WAIT_MS,
-    )  # the voices' defaults arrived
+    page.wait_for_function(VOICES_SET, timeout=WAIT_MS)  # the voices' defaults arrived
     box.fill("Alice: Hello Bob, how are you today?\nBob: I am fine. ")
     box.press("End")
     page.locator("#cosy-script-tags button", has_text="[laughter]").click()  # inserted at the cursor
@@ -92,3 +90,19 @@ def test_a_two_speaker_script_streams_highlights_and_downloads_subtitles(page, s
         r"1\n\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}\nHello Bob, how are you today\?\n", srt
     )
     assert vtt.startswith("WEBVTT\n\n") and "I am fine." in re.sub(r"<[^>]+>", "", vtt)
+
+
+def test_stop_ends_a_long_script_and_aborts_its_parts(page, server) -> None:
+    engine = server[1]
+    page.locator("#cosy-script .label-wrap").first.click()
+    page.wait_for_function(VOICES_SET, timeout=WAIT_MS)
+    sentence = "This is sentence number {} of a long text, and it goes on for a while."
+    sentences = " ".join(sentence.format(i) for i in range(40))
+    page.locator("#cosy-script-text textarea").fill(f"Alice: {sentences}")
+    before = len(engine.requests)
+    page.locator("#cosy-script-go").click()
+    page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=WAIT_MS)
+    page.locator("#cosy-script-stop").click()
+    assert wait_until(lambda: not engine.active, timeout_s=30)
+    # 40 sentences in ~19 parts of ~0.3 s compute each: stopped after the first, with one computed ahead
+    assert len(engine.requests) - before < 10
