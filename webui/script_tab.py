@@ -260,7 +260,7 @@ def _editor() -> gr.Textbox:
     )  # fmt: skip
     with gr.Row(elem_id="cosy-script-tags"):
         for tag in ['<break time="500ms"/>', *TAG_HELP]:
-            button = gr.Button(tag, size="sm", min_width=60)
+            button = gr.Button(tag, size="sm", min_width=170 if tag.startswith("<break") else 60)
             button.click(None, text, text, js=tag_insert_js(tag), queue=False)
     help_rows = [BREAK_HELP, *(f"{tag}: {what}" for tag, what in TAG_HELP.items())]
     gr.HTML(views.note_html(" · ".join(help_rows)), js_on_load=None)
