@@ -84,3 +84,17 @@ async def test_bad_scripts_are_gradio_errors_and_release_the_player(desk, script
 def test_progress_states_the_time_left():
     html = progress_html(3, 12, 20.0, 6.0)
     assert "Sentences 3 / 12" in html and "about 18 s left" in html and 'style="width:25.0%"' in html
+
+
+def test_random_weights_say_the_timings_are_noise():
+    from engine.performance import PartDone
+    from engine.subtitles import Word
+    from webui.script_tab import NOISE_NOTE, result_html
+
+    part = PartDone(0, 1, "Alice", "Hi there", 0.0, 1.0, (Word("Hi", 0.1, 0.4), Word("there", 0.4, 0.9)))
+    noisy, clean = (
+        result_html("webui/audio/x.wav", [part], True),
+        result_html("webui/audio/x.wav", [part], False),
+    )
+    assert NOISE_NOTE in noisy and NOISE_NOTE not in clean
+    assert '<span class="cosy-w" data-s="0.400" data-e="0.900">there</span>' in clean
