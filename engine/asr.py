@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine import device as devices
 from engine.audio import AudioInput, AudioLimits, as_audio
 from engine.errors import InvalidInput, ModelError
+from engine.serving.subtitles import Word
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class Transcriber:
         self._by_id = {i: code for code, i in self.languages.items()}
         self._max_new = int(model.config.max_target_positions) - 8  # room for the start/language/task tokens
         self._lock = threading.Lock()
+        self._pipeline: Any = None  # the word-timestamp pipeline over the same model, built on first use
 
     @classmethod
     def load(cls, name: str, device: torch.device) -> Transcriber:
@@ -87,6 +90,27 @@ class Transcriber:
         text = self.processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
         return Transcript(text, code, clip.duration_s)
 
+    def words(self, pcm: np.ndarray, sample_rate: int, language: str | None = None) -> list[Word]:
+        """Recognised words with times (s from the start of ``pcm``, up to 30 s), by the transformers
+        pipeline's cross-attention alignment (``return_timestamps="word"``); the subtitles' word timer."""
+        if not getattr(self.model.generation_config, "alignment_heads", None):
+            return []  # a Whisper without cross-attention alignment heads has no word times
+        clip = as_audio((pcm, sample_rate), _LIMITS, SAMPLE_RATE)
+        with self._lock, torch.inference_mode():
+            if self._pipeline is None:
+                from transformers import pipeline
+
+                self._pipeline = pipeline(
+                    "automatic-speech-recognition", model=self.model, tokenizer=self.processor.tokenizer,
+                    feature_extractor=self.processor.feature_extractor, device=self.device,
+                )  # fmt: skip
+            code = language if language in self.languages else None
+            kwargs = {"language": code, "task": "transcribe"} if code else {"task": "transcribe"}
+            out = self._pipeline(
+                clip.at(SAMPLE_RATE).copy(), return_timestamps="word", generate_kwargs=kwargs
+            )
+        return [_word(chunk, clip.duration_s) for chunk in out.get("chunks", []) if chunk["text"].strip()]
+
     def _language(self, features: torch.Tensor, language: str | None) -> str:
         if language and language != "auto":
             if language not in self.languages:
@@ -95,3 +119,10 @@ class Transcriber:
             return language
         token = int(self.model.detect_language(features)[0])  # Whisper's language-token step
         return self._by_id.get(token, "en")
+
+
+def _word(chunk: dict[str, Any], duration_s: float) -> Word:
+    """A pipeline chunk ({"text", "timestamp": (start, end | None)}) -> Word (an open end: the clip's)."""
+    start, end = chunk["timestamp"]
+    start = float(start or 0.0)
+    return Word(chunk["text"].strip(), start, float(end) if end is not None else max(start, duration_s))

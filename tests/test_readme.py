@@ -88,7 +88,7 @@ def wav_frames(path: Path) -> int:
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the README's API examples use curl")
 def test_the_api_examples_run_as_written(server: str, workdir: Path, monkeypatch) -> None:
     api_blocks = [(lang, code) for lang, code in BLOCKS if README_PORT in code]
-    assert len(api_blocks) == 2
+    assert len(api_blocks) == 3
     for lang, code in api_blocks:
         code = code.replace(README_PORT, server)
         if lang == "python":
@@ -102,6 +102,8 @@ def test_the_api_examples_run_as_written(server: str, workdir: Path, monkeypatch
                 assert '"type":"speech.audio.done"' in done.stdout
     assert 0 < wav_frames(workdir / "hello.wav") < 2**31 - 1  # "stream": false: exact sizes
     assert wav_frames(workdir / "hi.wav") > 0
+    assert wav_frames(workdir / "dialogue.wav") > 0  # the script example
+    assert (workdir / "dialogue.srt").read_text().startswith("1\n00:00:")
 
 
 def test_the_cli_example_runs_as_written(workdir: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from engine.config import Limits
-from webui import player, views
+from webui import player, script_tab, views
 from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import EXAMPLES, LANGUAGES, Labels, Texts, i18n
@@ -95,6 +95,7 @@ def build_demo(
         history = gr.State([])
         rid = gr.Textbox(visible=False)
         ask["owner"] = gr.Textbox(visible=False, elem_id="cosy-owner")  # the browser's id (localStorage)
+        script_tab.build(studio, ask["owner"], ask["prompt"], ask["prompt_text"], demo)
         _listen(demo, studios, limits, ask, answer, history, rid)
     demo.queue(max_size=limits.max_queue)
     return demo

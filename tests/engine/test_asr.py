@@ -55,3 +55,9 @@ def test_refuses_an_unknown_language_and_overlong_audio(transcriber):
 def test_a_missing_model_is_a_clear_model_error(tmp_path):
     with pytest.raises(ModelError, match="--asr-model none"):
         asr.Transcriber.load(str(tmp_path / "nothing-here"), torch.device("cpu"))
+
+
+def test_word_times_need_alignment_heads(transcriber):
+    # the tiny Whisper has none (the released ones do): no word times, and subtitles fall back to spreading
+    assert not getattr(transcriber.model.generation_config, "alignment_heads", None)
+    assert transcriber.words(np.full(24000, 0.1, np.float32), 24000, "en") == []

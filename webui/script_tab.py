@@ -1,0 +1,277 @@
+"""The studio's script desk: a dialogue or long text with a voice per speaker, pauses and the model's tags,
+played live as one stream, with progress, a whole-file download, SRT / WebVTT subtitles and the word being
+spoken highlighted during playback.
+
+``build(studio, fields)`` places its accordion; ``ScriptDesk.perform`` is its Generate listener (script
+-> ``engine.text.script`` parts -> ``engine.serving.performance.perform``), publishing PCM to the
+studio's live player under the request id the browser drew, like the main Generate.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+
+from engine.errors import EngineError
+from engine.request import Mode, SynthesisRequest, new_request_id
+from engine.serving.performance import PartDone, perform
+from engine.serving.subtitles import Word, to_srt, to_vtt
+from engine.text.script import TAG_HELP, Part, Speech, compile_script, parse_script
+from webui import views
+from webui.handlers import RID, Studio, call_engine, owner_of, user_error
+
+log = logging.getLogger(__name__)
+
+SPEAKERS = 4  # rows of the cast table
+PROMPT = "__prompt__"  # the voice in the studio's prompt box (an upload or a recording)
+EXAMPLE_SCRIPT = (
+    'Alice: Welcome back to the show! <break time="400ms"/> Today we talk about streaming speech.\n'
+    "Bob (speaking slowly and calmly): Thanks, Alice. [breath] It is <strong>really</strong> fast now.\n"
+    "Alice: Let us hear it."
+)
+STOP_JS = "() => { const p = window.cosyPlayer; if (p) p.stop(); return []; }"  # silence the player now
+BREAK_HELP = '<break time="500ms"/>: exact silence (ms or s, up to 10 s)'
+NOISE_NOTE = "demo-tiny has random weights: its speech is noise, so the word timings are noise too."
+PLAYER_JS = """
+const mark = () => {
+  const audio = element.querySelector('audio');
+  if (!audio) return;
+  const t = audio.currentTime;
+  element.querySelectorAll('.cosy-w').forEach((w) => {
+    const on = t >= parseFloat(w.dataset.s) && t < parseFloat(w.dataset.e);
+    w.classList.toggle('cosy-w-now', on);
+  });
+};
+const loop = () => {
+  mark();
+  const a = element.querySelector('audio');
+  if (a && !a.paused) requestAnimationFrame(loop);
+};
+element.addEventListener('play', loop, true);
+element.addEventListener('timeupdate', mark, true);
+element.addEventListener('seeked', mark, true);
+"""
+CSS = """
+#cosy-script-result .cosy-w { border-radius: 4px; padding: 0 1px; transition: background .08s; }
+#cosy-script-result .cosy-w-now { background: #7c3aed; color: #fff; }
+#cosy-script-result .cosy-part { margin: 4px 0; line-height: 1.7; }
+#cosy-script-result audio { width: 100%; margin-bottom: 6px; }
+.cosy-bar { height: 8px; background: #e2e8f0; border-radius: 4px; overflow: hidden; margin: 4px 0; }
+.cosy-bar > div { height: 100%; background: #7c3aed; }
+"""
+
+
+def tag_insert_js(tag: str) -> str:
+    """Insert ``tag`` at the script box's cursor (browser only: no round trip)."""
+    snippet = tag.replace("...", " ")
+    return (
+        "(s) => { const ta = document.querySelector('#cosy-script-text textarea');"
+        " const i = ta && ta.selectionStart != null ? ta.selectionStart : (s || '').length;"
+        f" const v = s || ''; return v.slice(0, i) + {snippet!r} + v.slice(i); }}"
+    )
+
+
+def start_js(rid_index: int) -> str:
+    """Perform's hook: draw the request id and start the studio's live player on it, inside the click."""
+    return (
+        "(...args) => { const p = window.cosyPlayer; if (p) { const rid = p.newRid();"
+        f" args[{rid_index}] = rid; p.start(rid); }} return args; }}"
+    )
+
+
+def progress_html(done: int, total: int, audio_s: float, elapsed_s: float) -> str:
+    """Sentences done / total, audio so far, and the time left at the pace so far."""
+    share = done / total if total else 0.0
+    left = elapsed_s / done * (total - done) if done else None
+    eta = f" · about {left:.0f} s left" if left is not None and done < total else ""
+    return (
+        f'<div class="cosy-progress" data-done="{done}" data-total="{total}">'
+        f"Sentences {done} / {total} · {audio_s:.1f} s of audio{eta}"
+        f'<div class="cosy-bar"><div style="width:{100 * share:.1f}%"></div></div></div>'
+    )
+
+
+def result_html(audio_url: str, parts: Sequence[PartDone], noise: bool) -> str:
+    """The finished audio and its text, each word a span with its times (the player script highlights)."""
+    rows = []
+    for part in parts:
+        words = " ".join(
+            f'<span class="cosy-w" data-s="{w.start_s:.3f}" data-e="{w.end_s:.3f}">'
+            f"{html.escape(w.text)}</span>"
+            for w in part.words
+        )
+        rows.append(f'<div class="cosy-part"><b>{html.escape(part.speaker)}:</b> {words}</div>')
+    note = views.note_html(NOISE_NOTE, "bad") if noise else ""
+    return f'<audio controls src="{audio_url}"></audio>{note}{"".join(rows)}'
+
+
+class ScriptDesk:
+    def __init__(self, studio: Studio):
+        self.studio = studio
+
+    async def voices(self, browser_id: str) -> list[Any]:
+        """The cast dropdowns' choices: the prompt box's voice, then examples, public and own voices."""
+        own = await self.studio.voice_choices(browser_id)
+        choices = [("the prompt box (left)", PROMPT), *own]
+        defaults = [own[i][1] if i < min(2, len(own)) else None for i in range(SPEAKERS)]
+        return [gr.Dropdown(choices=choices, value=value) for value in defaults]
+
+    def cast(
+        self, names: Sequence[str], voices: Sequence[str | None], browser_id: str, prompt: str | None,
+        prompt_text: str,
+    ) -> dict[str, SynthesisRequest]:  # fmt: skip
+        cast: dict[str, SynthesisRequest] = {}
+        for name, voice in zip(names, voices, strict=True):
+            if not (name or "").strip():
+                continue
+            if not voice:
+                raise user_error(f"speaker {name.strip()!r} has no voice: pick one")
+            cast[name.strip()] = self._voice(voice, browser_id, prompt, prompt_text)
+        if not cast:
+            raise user_error("name at least one speaker and pick a voice for it")
+        return cast
+
+    @staticmethod
+    def _voice(voice: str, browser_id: str, prompt: str | None, prompt_text: str) -> SynthesisRequest:
+        if voice != PROMPT:
+            return SynthesisRequest(voice_id=voice, voice_owner=owner_of(browser_id))
+        if not prompt:
+            raise user_error("'the prompt box' voice needs a prompt: upload or record one on the left")
+        mode = Mode.ZERO_SHOT if (prompt_text or "").strip() else Mode.CROSS_LINGUAL
+        return SynthesisRequest(prompt_wav=prompt, prompt_text=prompt_text or "", mode=mode)
+
+    async def perform(self, script: str, gap: float, *rest: Any) -> AsyncGenerator[tuple[Any, ...], None]:
+        """Yields (progress html, result html, files) as each sentence is done, then the finished take."""
+        names, voices = rest[:SPEAKERS], rest[SPEAKERS : 2 * SPEAKERS]
+        rid, browser_id, prompt, prompt_text = rest[2 * SPEAKERS :]
+        hub, engine = self.studio.hub, self.studio.engine
+        rid = rid if RID.match(rid or "") else ""
+        try:
+            cast = self.cast(names, voices, browser_id, prompt, prompt_text)
+            parts = compile_script(
+                parse_script(script or "", list(cast)),
+                str(getattr(engine, "family", "cosyvoice3")),
+                float(gap),
+            )
+        except EngineError as err:
+            if rid:
+                hub.close(rid)
+            raise user_error(str(err)) from err
+        except gr.Error:
+            if rid:
+                hub.close(rid)
+            raise
+        async for update in self._run(parts, cast, rid):
+            yield update
+
+    async def _run(
+        self, parts: list[Part], cast: dict[str, SynthesisRequest], rid: str
+    ) -> AsyncGenerator[tuple[Any, ...], None]:
+        engine, hub = self.studio.engine, self.studio.hub
+        if rid:
+            hub.open(rid, engine.sample_rate)
+        pcm: list[np.ndarray] = []
+        done: list[PartDone] = []
+        t0 = time.monotonic()
+        timer = getattr(engine, "asr", None)
+        total = sum(1 for p in parts if isinstance(p, Speech))
+        yield progress_html(0, total, 0.0, 0.0), gr.skip(), gr.skip()
+        gen = perform(engine, parts, cast, timer, timings=True)
+        try:
+            async for item in gen:
+                if isinstance(item, PartDone):
+                    done.append(item)
+                    elapsed = time.monotonic() - t0
+                    yield progress_html(len(done), total, item.end_s, elapsed), gr.skip(), gr.skip()
+                    continue
+                pcm.append(item)
+                if rid:
+                    hub.publish(rid, views.pcm16_bytes(item))
+        except EngineError as err:
+            raise user_error(str(err)) from err
+        finally:
+            await gen.aclose()
+            if rid:
+                hub.close(rid)
+        yield await self._finish(pcm, done, rid)
+
+    async def _finish(self, pcm: list[np.ndarray], done: list[PartDone], rid: str) -> tuple[Any, ...]:
+        rid = rid or new_request_id()
+        rate = self.studio.engine.sample_rate
+        audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+        wav = await call_engine(self.studio.store.save, rid, audio, rate)
+        words: list[Word] = [w for p in done for w in p.words]
+        srt, vtt = Path(wav).with_suffix(".srt"), Path(wav).with_suffix(".vtt")
+        srt.write_text(to_srt(words), encoding="utf-8")
+        vtt.write_text(to_vtt(words), encoding="utf-8")
+        total = len(done)
+        progress = progress_html(total, total, audio.size / rate, 0.0)
+        page = result_html(f"webui/audio/{rid}.wav", done, self.studio.random_weights)
+        return progress, page, [str(wav), str(srt), str(vtt)]
+
+
+def build(
+    studio: Studio, owner: gr.Textbox, prompt: gr.Audio, prompt_text: gr.Textbox, demo: gr.Blocks
+) -> None:
+    """The script accordion (below the studio's history) and its listeners."""
+    desk = ScriptDesk(studio)
+    title = "Script: dialogue, pauses, long texts"
+    with gr.Accordion(title, open=False, elem_id="cosy-script", elem_classes=["cosy-card"]):
+        gr.HTML(f"<style>{CSS}</style>", js_on_load=None)
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                text = _editor()
+            with gr.Column(scale=2):
+                names, voices = _cast_rows()
+                gap = gr.Slider(0.0, 2.0, value=0.3, step=0.05, label="Gap between turns (s)")
+                with gr.Row():
+                    go = gr.Button("Perform the script", variant="primary", elem_id="cosy-script-go", scale=3)
+                    stop = gr.Button("Stop", variant="stop", elem_id="cosy-script-stop", scale=1)
+                progress = gr.HTML(
+                    progress_html(0, 0, 0.0, 0.0), js_on_load=None, elem_id="cosy-script-progress"
+                )
+        result = gr.HTML("", js_on_load=PLAYER_JS, elem_id="cosy-script-result")
+        files = gr.File(label="Audio and subtitles (wav, SRT, WebVTT)", file_count="multiple",
+                        elem_id="cosy-script-files")  # fmt: skip
+        rid = gr.Textbox(visible=False)
+    inputs = [text, gap, *names, *voices, rid, owner, prompt, prompt_text]
+    js = start_js(inputs.index(rid))
+    run = go.click(desk.perform, inputs, [progress, result, files], js=js, show_progress="hidden")
+    light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}
+    # cancelling closes the listener's generator: its finally closes the performance, aborting every part
+    stop.click(None, None, None, js=STOP_JS, cancels=[run], **light)
+    demo.load(desk.voices, owner, voices, **light)
+    owner.change(desk.voices, owner, voices, **light)  # the browser's id arrives after the first load
+
+
+def _editor() -> gr.Textbox:
+    """The script box, a one-click insert per tag (at the cursor) and what each tag does."""
+    text = gr.Textbox(
+        EXAMPLE_SCRIPT, label="Script", lines=9, max_lines=30, elem_id="cosy-script-text",
+        info="One turn a line: 'Name: text' or 'Name (instruction): text'; a line without a name continues"
+        " the speaker. Up to 20,000 characters.",
+    )  # fmt: skip
+    with gr.Row(elem_id="cosy-script-tags"):
+        for tag in ['<break time="500ms"/>', *TAG_HELP]:
+            button = gr.Button(tag, size="sm", min_width=170 if tag.startswith("<break") else 60)
+            button.click(None, text, text, js=tag_insert_js(tag), queue=False)
+    help_rows = [BREAK_HELP, *(f"{tag}: {what}" for tag, what in TAG_HELP.items())]
+    gr.HTML(views.note_html(" · ".join(help_rows)), js_on_load=None)
+    return text
+
+
+def _cast_rows() -> tuple[list[gr.Textbox], list[gr.Dropdown]]:
+    names, voices = [], []
+    for i in range(SPEAKERS):
+        with gr.Row(equal_height=True):
+            default = ("Alice", "Bob", "", "")[i]
+            names.append(gr.Textbox(default, label=f"Speaker {i + 1}", scale=2, elem_id=f"cosy-sp-name-{i}"))
+            voices.append(gr.Dropdown([], label="voice", scale=3, elem_id=f"cosy-sp-voice-{i}"))
+    return names, voices
