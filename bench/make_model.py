@@ -28,6 +28,7 @@ from torch import nn
 from bench.onnx_standins import write_standins
 from bench.tiny_tokenizer import write_tiny_tokenizer
 from bench.yaml_templates import FULL, SMALL, TINY, model_yaml, qwen_config
+from engine.cache_root import cache_root
 from engine.checkpoint import build_modules
 from engine.yaml_data import read_yaml
 
@@ -112,14 +113,14 @@ def demo_tiny_whisper(cache_dir: str | None, asr_model: str) -> str:
         return asr_model
     from bench.tiny_whisper import build_whisper_dir
 
-    root = Path(cache_dir or Path.home() / ".cache" / "cosystream") / "demo-tiny-whisper"
+    root = cache_root(cache_dir) / "demo-tiny-whisper"
     return str(build_whisper_dir(root))
 
 
 def build_demo_tiny(cache_dir: str | None = None) -> Path:
     """``--model demo-tiny`` (app.py and ``python -m engine``): a tiny random-weight v3 directory in the
     released layout under the cache, written again on each start (seconds, offline)."""
-    root = Path(cache_dir or Path.home() / ".cache" / "cosystream") / "demo-tiny"
+    root = cache_root(cache_dir) / "demo-tiny"
     log.info("building the demo-tiny model (random weights) in %s", root)
     return build_model_dir(root, "cosyvoice3", "tiny")
 
