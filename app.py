@@ -7,6 +7,7 @@ API. Nothing heavy is imported at module level: torch, gradio and the engine loa
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
@@ -32,6 +33,7 @@ from engine.config import (
     fast_start_choice,
     fast_start_flag,
 )
+from engine.startup import Timeline  # stdlib only: its import marks the launch
 from webui.texts import UI_LANG_CHOICES
 
 if TYPE_CHECKING:
@@ -106,6 +108,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
     )  # fmt: skip
     p.add_argument(
+        "--cache-dir", default=None,
+        help="the cache root: models, compile caches (Inductor, Triton, vLLM) and saved voices "
+        "(default: COSYSTREAM_CACHE, else ~/.cache/cosystream)",
+    )  # fmt: skip
+    p.add_argument(
+        "--graphs-before-serving", dest="background_graphs", action="store_false",
+        help="capture every CUDA graph before serving (default: the first of each kind, the rest in the "
+        "background while requests run uncaptured)",
+    )  # fmt: skip
+    p.add_argument(
         "--voices-dir", default=None,
         help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
     )  # fmt: skip
@@ -174,6 +186,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_reuse=args.flow_reuse,
         flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,
+        background_graphs=args.background_graphs,
+        cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
@@ -181,21 +195,25 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def build_engine(cfg: EngineConfig) -> Any:
+def build_engine(cfg: EngineConfig, timeline: Timeline | None = None) -> Any:
     """Load the checkpoint (downloading it on first use) and return the resident engine.
 
     ``demo-tiny`` writes a tiny random-weight model in the released layout first (offline, seconds), so the
     whole stack runs on a fresh CPU machine; its audio is noise and the UI says so. With ``--asr-model auto``
     it gets a tiny random-weight Whisper too (its transcripts are noise, and the UI says so as well).
     """
-    from engine.engine import TTSEngine  # torch and the models load here, not at import
+    timeline = timeline or Timeline()
+    with timeline.phase("engine import"):
+        from engine.engine import TTSEngine  # torch and the models load here, not at import
 
     if cfg.model != DEMO_TINY:
-        return TTSEngine.load(cfg)
+        return TTSEngine.load(cfg, timeline=timeline)
     from bench.make_model import build_demo_tiny, demo_tiny_whisper
 
-    cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
-    return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))
+    with timeline.phase("demo model"):  # built on the first start, reused after (under the cache root)
+        cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
+        model_dir = build_demo_tiny(cfg.cache_dir)
+    return TTSEngine.load(cfg, model_dir=model_dir, timeline=timeline)
 
 
 def mount_api(app: FastAPI, engine: Any, limits: Limits, api_key: str | Sequence[str] | None) -> bool:
@@ -218,43 +236,105 @@ def create_app(
     limits: Limits | None = None,
     api_key: str | Sequence[str] | None = None,
     random_weights: bool = False,
+    studio_later: bool = False,
 ) -> FastAPI:
     """One FastAPI app: the API, the studio's PCM / download routes, then the Gradio UI at "/" (last,
     because a mount at "/" catches every path registered after it). With API keys the studio needs a
-    Gradio login (any user name, a key as the password), so nobody uses it without a key."""
-    import gradio as gr
+    Gradio login (any user name, a key as the password), so nobody uses it without a key.
+
+    ``studio_later``: the server answers (API, /health, /ready) as soon as the engine is warm, and the UI
+    (importing Gradio alone takes ~10-25 s on a 2-core CPU) is built in a thread and mounted when done;
+    until then "/" says the studio is loading (503, Retry-After)."""
     from fastapi import FastAPI
 
-    from api.auth import resolve_api_keys
     from webui import stream_route
-    from webui.layout import build_demo, page_options
 
-    quiet_gradio_deprecations()
     limits = limits or Limits()
     hub, store = stream_route.StreamHub(), stream_route.AudioStore()
+    studio = Studio(engine, ui_lang, limits, api_key, random_weights, hub, store)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not engine.ready:  # the engine serves only once warm; warm it on the server's event loop
             await engine.warmup()
-        try:
-            yield
-        finally:
-            store.cleanup()
-            close = getattr(engine, "close", None)  # test fakes have nothing to release
-            if close is not None:
-                close()
+        async with contextlib.AsyncExitStack() as later:
+            if studio_later:
+                task = asyncio.create_task(studio.mount_later(app, later))
+                later.callback(task.cancel)
+            try:
+                yield
+            finally:
+                store.cleanup()
+                close = getattr(engine, "close", None)  # test fakes have nothing to release
+                if close is not None:
+                    close()
 
     app = FastAPI(title="CosyStream", lifespan=lifespan)
     mount_api(app, engine, limits, api_key)
     app.include_router(stream_route.router(hub, store, open_timeout_s=limits.request_timeout_s))
-    demo = build_demo(engine, ui_lang, limits, hub=hub, store=store, random_weights=random_weights)
-    # uploads over the limit are refused before they are written to disk
-    options = page_options(ui_lang) | {"max_file_size": limits.max_upload_bytes}
-    keys = resolve_api_keys(api_key)
-    if keys:
-        options["auth"] = studio_login(keys)
-    return gr.mount_gradio_app(app, demo, path="/", **options)
+    if studio_later:
+        studio.placeholder(app)
+        return app
+    return studio.mount(app)
+
+
+class Studio:
+    """The Gradio UI over the engine, mounted at "/" now (``mount``) or once built (``mount_later``)."""
+
+    def __init__(
+        self, engine: Any, ui_lang: str, limits: Limits, api_key: str | Sequence[str] | None,
+        random_weights: bool, hub: Any, store: Any,
+    ) -> None:  # fmt: skip
+        self.engine, self.ui_lang, self.limits, self.api_key = engine, ui_lang, limits, api_key
+        self.random_weights, self.hub, self.store = random_weights, hub, store
+        self._placeholder: Any = None
+
+    def mount(self, app: FastAPI) -> FastAPI:
+        import gradio as gr
+
+        from api.auth import resolve_api_keys
+        from webui.layout import build_demo, page_options
+
+        quiet_gradio_deprecations()
+        demo = build_demo(
+            self.engine, self.ui_lang, self.limits, hub=self.hub, store=self.store,
+            random_weights=self.random_weights,
+        )  # fmt: skip
+        # uploads over the limit are refused before they are written to disk
+        options = page_options(self.ui_lang) | {"max_file_size": self.limits.max_upload_bytes}
+        keys = resolve_api_keys(self.api_key)
+        if keys:
+            options["auth"] = studio_login(keys)
+        if self._placeholder is not None:
+            app.router.routes.remove(self._placeholder)
+        return gr.mount_gradio_app(app, demo, path="/", **options)
+
+    def placeholder(self, app: FastAPI) -> None:
+        """ "/" until the studio is mounted: a page that says so and reloads itself."""
+        from fastapi.responses import HTMLResponse
+
+        def loading() -> HTMLResponse:
+            page = '<meta http-equiv="refresh" content="3"><p>CosyStream: the studio is loading...</p>'
+            return HTMLResponse(page, status_code=503, headers={"Retry-After": "3"})
+
+        app.add_api_route("/", loading, methods=["GET"], include_in_schema=False)
+        self._placeholder = app.router.routes[-1]
+
+    async def mount_later(self, app: FastAPI, stack: contextlib.AsyncExitStack) -> None:
+        """Build and mount the UI in a thread, then run Gradio's start-up as its own lifespan would
+        (the server's has run already); its shutdown runs with ``stack``'s."""
+        timeline = getattr(self.engine, "startup", None) or Timeline()
+        try:
+            with timeline.phase("studio UI", background=True):
+                await asyncio.to_thread(self.mount, app)
+                gradio_app = app.router.routes[-1].app  # type: ignore[attr-defined]  # the mount just added
+                await stack.enter_async_context(gradio_app.router.lifespan_context(gradio_app))
+                gradio_app.get_blocks().run_startup_events()
+                await gradio_app.get_blocks().run_extra_startup_events()
+        except Exception:  # the API keeps serving; "/" keeps saying the studio is loading
+            log.exception("the studio UI could not be built")
+            raise
+        log.info("the studio is up at /")
 
 
 def quiet_gradio_deprecations() -> None:
@@ -303,10 +383,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_local(args)
         return
     cfg = engine_config(args)
-    engine = build_engine(cfg)
+    log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
+    engine = build_engine(cfg, Timeline())  # its phases timed from this process's launch
     app = create_app(
         engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
-        random_weights=cfg.model == DEMO_TINY,
+        random_weights=cfg.model == DEMO_TINY, studio_later=True,
     )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from torch.fx.experimental import _config as shape_config
 
 from engine.cache_root import set_by_cache_root
@@ -90,6 +89,8 @@ def use_compile_cache(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     # importing torch._dynamo writes Inductor's default (a temp dir) into the environment: that one is ours
     # to replace, as is the cache root's general choice (engine.cache_root); a value the operator chose is not
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # Dynamo: seconds to import
+
     inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     ours = set_by_cache_root("TORCHINDUCTOR_CACHE_DIR")
     if inductor in (None, os.path.abspath(default_cache_dir())) or ours:

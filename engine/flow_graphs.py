@@ -20,7 +20,6 @@ import logging
 
 import torch
 from torch import Tensor, nn
-from torch._dynamo.exc import BackendCompilerFailed
 from torch.profiler import record_function
 
 from engine import device as devices
@@ -131,6 +130,8 @@ class GraphedCFM(nn.Module):
         builder's ``add``, the first of each kind now and the rest there); returns how many there are.
         Where the page windows fail to compile, the pool goes and the streaming calls recompute (logged):
         frame reuse is an optimisation, and a load that fails for it would take the service down."""
+        from torch._dynamo.exc import BackendCompilerFailed  # Dynamo: seconds to import, only for graphs
+
         try:
             return self._precapture(max_batch, max_frames, device, later)
         except BackendCompilerFailed:

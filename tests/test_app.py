@@ -103,7 +103,7 @@ class FakeTTSEngine:
     loads: ClassVar[list[tuple]] = []
 
     @classmethod
-    def load(cls, cfg, model_dir=None):
+    def load(cls, cfg, model_dir=None, timeline=None):
         cls.loads.append((cfg.model, model_dir))
         return cls()
 
