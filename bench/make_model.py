@@ -144,6 +144,7 @@ def built_once(root: Path, build: Callable[[Path], Path], sources: list[Path]) -
     log.info("building %s (random weights)", root)
     stamp.unlink(missing_ok=True)
     build(root)
+    root.mkdir(parents=True, exist_ok=True)
     stamp.write_text(want)  # last: a build cut short is built again
     return root
 

@@ -245,3 +245,41 @@ def test_api_keys_put_the_studio_behind_a_login() -> None:
         assert client.get("/v1/models").status_code == 401
     with TestClient(app.create_app(FakeEngine(), ui_lang="en", api_key="")) as client:
         assert client.get("/config").status_code == 200  # no keys: an open demo
+
+
+def test_the_server_answers_before_the_studio_is_built_and_mounts_it_when_done(monkeypatch) -> None:
+    """main()'s create_app(studio_later=True): /health and the API answer while the UI is still being
+    built (Gradio's import alone is 10-25 s on a 2-core CPU); "/" says so until the UI is mounted."""
+    building, release = threading.Event(), threading.Event()
+    real_mount = app.Studio.mount
+
+    def held_mount(self, fastapi_app):
+        building.set()
+        assert release.wait(120)
+        return real_mount(self, fastapi_app)
+
+    monkeypatch.setattr(app.Studio, "mount", held_mount)
+    engine = FakeEngine()
+    fastapi_app = app.create_app(engine, ui_lang="en", random_weights=True, studio_later=True)
+    server = app.web_server(fastapi_app, "127.0.0.1", 0, "fake")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (server.started and building.is_set()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        loading = httpx.get(url + "/", timeout=30)
+        assert loading.status_code == 503 and "loading" in loading.text and loading.headers["retry-after"]
+        release.set()
+        page = loading
+        while page.status_code != 200 and time.monotonic() < deadline + 120:
+            time.sleep(0.2)
+            page = httpx.get(url + "/", timeout=30)
+        assert page.status_code == 200 and "CosyStream" in page.text
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(30)
