@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -55,6 +56,7 @@ from engine.token2wav import Token2Wav, Utterance
 from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -141,10 +143,17 @@ class TTSEngine:
         vocoder = None
         if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
             vocoder = GraphedHiFT(model.hift)
-        with ThreadPoolExecutor(1, thread_name_prefix="lm-start") as starter:
+        with ThreadPoolExecutor(2, thread_name_prefix="load") as starter:
             started = starter.submit(_timed, timeline, "LM backend", _backend, cfg, model, files)
+            asr_name = model_choice(cfg.asr_model, dev)
+            whisper = (
+                starter.submit(_timed, timeline, "whisper", Transcriber.load, asr_name, dev)
+                if asr_name
+                else None
+            )
             try:
                 parts = _frontends(cfg, files, model, dev, cache, timeline)
+                asr = whisper.result() if whisper is not None else None
             except BaseException:
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
@@ -158,7 +167,7 @@ class TTSEngine:
             _precapture(model.flow.decoder, vocoder, cfg, dev, builder)
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
         p = parts
-        engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, p.asr)
+        engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
         engine.startup, engine.graph_builder = timeline, builder
         return engine
 
@@ -532,13 +541,12 @@ def _precapture(
 
 @dataclass(frozen=True)
 class _Parts:
-    """What loads beside the LM backend's start: the prompt and text frontends, voices, Whisper."""
+    """What loads beside the LM backend's start (and Whisper's): the prompt and text frontends, voices."""
 
     frontend: Frontend
     text: TextFrontend
     voices: VoiceLibrary
     pool: TextPool
-    asr: Transcriber | None
 
 
 def _frontends(
@@ -550,20 +558,15 @@ def _frontends(
         text = TextFrontend(load_tokenizer(files.qwen, model.family))
         root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
         voices = VoiceLibrary(root, model.family, load_examples(cfg.examples_dir))
-    asr_name = model_choice(cfg.asr_model, dev)
-    asr = None
-    if asr_name:
-        with timeline.phase("whisper"):
-            asr = Transcriber.load(asr_name, dev)
     workers = cfg.text_workers
     if workers is None:
         workers = 4 if devices.is_accelerator(dev) else 0
     pool = TextPool(text, workers, files.qwen)
     with timeline.phase("text workers"):
         pool.start()
-    return _Parts(frontend, text, voices, pool, asr)
+    return _Parts(frontend, text, voices, pool)
 
 
-def _timed(timeline: Timeline, name: str, fn: Callable[..., LMBackend], *args: object) -> LMBackend:
+def _timed(timeline: Timeline, name: str, fn: Callable[..., T], *args: object) -> T:
     with timeline.phase(name):
         return fn(*args)

@@ -73,3 +73,41 @@ def test_a_phase_needs_a_name_and_no_negative_seconds():
         Phase("", 0.0, 1.0)
     with pytest.raises(ValueError):
         Phase("weights", 0.0, -1.0)
+
+
+async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tmp_path, monkeypatch):
+    """The real load on the tiny model: every phase once, ordered by when it ended, the LM backend beside
+    the frontends, the first graphs after both, the warm-up last and ready at its end."""
+    import json
+
+    from bench.make_model import build_model_dir
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig
+    from engine.engine import TTSEngine
+
+    for name in COMPILE_DIRS:  # the load points them under its cache root: undone after the test
+        monkeypatch.setenv(name, str(tmp_path / name))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    timeline = Timeline()
+    eng = TTSEngine.load(cfg, timeline=timeline)
+    try:
+        assert eng.startup is timeline and timeline.ready_s is None
+        await eng.warmup()
+    finally:
+        eng.close()
+    phases = {p.name: p for p in timeline.phases}
+    assert sorted(phases) == sorted(
+        ["model files", "weights", "LM backend", "frontends", "text workers", "first graphs", "warm-up"]
+    )
+    ends = [p.start_s + p.seconds for p in timeline.phases]
+    assert ends == sorted(ends)  # listed in the order they ended
+
+    def end(name: str) -> float:
+        return phases[name].start_s + phases[name].seconds
+
+    assert end("model files") <= phases["weights"].start_s and end("weights") <= phases["LM backend"].start_s
+    assert phases["first graphs"].start_s >= max(end("LM backend"), end("frontends"))
+    assert timeline.ready_s is not None and timeline.ready_s >= end("warm-up") >= end("first graphs")
+    assert not any(p.background for p in timeline.phases) and eng.graph_builder.pending == 0
+    assert json.loads(json.dumps(timeline.as_dict()))["ready_s"] == round(timeline.ready_s, 3)
