@@ -143,22 +143,21 @@ class TTSEngine:
         vocoder = None
         if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
             vocoder = GraphedHiFT(model.hift)
-        with ThreadPoolExecutor(2, thread_name_prefix="load") as starter:
+        # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
+        # is not thread-safe: "cannot import name 'AutoTokenizer'"), and vLLM's start imports it too
+        with timeline.phase("tokenizer"):
+            text = TextFrontend(load_tokenizer(files.qwen, model.family))
+        with ThreadPoolExecutor(1, thread_name_prefix="lm-start") as starter:
             started = starter.submit(_timed, timeline, "LM backend", _backend, cfg, model, files)
-            asr_name = model_choice(cfg.asr_model, dev)
-            whisper = (
-                starter.submit(_timed, timeline, "whisper", Transcriber.load, asr_name, dev)
-                if asr_name
-                else None
-            )
             try:
-                parts = _frontends(cfg, files, model, dev, cache, timeline)
-                asr = whisper.result() if whisper is not None else None
+                parts = _frontends(cfg, files, model.family, dev, cache, timeline, text)
             except BaseException:
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
                 raise
             backend = started.result()
+        asr_name = model_choice(cfg.asr_model, dev)
+        asr = _timed(timeline, "whisper", Transcriber.load, asr_name, dev) if asr_name else None
         # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
         _enable_reuse(model.flow.decoder, model.family, cfg, dev)
@@ -541,7 +540,7 @@ def _precapture(
 
 @dataclass(frozen=True)
 class _Parts:
-    """What loads beside the LM backend's start (and Whisper's): the prompt and text frontends, voices."""
+    """What loads beside the LM backend's start: the prompt frontend, voices; the text pool."""
 
     frontend: Frontend
     text: TextFrontend
@@ -550,14 +549,19 @@ class _Parts:
 
 
 def _frontends(
-    cfg: EngineConfig, files: ModelDir, model: LoadedModel, dev: torch.device, cache: Path, timeline: Timeline
+    cfg: EngineConfig,
+    files: ModelDir,
+    family: str,
+    dev: torch.device,
+    cache: Path,
+    timeline: Timeline,
+    text: TextFrontend,
 ) -> _Parts:
     with timeline.phase("frontends"):
         limits = AudioLimits.for_prompt(cfg.limits)
         frontend = Frontend.from_model_dir(files, dev, limits=limits, cache_size=cfg.prompt_cache_size)
-        text = TextFrontend(load_tokenizer(files.qwen, model.family))
         root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
-        voices = VoiceLibrary(root, model.family, load_examples(cfg.examples_dir))
+        voices = VoiceLibrary(root, family, load_examples(cfg.examples_dir))
     workers = cfg.text_workers
     if workers is None:
         workers = 4 if devices.is_accelerator(dev) else 0

@@ -66,7 +66,7 @@ class Timeline:
                 self._running.pop(token, None)
 
     def record(self, name: str, start_s: float, seconds: float, background: bool = False) -> Phase:
-        done = Phase(name, round(start_s, 3), round(seconds, 3), background)
+        done = Phase(name, start_s, seconds, background)
         with self._lock:
             self._phases.append(done)
         log.info("start-up: %s took %.1f s (%.1f s since launch)", name, seconds, start_s + seconds)
@@ -100,6 +100,11 @@ class Timeline:
         return {
             "ready_s": None if ready is None else round(ready, 3),
             "now_s": round(self.now_s(), 3),
-            "phases": [asdict(p) for p in self.phases],
+            "phases": [_rounded(asdict(p)) for p in self.phases],
             "pending": self.pending(),
         }
+
+
+def _rounded(phase: dict[str, object]) -> dict[str, object]:
+    """A phase for JSON: seconds to the millisecond."""
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in phase.items()}

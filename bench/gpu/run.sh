@@ -217,6 +217,7 @@ CACHE_PARTS_MAX=3  # x 16 MB: with the checkout (~8 MB) a cache-in call stays un
 step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) and vLLM's torch.compile cache
   local dirs=()
   [ -d "$CACHE/compile" ] && dirs+=("$CACHE/compile")
+  [ -d "$CACHE/vllm-cache" ] && dirs+=("$CACHE/vllm-cache")  # VLLM_CACHE_ROOT under the cache root
   [ -d "$HOME/.cache/vllm" ] && dirs+=("$HOME/.cache/vllm")
   [ ${#dirs[@]} -gt 0 ] || die "no compile cache under $CACHE/compile or $HOME/.cache/vllm yet"
   mkdir -p "$OUT"
