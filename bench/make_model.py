@@ -127,8 +127,10 @@ def build_demo_tiny(cache_dir: str | None = None) -> Path:
     generators = [
         Path(__file__).parent / f"{m}.py" for m in ("make_model", "yaml_templates", "tiny_tokenizer")
     ]
-    models = sorted((Path(__file__).parents[1] / "engine").rglob("*.py"))  # the modules' state dict layout
-    return built_once(root, lambda out: build_model_dir(out, "cosyvoice3", "tiny"), generators + models)
+    engine = Path(__file__).parents[1] / "engine"  # the modules' state dict layout
+    models = [*sorted((engine / "models").rglob("*.py")), engine / "checkpoint.py", engine / "yaml_data.py"]
+    sources = [p for p in generators + models if p.is_file()]
+    return built_once(root, lambda out: build_model_dir(out, "cosyvoice3", "tiny"), sources)
 
 
 def built_once(root: Path, build: Callable[[Path], Path], sources: list[Path]) -> Path:
