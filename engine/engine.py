@@ -129,9 +129,10 @@ class TTSEngine:
         cls, cfg: EngineConfig, files: ModelDir, dev: torch.device, timeline: Timeline
     ) -> TTSEngine:
         """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers.
-        The LM backend (vLLM's start: about a minute on a GPU) starts in a thread while the frontends,
-        voices and Whisper load here; the graphs are captured after it (it sizes its KV cache from the
-        memory free at its start), the first of each kind now and the rest behind a serving engine."""
+        The LM backend (vLLM's start: about a minute on a GPU) starts in a thread while the prompt
+        frontend and the voices load here; Whisper and the graphs come after it (it sizes its KV cache from
+        the memory free at its start), the first graph of each kind now and the rest behind a serving
+        engine (``graph_builder``, started by ``warmup``)."""
         with timeline.phase("weights"):
             model = load_model(files, dev)
         if cfg.flow_attention == "folded":
