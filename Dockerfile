@@ -2,7 +2,8 @@
 #   CUDA (default): docker build -t cosystream .
 #   Ascend NPU:     docker build -t cosystream:npu --build-arg DEVICE=npu .
 # Weights: mount a released model directory (-v /models:/models -e COSYSTREAM_MODEL=/models/Fun-CosyVoice3-0.5B-2512)
-# or let the server download the default id into the /data volume on first start.
+# or let the server download the default id into the /data volume on first start. COSYSTREAM_CACHE is the
+# server's cache root (models, compile caches, saved voices): on the volume, a restarted container starts warm.
 # Neither image is built in CI (no Docker daemon there); CI lints this file with hadolint.
 ARG DEVICE=cuda
 # vLLM 0.26 with its CUDA torch; vllm-ascend ships torch-npu, CANN and vLLM for Ascend (untested here).

@@ -65,7 +65,11 @@ def routes(ctx: ApiContext) -> APIRouter:
         if not engine.ready:
             message = "the model is still loading or warming up"
             raise ApiError(503, message, code="not_ready", headers=retry_after(READY_RETRY_S))
-        return JSONResponse({"status": "ready", "model": engine.model_name, "family": engine.family})
+        body = {"status": "ready", "model": engine.model_name, "family": engine.family}
+        timeline = getattr(engine, "startup", None)  # the start-up's phases (engine.serving.startup.Timeline)
+        if timeline is not None:
+            body["startup"] = timeline.as_dict()
+        return JSONResponse(body)
 
     @router.get("/metrics")
     async def metrics() -> Response:

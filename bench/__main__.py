@@ -357,6 +357,7 @@ async def run_engine(args: argparse.Namespace, save: SaveRun) -> tuple[list[Leve
     try:
         devices.reset_peak_memory(dev)
         await engine.warmup()
+        await asyncio.to_thread(engine.graph_builder.wait)  # the sweep measures the finished engine
         info["device_peak_mb_warmup"] = devices.peak_memory_mb(dev)  # where a device transient happens
         levels = await sweep(EngineTarget(engine), args, args.concurrency, lambda lv: save(lv, info))
         if args.profile_dir:

@@ -361,6 +361,7 @@ async def run_cli(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
     engine = load_engine(args, cfg)
     try:
         await engine.warmup()
+        await asyncio.to_thread(engine.graph_builder.wait)  # the soak measures the finished engine
         run = await soak(engine, cfg)
         return write_report(run, Path(args.out), str(engine.model.device), str(args.model))
     finally:

@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -25,6 +24,7 @@ from ray import serve
 
 from cluster.board import ReplicaBoard, ReplicaReport
 from cluster.parcel import Parcel, local_audio, unpacked
+from engine.cache_root import cache_root
 from engine.config import DEMO_TINY, EngineConfig
 from engine.request import AudioChunk
 
@@ -62,7 +62,7 @@ def own_cache(cfg: EngineConfig) -> EngineConfig:
     would overwrite each other's files while loading them), and keep the voices in the shared dir."""
     if cfg.model != DEMO_TINY:
         return cfg
-    shared = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
+    shared = cache_root(cfg.cache_dir)
     voices = cfg.voices_dir or str(shared / "voices")
     return replace(cfg, cache_dir=tempfile.mkdtemp(prefix="cosystream-replica-"), voices_dir=voices)
 

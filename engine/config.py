@@ -258,6 +258,11 @@ class EngineConfig:
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
     # 16 = 80 flow + 40 HiFT buckets (load time in BENCHMARKS.md). 0 = capture each bucket on first use.
     graph_warmup_s: float = 16.0
+    # of those graphs, load captures the first of each kind (the compiles: batch 1 and 2, shortest mel)
+    # and the engine serves; the rest are captured on a background thread in serving order (engine.
+    # graph_builder) while requests run uncaptured at the bucket's shape, the computation a graph replays.
+    # False = every graph before serving (the load of before: ~2-4 min on a fresh H200)
+    background_graphs: bool = True
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -20,6 +21,8 @@ import torch
 from engine import device as devices
 
 log = logging.getLogger(__name__)
+# a background builder's add(name, job): the job captures until done or until its event is set
+Later = Callable[[str, Callable[[threading.Event], None]], None]
 K = TypeVar("K", bound=tuple)  # a bucket key: (batch, frames[, streaming])
 SLOW_CAPTURE_S = 5.0  # a capture this long held a compile (a warm capture of a flow bucket is ~1 s)
 
@@ -36,6 +39,27 @@ def largest_first(top_batch: int, top_frames: int, frame_bucket: int) -> list[tu
     return [(b, t) for b in batches for t in range(top_frames, 0, -frame_bucket)]
 
 
+def first_keys(keys: Sequence[K]) -> list[K]:
+    """The keys captured before serving when the rest is built in the background: per kind of graph
+    (the key past batch and frames, e.g. streaming or a window's prefix) its shortest bucket at batch 1
+    and at the smallest batch above 1. They hold the compiles (Inductor specialises a size of 1, so batch
+    1 has a program of its own and every larger batch shares one), so no uncaptured request compiles."""
+    chosen: dict[tuple, K] = {}
+    for key in keys:
+        slot = (key[2:], min(key[0], 2))
+        if slot not in chosen or (key[0], key[1]) < (chosen[slot][0], chosen[slot][1]):
+            chosen[slot] = key
+    picked = set(chosen.values())
+    return [k for k in keys if k in picked]
+
+
+def serving_order(keys: Sequence[K]) -> list[K]:
+    """Background captures: a single stream's and a pair's buckets first, shortest first (what a demo's
+    first visitors meet), then the rest in the given order (largest first keeps the shared pool small)."""
+    small = sorted((k for k in keys if k[0] <= 2), key=lambda k: (k[0], k[1]))
+    return small + [k for k in keys if k[0] > 2]
+
+
 class GraphCache:
     """``key -> CapturedCall``, captured on first use, least recently used dropped past ``max_graphs``.
 
@@ -47,7 +71,9 @@ class GraphCache:
         self.name, self.max_graphs = name, max_graphs
         self._graphs: OrderedDict[Hashable, devices.CapturedCall] = OrderedDict()
         self._pool = self._stream = None  # created on the first capture (CUDA only)
-        self.frozen = False
+        self.frozen = False  # no capture on a request's path: set by precapture
+        self._builder: int | None = None  # the thread capturing precapture's keys (it may, frozen)
+        self._lock = threading.Lock()  # the background builder inserts while the token2wav thread replays
         self._missed: set[Hashable] = set()  # keys logged once as run uncaptured
 
     def __len__(self) -> int:
@@ -56,18 +82,50 @@ class GraphCache:
     def __getitem__(self, key: Hashable) -> devices.CapturedCall:
         return self._graphs[key]
 
-    def precapture(self, keys: Sequence[K], capture: Callable[[K], object], dev: torch.device) -> int:
-        """``capture(key)`` for every key (in order), with room for all of them; returns how many."""
+    def precapture(
+        self,
+        keys: Sequence[K],
+        capture: Callable[[K], object],
+        dev: torch.device,
+        later: Later | None = None,
+    ) -> int:
+        """``capture(key)`` for every key, with room for all of them; returns how many. With ``later``
+        (a ``GraphBuilder.add``) only ``first_keys`` are captured now and the rest is handed to ``later``
+        as one job, which captures them in ``serving_order`` while requests run on what exists."""
         self.max_graphs = max(self.max_graphs, len(keys))
-        start = time.monotonic()
-        with torch.inference_mode():  # as in serving: outside it every captured output kept its autograd
-            for done, key in enumerate(keys, 1):  # graph alive (the H200 filled up after ~70 flow captures)
-                began = time.monotonic()
-                capture(key)
-                self._progress(key, done, len(keys), began, start)
-        devices.empty_cache(dev)  # the warm-up runs' activations
+        now = first_keys(keys) if later is not None else list(keys)
+        self._capture_all(now, capture, dev, None)
         self.frozen = True
+        taken = set(now)
+        rest = [k for k in keys if k not in taken]
+        if later is not None and rest:
+            ordered = serving_order(rest)
+            later(f"{self.name} graphs", lambda stop: self._capture_all(ordered, capture, dev, stop))
         return len(keys)
+
+    def _capture_all(
+        self,
+        keys: Sequence[K],
+        capture: Callable[[K], object],
+        dev: torch.device,
+        stop: threading.Event | None,
+    ) -> None:
+        """Capture ``keys`` in order on this thread (``get`` captures for it even when frozen)."""
+        start = time.monotonic()
+        self._builder = threading.get_ident()
+        try:
+            # as in serving: outside inference mode every captured output kept its autograd graph alive
+            # (the H200 filled up after ~70 flow captures)
+            with torch.inference_mode():
+                for done, key in enumerate(keys, 1):
+                    if stop is not None and stop.is_set():
+                        return
+                    began = time.monotonic()
+                    capture(key)
+                    self._progress(key, done, len(keys), began, start)
+        finally:
+            self._builder = None
+            devices.empty_cache(dev)  # the warm-up runs' activations
 
     def _progress(self, key: Hashable, done: int, total: int, began: float, start: float) -> None:
         """Load can take minutes (a cold compile is ~1 min a program on the H200): say which capture
@@ -87,7 +145,7 @@ class GraphCache:
         """The graph of ``fn`` for ``key``, recording it on ``statics()`` (its input buffers) if new;
         None for a new key once frozen (the caller runs ``fn`` uncaptured)."""
         call = self._graphs.get(key)
-        if call is None and self.frozen:
+        if call is None and self.frozen and threading.get_ident() != self._builder:
             if key not in self._missed:
                 self._missed.add(key)
                 log.info("no %s graph was captured for %s: such calls run uncaptured", self.name, key)
@@ -97,8 +155,10 @@ class GraphCache:
                 self._pool, self._stream = devices.graph_pool(), devices.capture_stream()
             call = devices.CapturedCall(fn, statics(), self._pool, stream=self._stream)
             log.debug("captured the %s graph %s", self.name, key)
-            self._graphs[key] = call
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
-        self._graphs.move_to_end(key)
+            with self._lock:
+                self._graphs[key] = call
+                while len(self._graphs) > self.max_graphs:
+                    self._graphs.popitem(last=False)
+        with self._lock:
+            self._graphs.move_to_end(key)
         return call

@@ -26,6 +26,7 @@ from engine.config import (
     add_model_flag,
     fast_start_choice,
 )
+from engine.serving.startup import Timeline
 from webui.texts import UI_LANG_CHOICES
 
 if TYPE_CHECKING:
@@ -82,6 +83,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
     )  # fmt: skip
     add_fast_start_flag(p)
+    p.add_argument(
+        "--cache-dir", default=None,
+        help="the cache root: models, compile caches (Inductor, Triton, vLLM) and saved voices "
+        "(default: COSYSTREAM_CACHE, else ~/.cache/cosystream)",
+    )  # fmt: skip
+    p.add_argument(
+        "--graphs-before-serving", dest="background_graphs", action="store_false",
+        help="capture every CUDA graph before serving (default: the first of each kind, the rest in the "
+        "background while requests run uncaptured)",
+    )  # fmt: skip
     p.add_argument(
         "--voices-dir", default=None,
         help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
@@ -151,6 +162,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_reuse=args.flow_reuse,
         flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,
+        background_graphs=args.background_graphs,
+        cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,
         stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
@@ -158,18 +171,22 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def build_engine(cfg: EngineConfig) -> Any:
+def build_engine(cfg: EngineConfig, timeline: Timeline | None = None) -> Any:
     """Load the checkpoint (downloading it on first use) and return the resident engine.
 
     ``demo-tiny`` writes a tiny random-weight model in the released layout first (offline, seconds), so the
     whole stack runs on a fresh CPU machine; its audio is noise and the UI says so. With ``--asr-model auto``
     it gets a tiny random-weight Whisper too (its transcripts are noise, and the UI says so as well).
     """
-    from engine.serving.engine import TTSEngine  # torch and the models load here, not at import
+    timeline = timeline or Timeline()
+    with timeline.phase("engine import"):
+        from engine.serving.engine import TTSEngine  # torch and the models load here, not at import
 
     if cfg.model != DEMO_TINY:
-        return TTSEngine.load(cfg)
+        return TTSEngine.load(cfg, timeline=timeline)
     from engine.demo.make_model import build_demo_tiny, demo_tiny_whisper
 
-    cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
-    return TTSEngine.load(cfg, model_dir=build_demo_tiny(cfg.cache_dir))
+    with timeline.phase("demo model"):  # built on the first start, reused after (under the cache root)
+        cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
+        model_dir = build_demo_tiny(cfg.cache_dir)
+    return TTSEngine.load(cfg, model_dir=model_dir, timeline=timeline)

@@ -8,8 +8,11 @@ import logging
 from collections.abc import Sequence
 
 from engine.config import DEMO_TINY
+from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
 from server.cli import build_engine, engine_config, parse_args
 from server.web import create_app, open_share_link, web_server
+
+log = logging.getLogger("cosystream")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -21,10 +24,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_local(args)
         return
     cfg = engine_config(args)
-    engine = build_engine(cfg)
+    log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
+    engine = build_engine(cfg, Timeline())  # its phases timed from this process's launch
     app = create_app(
         engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
-        random_weights=cfg.model == DEMO_TINY,
+        random_weights=cfg.model == DEMO_TINY, studio_later=True,
     )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)

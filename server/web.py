@@ -3,6 +3,7 @@ uvicorn server that runs it. Nothing heavy is imported at module level."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.config import Limits
+from engine.serving.startup import Timeline
 
 if TYPE_CHECKING:
     import uvicorn
@@ -41,56 +43,118 @@ def create_app(
     limits: Limits | None = None,
     api_key: str | Sequence[str] | None = None,
     random_weights: bool = False,
+    studio_later: bool = False,
 ) -> FastAPI:
     """One FastAPI app: the API, the studio's PCM / download routes, then the Gradio UI at "/" (last,
     because a mount at "/" catches every path registered after it). With API keys the studio needs a
     Gradio login (any user name, a key as the password, ``webui.login``), so nobody uses it without a key;
-    a session's saved voices are then its key's, the API's namespace for that key."""
-    import gradio as gr
+    a session's saved voices are then its key's, the API's namespace for that key.
+
+    ``studio_later``: the server answers (API, /health, /ready) as soon as the engine is warm, and the UI
+    (importing Gradio alone takes ~10-25 s on a 2-core CPU) is built in a thread and mounted when done;
+    until then "/" says the studio is loading (503, Retry-After)."""
     from fastapi import FastAPI
-    from starlette.routing import Mount
 
     from api.auth import owner_of, resolve_api_keys
     from webui import stream_route
-    from webui.layout import build_demo, page_options
-    from webui.login import KeyLogin, TaggedLogin, login_message
+    from webui.login import KeyLogin, TaggedLogin
 
-    quiet_gradio_deprecations()
     limits = limits or Limits()
     hub, store = stream_route.StreamHub(), stream_route.AudioStore()
     keys = resolve_api_keys(api_key)
     login = KeyLogin(keys, owner_of) if keys else None
+    studio = StudioMount(engine, ui_lang, limits, login, random_weights, hub, store)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not engine.ready:  # the engine serves only once warm; warm it on the server's event loop
             await engine.warmup()
-        try:
-            yield
-        finally:
-            store.cleanup()
-            close = getattr(engine, "close", None)  # test fakes have nothing to release
-            if close is not None:
-                close()
+        async with contextlib.AsyncExitStack() as later:
+            if studio_later:
+                task = asyncio.create_task(studio.mount_later(app, later))
+                later.callback(task.cancel)
+            try:
+                yield
+            finally:
+                store.cleanup()
+                close = getattr(engine, "close", None)  # test fakes have nothing to release
+                if close is not None:
+                    close()
 
     app = FastAPI(title="CosyStream", lifespan=lifespan)
     mount_api(app, engine, limits, api_key)
     app.state.stream_hub = hub  # web_server shuts it before it waits for open responses
     signed_in = login.signed_in if login else None
     app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in))
-    demo = build_demo(
-        engine, ui_lang, limits, hub=hub, store=store, random_weights=random_weights,
-        account=login.owner if login else None,
-    )  # fmt: skip
-    # uploads over the limit are refused before they are written to disk
-    options = page_options(ui_lang) | {"max_file_size": limits.max_upload_bytes}
-    if login is not None:
-        options |= {"auth": login.check, "auth_message": login_message(ui_lang)}
-    gr.mount_gradio_app(app, demo, path="/", **options)
-    if login is not None:
-        login.bind(next(r.app for r in app.routes if isinstance(r, Mount) and hasattr(r.app, "tokens")))
+    if login is not None:  # a middleware joins before the app starts, so before a later mount too
         app.add_middleware(TaggedLogin, login=login)
-    return app
+    if studio_later:
+        studio.placeholder(app)
+        return app
+    return studio.mount(app)
+
+
+class StudioMount:
+    """The Gradio UI over the engine, mounted at "/" now (``mount``) or once built (``mount_later``)."""
+
+    def __init__(
+        self, engine: Any, ui_lang: str, limits: Limits, login: Any, random_weights: bool, hub: Any,
+        store: Any,
+    ) -> None:  # fmt: skip
+        self.engine, self.ui_lang, self.limits, self.login = engine, ui_lang, limits, login
+        self.random_weights, self.hub, self.store = random_weights, hub, store
+        self._placeholder: Any = None
+
+    def mount(self, app: FastAPI) -> FastAPI:
+        import gradio as gr
+        from starlette.routing import Mount
+
+        from webui.layout import build_demo, page_options
+        from webui.login import login_message
+
+        quiet_gradio_deprecations()
+        login = self.login
+        demo = build_demo(
+            self.engine, self.ui_lang, self.limits, hub=self.hub, store=self.store,
+            random_weights=self.random_weights, account=login.owner if login else None,
+        )  # fmt: skip
+        # uploads over the limit are refused before they are written to disk
+        options = page_options(self.ui_lang) | {"max_file_size": self.limits.max_upload_bytes}
+        if login is not None:
+            options |= {"auth": login.check, "auth_message": login_message(self.ui_lang)}
+        if self._placeholder is not None:
+            app.router.routes.remove(self._placeholder)
+        gr.mount_gradio_app(app, demo, path="/", **options)
+        if login is not None:
+            login.bind(next(r.app for r in app.routes if isinstance(r, Mount) and hasattr(r.app, "tokens")))
+        return app
+
+    def placeholder(self, app: FastAPI) -> None:
+        """ "/" until the studio is mounted: a page that says so and reloads itself."""
+        from fastapi.responses import HTMLResponse
+
+        def loading() -> HTMLResponse:
+            page = '<meta http-equiv="refresh" content="3"><p>CosyStream: the studio is loading...</p>'
+            return HTMLResponse(page, status_code=503, headers={"Retry-After": "3"})
+
+        app.add_api_route("/", loading, methods=["GET"], include_in_schema=False)
+        self._placeholder = app.router.routes[-1]
+
+    async def mount_later(self, app: FastAPI, stack: contextlib.AsyncExitStack) -> None:
+        """Build and mount the UI in a thread, then run Gradio's start-up as its own lifespan would
+        (the server's has run already); its shutdown runs with ``stack``'s."""
+        timeline = getattr(self.engine, "startup", None) or Timeline()
+        try:
+            with timeline.phase("studio UI", background=True):
+                await asyncio.to_thread(self.mount, app)
+                gradio_app = app.router.routes[-1].app  # type: ignore[attr-defined]  # the mount just added
+                await stack.enter_async_context(gradio_app.router.lifespan_context(gradio_app))
+                gradio_app.get_blocks().run_startup_events()
+                await gradio_app.get_blocks().run_extra_startup_events()
+        except Exception:  # the API keeps serving; "/" keeps saying the studio is loading
+            log.exception("the studio UI could not be built")
+            raise
+        log.info("the studio is up at /")
 
 
 def quiet_gradio_deprecations() -> None:

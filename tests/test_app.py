@@ -107,7 +107,7 @@ class FakeTTSEngine:
     loads: ClassVar[list[tuple]] = []
 
     @classmethod
-    def load(cls, cfg, model_dir=None):
+    def load(cls, cfg, model_dir=None, timeline=None):
         cls.loads.append((cfg.model, model_dir))
         return cls()
 
@@ -332,3 +332,41 @@ def test_a_pending_live_reader_does_not_hold_the_shutdown() -> None:
     reader.join(60)
     assert not thread.is_alive() and answers == [204]
     assert time.monotonic() - started < 60  # far below the 300 s the reader would otherwise hold it
+
+
+def test_the_server_answers_before_the_studio_is_built_and_mounts_it_when_done(monkeypatch) -> None:
+    """main()'s create_app(studio_later=True): /health and the API answer while the UI is still being
+    built (Gradio's import alone is 10-25 s on a 2-core CPU); "/" says so until the UI is mounted."""
+    building, release = threading.Event(), threading.Event()
+    real_mount = web.StudioMount.mount
+
+    def held_mount(self, fastapi_app):
+        building.set()
+        assert release.wait(120)
+        return real_mount(self, fastapi_app)
+
+    monkeypatch.setattr(web.StudioMount, "mount", held_mount)
+    engine = FakeEngine()
+    fastapi_app = web.create_app(engine, ui_lang="en", random_weights=True, studio_later=True)
+    server = web.web_server(fastapi_app, "127.0.0.1", 0, "fake")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (server.started and building.is_set()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        loading = httpx.get(url + "/", timeout=30)
+        assert loading.status_code == 503 and "loading" in loading.text and loading.headers["retry-after"]
+        release.set()
+        page = loading
+        while page.status_code != 200 and time.monotonic() < deadline + 120:
+            time.sleep(0.2)
+            page = httpx.get(url + "/", timeout=30)
+        assert page.status_code == 200 and "CosyStream" in page.text
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(30)

@@ -30,6 +30,11 @@
 #                                                 takes ~4 min to load), BEFORE=a process arm's results.json;
 #                                                 REPLICAS=2 (a 2-GPU host): the arm serve_replicas2, e.g.
 #                                                 ARMS=replica REPLICAS=2 BEFORE=<1 replica's json> ... 16,32,64
+#   bench/gpu/run.sh startup FAMILY [APP FLAGS]   H200: launch -> /health -> /ready -> full speed of app.py, cold
+#                                                 (an empty cache root) then warm (the same root again) ->
+#                                                 $OUT/startup_FAMILY_{cold,warm}/startup.json + server.log;
+#                                                 COLD_S (default 330) of LIMIT_S for the cold start, the rest
+#                                                 for the warm one
 #
 # FAMILY: v2 | v3; MODE: stream | offline | stream,offline; LEVELS: concurrency levels, e.g. 1,16,64.
 # Env: OUT (where results go; the device tool sets it), NAME (a bench run's folder name; default
@@ -212,6 +217,7 @@ CACHE_PARTS_MAX=3  # x 16 MB: with the checkout (~8 MB) a cache-in call stays un
 step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) and vLLM's torch.compile cache
   local dirs=()
   [ -d "$CACHE/compile" ] && dirs+=("$CACHE/compile")
+  [ -d "$CACHE/vllm-cache" ] && dirs+=("$CACHE/vllm-cache")  # VLLM_CACHE_ROOT under the cache root
   [ -d "$HOME/.cache/vllm" ] && dirs+=("$HOME/.cache/vllm")
   [ ${#dirs[@]} -gt 0 ] || die "no compile cache under $CACHE/compile or $HOME/.cache/vllm yet"
   mkdir -p "$OUT"
@@ -269,7 +275,29 @@ serve_arm() {  # ARM MODEL LEVELS [APP FLAGS]: start app.py, wait for /ready, be
   if [ -x "$SITE/bin/ray" ]; then "$SITE/bin/ray" stop --force > /dev/null 2>&1 || true; fi
 }
 
-STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve"
+step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (bench.startup --limit-s)
+  [ $# -ge 1 ] || die "usage: run.sh startup FAMILY [APP FLAGS]"
+  local fam=$1 model root kind limit
+  shift
+  family_dir "$fam" > /dev/null
+  environment
+  model=$(build_model "$fam" | tail -1)  # outside the root: a cold start is a fresh machine with the weights
+  root=${STARTUP_ROOT:-/root/startup-cache-$fam}
+  rm -rf "$root"
+  local cold_s=${COLD_S:-330}
+  for kind in cold warm; do
+    limit=$([ "$kind" = cold ] && echo "$cold_s" || echo $((LIMIT_S - cold_s - 10)))
+    python3 -m bench.startup --family "$(family_dir "$fam")" --cache-kind "$kind" --limit-s "$limit" \
+      --hardware "$HARDWARE" --commit "${COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}" \
+      --out "$OUT/startup_${fam}_$kind" -- python3 app.py --model "$model" --device cuda --backend vllm \
+      --port 8000 --asr-model none --allow-forced-tokens --cache-dir "$root" "$@" \
+      > "$OUT/startup_${fam}_$kind.log" 2>&1 && echo "$kind: done" || echo "$kind: stopped (rc $?)"
+    tail -1 "$OUT/startup_${fam}_$kind.log" | cut -c1-400
+    grep -E "start-up: .* took|ready .* after launch" "$OUT/startup_${fam}_$kind/server.log" | cut -c1-160 | tail -14 || true
+  done
+}
+
+STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve|startup"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -286,5 +314,6 @@ case "$step" in
   cache-out) step_cache_out ;;
   cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;
+  startup) step_startup "$@" ;;
   *) die "unknown step '$step' ($STEPS)" ;;
 esac

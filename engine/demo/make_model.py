@@ -14,19 +14,21 @@ damped so the waveform stays under the clamp. Audio from random weights is noise
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from engine.cache_root import cache_root
 from engine.checkpoint import build_modules
-from engine.demo.onnx_standins import write_standins
 from engine.demo.tiny_tokenizer import write_tiny_tokenizer
 from engine.demo.yaml_templates import FULL, SMALL, TINY, model_yaml, qwen_config
 from engine.yaml_data import read_yaml
@@ -71,6 +73,8 @@ def write_onnx(out: Path, family: str) -> None:
     version = "v3" if family == "cosyvoice3" else "v2"
     src = fixture_onnx()
     if src is None:
+        from engine.demo.onnx_standins import write_standins  # onnx: seconds to import, only when building
+
         write_standins(out, family)
         return
     shutil.copyfile(src / "campplus_standin.onnx", out / "campplus.onnx")
@@ -110,18 +114,42 @@ def demo_tiny_whisper(cache_dir: str | None, asr_model: str) -> str:
     transcripts are noise); any other choice is kept as it is."""
     if asr_model != "auto":
         return asr_model
-    from engine.demo.tiny_whisper import build_whisper_dir
+    import engine.demo.tiny_whisper as whisper
 
-    root = Path(cache_dir or Path.home() / ".cache" / "cosystream") / "demo-tiny-whisper"
-    return str(build_whisper_dir(root))
+    root = cache_root(cache_dir) / "demo-tiny-whisper"
+    return str(built_once(root, whisper.build_whisper_dir, [Path(whisper.__file__)]))
 
 
 def build_demo_tiny(cache_dir: str | None = None) -> Path:
     """``--model demo-tiny`` (app.py and ``python -m engine``): a tiny random-weight v3 directory in the
-    released layout under the cache, written again on each start (seconds, offline)."""
-    root = Path(cache_dir or Path.home() / ".cache" / "cosystream") / "demo-tiny"
-    log.info("building the demo-tiny model (random weights) in %s", root)
-    return build_model_dir(root, "cosyvoice3", "tiny")
+    released layout under the cache, written on the first start and whenever its generators change."""
+    root = cache_root(cache_dir) / "demo-tiny"
+    generators = [
+        Path(__file__).parent / f"{m}.py" for m in ("make_model", "yaml_templates", "tiny_tokenizer")
+    ]
+    engine = Path(__file__).parents[1]  # the modules whose state dict layout the files follow
+    stages = [p for stage in ("lm", "flow", "vocoder") for p in sorted((engine / stage).rglob("*.py"))]
+    models = [*stages, engine / "checkpoint.py", engine / "yaml_data.py"]
+    sources = [p for p in generators + models if p.is_file()]
+    return built_once(root, lambda out: build_model_dir(out, "cosyvoice3", "tiny"), sources)
+
+
+def built_once(root: Path, build: Callable[[Path], Path], sources: list[Path]) -> Path:
+    """``build(root)`` unless ``root`` holds what these generator sources (and this torch and fixture set)
+    built before: a demo's restart reuses its files (seconds) instead of writing them again."""
+    digest = hashlib.sha256(f"{torch.__version__} {fixture_onnx()}".encode())
+    for path in sources:
+        digest.update(path.read_bytes())
+    stamp, want = root / ".built", digest.hexdigest()
+    if stamp.is_file() and stamp.read_text() == want:
+        log.info("reusing %s (built by these sources)", root)
+        return root
+    log.info("building %s (random weights)", root)
+    stamp.unlink(missing_ok=True)
+    build(root)
+    root.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(want)  # last: a build cut short is built again
+    return root
 
 
 def main() -> None:

@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 from torch.fx.experimental import _config as shape_config
+
+from engine.cache_root import set_by_cache_root
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,15 @@ def use_compile_cache(root: Path) -> Path:
     so compiled kernels outlive the process: a warm restart loads them instead of compiling again."""
     root.mkdir(parents=True, exist_ok=True)
     # importing torch._dynamo writes Inductor's default (a temp dir) into the environment: that one is ours
-    # to replace, a value the operator chose is not
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, os.path.abspath(default_cache_dir())):
+    # to replace, as is the cache root's general choice (engine.cache_root); a value the operator chose is not
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # Dynamo: seconds to import
+
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    ours = set_by_cache_root("TORCHINDUCTOR_CACHE_DIR")
+    if inductor in (None, os.path.abspath(default_cache_dir())) or ours:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
-    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    if "TRITON_CACHE_DIR" not in os.environ or set_by_cache_root("TRITON_CACHE_DIR"):
+        os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
     inductor_config = torch._inductor.config  # type: ignore[attr-defined]
     inductor_config.fx_graph_cache = True
     log.info("compile cache in %s", os.environ["TORCHINDUCTOR_CACHE_DIR"])

@@ -20,7 +20,6 @@ import logging
 
 import torch
 from torch import Tensor, nn
-from torch._dynamo.exc import BackendCompilerFailed
 from torch.profiler import record_function
 
 from engine import device as devices
@@ -29,7 +28,7 @@ from engine.flow.compiled_estimator import CompiledEstimator
 from engine.flow.dit_cache import ReuseBudget, gather_frames, place_windows
 from engine.flow.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.flow.unet import CausalConditionalDecoder
-from engine.graph_cache import GraphCache, bucket, largest_first
+from engine.graph_cache import GraphCache, Later, bucket, largest_first
 
 # a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
 WINDOW = "window"
@@ -124,20 +123,25 @@ class GraphedCFM(nn.Module):
             out = self._solver(streaming)(*padded) if call is None else call(*padded)
         return out[:b, :, :frames]
 
-    def precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
-        """Capture every (batch, frames, streaming) bucket up to these sizes; returns how many there are.
+    def precapture(
+        self, max_batch: int, max_frames: int, device: torch.device, later: Later | None = None
+    ) -> int:
+        """Capture every (batch, frames, streaming) bucket up to these sizes (with ``later``, a background
+        builder's ``add``, the first of each kind now and the rest there); returns how many there are.
         Where the page windows fail to compile, the pool goes and the streaming calls recompute (logged):
         frame reuse is an optimisation, and a load that fails for it would take the service down."""
+        from torch._dynamo.exc import BackendCompilerFailed  # Dynamo: seconds to import, only for graphs
+
         try:
-            return self._precapture(max_batch, max_frames, device)
+            return self._precapture(max_batch, max_frames, device, later)
         except BackendCompilerFailed:
             if self.pool is None:
                 raise
             log.exception("the flow's page windows did not compile; streaming flow calls will recompute")
             self.pool, self.graphs = None, GraphCache("flow solver", self.graphs.max_graphs)
-            return self._precapture(max_batch, max_frames, device)
+            return self._precapture(max_batch, max_frames, device, later)
 
-    def _precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
+    def _precapture(self, max_batch: int, max_frames: int, device: torch.device, later: Later | None) -> int:
         max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
         top_batch, top_frames = self.bucket(max_batch, max(max_frames, 1))
         keys: list[tuple] = []
@@ -149,7 +153,7 @@ class GraphedCFM(nn.Module):
                 return self._window_graph(key[0], key[1], key[3], device)
             return self._graph(key[0], key[1], bool(key[2]), device)
 
-        return self.graphs.precapture(keys, capture, device)
+        return self.graphs.precapture(keys, capture, device, later)
 
     def _streaming_keys(self, batch: int, frames: int, top_frames: int) -> list[tuple]:
         """The streaming graphs of a bucket: one full solve, or with a pool the windows of every prefix

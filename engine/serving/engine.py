@@ -14,9 +14,11 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -24,6 +26,7 @@ import torch
 from engine import device as devices
 from engine.asr import Transcriber, Transcript, model_choice
 from engine.audio import AudioInput, AudioLimits
+from engine.cache_root import cache_root, configured_root, use_cache_root
 from engine.checkpoint import LoadedModel, load_model
 from engine.config import AUTO_POOL_SHARE, EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
@@ -31,6 +34,7 @@ from engine.flow.cfm import CausalCFM
 from engine.flow.compiled_estimator import use_compile_cache
 from engine.flow.graphs import GraphedCFM
 from engine.frontend import Frontend
+from engine.graph_builder import GraphBuilder
 from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
@@ -41,6 +45,7 @@ from engine.serving.admission import Admission
 from engine.serving.metrics import ServerStats, Stopwatch
 from engine.serving.plan import Plan, Planner
 from engine.serving.playback import Playback
+from engine.serving.startup import Timeline
 from engine.serving.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.serving.token2wav import Token2Wav, Utterance
 from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
@@ -51,6 +56,7 @@ from engine.vocoder.hift import CausalHiFTGenerator
 from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -93,55 +99,77 @@ class TTSEngine:
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
         self._settings = contextlib.ExitStack()  # process-wide settings held while open (load: cudnn)
+        self.startup = Timeline()  # load() passes the one its phases went on
+        self.graph_builder = GraphBuilder(self.startup)  # load() passes the one holding the later graphs
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def load(cls, cfg: EngineConfig, model_dir: str | Path | None = None) -> TTSEngine:
-        """Resolve/download the checkpoint, load it strictly onto the device, start the workers."""
-        files = resolve_model(str(model_dir or cfg.model), cfg.cache_dir, cfg.llm_variant)
+    def load(
+        cls, cfg: EngineConfig, model_dir: str | Path | None = None, timeline: Timeline | None = None
+    ) -> TTSEngine:
+        """Resolve/download the checkpoint, load it strictly onto the device, start the workers; each
+        phase goes on ``timeline`` (a fresh one from this process's launch if None)."""
+        timeline = timeline or Timeline()
+        use_cache_root(cache_root(cfg.cache_dir))  # before anything compiles or vLLM reads its variables
+        with timeline.phase("model files"):
+            root = configured_root(cfg.cache_dir)  # else the hub's own cache (HF_HOME, MODELSCOPE_CACHE)
+            files = resolve_model(str(model_dir or cfg.model), str(root) if root else None, cfg.llm_variant)
         dev = devices.resolve(cfg.device)
         devices.configure(dev)
         # process-wide settings the engine holds until close(), undone here if loading fails
         with contextlib.ExitStack() as settings:
             if cfg.flow_attention == "cudnn":  # before the flow compiles and captures: they fix the kernel
                 settings.enter_context(devices.cudnn_attention(dev))
-            engine = cls._assemble(cfg, files, dev)
+            engine = cls._assemble(cfg, files, dev, timeline)
             engine._settings = settings.pop_all()
         return engine
 
     @classmethod
-    def _assemble(cls, cfg: EngineConfig, files: ModelDir, dev: torch.device) -> TTSEngine:
-        """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers."""
-        model = load_model(files, dev)
+    def _assemble(
+        cls, cfg: EngineConfig, files: ModelDir, dev: torch.device, timeline: Timeline
+    ) -> TTSEngine:
+        """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers.
+        The LM backend (vLLM's start: about a minute on a GPU) starts in a thread while the prompt
+        frontend and the voices load here; Whisper and the graphs come after it (it sizes its KV cache from
+        the memory free at its start), the first graph of each kind now and the rest behind a serving
+        engine (``graph_builder``, started by ``warmup``)."""
+        with timeline.phase("weights"):
+            model = load_model(files, dev)
         if cfg.flow_attention == "folded":
             model.flow.decoder.fold_attention()
         graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
-        cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
+        cache = cache_root(cfg.cache_dir)
         if graphs:
             model.flow.decoder = _graphed_flow(model.flow.decoder, model.family, cfg, cache)  # type: ignore[assignment]
         vocoder = None
         if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
             vocoder = GraphedHiFT(model.hift)
-        frontend = Frontend.from_model_dir(
-            files, dev, limits=AudioLimits.for_prompt(cfg.limits), cache_size=cfg.prompt_cache_size
-        )
-        text = TextFrontend(load_tokenizer(files.qwen, model.family))
-        backend = _backend(cfg, model, files)
+        # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
+        # is not thread-safe: "cannot import name 'AutoTokenizer'"), and vLLM's start imports it too
+        with timeline.phase("tokenizer"):
+            text = TextFrontend(load_tokenizer(files.qwen, model.family))
+        with ThreadPoolExecutor(1, thread_name_prefix="lm-start") as starter:
+            started = starter.submit(_timed, timeline, "LM backend", _backend, cfg, model, files)
+            try:
+                parts = _frontends(cfg, files, model.family, dev, cache, timeline, text)
+            except BaseException:
+                if started.exception() is None:  # the load fails: the started backend goes with it
+                    started.result().close()
+                raise
+            backend = started.result()
+        asr_name = model_choice(cfg.asr_model, dev)
+        asr = _timed(timeline, "whisper", Transcriber.load, asr_name, dev) if asr_name else None
         # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
         _enable_reuse(model.flow.decoder, model.family, cfg, dev)
-        _precapture(model.flow.decoder, vocoder, cfg, dev)
-        root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
-        voices = VoiceLibrary(root, model.family, load_examples(cfg.examples_dir))
-        asr_name = model_choice(cfg.asr_model, dev)
-        asr = Transcriber.load(asr_name, dev) if asr_name else None
-        workers = cfg.text_workers
-        if workers is None:
-            workers = 4 if devices.is_accelerator(dev) else 0
-        pool = TextPool(text, workers, files.qwen)
-        pool.start()
+        builder = GraphBuilder(timeline)
+        with timeline.phase("first graphs"):
+            _precapture(model.flow.decoder, vocoder, cfg, dev, builder)
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
-        return cls(cfg, model, frontend, text, backend, voices, vocoder, pool, asr)
+        p = parts
+        engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
+        engine.startup, engine.graph_builder = timeline, builder
+        return engine
 
     async def warmup(self) -> None:
         """One short synthesis so the first user does not pay for lazy initialisation."""
@@ -149,11 +177,15 @@ class TTSEngine:
         prompt = (0.1 * rng.standard_normal(24000 * 3)).astype(np.float32), 24000
         req = SynthesisRequest(text="Hello.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=0)
         self.ready = True  # warmup itself goes through the normal path
-        async for _ in self.stream(req):
-            pass
+        with self.startup.phase("warm-up"):
+            async for _ in self.stream(req):
+                pass
+        self.startup.mark_ready()
+        self.graph_builder.start()  # the remaining graphs, behind the requests that now run
 
     def close(self) -> None:
         self.ready = False
+        self.graph_builder.stop()
         self.backend.close()
         self.token2wav.close()
         self.text_pool.close()
@@ -454,7 +486,7 @@ def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBacken
     if use_vllm:
         from engine.lm.vllm_backend import VLLMBackend, export_hf
 
-        cache = Path(cfg.cache_dir or Path.home() / ".cache" / "cosystream")
+        cache = cache_root(cfg.cache_dir)
         hf_dir = export_hf(model.lm, model.qwen_config, files.llm, cache)
         return VLLMBackend(hf_dir, cfg.sampling, cfg.gpu_memory_utilization, lm=model.lm)
     from engine.lm.native import NativeLM
@@ -487,15 +519,59 @@ def _enable_reuse(flow: object, family: str, cfg: EngineConfig, dev: torch.devic
         log.info("flow reuse: a pool of %d pages (%.1f GiB)", pages, nbytes / 2**30)
 
 
-def _precapture(flow: object, hift: GraphedHiFT | None, cfg: EngineConfig, dev: torch.device) -> None:
-    """Record the flow (and vocoder) graphs a request can meet (batch up to the token2wav batch, mel up
-    to ``graph_warmup_s``) now, while nothing runs, so no request waits for a capture."""
+def _precapture(
+    flow: object, hift: GraphedHiFT | None, cfg: EngineConfig, dev: torch.device, builder: GraphBuilder
+) -> None:
+    """The flow (and vocoder) graphs a request can meet (batch up to the token2wav batch, mel up to
+    ``graph_warmup_s``): with ``background_graphs`` the first of each kind now and the rest queued on
+    ``builder`` (requests meanwhile run uncaptured at the bucket's shape), else all now, while nothing
+    runs. Either way no request waits for a capture."""
     if cfg.graph_warmup_s <= 0:
         return
     batch = min(cfg.limits.max_concurrency, cfg.flow_batch)
     frames = int(cfg.graph_warmup_s * MEL_FRAMES_PER_S)
+    later = builder.add if cfg.background_graphs else None
     for name, graphed in (("flow", flow), ("vocoder", hift)):
         if isinstance(graphed, GraphedCFM | GraphedHiFT):
             t0 = time.perf_counter()
-            n = graphed.precapture(batch, frames, dev)
-            log.info("captured %d %s graphs in %.1f s", n, name, time.perf_counter() - t0)
+            n = graphed.precapture(batch, frames, dev, later)
+            now = len(graphed.graphs)
+            log.info("captured %d of %d %s graphs in %.1f s", now, n, name, time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What loads beside the LM backend's start: the prompt frontend, voices; the text pool."""
+
+    frontend: Frontend
+    text: TextFrontend
+    voices: VoiceLibrary
+    pool: TextPool
+
+
+def _frontends(
+    cfg: EngineConfig,
+    files: ModelDir,
+    family: str,
+    dev: torch.device,
+    cache: Path,
+    timeline: Timeline,
+    text: TextFrontend,
+) -> _Parts:
+    with timeline.phase("frontends"):
+        limits = AudioLimits.for_prompt(cfg.limits)
+        frontend = Frontend.from_model_dir(files, dev, limits=limits, cache_size=cfg.prompt_cache_size)
+        root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
+        voices = VoiceLibrary(root, family, load_examples(cfg.examples_dir))
+    workers = cfg.text_workers
+    if workers is None:
+        workers = 4 if devices.is_accelerator(dev) else 0
+    pool = TextPool(text, workers, files.qwen)
+    with timeline.phase("text workers"):
+        pool.start()
+    return _Parts(frontend, text, voices, pool)
+
+
+def _timed(timeline: Timeline, name: str, fn: Callable[..., T], *args: object) -> T:
+    with timeline.phase(name):
+        return fn(*args)

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from engine import device as devices
-from engine.graph_cache import GraphCache, bucket, largest_first
+from engine.graph_cache import GraphCache, Later, bucket, largest_first
 from engine.vocoder.hift import CausalHiFTGenerator
 
 
@@ -52,13 +52,16 @@ class GraphedHiFT:
         f0_frames = frames - c.f0_predictor.look_ahead
         return speech[:b, : kept * c.samples_per_frame], source[:b, :, : f0_frames * c.samples_per_frame]
 
-    def precapture(self, max_batch: int, max_frames: int, device: torch.device) -> int:
-        """Capture every (batch, frames) bucket up to these sizes, largest first; returns how many."""
+    def precapture(
+        self, max_batch: int, max_frames: int, device: torch.device, later: Later | None = None
+    ) -> int:
+        """Capture every (batch, frames) bucket up to these sizes, largest first (with ``later``, a
+        background builder's ``add``, the first few now and the rest there); returns how many."""
         top_frames = max(min(max_frames, self.max_frames), 1)
         top_batch, top_frames = bucket(max_batch, top_frames, self.frame_bucket)
         keys = largest_first(top_batch, top_frames, self.frame_bucket)
         keys = [(b, t) for b, t in keys if self._fits_noise(t)]
-        return self.graphs.precapture(keys, lambda key: self._graph(*key, device), device)
+        return self.graphs.precapture(keys, lambda key: self._graph(*key, device), device, later)
 
     def _fits_noise(self, frames: int) -> bool:
         """The fixed noise buffer covers a padded call's f0 frames (``noise_max_samples`` is a setting: with

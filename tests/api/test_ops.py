@@ -37,6 +37,23 @@ async def test_health_and_ready(client: httpx.AsyncClient, engine: RecordingEngi
     assert int(not_ready.headers["retry-after"]) >= 1
 
 
+async def test_ready_returns_the_start_up_timeline(
+    client: httpx.AsyncClient, engine: RecordingEngine
+) -> None:
+    from engine.serving.startup import Timeline
+
+    assert "startup" not in (await client.get("/ready")).json()  # an engine without one (a fake)
+    timeline = Timeline()
+    with timeline.phase("weights"):
+        pass
+    timeline.mark_ready()
+    engine.startup = timeline  # type: ignore[attr-defined]
+    body = (await client.get("/ready")).json()["startup"]
+    assert [p["name"] for p in body["phases"]] == ["weights"]
+    assert body["ready_s"] == round(timeline.ready_s or 0.0, 3)
+    assert body["pending"] == [] and body["now_s"] >= body["ready_s"]
+
+
 async def test_health_fails_once_the_engine_has_stopped(
     client: httpx.AsyncClient, engine: RecordingEngine
 ) -> None:

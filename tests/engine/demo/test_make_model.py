@@ -26,3 +26,25 @@ def test_unknown_size_is_refused(tmp_path):
     with pytest.raises(ValueError, match="size one of"):
         build_model_dir(tmp_path, "cosyvoice3", "huge")
     assert set(SIZES) == {"tiny", "small", "full"}
+
+
+def test_a_demo_folder_is_built_once_and_again_when_its_generators_change(tmp_path):
+    from engine.demo.make_model import built_once
+
+    source, built = tmp_path / "gen.py", []
+    source.write_text("v1")
+
+    def build(out):
+        built.append(out)
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+
+    root = tmp_path / "demo"
+    assert built_once(root, build, [source]) == built_once(root, build, [source]) == root
+    assert built == [root]  # the second start reused it
+    source.write_text("v2")
+    built_once(root, build, [source])
+    assert built == [root, root]
+    (root / ".built").unlink()  # a build cut short left no stamp: built again
+    built_once(root, build, [source])
+    assert len(built) == 3

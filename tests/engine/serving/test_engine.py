@@ -202,7 +202,9 @@ def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatc
     monkeypatch.setattr(engine_module, "_backend", lambda *a: events.append(("backend",)) or real_backend(*a))
     for cls, name in ((GraphedCFM, "flow"), (GraphedHiFT, "vocoder")):
         monkeypatch.setattr(
-            cls, "precapture", lambda self, b, t, dev, name=name: events.append((name, b, t)) or 0
+            cls,
+            "precapture",
+            lambda self, b, t, dev, later=None, name=name: events.append((name, b, t)) or 0,
         )
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     for hift_graphs in (False, True):
@@ -227,7 +229,7 @@ def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_pa
 
     monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
     monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2 * 2**30)
-    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)
+    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev, later=None: 0)
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     pools = []
     for reuse, gb in ((True, None), (True, 0.25), (False, None)):
@@ -252,7 +254,7 @@ def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch)
     from engine.flow.graphs import GraphedCFM
 
     monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2**30)
-    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)
+    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev, later=None: 0)
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
     seen = []
     for graphs, reuse in ((True, None), (True, True), (False, None)):
@@ -273,7 +275,7 @@ def test_the_graphed_solver_compiles_v3s_estimator_and_not_v2s_by_default(tmp_pa
     from engine.flow.graphs import GraphedCFM
 
     monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
-    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev: 0)
+    monkeypatch.setattr(GraphedCFM, "precapture", lambda self, b, t, dev, later=None: 0)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     compiled = {}

@@ -1,0 +1,217 @@
+"""One server start timed end to end: launch -> /health -> /ready -> full speed (no background work
+left), the first requests' TTFA against the steady state's, and the server's own start-up timeline.
+
+    python -m bench.startup --family cosyvoice3 --cache-kind cold --out DIR [--port 8000] \
+        -- python3 app.py --model M --device cuda --backend vllm --asr-model none --allow-forced-tokens
+
+The command must serve on ``--port`` and honour ``forced_tokens`` (``--allow-forced-tokens``). Writes
+``DIR/startup.json`` (``StartupRun``) and the server's output to ``DIR/server.log``; a start that runs past
+``--limit-s`` is written too, with what it reached (``error`` says where it stopped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import httpx
+
+from bench.load import HttpTarget, Recorder, Workload, prompt_audio
+
+log = logging.getLogger(__name__)
+FAMILIES = ("cosyvoice3", "cosyvoice2")
+POLL_S = 0.25  # between probes of a starting server
+FIRST_REQUESTS = 5
+
+
+@dataclass(frozen=True)
+class StartupRun:
+    """startup.json: seconds since the launch of the server's process, TTFA in ms (one stream at a
+    time, ``tokens`` forced speech tokens each); None where the start did not get that far."""
+
+    family: str
+    cache: str  # cold: an empty cache root; warm: the same root again, as the cold run left it
+    launch_to_health_s: float | None
+    launch_to_ready_s: float | None
+    launch_to_full_speed_s: float | None  # /ready lists no background phase still running
+    hardware: str
+    finished: str  # ISO time
+    commit: str
+    command: list[str]
+    tokens: int
+    first_ttfa_ms: list[float] = field(default_factory=list)  # the first requests after ready
+    steady_ttfa_ms: list[float] = field(default_factory=list)  # as many again, once at full speed
+    phases: list[dict[str, Any]] = field(default_factory=list)  # the server's timeline (/ready)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES or self.cache not in ("cold", "warm"):
+            raise ValueError(f"family in {FAMILIES}, cache cold|warm; got {self.family}, {self.cache}")
+
+    @property
+    def first_vs_steady(self) -> float | None:
+        """The first requests' worst TTFA over the steady median (the target: <= 1.10)."""
+        if not self.first_ttfa_ms or not self.steady_ttfa_ms:
+            return None
+        return max(self.first_ttfa_ms) / median(self.steady_ttfa_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        ratio = self.first_vs_steady
+        return asdict(self) | {"first_vs_steady": None if ratio is None else round(ratio, 3)}
+
+
+class Server:
+    """The launched command and the instants it reached, in seconds since its launch."""
+
+    def __init__(self, command: list[str], url: str, log_path: Path):
+        self.url, self.command = url.rstrip("/"), command
+        self._log = log_path.open("wb")
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def since_launch(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+    async def until(
+        self, client: httpx.AsyncClient, path: str, deadline: float, done: Any = None
+    ) -> dict[str, Any]:
+        """Probe ``path`` until it answers 200 (and ``done(body)``), the server exits or the deadline."""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited (rc {self.proc.returncode}) before {path} answered")
+            try:
+                resp = await client.get(self.url + path, timeout=5.0)
+                if resp.status_code == 200 and (done is None or done(resp.json())):
+                    return dict(resp.json())
+            except httpx.TransportError as err:  # not listening yet
+                log.debug("%s: %s", path, err)
+            await asyncio.sleep(POLL_S)
+        raise TimeoutError(f"{path} did not answer within the time limit")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def full_speed(body: dict[str, Any]) -> bool:
+    """/ready's timeline has no phase still running (background graphs, the studio UI)."""
+    return not (body.get("startup") or {}).get("pending", [])
+
+
+async def ttfas(target: HttpTarget, workload: Workload, n: int, seed: int) -> list[float]:
+    """``n`` requests one after another -> each one's TTFA (ms) as the client saw it."""
+    prompt, out = prompt_audio(), []
+    for i in range(n):
+        rec = Recorder()
+        await target.run(workload.request(seed + i, prompt), rec)
+        result = rec.result(i)
+        if result.ttfa_ms is None:
+            raise RuntimeError(f"request {i} returned no audio")
+        out.append(round(result.ttfa_ms, 1))
+    return out
+
+
+async def measure(args: argparse.Namespace) -> StartupRun:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    url, workload = f"http://127.0.0.1:{args.port}", Workload(tokens=args.tokens)
+    server = Server(args.command, url, out / "server.log")
+    deadline = server.t0 + args.limit_s
+    reached: dict[str, Any] = {}
+    target = HttpTarget(url, 1)
+    try:
+        async with httpx.AsyncClient() as client:
+            await server.until(client, "/health", deadline)
+            reached["launch_to_health_s"] = server.since_launch()
+            await server.until(client, "/ready", deadline)
+            reached["launch_to_ready_s"] = server.since_launch()
+            reached["first_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 0)
+            body = await server.until(client, "/ready", deadline, full_speed)
+            reached["launch_to_full_speed_s"] = server.since_launch()
+            reached["steady_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 100)
+            reached["phases"] = (body.get("startup") or {}).get("phases", [])
+    except (TimeoutError, RuntimeError) as err:
+        reached["error"] = str(err)
+        log.error("start-up run stopped: %s", err)
+    finally:
+        await target.aclose()
+        server.stop()
+    return record(args, reached)
+
+
+def record(args: argparse.Namespace, reached: dict[str, Any]) -> StartupRun:
+    return StartupRun(
+        family=args.family,
+        cache=args.cache_kind,
+        launch_to_health_s=reached.get("launch_to_health_s"),
+        launch_to_ready_s=reached.get("launch_to_ready_s"),
+        launch_to_full_speed_s=reached.get("launch_to_full_speed_s"),
+        hardware=args.hardware,
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
+        commit=args.commit or git_commit(),
+        command=list(args.command),
+        tokens=args.tokens,
+        first_ttfa_ms=reached.get("first_ttfa_ms", []),
+        steady_ttfa_ms=reached.get("steady_ttfa_ms", []),
+        phases=reached.get("phases", []),
+        error=reached.get("error"),
+    )
+
+
+def git_commit() -> str:
+    """This checkout's commit (+dirty), or COMMIT from the environment where there is no git."""
+    try:
+        head = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True)
+    except OSError:
+        return os.environ.get("COMMIT", "unknown")
+    return head.stdout.strip() or os.environ.get("COMMIT", "unknown")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--family", choices=FAMILIES, required=True)
+    p.add_argument("--cache-kind", choices=("cold", "warm"), required=True)
+    p.add_argument("--out", required=True, help="a folder: startup.json and server.log")
+    p.add_argument("--port", type=int, default=8000, help="where the command serves")
+    p.add_argument("--tokens", type=int, default=250, help="forced speech tokens a request")
+    p.add_argument("--limit-s", type=float, default=500.0, help="the whole run's bound")
+    p.add_argument("--hardware", default="unknown")
+    p.add_argument("--commit", default=None, help="default: git describe, or $COMMIT")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the server's command line")
+    args = p.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("give the server's command after --")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    run = asyncio.run(measure(args))
+    (Path(args.out) / "startup.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
+    print(json.dumps({k: v for k, v in run.to_json().items() if k not in ("phases", "command")}))
+    return 0 if run.error is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

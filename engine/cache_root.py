@@ -1,0 +1,51 @@
+"""The one directory everything a server writes to keep lives under: downloaded and built models, the
+compile caches (TorchInductor, Triton, vLLM's), vLLM's exported LM, and saved voices.
+
+``--cache-dir`` (``EngineConfig.cache_dir``), else ``$COSYSTREAM_CACHE`` (the Docker image points it at
+its /data volume), else ``~/.cache/cosystream``. On a volume it makes a restarted or recreated container
+start warm: no compile runs again and no saved voice is lost. Stdlib only: it must run before torch,
+Triton or vLLM read their cache variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+ENV = "COSYSTREAM_CACHE"
+# the libraries' own cache variables -> where under the root they point (unless the operator set them)
+COMPILE_DIRS = {
+    "TORCHINDUCTOR_CACHE_DIR": "compile/inductor",
+    "TRITON_CACHE_DIR": "compile/triton",
+    "VLLM_CACHE_ROOT": "vllm-cache",
+}
+_ours: dict[str, str] = {}  # the variables use_cache_root set, and to what
+
+
+def configured_root(cache_dir: str | None = None) -> Path | None:
+    """The root the operator chose (flag, then environment), None when neither is set."""
+    chosen = cache_dir or os.environ.get(ENV)
+    return Path(chosen).expanduser() if chosen else None
+
+
+def cache_root(cache_dir: str | None = None) -> Path:
+    """The cache root: ``configured_root`` or ``~/.cache/cosystream``."""
+    return configured_root(cache_dir) or Path.home() / ".cache" / "cosystream"
+
+
+def use_cache_root(root: Path) -> dict[str, str]:
+    """Point the compile caches under ``root`` (a variable the operator set is kept) -> what they are now.
+    Called before torch compiles, Triton builds or vLLM starts: they read these variables then."""
+    for name, sub in COMPILE_DIRS.items():
+        if name not in os.environ or _ours.get(name) == os.environ[name]:
+            os.environ[name] = _ours[name] = str(root / sub)
+    log.info("cache root %s (compile caches: %s)", root, ", ".join(os.environ[n] for n in COMPILE_DIRS))
+    return {name: os.environ[name] for name in COMPILE_DIRS}
+
+
+def set_by_cache_root(name: str) -> bool:
+    """Whether ``name``'s current value is the one ``use_cache_root`` gave it (a later, more specific
+    choice of the engine may replace it; an operator's may not)."""
+    return name in _ours and os.environ.get(name) == _ours[name]

@@ -1,0 +1,75 @@
+"""Work that makes a serving engine faster but is not needed to serve correctly (the CUDA graphs beyond
+the first of each kind), queued at load and run on one background thread once the engine is ready.
+
+Requests never wait for it: a shape whose graph is not captured yet runs uncaptured on its padded bucket
+shape, the same computation the graph records. Each job is a phase on the start-up timeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from engine.serving.startup import Timeline
+
+log = logging.getLogger(__name__)
+Job = Callable[[threading.Event], None]  # runs to the end, or returns early once the event is set
+STOP_WAIT_S = 10.0  # close() waits this long for a capture in flight (a warm one takes ~1 s)
+
+
+class GraphBuilder:
+    """Jobs added at load (``add``), run in order on one daemon thread after ``start``."""
+
+    def __init__(self, timeline: Timeline):
+        self.timeline = timeline
+        self._jobs: list[tuple[str, Job]] = []
+        self._stop, self._done = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, name: str, job: Job) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the graph builder has started: add its jobs at load")
+        self._jobs.append((name, job))
+
+    @property
+    def pending(self) -> int:
+        """Jobs not yet finished (0 once all ran, or when there were none)."""
+        return 0 if self._done.is_set() else len(self._jobs)
+
+    def start(self) -> None:
+        """Run the jobs on a background thread (once; later calls do nothing)."""
+        if self._thread is not None:
+            return
+        if not self._jobs:
+            self._done.set()
+        self._thread = threading.Thread(target=self._run, name="graph-builder", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until every job has run (benchmarks measure the finished engine) -> whether they have."""
+        return self._done.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Ask the running job to return after its current capture, and wait for it a little."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT_S)
+
+    def _run(self) -> None:
+        try:
+            for name, job in self._jobs:
+                if self._stop.is_set():
+                    return
+                self._one(name, job)
+        finally:
+            self._done.set()
+
+    def _one(self, name: str, job: Job) -> None:
+        """One job; a failure is logged and the engine keeps serving on what it has (graphs are an
+        optimisation: the shapes they would cover run uncaptured, exactly as before)."""
+        try:
+            with self.timeline.phase(name, background=True):
+                job(self._stop)
+        except Exception:
+            log.exception("%s failed in the background; those shapes keep running uncaptured", name)

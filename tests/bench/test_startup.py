@@ -1,0 +1,95 @@
+"""bench.startup: one server start timed end to end, against a stand-in server (a tiny HTTP process that
+answers /health at once, /ready after a while with a timeline whose background phase ends later, and
+streams pcm for /v1/audio/speech)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bench.startup import StartupRun, main, parse_args
+
+SERVER = textwrap.dedent(
+    """
+    import json, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    t0 = time.monotonic()
+    READY_S, FULL_S = 0.5, 1.0
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def reply(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            now = time.monotonic() - t0
+            if self.path == "/health":
+                return self.reply(200, {"status": "ok"})
+            if now < READY_S:
+                return self.reply(503, {"error": "loading"})
+            phases = [{"name": "weights", "start_s": 0.0, "seconds": 0.2, "background": False}]
+            pending = ["flow solver graphs"] if now < FULL_S else []
+            self.reply(200, {"status": "ready", "startup": {"ready_s": READY_S, "phases": phases,
+                                                            "pending": pending}})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            pcm = bytes(2 * 2400)
+            self.send_response(200)
+            self.send_header("X-Sample-Rate", "24000")
+            self.send_header("Content-Length", str(len(pcm)))
+            self.end_headers()
+            self.wfile.write(pcm)
+
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys) -> None:
+    script, port, out = tmp_path / "server.py", free_port(), tmp_path / "run"
+    script.write_text(SERVER)
+    argv = ["--family", "cosyvoice3", "--cache-kind", "warm", "--out", str(out), "--port", str(port),
+            "--hardware", "test", "--commit", "abc1234", "--limit-s", "120",
+            "--", sys.executable, str(script), str(port)]  # fmt: skip
+    assert main(argv) == 0
+    run = json.loads((out / "startup.json").read_text())
+    assert run["family"] == "cosyvoice3" and run["cache"] == "warm" and run["commit"] == "abc1234"
+    assert run["hardware"] == "test" and run["finished"].endswith("+00:00") and run["error"] is None
+    health, ready, full = run["launch_to_health_s"], run["launch_to_ready_s"], run["launch_to_full_speed_s"]
+    assert 0 < health <= ready <= full and ready >= 0.5 and full >= 1.0
+    assert len(run["first_ttfa_ms"]) == len(run["steady_ttfa_ms"]) == 5
+    assert run["phases"][0]["name"] == "weights" and run["first_vs_steady"] > 0
+
+
+def test_a_server_that_dies_is_recorded_with_how_far_it_got(tmp_path: Path) -> None:
+    argv = ["--family", "cosyvoice2", "--cache-kind", "cold", "--out", str(tmp_path), "--limit-s", "60",
+            "--port", str(free_port()), "--", sys.executable, "-c", "raise SystemExit(3)"]  # fmt: skip
+    assert main(argv) == 1
+    run = json.loads((tmp_path / "startup.json").read_text())
+    assert run["launch_to_health_s"] is None and "exited (rc 3)" in run["error"]
+
+
+def test_the_record_checks_its_kind_and_the_command_is_required() -> None:
+    with pytest.raises(ValueError):
+        StartupRun("cosyvoice4", "cold", None, None, None, "x", "t", "c", [], 250)
+    with pytest.raises(SystemExit):
+        parse_args(["--family", "cosyvoice3", "--cache-kind", "cold", "--out", "x"])

@@ -1,0 +1,124 @@
+"""The start-up timeline: phases in the order they ended, with seconds since launch; /ready's JSON."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.serving.startup import Phase, Timeline
+
+
+class Clock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_phases_are_recorded_in_order_with_their_seconds_since_launch():
+    clock = Clock()
+    timeline = Timeline(origin=100.0, clock=clock)
+    with timeline.phase("weights"):
+        clock.t += 2.0
+    clock.t += 0.5
+    with timeline.phase("LM backend"):
+        assert timeline.pending() == ["LM backend"]
+        clock.t += 3.0
+    timeline.mark_ready()
+    clock.t += 1.0
+    timeline.mark_ready()  # a second warm-up does not move it
+    with timeline.phase("flow graphs", background=True):
+        clock.t += 4.0
+    assert timeline.phases == [
+        Phase("weights", 0.0, 2.0),
+        Phase("LM backend", 2.5, 3.0),
+        Phase("flow graphs", 6.5, 4.0, background=True),
+    ]
+    body = timeline.as_dict()
+    assert body["ready_s"] == 5.5 and body["now_s"] == 10.5 and body["pending"] == []
+    assert [p["name"] for p in body["phases"]] == ["weights", "LM backend", "flow graphs"]  # type: ignore[union-attr]
+
+
+def test_a_phase_that_fails_is_not_recorded_and_not_left_pending():
+    timeline = Timeline()
+    with pytest.raises(RuntimeError), timeline.phase("weights"):
+        raise RuntimeError("no such file")
+    assert timeline.phases == [] and timeline.pending() == [] and timeline.ready_s is None
+
+
+def test_phases_from_threads_all_land(caplog):
+    timeline = Timeline()
+    gate = threading.Barrier(4)
+
+    def work(n: int) -> None:
+        with timeline.phase(f"part {n}"):
+            gate.wait(30)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    with caplog.at_level("INFO", "engine.serving.startup"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert sorted(p.name for p in timeline.phases) == [f"part {n}" for n in range(4)]
+    assert sum("start-up: part" in r.getMessage() for r in caplog.records) == 8  # started, took
+
+
+def test_a_phase_needs_a_name_and_no_negative_seconds():
+    with pytest.raises(ValueError):
+        Phase("", 0.0, 1.0)
+    with pytest.raises(ValueError):
+        Phase("weights", 0.0, -1.0)
+
+
+async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tmp_path, monkeypatch):
+    """The real load on the tiny model: every phase once, ordered by when it ended, the LM backend beside
+    the frontends (after the tokenizer: transformers is imported by one thread at a time), the first graphs
+    after both, the warm-up last and ready at its end."""
+    import json
+
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig
+    from engine.demo.make_model import build_model_dir
+    from engine.serving.engine import TTSEngine
+
+    for name in COMPILE_DIRS:  # the load points them under its cache root: undone after the test
+        monkeypatch.setenv(name, str(tmp_path / name))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    timeline = Timeline()
+    eng = TTSEngine.load(cfg, timeline=timeline)
+    try:
+        assert eng.startup is timeline and timeline.ready_s is None
+        await eng.warmup()
+    finally:
+        eng.close()
+    phases = {p.name: p for p in timeline.phases}
+    assert sorted(phases) == sorted(
+        [
+            "model files",
+            "weights",
+            "tokenizer",
+            "LM backend",
+            "frontends",
+            "text workers",
+            "first graphs",
+            "warm-up",
+        ]
+    )
+    ends = [p.start_s + p.seconds for p in timeline.phases]
+    assert ends == sorted(ends)  # listed in the order they ended
+
+    def end(name: str) -> float:
+        return phases[name].start_s + phases[name].seconds
+
+    assert end("model files") <= phases["weights"].start_s <= end("weights") <= phases["tokenizer"].start_s
+    assert end("tokenizer") <= min(phases["LM backend"].start_s, phases["frontends"].start_s)
+    assert phases["first graphs"].start_s >= max(end("LM backend"), end("frontends"))
+    assert timeline.ready_s is not None and timeline.ready_s >= end("warm-up") >= end("first graphs")
+    assert not any(p.background for p in timeline.phases) and eng.graph_builder.pending == 0
+    assert json.loads(json.dumps(timeline.as_dict()))["ready_s"] == round(timeline.ready_s, 3)

@@ -1,0 +1,113 @@
+"""Serve first, polish in the background: graphs past the first of each kind are captured on the builder's
+thread while calls of their shapes run uncaptured (exactly, as after a precapture), then replay them.
+
+The capture is emulated on the CPU (``Recorded`` runs the recorded function eagerly): one that blocks on an
+event holds the builder mid-capture while a call of that very bucket is served."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from engine.graph_builder import GraphBuilder
+from engine.graph_cache import GraphCache, first_keys, serving_order
+from engine.serving.startup import Timeline
+from engine.vocoder.graphs import GraphedHiFT
+from tests.engine.test_graph_cache import Recorded, emulate_capture
+from tests.engine.vocoder.test_graphs import hift, mels  # noqa: F401  (the module's tiny v3 HiFT fixture)
+
+CPU = torch.device("cpu")
+WAIT_S = 120.0  # generous: the machine is slow and shared
+
+
+def test_first_keys_hold_each_kinds_batch_1_and_batch_2_programs_and_the_rest_go_small_first():
+    keys = [(b, t, s) for b in (4, 2, 1) for t in (300, 200, 100) for s in (True, False)]
+    assert first_keys(keys) == [(2, 100, True), (2, 100, False), (1, 100, True), (1, 100, False)]
+    rest = [k for k in keys if k not in first_keys(keys)]
+    order = serving_order(rest)
+    assert order[:4] == [(1, 200, True), (1, 200, False), (1, 300, True), (1, 300, False)]
+    assert order[-6:] == [k for k in keys if k[0] == 4] and sorted(order) == sorted(rest)
+
+
+def test_a_call_during_a_background_capture_is_served_exactly_and_the_same_after(hift, monkeypatch):  # noqa: F811
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    inside, release = threading.Event(), threading.Event()
+
+    class Blocking(Recorded):
+        def __init__(self, fn, inputs, *args, **kwargs):
+            if tuple(inputs[0].shape) == (4, 80, 200):  # a background key: hold the builder here
+                inside.set()
+                assert release.wait(WAIT_S)
+            super().__init__(fn, inputs, *args, **kwargs)
+
+    monkeypatch.setattr("engine.device.CapturedCall", Blocking)
+    timeline = Timeline()
+    builder = GraphBuilder(timeline)
+    graphed = GraphedHiFT(hift, frame_bucket=100, max_frames=200)
+    assert graphed.precapture(4, 200, CPU, builder.add) == 6
+    assert made == [((2, 80, 100),), ((1, 80, 100),)]  # before serving: batch 2 and 1, shortest mel
+    mel = mels(3, 150, seed=3)  # bucket (4, 200): the capture the builder is held in
+    with torch.inference_mode():
+        want = hift.inference(mel, False)
+    builder.start()
+    assert inside.wait(WAIT_S)
+    assert [p.name for p in timeline.phases] == [] and timeline.pending() == ["vocoder graphs"]
+    with torch.inference_mode():
+        during = graphed(mel, False)  # the builder is mid-capture of this very bucket
+    for got, exact in zip(during, want):
+        torch.testing.assert_close(got, exact, atol=0, rtol=0)
+    release.set()
+    assert builder.wait(WAIT_S) and builder.pending == 0
+    assert len(graphed.graphs) == 6 and (4, 200) in graphed.graphs._graphs
+    with torch.inference_mode():
+        after = graphed(mel, False)  # replays the graph now
+    for got, exact in zip(after, want):
+        torch.testing.assert_close(got, exact, atol=1e-5, rtol=0)
+    assert made[2:4] == [((1, 80, 200),), ((2, 80, 200),)]  # small batches first, then the largest
+    (phase,) = timeline.phases
+    assert phase.name == "vocoder graphs" and phase.background
+
+
+def test_stop_ends_the_background_captures_between_two_of_them(monkeypatch):
+    emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    cache = GraphCache("test", max_graphs=1)
+    builder = GraphBuilder(Timeline())
+    started, go = threading.Event(), threading.Event()
+
+    def capture(key: tuple) -> object:
+        if key == (1, 200):
+            started.set()
+            assert go.wait(WAIT_S)
+        return cache.get(key, lambda x: x, lambda: (torch.zeros(key[0], key[1]),))
+
+    keys = [(b, t) for b in (2, 1) for t in (300, 200, 100)]
+    assert cache.precapture(keys, capture, CPU, builder.add) == 6 and len(cache) == 2
+    builder.start()
+    assert started.wait(WAIT_S)
+    threading.Timer(0.2, go.set).start()  # let stop() find the capture in flight
+    builder.stop()
+    assert builder.wait(WAIT_S)
+    assert sorted(cache._graphs) == [(1, 100), (1, 200), (2, 100)]  # the one in flight ended; no more
+
+
+def test_a_failing_background_job_is_logged_and_the_rest_still_run(caplog):
+    timeline = Timeline()
+    builder = GraphBuilder(timeline)
+    ran: list[str] = []
+
+    def broken(stop: threading.Event) -> None:
+        raise RuntimeError("capture failed")
+
+    builder.add("flow solver graphs", broken)
+    builder.add("vocoder graphs", lambda stop: ran.append("vocoder"))
+    with caplog.at_level("ERROR", "engine.graph_builder"):
+        builder.start()
+        assert builder.wait(WAIT_S)
+    assert ran == ["vocoder"] and [p.name for p in timeline.phases] == ["vocoder graphs"]
+    assert "flow solver graphs failed in the background" in caplog.text
+    with pytest.raises(RuntimeError, match="started"):
+        builder.add("late", lambda stop: None)
