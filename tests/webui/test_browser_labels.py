@@ -100,7 +100,7 @@ def test_a_chinese_page_has_no_english_but_names_and_units(studio, request) -> N
         config = page.evaluate("fetch('config').then((r) => r.json())")
         assert not english_words(config_texts(config), names)
     for mode in ("跨语种", "指令控制", "声音转换", "已存音色", "零样本克隆"):
-        page.get_by_text(mode, exact=True).click()
+        page.locator("#cosy-mode").get_by_text(mode, exact=True).click()
         page.wait_for_function(
             "(help) => document.body.innerText.includes(help)", arg=Texts("zh")(_help(mode)), timeout=WAIT_MS
         )
