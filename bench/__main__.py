@@ -6,6 +6,8 @@
     python -m bench --url http://127.0.0.1:7860 --concurrency 1,4 --out /tmp/http     # a running server
     python -m bench --random-full v3 --arrivals poisson --rate 1,2,4 --duration-s 60 --concurrency 64 \
         --modes stream --out bench-results/v3-open     # open loop: Poisson arrivals, 64 engine slots
+    python -m bench --random-full v3 --arrivals poisson --find-capacity --rate 4,6,8,10,12 --concurrency 96 \
+        --modes stream --trace --out bench-results/v3-capacity   # the highest rate within the SLO
 
 Random-weight model directories are built once into ``<cache-dir>/bench/<family>-<size>`` and reused.
 """
@@ -98,6 +100,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--length-spread", type=float, default=0.5,
         help="open loop: lengths uniform in [tokens x (1 - s), tokens x (1 + s)]",
     )  # fmt: skip
+    p.add_argument(
+        "--find-capacity", action="store_true",
+        help="open loop: run the --rate values upwards, stop after the first that misses the SLO (a failed "
+        "request, a stream that ran dry, TTFA p95 over --slo-ttfa-ms); results.json records every rate tried "
+        "and the capacity",
+    )  # fmt: skip
+    p.add_argument("--slo-ttfa-ms", type=float, default=300.0, help="--find-capacity: the TTFA p95 SLO (ms)")
+    p.add_argument(
+        "--min-requests", type=int, default=100,
+        help="--find-capacity: arrivals per rate at least (whatever rate x --duration-s gives)",
+    )  # fmt: skip
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
     p.add_argument("--baseline", action="store_true", help="also run the reference-style baseline")
     p.add_argument("--baseline-max-concurrency", type=int, default=4, help="it serialises: keep it small")
@@ -185,6 +198,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--tokens must be within [1, 3000], got {args.tokens}")
     if args.arrivals == "poisson" and (args.baseline or args.profile_dir):
         p.error("--baseline and --profile-dir run closed-loop waves: leave them out with --arrivals poisson")
+    if args.find_capacity and args.arrivals != "poisson":
+        p.error("--find-capacity searches open-loop rates: add --arrivals poisson")
+    if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
+        p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
     if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
         p.error("--length-spread must be within [0, 1) and keep the longest request at most 3000 tokens")
     return args
@@ -299,7 +316,7 @@ def mode_levels(args: argparse.Namespace, mode: str, levels: Sequence[int]) -> S
 
 async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> list[Level]:
     """Every mode x rate, open loop; ``--requests`` raises a level's arrivals above rate x duration."""
-    from bench.open_loop import OpenLoop, run_open_level
+    from bench.open_loop import run_open_level
 
     prompt = prompt_audio()
     out: list[Level] = []
@@ -308,12 +325,31 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
         for rate in args.rate:
-            load = OpenLoop(rate, max(args.requests, round(rate * args.duration_s), 1), args.length_spread)
-            level = await run_open_level(target, workload, load, prompt, args.seed)
+            level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
             log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)
             out.append(level)
             save(out)
+            misses = slo(args).misses(level) if args.find_capacity else []
+            if misses:  # the rates above cost more time and would miss too
+                log.info(
+                    "%.2f requests/s misses the SLO (%s): the search stops here", rate, "; ".join(misses)
+                )
+                break
     return out
+
+
+def open_load(args: argparse.Namespace, rate: float) -> Any:
+    """One rate's arrivals: rate x duration, at least ``--requests`` (and ``--min-requests`` in a search)."""
+    from bench.open_loop import OpenLoop
+
+    least = max(args.requests, args.min_requests if args.find_capacity else 1)
+    return OpenLoop(rate, max(least, round(rate * args.duration_s)), args.length_spread)
+
+
+def slo(args: argparse.Namespace) -> Any:
+    from bench.open_loop import Slo
+
+    return Slo(args.slo_ttfa_ms)
 
 
 def _check_length(level: Level, tokens: int) -> None:
@@ -404,6 +440,16 @@ def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, Any]) ->
     }
 
 
+def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, Any]:
+    """With --find-capacity: the search's record per mode (``bench.open_loop.capacity``)."""
+    if not args.find_capacity:
+        return {}
+    from bench.open_loop import capacity
+
+    modes = sorted({lv.mode for lv in levels})
+    return {"capacity": {m: capacity([lv for lv in levels if lv.mode == m], slo(args)) for m in modes}}
+
+
 def host_hardware() -> str:
     name = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
@@ -439,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
 
     def save(levels: list[Level], info: dict[str, Any], complete: bool = False) -> dict[str, Path]:
         result = {
-            "meta": meta(args, argv, info) | {"complete": complete},
+            "meta": meta(args, argv, info) | {"complete": complete} | capacity_meta(args, levels),
             "levels": [asdict(lv) for lv in levels],
         }
         return write_report(result, args.out, with_plot=complete)
