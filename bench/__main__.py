@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import logging
 import os
 import platform
@@ -111,6 +112,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--min-requests", type=int, default=100,
         help="--find-capacity: arrivals per rate at least (whatever rate x --duration-s gives)",
     )  # fmt: skip
+    p.add_argument(
+        "--trace", action="store_true",
+        help="open loop, in process: every chunk's timeline (engine.metrics.ChunkTrace) to OUT/trace.jsonl; "
+        "python -m bench.trace summarises it",
+    )  # fmt: skip
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
     p.add_argument("--baseline", action="store_true", help="also run the reference-style baseline")
     p.add_argument("--baseline-max-concurrency", type=int, default=4, help="it serialises: keep it small")
@@ -200,6 +206,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--baseline and --profile-dir run closed-loop waves: leave them out with --arrivals poisson")
     if args.find_capacity and args.arrivals != "poisson":
         p.error("--find-capacity searches open-loop rates: add --arrivals poisson")
+    if args.trace and (args.arrivals != "poisson" or args.url):
+        p.error("--trace records open-loop runs of the in-process engine: --arrivals poisson, no --url")
     if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
         p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
     if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
@@ -320,6 +328,9 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
 
     prompt = prompt_audio()
     out: list[Level] = []
+    if args.trace:  # this run's traces only
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "trace.jsonl").unlink(missing_ok=True)
     for mode in args.modes:
         workload = Workload(tokens=args.tokens, stream=mode == "stream")
         if args.warmup:
@@ -329,6 +340,8 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
             log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)
             out.append(level)
             save(out)
+            if args.trace:
+                write_trace(Path(args.out) / "trace.jsonl", level)
             misses = slo(args).misses(level) if args.find_capacity else []
             if misses:  # the rates above cost more time and would miss too
                 log.info(
@@ -440,6 +453,22 @@ def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, Any]) ->
     }
 
 
+def untraced(level: dict[str, Any]) -> dict[str, Any]:
+    """A level for results.json: the per-chunk traces go to trace.jsonl (``--trace``), not here."""
+    for row in level["per_request"]:
+        row.pop("trace", None)
+    return level
+
+
+def write_trace(path: Path, level: Level) -> None:
+    """Append ``level``'s chunk traces to ``path`` (JSON lines: the level's mode and rate, the request)."""
+    with path.open("a") as f:
+        for r in level.per_request:
+            for row in r.trace:
+                head = {"mode": level.mode, "rate": level.rate, "concurrency": level.concurrency}
+                f.write(json.dumps(head | {"request": r.index} | row) + "\n")
+
+
 def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, Any]:
     """With --find-capacity: the search's record per mode (``bench.open_loop.capacity``)."""
     if not args.find_capacity:
@@ -486,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
     def save(levels: list[Level], info: dict[str, Any], complete: bool = False) -> dict[str, Path]:
         result = {
             "meta": meta(args, argv, info) | {"complete": complete} | capacity_meta(args, levels),
-            "levels": [asdict(lv) for lv in levels],
+            "levels": [untraced(asdict(lv)) for lv in levels],
         }
         return write_report(result, args.out, with_plot=complete)
 

@@ -166,6 +166,8 @@ class RequestResult:
     underrun_s: float
     stage_ms: dict[str, float] = field(default_factory=dict)
     ttfa_parts_ms: dict[str, float] = field(default_factory=dict)  # engine.metrics.TTFA_PARTS, in-process
+    # in process: every chunk's engine.metrics.ChunkTrace row (bench --trace writes them to trace.jsonl)
+    trace: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -182,6 +184,7 @@ class Recorder:
         self.arrivals: list[tuple[float, float]] = []  # (s since submit, audio s)
         self.stage_ms: dict[str, float] = {}
         self.ttfa_parts_ms: dict[str, float] = {}
+        self.trace: list[dict[str, Any]] = []
 
     def started(self, queue_wait_s: float | None = None) -> None:
         """The request began computing ``queue_wait_s`` after submit (default: now)."""
@@ -209,6 +212,7 @@ class Recorder:
             underrun_s=stalled,
             stage_ms=dict(self.stage_ms),
             ttfa_parts_ms=dict(self.ttfa_parts_ms),
+            trace=list(self.trace),
         )
 
 
@@ -241,6 +245,8 @@ class EngineTarget:
         async for chunk in self.engine.stream(req):
             rec.started(chunk.metrics.queue_wait_ms / 1000.0)
             rec.chunk(chunk.seconds)
+            if chunk.trace is not None:
+                rec.trace.append(chunk.trace.row())
             if chunk.is_last:
                 rec.stage_ms = dict(chunk.metrics.stage_ms)
                 rec.ttfa_parts_ms = dict(chunk.metrics.ttfa_parts_ms)

@@ -264,9 +264,11 @@ class TTSEngine:
                 if time.monotonic() > deadline:
                     limit = self.cfg.limits.request_timeout_s
                     raise SynthesisFailed(f"request took longer than {limit:.0f} s")
-                watch.add_audio(len(pcm) / self.sample_rate)
-                active.playback.delivered(len(pcm) / self.sample_rate)
-                yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot())
+                seconds = len(pcm) / self.sample_rate
+                watch.add_audio(seconds)
+                active.playback.delivered(seconds)
+                trace = watch.chunk_sent(seconds)
+                yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot(), trace)
                 index += 1
         if not active.cancelled.is_set():
             yield AudioChunk(
@@ -397,7 +399,10 @@ class TTSEngine:
                 return
             before = dict(utt.stage_s)
             watch.mark("first_chunk_ready")
-            pcm = await self.token2wav.run(utt, job, playback.deadline())
+            due = playback.deadline()
+            pcm = await self.token2wav.run(utt, job, due)
+            if utt.last_times is not None:
+                watch.chunk_computed(utt.last_times, due, job.end)
             if utt.first_job_started is not None:
                 watch.mark("first_chunk_started", utt.first_job_started)
             for stage in ("flow", "hift"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.metrics import RequestMetrics
+from engine.metrics import ChunkTrace, RequestMetrics
 
 
 class Mode(enum.StrEnum):
@@ -78,6 +78,7 @@ class AudioChunk:
     index: int
     is_last: bool
     metrics: RequestMetrics
+    trace: ChunkTrace | None = field(default=None, compare=False, repr=False)  # its way through the engine
 
     @property
     def seconds(self) -> float:

@@ -34,7 +34,8 @@ from engine import device as devices
 from engine.config import EAGER_REUSE_GB, EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
 from engine.frontend import PromptFeatures
-from engine.job_queue import DeadlineQueue
+from engine.job_queue import DeadlineQueue, frame_bucket_of
+from engine.metrics import ChunkTimes
 from engine.models.dit_cache import DiTCache, ReuseBudget
 from engine.models.dit_pages import PagedCache
 from engine.models.flow import Flow
@@ -65,6 +66,7 @@ class Utterance:
     tokens: list[int] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=lambda: {"flow": 0.0, "hift": 0.0})
     first_job_started: float | None = None  # perf_counter s when the worker began this segment's first chunk
+    last_times: ChunkTimes | None = None  # the worker's stamps of the chunk computed last (its trace)
     # streaming with flow reuse: finished flow frames (v2: a UNetCache; the CUDA-graph solver: a PagedCache)
     flow_cache: DiTCache | PagedCache | None = None
 
@@ -76,6 +78,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[np.ndarray]
     deadline: float  # clock s when the client needs this audio
+    times: ChunkTimes
 
     @property
     def frames(self) -> int:
@@ -155,10 +158,12 @@ class Token2Wav:
         needs it (``clock`` s; default now, as for a first chunk)."""
         loop = asyncio.get_running_loop()
         due = self.clock() if deadline is None or self.fifo else deadline
-        job = _Job(utt, chunk, loop, loop.create_future(), due)
+        job = _Job(utt, chunk, loop, loop.create_future(), due, ChunkTimes(self.clock()))
         self.pending += 1
         self._jobs.put(job)
-        return await job.future
+        pcm = await job.future
+        utt.last_times = job.times
+        return pcm
 
     @property
     def max_batch(self) -> int:
@@ -196,10 +201,22 @@ class Token2Wav:
             self.pending -= len(jobs)
             live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
             if live:
+                self._stamp_joined(live)
                 self._run_batch(live)
             # the worker waits in take() next: the batch must not keep its requests' state (a stream's flow
             # cache, gigabytes at full size) alive meanwhile
             del jobs, live
+
+    def _stamp_joined(self, jobs: list[_Job]) -> None:
+        """The trace's view of a batch: when it was taken, its rows and the frame bucket they pad to."""
+        now, bucket = self.clock(), frame_bucket_of(max(j.frames for j in jobs), self._jobs.frame_bucket)
+        for job in jobs:
+            job.times.joined, job.times.batch = now, len(jobs)
+            job.times.bucket_frames, job.times.frames = bucket, job.frames
+
+    def _deliver(self, job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:
+        job.times.vocoded = self.clock()
+        _deliver(job, value, err)
 
     def _run_batch(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
@@ -219,10 +236,12 @@ class Token2Wav:
                     self._run_batch([job])
                 return
             log.exception("flow failed")
-            _deliver(jobs[0], None, self._failure(err))
+            self._deliver(jobs[0], None, self._failure(err))
             return
+        flow_done = self.clock()
         for job in jobs:
             job.utt.stage_s["flow"] += share
+            job.times.flow_done = flow_done
         self._vocode_rows(jobs, mels)
 
     def _vocode_rows(self, jobs: list[_Job], mels: list[torch.Tensor]) -> None:
@@ -242,10 +261,10 @@ class Token2Wav:
             try:
                 with torch.inference_mode():
                     pcm = self._vocoder_step(jobs[i].utt, mels[i], jobs[i].chunk.finalize)
-                _deliver(jobs[i], pcm, None)
+                self._deliver(jobs[i], pcm, None)
             except Exception as err:
                 log.exception("vocoder step failed")
-                _deliver(jobs[i], None, self._failure(err))
+                self._deliver(jobs[i], None, self._failure(err))
 
     def _groups(self, jobs: list[_Job], mels: list[torch.Tensor]) -> list[list[int]]:
         """The rows (indices into ``jobs``) that may share one HiFT call, in groups of two or more.
@@ -288,9 +307,9 @@ class Token2Wav:
         for job, pcm in zip(jobs, pcms):
             job.utt.stage_s["hift"] += share
             if np.isfinite(pcm).all():
-                _deliver(job, pcm, None)
+                self._deliver(job, pcm, None)
             else:
-                _deliver(
+                self._deliver(
                     job,
                     None,
                     SynthesisFailed("the vocoder produced non-finite audio; this request was stopped"),
