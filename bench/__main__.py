@@ -151,6 +151,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=EngineConfig.prompt_cache_size,
         help="prompts whose features are kept (0: none)",
     )
+    p.add_argument(
+        "--admit-slack-s", type=float, default=None,
+        help="admission by SLO: refuse new requests while a running stream has this little playback slack "
+        "left (s; refused requests count as failed, and apart as refused)",
+    )  # fmt: skip
     p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
@@ -258,7 +263,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         backend=args.backend,
         cache_dir=args.cache_dir,
         voices_dir=str(Path(args.cache_dir) / "bench" / "voices"),
-        limits=Limits(max_concurrency=most, max_queue=most),
+        limits=Limits(max_concurrency=most, max_queue=most, admit_slack_s=args.admit_slack_s),
         flow_dtype=args.flow_dtype,
         flow_attention=args.flow_attention,
         cuda_graphs=not args.no_cuda_graphs,

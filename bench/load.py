@@ -150,6 +150,10 @@ def underruns(arrivals: Sequence[tuple[float, float]]) -> tuple[int, float]:
 # ----------------------------------------------------------------------------------------- recording
 
 
+# how a refusal by the server's admission reads in ``RequestResult.error``: in process, over HTTP
+REFUSED = ("Busy:", "RuntimeError: HTTP 429")
+
+
 @dataclass(frozen=True)
 class RequestResult:
     """One request as the client saw it; times in ms, audio in s; ``error`` set when it failed."""
@@ -376,6 +380,7 @@ class Level:
     rate: float | None = None
     active_mean: float | None = None
     active_max: int | None = None
+    refused: int = 0  # of ``failed``: refused by the server's admission (Busy / 429), never started
 
 
 async def one_request(target: Target, req: SynthesisRequest, index: int) -> RequestResult:
@@ -444,6 +449,7 @@ def summarize(
         stage_ms_mean={k: sum(r.stage_ms.get(k, 0.0) for r in ok) / len(ok) for k in stages},
         ttfa_parts_ms_mean=_mean_parts([r.ttfa_parts_ms for r in ok]),
         errors=sorted({r.error for r in results if r.error is not None}),
+        refused=sum(1 for r in results if r.error is not None and r.error.startswith(REFUSED)),
         per_request=results,
     )
 

@@ -35,7 +35,7 @@ class Slo:
         """Why ``level`` misses the SLO (empty: it meets it)."""
         why = []
         if level.failed:
-            why.append(f"{level.failed} failed")
+            why.append(f"{level.failed} failed ({level.refused} refused)")
         if level.underrun_requests:
             why.append(f"{level.underrun_requests} streams underran")
         p95 = level.ttfa_ms.get("p95")

@@ -88,7 +88,12 @@ class TTSEngine:
             fifo=cfg.t2w_fifo, reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip
-        self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
+        self.admission = Admission(
+            cfg.limits.max_concurrency,
+            cfg.limits.max_queue,
+            self.token2wav.least_slack_s,
+            cfg.limits.admit_slack_s,
+        )
         self._active: set[_Active] = set()
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
@@ -220,6 +225,7 @@ class TTSEngine:
         prefetch = Prefetch(req.text_stream, watch.first_text, limit) if req.text_stream is not None else None
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
+            admitted = time.perf_counter()
             try:
                 if not active.cancelled.is_set():  # aborted while it waited in line: nothing to compute
                     # closed explicitly, down the chain to the LM request: a caller that leaves aborts
@@ -228,7 +234,7 @@ class TTSEngine:
                         async for chunk in run:
                             yield chunk
             finally:
-                self.admission.release()
+                self.admission.release(time.perf_counter() - admitted)
             self._counts["cancelled" if active.cancelled.is_set() else "completed"] += 1
         except (GeneratorExit, asyncio.CancelledError):  # the caller went away: not a failure
             self._counts["cancelled"] += 1

@@ -43,6 +43,7 @@ class ChunkTimes:
     call: ``frames``), flow done, vocoder done (its audio handed back)."""
 
     ready: float
+    due: float  # when its client needs the audio (the playback deadline, whatever order the worker keeps)
     joined: float | None = None
     batch: int = 0
     bucket_frames: int = 0

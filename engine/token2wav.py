@@ -158,12 +158,21 @@ class Token2Wav:
         needs it (``clock`` s; default now, as for a first chunk)."""
         loop = asyncio.get_running_loop()
         due = self.clock() if deadline is None or self.fifo else deadline
-        job = _Job(utt, chunk, loop, loop.create_future(), due, ChunkTimes(self.clock()))
+        now = self.clock()
+        times = ChunkTimes(now, now if deadline is None else deadline)
+        job = _Job(utt, chunk, loop, loop.create_future(), due, times)
         self.pending += 1
         self._jobs.put(job)
         pcm = await job.future
         utt.last_times = job.times
         return pcm
+
+    def least_slack_s(self) -> float | None:
+        """The least playback slack (s) among the queued chunks whose client still had audio buffered when
+        they were queued (None: no such chunk): how close the admitted streams are to running dry."""
+        now = self.clock()
+        slacks = [j.times.due - now for j in self._jobs.snapshot() if j.times.due > j.times.ready]
+        return min(slacks, default=None)
 
     @property
     def max_batch(self) -> int:

@@ -18,6 +18,7 @@ import asyncio
 import copy
 import inspect
 import logging
+import math
 import random
 import re
 import time
@@ -192,7 +193,8 @@ class Studio:
     def engine_error(self, err: EngineError) -> gr.Error:
         """The engine's refusal in the page's language (its own English detail in brackets)."""
         if isinstance(err, Busy):
-            return user_error(self.t("err_busy", error=str(err)))
+            seconds = max(1, math.ceil(err.retry_after_s))  # the engine's estimate, as the API's Retry-After
+            return user_error(self.t("err_busy", error=str(err), seconds=seconds))
         if isinstance(err, Forbidden):
             return user_error(self.t("err_voice_public"))
         if isinstance(err, NotFound):

@@ -85,7 +85,7 @@ def test_slo_names_every_miss():
     slo = Slo(300.0)
     assert slo.misses(level_at(4.0, 299.0)) == []
     assert slo.misses(level_at(4.0, 301.0, failed=2, underran=1)) == [
-        "2 failed",
+        "2 failed (0 refused)",
         "1 streams underran",
         "TTFA p95 301 ms > 300",
     ]

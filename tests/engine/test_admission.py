@@ -55,3 +55,34 @@ async def test_a_cancelled_waiter_gives_its_place_and_slot_back():
     assert adm.active == 1
     adm.release()
     assert adm.active == 0 and adm.queued == 0
+
+
+async def test_admission_by_slo_refuses_while_a_running_stream_is_close_to_running_dry():
+    slack: list[float | None] = [None]
+    adm = Admission(max_active=8, max_queue=8, pressure=lambda: slack[0], slack_guard_s=0.5)
+    await adm.acquire()  # nothing buffered is waiting: slots decide
+    slack[0] = 2.0
+    await adm.acquire()  # seconds of audio left everywhere
+    slack[0] = 0.4
+    with pytest.raises(Busy, match="at capacity: a running stream has 400 ms") as err:
+        await adm.acquire()
+    assert adm.active == 2 and adm.queued == 0  # the refused request took nothing
+    # Retry-After from the load: before any request finished, a 10 s slot time shared by 2 streams
+    assert err.value.retry_after_s == 5.0
+    adm.release(held_s=4.0)  # one finished after 4 s: the estimate follows (4 s over 1 stream)
+    with pytest.raises(Busy) as err:
+        await adm.acquire()
+    assert err.value.retry_after_s == 4.0
+    slack[0] = 0.6
+    await adm.acquire()
+
+
+async def test_admission_without_a_guard_ignores_the_pressure():
+    adm = Admission(max_active=2, max_queue=0, pressure=lambda: -5.0, slack_guard_s=None)
+    await adm.acquire()
+    await adm.acquire()
+    with pytest.raises(Busy, match="2 streams running") as err:
+        await adm.acquire()
+    assert err.value.retry_after_s == 5.0  # 10 s over 2 streams, first in line
+    with pytest.raises(ValueError):
+        Admission(1, 1, slack_guard_s=-1.0)

@@ -163,10 +163,11 @@ async def test_unreadable_prompt(studio, tmp_path) -> None:
 
 async def test_engine_busy_becomes_a_busy_message(studio, engine, prompt, monkeypatch) -> None:
     def busy(req: SynthesisRequest) -> None:
-        raise Busy("64 requests are waiting")
+        raise Busy("64 requests are waiting", retry_after_s=7.2)
 
     monkeypatch.setattr(engine, "check", busy)
-    with pytest.raises(gr.Error, match=r"server is busy \(64 requests are waiting\)"):
+    # the engine's Retry-After estimate, rounded up: the visitor is told when to come back
+    with pytest.raises(gr.Error, match=r"server is busy \(64 requests are waiting\): retry in 8 s"):
         await run(studio, prompt_wav=prompt)
 
 
