@@ -173,11 +173,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="processes for text normalisation (0: a thread; -1: the engine's auto, 4 on a GPU)",
     )  # fmt: skip
     p.add_argument(
-        "--graph-warmup-s",
-        type=float,
-        default=EngineConfig.graph_warmup_s,
-        help="mel seconds of flow graphs to pre-capture",
-    )
+        "--graph-warmup-s", type=float, default=None,
+        help="mel seconds of flow graphs to pre-capture (default: the engine's, raised to cover the longest "
+        "request plus the prompt, so no call runs on an uncaptured shape)",
+    )  # fmt: skip
     p.add_argument(
         "--profile-dir", help="after the sweep, profile one streaming wave at each --profile-at level"
     )
@@ -252,6 +251,19 @@ def load_engine(args: argparse.Namespace) -> Any:
     return TTSEngine.load(engine_config(args))
 
 
+# the bench's prompt (bench.load.prompt_audio) and a bucket's worth of margin, s
+PROMPT_S, MARGIN_S = 3.5, 1.0
+
+
+def warmup_s(args: argparse.Namespace) -> float:
+    """``--graph-warmup-s``, or the engine's default raised to the longest flow call the run makes: its
+    longest request's audio (25 tokens a second) after the prompt."""
+    if args.graph_warmup_s is not None:
+        return float(args.graph_warmup_s)
+    longest = args.tokens * (1 + (args.length_spread if args.arrivals == "poisson" else 0.0)) / 25.0
+    return max(EngineConfig.graph_warmup_s, longest + PROMPT_S + MARGIN_S)
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The flags -> the engine's config (one slot per request of the busiest level: no queueing inside)."""
     from engine.config import Limits, fast_start_choice
@@ -270,7 +282,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         hift_graphs=not args.no_hift_graphs,
         flow_compile=args.flow_compile,
         flow_reuse=args.flow_reuse,
-        graph_warmup_s=args.graph_warmup_s,
+        graph_warmup_s=warmup_s(args),
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,

@@ -4,10 +4,10 @@ Waiters are futures on their own event loop, handed a slot in FIFO order when on
 
 Admission by SLO (``slack_guard_s``): a slot is not enough when the streams already admitted are about to run
 dry. ``pressure`` reports the least playback slack (s) among the chunks waiting for the token2wav worker with
-audio still buffered at their client (None: no such chunk); at or under the guard, a new request is refused
-at once with a Retry-After estimated from the load (the mean time a request holds its slot over the streams
-holding one: about when the next slot's worth of work is done), so the admitted streams keep their promise
-instead of everyone stuttering.
+audio still buffered at their client and the clients playing past their first chunk (None: none); at or
+under the guard, a new request is refused at once with a Retry-After estimated from the load (the mean time
+a request holds its slot over the streams holding one: about when the next slot's worth of work is done), so
+the admitted streams keep their promise instead of everyone stuttering.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class TTSEngine:
         self.admission = Admission(
             cfg.limits.max_concurrency,
             cfg.limits.max_queue,
-            self.token2wav.least_slack_s,
+            self._least_slack_s,
             cfg.limits.admit_slack_s,
         )
         self._active: set[_Active] = set()
@@ -202,6 +202,13 @@ class TTSEngine:
         assert last is not None
         return np.concatenate(parts), last
 
+    def _least_slack_s(self) -> float | None:
+        """Admission's load signal: how close the admitted streams are to running dry (s): the least slack
+        of the chunks waiting for the token2wav worker and of the playing clients' buffers (None: nothing
+        is playing or waiting)."""
+        slacks = [a.playback.slack_s() for a in list(self._active)] + [self.token2wav.least_slack_s()]
+        return min((s for s in slacks if s is not None), default=None)
+
     @property
     def healthy(self) -> bool:
         """Both workers can still compute: False means only a restart helps (the API's /health says so)."""
@@ -276,6 +283,7 @@ class TTSEngine:
                 trace = watch.chunk_sent(seconds)
                 yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot(), trace)
                 index += 1
+        active.playback.finished = True
         if not active.cancelled.is_set():
             yield AudioChunk(
                 np.zeros(0, np.float32), self.sample_rate, index, True, watch.snapshot(done=True)

@@ -8,6 +8,7 @@ import pytest
 
 from engine.admission import Admission
 from engine.errors import Busy
+from tests.engine.worker_sim import WorkerSim
 
 
 async def test_slots_then_fifo_then_busy():
@@ -86,3 +87,19 @@ async def test_admission_without_a_guard_ignores_the_pressure():
     assert err.value.retry_after_s == 5.0  # 10 s over 2 streams, first in line
     with pytest.raises(ValueError):
         Admission(1, 1, slack_guard_s=-1.0)
+
+
+def test_admission_by_slo_refuses_before_any_admitted_stream_underruns_at_twice_capacity():
+    """The worker model (tests/engine/worker_sim.py) at 6 streams/s, about twice what it serves without an
+    underrun (3/s): admitting everyone makes streams stutter; the SLO guard refuses some arrivals and every
+    admitted stream plays through."""
+    everyone = WorkerSim(rate=6.0, per_row_s=0.008).run()
+    assert everyone.misses > 50
+    sim = WorkerSim(rate=6.0, per_row_s=0.008)
+    adm = Admission(max_active=1000, max_queue=0, pressure=sim.pressure, slack_guard_s=1.5)
+    guarded = sim.run(admit=lambda: adm.overloaded() is None)
+    assert guarded.misses == 0 and 0 < guarded.refused < 20 and guarded.served == 40 - guarded.refused
+    # well under capacity nobody is refused
+    light = WorkerSim(rate=2.0, per_row_s=0.004)
+    adm = Admission(max_active=1000, max_queue=0, pressure=light.pressure, slack_guard_s=1.5)
+    assert light.run(admit=lambda: adm.overloaded() is None).refused == 0
