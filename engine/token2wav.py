@@ -78,7 +78,8 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[np.ndarray]
     deadline: float  # clock s when the client needs this audio
-    times: ChunkTimes
+    # the worker's stamps for the trace (the scheduler's jobs: queued now, due at the playback deadline)
+    times: ChunkTimes = field(default_factory=lambda: ChunkTimes(math.nan, math.nan))
 
     @property
     def frames(self) -> int:
@@ -90,7 +91,88 @@ class _Job:
         return self.chunk.finalize
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How the worker's batches form (``engine.job_queue``): rows per call, the flow graphs' frame bucket
+    (mel frames), the slack (s) under which a job always joins, and ``fifo``: arrival order, no buckets (the
+    scheduler's A/B: every job is due when queued and counts as urgent)."""
+
+    max_batch: int = EngineConfig.flow_batch
+    frame_bucket: int = 100
+    urgent_s: float = 0.3
+    fifo: bool = False
+
+
+class ChunkScheduler:
+    """Deadline batching for the token2wav worker: request coroutines ``submit`` chunk jobs, the worker thread
+    takes ``next_batch`` (earliest playback deadline first), and admission reads ``least_slack_s``."""
+
+    def __init__(self, batching: Batching, clock: Callable[[], float]):
+        self.clock, self.fifo = clock, batching.fifo
+        urgent_s = math.inf if batching.fifo else batching.urgent_s
+        self._queue: DeadlineQueue[_Job] = DeadlineQueue(
+            clock, batching.max_batch, batching.frame_bucket, urgent_s
+        )
+        self.pending = 0  # jobs submitted and not yet taken
+
+    def job(
+        self, utt: Utterance, chunk: ChunkJob, loop: asyncio.AbstractEventLoop, deadline: float | None
+    ) -> _Job:
+        """A chunk job due at ``deadline`` (clock s; None: now, as a first chunk); its times keep the playback
+        deadline whatever order the queue is told to keep."""
+        now = self.clock()
+        due = now if deadline is None or self.fifo else deadline
+        return _Job(
+            utt,
+            chunk,
+            loop,
+            loop.create_future(),
+            due,
+            ChunkTimes(now, due if deadline is None else deadline),
+        )
+
+    def submit(self, job: _Job) -> None:
+        self.pending += 1
+        self._queue.put(job)
+
+    def next_batch(self) -> list[_Job] | None:
+        """Block until a batch is due and take it: its rows whose requests are still there (maybe none),
+        stamped for the trace. None once closed and drained."""
+        jobs = self._queue.take()
+        if jobs is None:
+            return None
+        self.pending -= len(jobs)
+        live = [j for j in jobs if not j.future.cancelled()]
+        if live:
+            now, bucket = self.clock(), frame_bucket_of(max(j.frames for j in live), self._queue.frame_bucket)
+            for job in live:
+                job.times.joined, job.times.batch = now, len(live)
+                job.times.bucket_frames, job.times.frames = bucket, job.frames
+        return live
+
+    def least_slack_s(self) -> float | None:
+        """The least playback slack (s) among the queued chunks whose client still had audio buffered when
+        they were queued (None: no such chunk): how close the admitted streams are to running dry."""
+        now = self.clock()
+        slacks = [j.times.due - now for j in self._queue.snapshot() if j.times.due > j.times.ready]
+        return min(slacks, default=None)
+
+    @property
+    def max_batch(self) -> int:
+        return self._queue.max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:
+        self._queue.max_batch = value
+
+    def close(self) -> None:
+        self._queue.close()
+
+
 class Token2Wav:
+    """The worker: one thread takes the scheduler's batches and runs flow then HiFT on them, retrying a
+    failed batch's requests one by one so only the request at fault fails."""
+
     def __init__(
         self,
         flow: Flow,
@@ -118,10 +200,8 @@ class Token2Wav:
         self.v2_groups = devices.is_accelerator(device) if v2_hift_groups is None else v2_hift_groups
         self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
-        # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
-        urgent_s = math.inf if fifo else stream_cfg.urgent_slack_s
-        self._jobs: DeadlineQueue[_Job] = DeadlineQueue(clock, max_batch, frame_bucket, urgent_s)
-        self.pending = 0
+        batching = Batching(max_batch, frame_bucket, stream_cfg.urgent_slack_s, fifo)
+        self.scheduler = ChunkScheduler(batching, clock)
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
         self._thread.start()
 
@@ -156,32 +236,27 @@ class Token2Wav:
     async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:
         """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the client
         needs it (``clock`` s; default now, as for a first chunk)."""
-        loop = asyncio.get_running_loop()
-        due = self.clock() if deadline is None or self.fifo else deadline
-        now = self.clock()
-        times = ChunkTimes(now, now if deadline is None else deadline)
-        job = _Job(utt, chunk, loop, loop.create_future(), due, times)
-        self.pending += 1
-        self._jobs.put(job)
+        job = self.scheduler.job(utt, chunk, asyncio.get_running_loop(), deadline)
+        self.scheduler.submit(job)
         pcm = await job.future
         utt.last_times = job.times
         return pcm
 
     def least_slack_s(self) -> float | None:
-        """The least playback slack (s) among the queued chunks whose client still had audio buffered when
-        they were queued (None: no such chunk): how close the admitted streams are to running dry."""
-        now = self.clock()
-        slacks = [j.times.due - now for j in self._jobs.snapshot() if j.times.due > j.times.ready]
-        return min(slacks, default=None)
+        return self.scheduler.least_slack_s()
+
+    @property
+    def pending(self) -> int:
+        return self.scheduler.pending
 
     @property
     def max_batch(self) -> int:
-        """Chunks per flow (and HiFT) call; the queue forms the batches."""
-        return self._jobs.max_batch
+        """Chunks per flow (and HiFT) call; the scheduler forms the batches."""
+        return self.scheduler.max_batch
 
     @max_batch.setter
     def max_batch(self, value: int) -> None:
-        self._jobs.max_batch = value
+        self.scheduler.max_batch = value
 
     @property
     def reuses_flow(self) -> bool:
@@ -194,7 +269,7 @@ class Token2Wav:
         return self._thread.is_alive()
 
     def close(self) -> None:
-        self._jobs.close()
+        self.scheduler.close()
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
@@ -204,24 +279,14 @@ class Token2Wav:
     def _serve(self) -> None:
         """One batch at a time, re-ordered after each: a chunk queued meanwhile with an earlier deadline
         runs next instead of after everything that was already waiting."""
-        while (jobs := self._jobs.take()) is not None:
+        while (live := self.scheduler.next_batch()) is not None:
             if self.own_stream:
                 devices.after_default_stream(self.device)
-            self.pending -= len(jobs)
-            live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
-            if live:
-                self._stamp_joined(live)
+            if live:  # empty when its requests went away
                 self._run_batch(live)
-            # the worker waits in take() next: the batch must not keep its requests' state (a stream's flow
-            # cache, gigabytes at full size) alive meanwhile
-            del jobs, live
-
-    def _stamp_joined(self, jobs: list[_Job]) -> None:
-        """The trace's view of a batch: when it was taken, its rows and the frame bucket they pad to."""
-        now, bucket = self.clock(), frame_bucket_of(max(j.frames for j in jobs), self._jobs.frame_bucket)
-        for job in jobs:
-            job.times.joined, job.times.batch = now, len(jobs)
-            job.times.bucket_frames, job.times.frames = bucket, job.frames
+            # the worker waits for the next batch: this one must not keep its requests' state (a stream's
+            # flow cache, gigabytes at full size) alive meanwhile
+            del live
 
     def _deliver(self, job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:
         job.times.vocoded = self.clock()
