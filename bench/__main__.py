@@ -6,6 +6,8 @@
     python -m bench --url http://127.0.0.1:7860 --concurrency 1,4 --out /tmp/http     # a running server
     python -m bench --random-full v3 --arrivals poisson --rate 1,2,4 --duration-s 60 --concurrency 64 \
         --modes stream --out bench-results/v3-open     # open loop: Poisson arrivals, 64 engine slots
+    python -m bench --random-full v3 --arrivals poisson --find-capacity --rate 4,6,8,10,12 --concurrency 96 \
+        --modes stream --trace --out bench-results/v3-capacity   # the highest rate within the SLO
 
 Random-weight model directories are built once into ``<cache-dir>/bench/<family>-<size>`` and reused.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import logging
 import os
 import platform
@@ -101,6 +104,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--length-spread", type=float, default=0.5,
         help="open loop: lengths uniform in [tokens x (1 - s), tokens x (1 + s)]",
     )  # fmt: skip
+    p.add_argument(
+        "--find-capacity", action="store_true",
+        help="open loop: run the --rate values upwards, stop after the first that misses the SLO (a failed "
+        "request, a stream that ran dry, TTFA p95 over --slo-ttfa-ms); results.json records every rate tried "
+        "and the capacity",
+    )  # fmt: skip
+    p.add_argument("--slo-ttfa-ms", type=float, default=300.0, help="--find-capacity: the TTFA p95 SLO (ms)")
+    p.add_argument(
+        "--min-requests", type=int, default=100,
+        help="--find-capacity: arrivals per rate at least (whatever rate x --duration-s gives)",
+    )  # fmt: skip
+    p.add_argument(
+        "--trace", action="store_true",
+        help="open loop, in process: every chunk's timeline (engine.serving.metrics.ChunkTrace) to "
+        "OUT/trace.jsonl; "
+        "python -m bench.trace summarises it",
+    )  # fmt: skip
     p.add_argument("--out", default="bench-results", help="directory for results.json/.md/.png")
     p.add_argument("--baseline", action="store_true", help="also run the reference-style baseline")
     p.add_argument("--baseline-max-concurrency", type=int, default=4, help="it serialises: keep it small")
@@ -134,6 +154,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=EngineConfig.prompt_cache_size,
         help="prompts whose features are kept (0: none)",
     )
+    p.add_argument(
+        "--admit-slack-s", type=float, default=None,
+        help="admission by SLO: refuse new requests while a running stream has this little playback slack "
+        "left (s; refused requests count as failed, and apart as refused)",
+    )  # fmt: skip
     p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
@@ -148,11 +173,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="processes for text normalisation (0: a thread; -1: the engine's auto, 4 on a GPU)",
     )  # fmt: skip
     p.add_argument(
-        "--graph-warmup-s",
-        type=float,
-        default=EngineConfig.graph_warmup_s,
-        help="mel seconds of flow graphs to pre-capture",
-    )
+        "--graph-warmup-s", type=float, default=None,
+        help="mel seconds of flow graphs to pre-capture (default: the engine's, raised to cover the longest "
+        "request plus the prompt, so no call runs on an uncaptured shape)",
+    )  # fmt: skip
     p.add_argument(
         "--profile-dir", help="after the sweep, profile one streaming wave at each --profile-at level"
     )
@@ -184,6 +208,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--tokens must be within [1, 3000], got {args.tokens}")
     if args.arrivals == "poisson" and (args.baseline or args.profile_dir):
         p.error("--baseline and --profile-dir run closed-loop waves: leave them out with --arrivals poisson")
+    if args.find_capacity and args.arrivals != "poisson":
+        p.error("--find-capacity searches open-loop rates: add --arrivals poisson")
+    if args.trace and (args.arrivals != "poisson" or args.url):
+        p.error("--trace records open-loop runs of the in-process engine: --arrivals poisson, no --url")
+    if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
+        p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
     if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
         p.error("--length-spread must be within [0, 1) and keep the longest request at most 3000 tokens")
     return args
@@ -221,6 +251,19 @@ def load_engine(args: argparse.Namespace) -> Any:
     return TTSEngine.load(engine_config(args))
 
 
+# the bench's prompt (bench.load.prompt_audio) and a bucket's worth of margin, s
+PROMPT_S, MARGIN_S = 3.5, 1.0
+
+
+def warmup_s(args: argparse.Namespace) -> float:
+    """``--graph-warmup-s``, or the engine's default raised to the longest flow call the run makes: its
+    longest request's audio (25 tokens a second) after the prompt."""
+    if args.graph_warmup_s is not None:
+        return float(args.graph_warmup_s)
+    longest = args.tokens * (1 + (args.length_spread if args.arrivals == "poisson" else 0.0)) / 25.0
+    return max(EngineConfig.graph_warmup_s, longest + PROMPT_S + MARGIN_S)
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The flags -> the engine's config (one slot per request of the busiest level: no queueing inside)."""
     from engine.config import Limits, fast_start_choice
@@ -232,14 +275,14 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         backend=args.backend,
         cache_dir=args.cache_dir,
         voices_dir=str(Path(args.cache_dir) / "bench" / "voices"),
-        limits=Limits(max_concurrency=most, max_queue=most),
+        limits=Limits(max_concurrency=most, max_queue=most, admit_slack_s=args.admit_slack_s),
         flow_dtype=args.flow_dtype,
         flow_attention=args.flow_attention,
         cuda_graphs=not args.no_cuda_graphs,
         hift_graphs=not args.no_hift_graphs,
         flow_compile=args.flow_compile,
         flow_reuse=args.flow_reuse,
-        graph_warmup_s=args.graph_warmup_s,
+        graph_warmup_s=warmup_s(args),
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
@@ -298,21 +341,45 @@ def mode_levels(args: argparse.Namespace, mode: str, levels: Sequence[int]) -> S
 
 async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> list[Level]:
     """Every mode x rate, open loop; ``--requests`` raises a level's arrivals above rate x duration."""
-    from bench.open_loop import OpenLoop, run_open_level
+    from bench.open_loop import run_open_level
 
     prompt = prompt_audio()
     out: list[Level] = []
+    if args.trace:  # this run's traces only
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "trace.jsonl").unlink(missing_ok=True)
     for mode in args.modes:
         workload = Workload(tokens=args.tokens, stream=mode == "stream")
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
         for rate in args.rate:
-            load = OpenLoop(rate, max(args.requests, round(rate * args.duration_s), 1), args.length_spread)
-            level = await run_open_level(target, workload, load, prompt, args.seed)
+            level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
             log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)
             out.append(level)
             save(out)
+            if args.trace:
+                write_trace(Path(args.out) / "trace.jsonl", level)
+            misses = slo(args).misses(level) if args.find_capacity else []
+            if misses:  # the rates above cost more time and would miss too
+                log.info(
+                    "%.2f requests/s misses the SLO (%s): the search stops here", rate, "; ".join(misses)
+                )
+                break
     return out
+
+
+def open_load(args: argparse.Namespace, rate: float) -> Any:
+    """One rate's arrivals: rate x duration, at least ``--requests`` (and ``--min-requests`` in a search)."""
+    from bench.open_loop import OpenLoop
+
+    least = max(args.requests, args.min_requests if args.find_capacity else 1)
+    return OpenLoop(rate, max(least, round(rate * args.duration_s)), args.length_spread)
+
+
+def slo(args: argparse.Namespace) -> Any:
+    from bench.open_loop import Slo
+
+    return Slo(args.slo_ttfa_ms)
 
 
 def _check_length(level: Level, tokens: int) -> None:
@@ -404,6 +471,32 @@ def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, Any]) ->
     }
 
 
+def untraced(level: dict[str, Any]) -> dict[str, Any]:
+    """A level for results.json: the per-chunk traces go to trace.jsonl (``--trace``), not here."""
+    for row in level["per_request"]:
+        row.pop("trace", None)
+    return level
+
+
+def write_trace(path: Path, level: Level) -> None:
+    """Append ``level``'s chunk traces to ``path`` (JSON lines: the level's mode and rate, the request)."""
+    with path.open("a") as f:
+        for r in level.per_request:
+            for row in r.trace:
+                head = {"mode": level.mode, "rate": level.rate, "concurrency": level.concurrency}
+                f.write(json.dumps(head | {"request": r.index} | row) + "\n")
+
+
+def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, Any]:
+    """With --find-capacity: the search's record per mode (``bench.open_loop.capacity``)."""
+    if not args.find_capacity:
+        return {}
+    from bench.open_loop import capacity
+
+    modes = sorted({lv.mode for lv in levels})
+    return {"capacity": {m: capacity([lv for lv in levels if lv.mode == m], slo(args)) for m in modes}}
+
+
 def host_hardware() -> str:
     name = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
@@ -439,8 +532,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
 
     def save(levels: list[Level], info: dict[str, Any], complete: bool = False) -> dict[str, Path]:
         result = {
-            "meta": meta(args, argv, info) | {"complete": complete},
-            "levels": [asdict(lv) for lv in levels],
+            "meta": meta(args, argv, info) | {"complete": complete} | capacity_meta(args, levels),
+            "levels": [untraced(asdict(lv)) for lv in levels],
         }
         return write_report(result, args.out, with_plot=complete)
 

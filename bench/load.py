@@ -150,6 +150,10 @@ def underruns(arrivals: Sequence[tuple[float, float]]) -> tuple[int, float]:
 # ----------------------------------------------------------------------------------------- recording
 
 
+# how a refusal by the server's admission reads in ``RequestResult.error``: in process, over HTTP
+REFUSED = ("Busy:", "RuntimeError: HTTP 429")
+
+
 @dataclass(frozen=True)
 class RequestResult:
     """One request as the client saw it; times in ms, audio in s; ``error`` set when it failed."""
@@ -167,6 +171,9 @@ class RequestResult:
     stage_ms: dict[str, float] = field(default_factory=dict)
     # engine.serving.metrics.TTFA_PARTS, in-process
     ttfa_parts_ms: dict[str, float] = field(default_factory=dict)
+    # in process: every chunk's engine.serving.metrics.ChunkTrace row (bench --trace writes them to
+    # trace.jsonl)
+    trace: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -183,6 +190,7 @@ class Recorder:
         self.arrivals: list[tuple[float, float]] = []  # (s since submit, audio s)
         self.stage_ms: dict[str, float] = {}
         self.ttfa_parts_ms: dict[str, float] = {}
+        self.trace: list[dict[str, Any]] = []
 
     def started(self, queue_wait_s: float | None = None) -> None:
         """The request began computing ``queue_wait_s`` after submit (default: now)."""
@@ -210,6 +218,7 @@ class Recorder:
             underrun_s=stalled,
             stage_ms=dict(self.stage_ms),
             ttfa_parts_ms=dict(self.ttfa_parts_ms),
+            trace=list(self.trace),
         )
 
 
@@ -242,6 +251,8 @@ class EngineTarget:
         async for chunk in self.engine.stream(req):
             rec.started(chunk.metrics.queue_wait_ms / 1000.0)
             rec.chunk(chunk.seconds)
+            if chunk.trace is not None:
+                rec.trace.append(chunk.trace.row())
             if chunk.is_last:
                 rec.stage_ms = dict(chunk.metrics.stage_ms)
                 rec.ttfa_parts_ms = dict(chunk.metrics.ttfa_parts_ms)
@@ -371,6 +382,7 @@ class Level:
     rate: float | None = None
     active_mean: float | None = None
     active_max: int | None = None
+    refused: int = 0  # of ``failed``: refused by the server's admission (Busy / 429), never started
 
 
 async def one_request(target: Target, req: SynthesisRequest, index: int) -> RequestResult:
@@ -439,6 +451,7 @@ def summarize(
         stage_ms_mean={k: sum(r.stage_ms.get(k, 0.0) for r in ok) / len(ok) for k in stages},
         ttfa_parts_ms_mean=_mean_parts([r.ttfa_parts_ms for r in ok]),
         errors=sorted({r.error for r in results if r.error is not None}),
+        refused=sum(1 for r in results if r.error is not None and r.error.startswith(REFUSED)),
         per_request=results,
     )
 

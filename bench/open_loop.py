@@ -21,6 +21,44 @@ from bench.load import Level, RequestResult, Target, Workload, one_request, serv
 
 
 @dataclasses.dataclass(frozen=True)
+class Slo:
+    """What a rate must meet to count as served: no failed request, no stream that ran dry, and the time to
+    first audio at p95 at or under ``ttfa_p95_ms``."""
+
+    ttfa_p95_ms: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.ttfa_p95_ms <= 0:
+            raise ValueError(f"the TTFA SLO must be > 0 ms, got {self.ttfa_p95_ms}")
+
+    def misses(self, level: Level) -> list[str]:
+        """Why ``level`` misses the SLO (empty: it meets it)."""
+        why = []
+        if level.failed:
+            why.append(f"{level.failed} failed ({level.refused} refused)")
+        if level.underrun_requests:
+            why.append(f"{level.underrun_requests} streams underran")
+        p95 = level.ttfa_ms.get("p95")
+        if p95 is None or p95 > self.ttfa_p95_ms:
+            why.append(f"TTFA p95 {'-' if p95 is None else format(p95, '.0f')} ms > {self.ttfa_p95_ms:.0f}")
+        return why
+
+
+def capacity(levels: list[Level], slo: Slo) -> dict[str, object]:
+    """The capacity search's record: every rate tried (ascending) with its verdict, and the capacity (the
+    highest rate met before the first one missed; None when the lowest already missed)."""
+    tried = sorted((lv for lv in levels if lv.rate is not None), key=lambda lv: lv.rate or 0.0)
+    rows, best = [], None
+    for lv in tried:
+        why = slo.misses(lv)
+        rows.append({"rate": lv.rate, "requests": lv.requests, "met": not why, "misses": why})
+        if why:
+            break
+        best = lv.rate
+    return {"slo_ttfa_p95_ms": slo.ttfa_p95_ms, "rates": rows, "capacity_rate": best}
+
+
+@dataclasses.dataclass(frozen=True)
 class OpenLoop:
     """One open-loop level: ``requests`` arrivals at ``rate`` per second, lengths spread around the
     workload's ``tokens``."""

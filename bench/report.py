@@ -128,6 +128,23 @@ def _ratios(base: Result, ours: Result) -> list[str]:
     ]
 
 
+def capacity_lines(found: dict[str, Any]) -> list[str]:
+    """The capacity search's verdicts (``bench.open_loop.capacity``), one line per mode."""
+    lines = []
+    for mode, rec in sorted(found.items()):
+        rate = rec["capacity_rate"]
+        tried = ", ".join(
+            f"{r['rate']:g} {'met' if r['met'] else 'missed (' + '; '.join(r['misses']) + ')'}"
+            for r in rec["rates"]
+        )
+        held = "none of the rates tried" if rate is None else f"**{rate:g} requests/s**"
+        lines.append(
+            f"- capacity ({mode}; 0 failed, 0 underrun, TTFA p95 <= {rec['slo_ttfa_p95_ms']:.0f} ms): "
+            f"{held}; rates tried: {tried}"
+        )
+    return lines
+
+
 def markdown(result: Result) -> str:
     meta = result["meta"]
     parts = [
@@ -148,6 +165,7 @@ def markdown(result: Result) -> str:
             f"{meta['tokens'] * (1 + spread):.0f}] speech tokens; active streams = requests sent and not "
             "yet fully received (time-weighted mean, max)"
         )
+    parts += capacity_lines(meta.get("capacity", {}))
     for (system, mode), levels in groups(result).items():
         if is_open(levels):
             parts += [f"\n## {system} · {mode}\n", table(OPEN_COLUMNS, [_open_row(lv) for lv in levels])]

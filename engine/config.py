@@ -202,6 +202,9 @@ class Limits:
     # benchmarks over HTTP: the API takes ``forced_tokens`` (a fixed speech length, end-of-speech ignored)
     # so every request costs the same; off by default, as it lets a short text ask for 120 s of audio
     forced_tokens: bool = False
+    # admission by SLO: refuse a new request (429, Retry-After from the load) while a running stream's next
+    # chunk has this little playback slack (s) left; None: admit on slots alone
+    admit_slack_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_text_chars < 1 or self.max_upload_bytes < 1:
@@ -212,6 +215,8 @@ class Limits:
             raise ValueError("max_concurrency >= 1, max_queue >= 0, request_timeout_s > 0 required")
         if self.text_idle_s <= 0:
             raise ValueError(f"text_idle_s must be > 0, got {self.text_idle_s}")
+        if self.admit_slack_s is not None and not 0 <= self.admit_slack_s <= 10:
+            raise ValueError(f"admit_slack_s must be within [0, 10] s or None, got {self.admit_slack_s}")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.serving.metrics import RequestMetrics
+from engine.serving.metrics import ChunkTrace, RequestMetrics
 
 
 class Mode(enum.StrEnum):
@@ -84,6 +84,7 @@ class AudioChunk:
     index: int
     is_last: bool
     metrics: RequestMetrics
+    trace: ChunkTrace | None = field(default=None, compare=False, repr=False)  # its way through the engine
 
     @property
     def seconds(self) -> float:

@@ -79,6 +79,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
     p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
     p.add_argument(
+        "--admit-slack-s", type=float, default=Limits.admit_slack_s,
+        help="admission by SLO: refuse new requests (429 + Retry-After) while a running stream has this "
+        "little playback slack left (s; default: slots alone)",
+    )  # fmt: skip
+    p.add_argument(
         "--allow-forced-tokens", action="store_true",
         help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
     )  # fmt: skip
@@ -149,6 +154,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_prompt_s=args.max_prompt_s,
         request_timeout_s=args.request_timeout_s,
         forced_tokens=args.allow_forced_tokens,
+        admit_slack_s=args.admit_slack_s,
     )
     return EngineConfig(
         model=args.model,

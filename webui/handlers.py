@@ -20,6 +20,7 @@ import copy
 import html
 import inspect
 import logging
+import math
 import random
 import re
 import time
@@ -237,7 +238,8 @@ class Studio:
         """The engine's refusal in the page's language: a refusal's own detail (the visitor's input, the
         queue) in brackets; any other failure's text stays in the log."""
         if isinstance(err, Busy):
-            return self.t("err_busy", error=str(err))
+            seconds = max(1, math.ceil(err.retry_after_s))  # the engine's estimate, as the API's Retry-After
+            return self.t("err_busy", error=str(err), seconds=seconds)
         if isinstance(err, Forbidden):
             return self.t("err_voice_public")
         if isinstance(err, NotFound):

@@ -14,6 +14,14 @@
 #                                                 and 16 streams (PROFILE_AT=LEVELS, or empty: none) ->
 #                                                 $OUT/FAMILY_ARM/ (ARM names the arm: after, or before with
 #                                                 flags that turn the optimisations off)
+#   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity search (Poisson arrivals, 10 s
+#                                                 +-50 % requests, RATES=4,6,8,10,12 upwards until one misses
+#                                                 0 failed / 0 underrun / TTFA p95 <= 300 ms, REQUESTS=100 per
+#                                                 rate, chunk traces) for a before arm (the 16 s of graphs
+#                                                 captured before: long requests run uncaptured) and an after
+#                                                 arm, each in its own load -> $OUT/FAMILY_capacity_ARM/
+#                                                 results.json + trace.jsonl + .log; ADMIT=S adds admission by
+#                                                 SLO (--admit-slack-s S) to the after arm
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as
 #                                                 it is (mask), SDPA's cuDNN kernel (cudnn), and the rule
@@ -196,6 +204,31 @@ step_speed() {  # FAMILY ARM [BENCH FLAGS]: 4 files come back (results.json, the
     "${profile[@]}" "$@"
 }
 
+step_capacity() {  # FAMILY [BENCH FLAGS]: both arms in one call, each its own process (one load each)
+  [ $# -ge 1 ] || die "usage: run.sh capacity FAMILY [BENCH FLAGS]"
+  local fam=$1 arm limit t0=$SECONDS
+  shift
+  family_dir "$fam" > /dev/null
+  environment
+  for arm in before after; do
+    local flags=() name=${fam}_capacity_$arm
+    if [ "$arm" = before ]; then
+      flags=(--graph-warmup-s 16) limit=$((LIMIT_S * 2 / 5))  # it stops at its first missed rate
+    else
+      [ -z "${ADMIT:-}" ] || flags=(--admit-slack-s "$ADMIT")
+      limit=$((LIMIT_S - (SECONDS - t0)))
+    fi
+    timeout "$limit" python3 -m bench --random-full "$fam" --cache-dir "$CACHE" --device cuda --backend vllm \
+      --modes stream --arrivals poisson --find-capacity --rate "${RATES:-4,6,8,10,12}" \
+      --min-requests "${REQUESTS:-100}" --duration-s 1 --concurrency 96 --tokens 250 --trace \
+      --hardware "$HARDWARE" "${flags[@]}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 && rc=0 || rc=$?
+    echo "$name rc=$rc $(date +%T)"
+    grep -E "requests/s|captured|Error" "$OUT/$name.log" | cut -c1-220 | tail -8 || true
+    rm -f "$OUT/$name/results.png" "$OUT/$name/results.md" "$OUT/$name/results_open.png"
+    if [ -f "$OUT/$name/trace.jsonl" ]; then python3 -m bench.trace "$OUT/$name/trace.jsonl" | tee -a "$OUT/$name.log"; fi
+  done
+}
+
 step_kernels() {  # FAMILY: one call, the solver's attention arms one after another (each its own process)
   [ $# -eq 1 ] || die "usage: run.sh kernels FAMILY"
   local fam=$1 arms variant arm flags
@@ -300,7 +333,7 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   done
 }
 
-STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|kernels|cache-out|cache-in|serve|startup"
+STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|cache-out|cache-in|serve|startup"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -313,6 +346,7 @@ case "$step" in
   compare) step_compare "$@" ;;
   profile) step_profile "$@" ;;
   speed) step_speed "$@" ;;
+  capacity) step_capacity "$@" ;;
   kernels) step_kernels "$@" ;;
   cache-out) step_cache_out ;;
   cache-in) step_cache_in ;;

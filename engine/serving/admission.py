@@ -1,21 +1,48 @@
 """Bounded admission: at most ``max_active`` requests compute, at most ``max_queue`` wait, the rest get Busy.
 
 Waiters are futures on their own event loop, handed a slot in FIFO order when one frees (no polling).
+
+Admission by SLO (``slack_guard_s``): a slot is not enough when the streams already admitted are about to run
+dry. ``pressure`` reports the least playback slack (s) among the chunks waiting for the token2wav worker with
+audio still buffered at their client and the clients playing past their first chunk (None: none); at or
+under the guard, a new request is refused at once with a Retry-After estimated from the load (the mean time
+a request holds its slot over the streams holding one: about when the next slot's worth of work is done), so
+the admitted streams keep their promise instead of everyone stuttering.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from engine.errors import Busy
 
+RETRY_MIN_S, RETRY_MAX_S = 1.0, 60.0
+HELD_PRIOR_S = 10.0  # a request's slot time before any has finished (a 10 s stream at real time)
+
+
+def no_pressure() -> float | None:
+    return None
+
 
 class Admission:
-    def __init__(self, max_active: int, max_queue: int):
+    def __init__(
+        self,
+        max_active: int,
+        max_queue: int,
+        pressure: Callable[[], float | None] = no_pressure,
+        slack_guard_s: float | None = None,  # None: admit on slots alone
+    ):
+        if slack_guard_s is not None and slack_guard_s < 0:
+            raise ValueError(f"slack_guard_s must be >= 0 or None, got {slack_guard_s}")
         self.max_active, self.max_queue = max_active, max_queue
+        self.pressure, self.slack_guard_s = pressure, slack_guard_s
         self.active = 0
+        self.held_s = HELD_PRIOR_S  # running mean of the slot time of finished requests (s)
+        self._finished = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._lock = threading.Lock()
 
@@ -23,14 +50,37 @@ class Admission:
     def queued(self) -> int:
         return len(self._waiting)
 
+    def retry_after_s(self) -> float:
+        """When a refused request may expect a slot's worth of room: the mean slot time over the streams
+        sharing the work, times the places ahead of it (the line and itself), in whole seconds."""
+        streams = max(1, self.active)
+        wait = self.held_s * (len(self._waiting) + 1) / streams
+        return float(min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(wait))))
+
+    def overloaded(self) -> float | None:
+        """The admitted streams' least slack (s) when it is at or under the guard, else None."""
+        if self.slack_guard_s is None:
+            return None
+        slack = self.pressure()
+        return slack if slack is not None and slack <= self.slack_guard_s else None
+
     async def acquire(self, timeout_s: float | None = None) -> None:
-        """Take a slot, waiting in line if needed; Busy when the line is full or the wait times out."""
+        """Take a slot, waiting in line if needed; Busy when the admitted streams are about to run dry, the
+        line is full or the wait times out."""
         with self._lock:
+            if (slack := self.overloaded()) is not None:
+                raise Busy(
+                    f"server at capacity: a running stream has {slack * 1000:.0f} ms of audio left",
+                    retry_after_s=self.retry_after_s(),
+                )
             if self.active < self.max_active and not self._waiting:
                 self.active += 1
                 return
             if len(self._waiting) >= self.max_queue:
-                raise Busy(f"server busy: {self.active} streams running and {len(self._waiting)} waiting")
+                raise Busy(
+                    f"server busy: {self.active} streams running and {len(self._waiting)} waiting",
+                    retry_after_s=self.retry_after_s(),
+                )
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiting.append(fut)
         try:
@@ -38,7 +88,9 @@ class Admission:
         except (TimeoutError, asyncio.CancelledError) as err:
             self._leave(fut)
             if isinstance(err, TimeoutError):
-                raise Busy("timed out waiting for a free stream slot", retry_after_s=5.0) from None
+                raise Busy(
+                    "timed out waiting for a free stream slot", retry_after_s=self.retry_after_s()
+                ) from None
             raise
 
     def _leave(self, fut: asyncio.Future[None]) -> None:
@@ -49,8 +101,12 @@ class Admission:
                 return
         self.release()
 
-    def release(self) -> None:
+    def release(self, held_s: float | None = None) -> None:
+        """Free a slot; ``held_s``: how long the request held it (s), for the Retry-After estimate."""
         with self._lock:
+            if held_s is not None and held_s >= 0:
+                self._finished += 1
+                self.held_s += (held_s - self.held_s) / min(self._finished, 32)  # the recent ones count most
             while self._waiting:
                 fut = self._waiting.popleft()
                 if not fut.done():

@@ -94,7 +94,12 @@ class TTSEngine:
             fifo=cfg.t2w_fifo, reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip
-        self.admission = Admission(cfg.limits.max_concurrency, cfg.limits.max_queue)
+        self.admission = Admission(
+            cfg.limits.max_concurrency,
+            cfg.limits.max_queue,
+            self._least_slack_s,
+            cfg.limits.admit_slack_s,
+        )
         self._active: set[_Active] = set()
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
@@ -229,6 +234,13 @@ class TTSEngine:
         assert last is not None
         return np.concatenate(parts), last
 
+    def _least_slack_s(self) -> float | None:
+        """Admission's load signal: how close the admitted streams are to running dry (s): the least slack
+        of the chunks waiting for the token2wav worker and of the playing clients' buffers (None: nothing
+        is playing or waiting)."""
+        slacks = [a.playback.slack_s() for a in list(self._active)] + [self.token2wav.least_slack_s()]
+        return min((s for s in slacks if s is not None), default=None)
+
     @property
     def healthy(self) -> bool:
         """Both workers can still compute: False means only a restart helps (the API's /health says so)."""
@@ -252,6 +264,7 @@ class TTSEngine:
         prefetch = Prefetch(req.text_stream, watch.first_text, limit) if req.text_stream is not None else None
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
+            admitted = time.perf_counter()
             try:
                 if not active.cancelled.is_set():  # aborted while it waited in line: nothing to compute
                     # closed explicitly, down the chain to the LM request: a caller that leaves aborts
@@ -260,7 +273,7 @@ class TTSEngine:
                         async for chunk in run:
                             yield chunk
             finally:
-                self.admission.release()
+                self.admission.release(time.perf_counter() - admitted)
             self._counts["cancelled" if active.cancelled.is_set() else "completed"] += 1
         except (GeneratorExit, asyncio.CancelledError):  # the caller went away: not a failure
             self._counts["cancelled"] += 1
@@ -296,10 +309,13 @@ class TTSEngine:
                 if time.monotonic() > deadline:
                     limit = self.cfg.limits.request_timeout_s
                     raise SynthesisFailed(f"request took longer than {limit:.0f} s")
-                watch.add_audio(len(pcm) / self.sample_rate)
-                active.playback.delivered(len(pcm) / self.sample_rate)
-                yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot())
+                seconds = len(pcm) / self.sample_rate
+                watch.add_audio(seconds)
+                active.playback.delivered(seconds)
+                trace = watch.chunk_sent(seconds)
+                yield AudioChunk(pcm, self.sample_rate, index, False, watch.snapshot(), trace)
                 index += 1
+        active.playback.finished = True
         if not active.cancelled.is_set():
             yield AudioChunk(
                 np.zeros(0, np.float32), self.sample_rate, index, True, watch.snapshot(done=True)
@@ -429,7 +445,10 @@ class TTSEngine:
                 return
             before = dict(utt.stage_s)
             watch.mark("first_chunk_ready")
-            pcm = await self.token2wav.run(utt, job, playback.deadline())
+            due = playback.deadline()
+            pcm = await self.token2wav.run(utt, job, due)
+            if utt.last_times is not None:
+                watch.chunk_computed(utt.last_times, due, job.end)
             if utt.first_job_started is not None:
                 watch.mark("first_chunk_started", utt.first_job_started)
             for stage in ("flow", "hift"):

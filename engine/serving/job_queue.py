@@ -84,6 +84,11 @@ class DeadlineQueue(Generic[J]):
         with self._changed:
             return len(self._jobs)
 
+    def snapshot(self) -> list[J]:
+        """The queued jobs now (a copy)."""
+        with self._changed:
+            return list(self._jobs)
+
     def put(self, job: J) -> None:
         with self._changed:
             if self._closed:

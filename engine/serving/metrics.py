@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 STAGES = ("frontend", "lm", "flow", "hift")
 # Where the time to first audio goes, in order (their sum is the TTFA): waiting for a slot, text and prompt
@@ -35,6 +36,54 @@ class RequestMetrics:
         return None if self.audio_s <= 0 else (self.elapsed_ms / 1000.0) / self.audio_s
 
 
+@dataclass(eq=False)
+class ChunkTimes:
+    """One chunk's way through the token2wav worker, stamped by the worker (its clock, s): queued when its
+    tokens were ready, taken in a batch of ``batch`` rows padded to ``bucket_frames`` mel frames (its own
+    call: ``frames``), flow done, vocoder done (its audio handed back)."""
+
+    ready: float
+    due: float  # when its client needs the audio (the playback deadline, whatever order the worker keeps)
+    joined: float | None = None
+    batch: int = 0
+    bucket_frames: int = 0
+    frames: int = 0
+    flow_done: float | None = None
+    vocoded: float | None = None
+
+
+@dataclass(frozen=True)
+class ChunkTrace:
+    """One sent chunk's timeline, ms after the request was submitted: ``bench --trace`` writes these.
+
+    ``deadline_ms`` is when the client needed it (a first chunk: when it was queued; a later one: when the
+    audio sent before runs out), ``slack_ms = deadline_ms - sent_ms`` (below 0: the listener waited, an
+    underrun for a later chunk). ``lm_first_token_ms``: the request's first speech token from the LM."""
+
+    index: int
+    tokens: int  # speech tokens up to this chunk's end
+    ready_ms: float
+    joined_ms: float | None
+    batch: int
+    bucket_frames: int
+    frames: int
+    flow_done_ms: float | None
+    vocoded_ms: float | None
+    sent_ms: float
+    deadline_ms: float
+    slack_ms: float
+    audio_s: float
+    lm_first_token_ms: float | None
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    def row(self) -> dict[str, Any]:
+        """JSON-ready, with ``first``."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__} | {"first": self.first}
+
+
 class Stopwatch:
     """Mutable per-request timer owned by one request's generator; ``snapshot()`` freezes it.
 
@@ -52,6 +101,9 @@ class Stopwatch:
         self.audio_s = 0.0
         self.stage_ms = dict.fromkeys(STAGES, 0.0)
         self.marks: dict[str, float] = {}  # first time each TTFA milestone was reached (clock s)
+        self.chunks_sent = 0
+        # the last computed chunk not yet sent: its worker times, deadline (clock s) and token count
+        self._computed: tuple[ChunkTimes, float, int] | None = None
 
     def now(self) -> float:
         return self._clock()
@@ -94,6 +146,38 @@ class Stopwatch:
             self.t_first_audio = self._clock()
             self.mark("first_audio", self.t_first_audio)
         self.audio_s += seconds
+
+    def chunk_computed(self, times: ChunkTimes, deadline: float, tokens: int) -> None:
+        """The worker handed back a chunk's audio (``times``); it was due at ``deadline`` (clock s)."""
+        self._computed = (times, deadline, tokens)
+
+    def chunk_sent(self, seconds: float) -> ChunkTrace | None:
+        """The chunk computed last leaves for the client now: its trace (None when none was computed)."""
+        if self._computed is None:
+            return None
+        (times, deadline, tokens), self._computed = self._computed, None
+        now, index = self._clock(), self.chunks_sent
+        self.chunks_sent += 1
+
+        def ms(t: float | None) -> float | None:
+            return None if t is None else (t - self.t_submit) * 1000.0
+
+        return ChunkTrace(
+            index=index,
+            tokens=tokens,
+            ready_ms=(times.ready - self.t_submit) * 1000.0,
+            joined_ms=ms(times.joined),
+            batch=times.batch,
+            bucket_frames=times.bucket_frames,
+            frames=times.frames,
+            flow_done_ms=ms(times.flow_done),
+            vocoded_ms=ms(times.vocoded),
+            sent_ms=(now - self.t_submit) * 1000.0,
+            deadline_ms=(deadline - self.t_submit) * 1000.0,
+            slack_ms=(deadline - now) * 1000.0,
+            audio_s=seconds,
+            lm_first_token_ms=ms(self.t_lm_start),
+        )
 
     def snapshot(self, done: bool = False) -> RequestMetrics:
         now = self._clock()

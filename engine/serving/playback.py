@@ -14,6 +14,8 @@ class Playback:
     def __init__(self, clock: Callable[[], float]):
         self.clock = clock
         self.runs_out_at: float | None = None  # clock s; None until the first audio is delivered
+        self.chunks = 0  # audio chunks delivered
+        self.finished = False  # all its audio was delivered: its buffer may run out
 
     def deadline(self) -> float:
         """When the next audio is needed: now before the first audio, else when the buffer runs dry."""
@@ -23,10 +25,18 @@ class Playback:
         """Seconds of delivered audio not yet played (0 before the first audio and after a stall)."""
         return 0.0 if self.runs_out_at is None else max(0.0, self.runs_out_at - self.clock())
 
+    def slack_s(self) -> float | None:
+        """Admission's view: seconds until this client runs dry (below 0: it is waiting), once it plays past
+        its first chunk (right after it, every stream has little buffered) and until its last audio."""
+        if self.runs_out_at is None or self.chunks < 2 or self.finished:
+            return None
+        return self.runs_out_at - self.clock()
+
     def delivered(self, seconds: float) -> None:
         """``seconds`` of audio reached the client now."""
         if seconds <= 0:
             return
         now = self.clock()
+        self.chunks += 1
         start = now if self.runs_out_at is None else max(self.runs_out_at, now)
         self.runs_out_at = start + seconds

@@ -37,7 +37,8 @@ from engine.flow.cfm import Flow
 from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
-from engine.serving.job_queue import DeadlineQueue
+from engine.serving.job_queue import DeadlineQueue, frame_bucket_of
+from engine.serving.metrics import ChunkTimes
 from engine.serving.streaming import TOKEN_MEL_RATIO, ChunkJob, ChunkPlanner
 from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
 from engine.vocoder.streaming import Hift3, V2VocoderState, V3VocoderState
@@ -59,6 +60,7 @@ class Utterance:
     tokens: list[int] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=lambda: {"flow": 0.0, "hift": 0.0})
     first_job_started: float | None = None  # perf_counter s when the worker began this segment's first chunk
+    last_times: ChunkTimes | None = None  # the worker's stamps of the chunk computed last (its trace)
     # streaming with flow reuse: finished flow frames (v2: a UNetCache; the CUDA-graph solver: a PagedCache)
     flow_cache: DiTCache | PagedCache | None = None
 
@@ -70,6 +72,8 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[np.ndarray]
     deadline: float  # clock s when the client needs this audio
+    # the worker's stamps for the trace (the scheduler's jobs: queued now, due at the playback deadline)
+    times: ChunkTimes = field(default_factory=lambda: ChunkTimes(math.nan, math.nan))
 
     @property
     def frames(self) -> int:
@@ -81,7 +85,88 @@ class _Job:
         return self.chunk.finalize
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How the worker's batches form (``engine.serving.job_queue``): rows per call, the flow graphs' frame
+    bucket (mel frames), the slack (s) under which a job always joins, and ``fifo``: arrival order, no
+    buckets (the scheduler's A/B: every job is due when queued and counts as urgent)."""
+
+    max_batch: int = EngineConfig.flow_batch
+    frame_bucket: int = 100
+    urgent_s: float = 0.3
+    fifo: bool = False
+
+
+class ChunkScheduler:
+    """Deadline batching for the token2wav worker: request coroutines ``submit`` chunk jobs, the worker thread
+    takes ``next_batch`` (earliest playback deadline first), and admission reads ``least_slack_s``."""
+
+    def __init__(self, batching: Batching, clock: Callable[[], float]):
+        self.clock, self.fifo = clock, batching.fifo
+        urgent_s = math.inf if batching.fifo else batching.urgent_s
+        self._queue: DeadlineQueue[_Job] = DeadlineQueue(
+            clock, batching.max_batch, batching.frame_bucket, urgent_s
+        )
+        self.pending = 0  # jobs submitted and not yet taken
+
+    def job(
+        self, utt: Utterance, chunk: ChunkJob, loop: asyncio.AbstractEventLoop, deadline: float | None
+    ) -> _Job:
+        """A chunk job due at ``deadline`` (clock s; None: now, as a first chunk); its times keep the playback
+        deadline whatever order the queue is told to keep."""
+        now = self.clock()
+        due = now if deadline is None or self.fifo else deadline
+        return _Job(
+            utt,
+            chunk,
+            loop,
+            loop.create_future(),
+            due,
+            ChunkTimes(now, due if deadline is None else deadline),
+        )
+
+    def submit(self, job: _Job) -> None:
+        self.pending += 1
+        self._queue.put(job)
+
+    def next_batch(self) -> list[_Job] | None:
+        """Block until a batch is due and take it: its rows whose requests are still there (maybe none),
+        stamped for the trace. None once closed and drained."""
+        jobs = self._queue.take()
+        if jobs is None:
+            return None
+        self.pending -= len(jobs)
+        live = [j for j in jobs if not j.future.cancelled()]
+        if live:
+            now, bucket = self.clock(), frame_bucket_of(max(j.frames for j in live), self._queue.frame_bucket)
+            for job in live:
+                job.times.joined, job.times.batch = now, len(live)
+                job.times.bucket_frames, job.times.frames = bucket, job.frames
+        return live
+
+    def least_slack_s(self) -> float | None:
+        """The least playback slack (s) among the queued chunks whose client still had audio buffered when
+        they were queued (None: no such chunk): how close the admitted streams are to running dry."""
+        now = self.clock()
+        slacks = [j.times.due - now for j in self._queue.snapshot() if j.times.due > j.times.ready]
+        return min(slacks, default=None)
+
+    @property
+    def max_batch(self) -> int:
+        return self._queue.max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:
+        self._queue.max_batch = value
+
+    def close(self) -> None:
+        self._queue.close()
+
+
 class Token2Wav:
+    """The worker: one thread takes the scheduler's batches and runs flow then HiFT on them, retrying a
+    failed batch's requests one by one so only the request at fault fails."""
+
     def __init__(
         self,
         flow: Flow,
@@ -109,10 +194,8 @@ class Token2Wav:
         self.v2_groups = devices.is_accelerator(device) if v2_hift_groups is None else v2_hift_groups
         self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
-        # fifo: every job is due when queued and counts as urgent, so batches are arrival order, unbucketed
-        urgent_s = math.inf if fifo else stream_cfg.urgent_slack_s
-        self._jobs: DeadlineQueue[_Job] = DeadlineQueue(clock, max_batch, frame_bucket, urgent_s)
-        self.pending = 0
+        batching = Batching(max_batch, frame_bucket, stream_cfg.urgent_slack_s, fifo)
+        self.scheduler = ChunkScheduler(batching, clock)
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
         self._thread.start()
 
@@ -147,21 +230,27 @@ class Token2Wav:
     async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:
         """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the client
         needs it (``clock`` s; default now, as for a first chunk)."""
-        loop = asyncio.get_running_loop()
-        due = self.clock() if deadline is None or self.fifo else deadline
-        job = _Job(utt, chunk, loop, loop.create_future(), due)
-        self.pending += 1
-        self._jobs.put(job)
-        return await job.future
+        job = self.scheduler.job(utt, chunk, asyncio.get_running_loop(), deadline)
+        self.scheduler.submit(job)
+        pcm = await job.future
+        utt.last_times = job.times
+        return pcm
+
+    def least_slack_s(self) -> float | None:
+        return self.scheduler.least_slack_s()
+
+    @property
+    def pending(self) -> int:
+        return self.scheduler.pending
 
     @property
     def max_batch(self) -> int:
-        """Chunks per flow (and HiFT) call; the queue forms the batches."""
-        return self._jobs.max_batch
+        """Chunks per flow (and HiFT) call; the scheduler forms the batches."""
+        return self.scheduler.max_batch
 
     @max_batch.setter
     def max_batch(self, value: int) -> None:
-        self._jobs.max_batch = value
+        self.scheduler.max_batch = value
 
     @property
     def reuses_flow(self) -> bool:
@@ -174,7 +263,7 @@ class Token2Wav:
         return self._thread.is_alive()
 
     def close(self) -> None:
-        self._jobs.close()
+        self.scheduler.close()
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
@@ -184,16 +273,18 @@ class Token2Wav:
     def _serve(self) -> None:
         """One batch at a time, re-ordered after each: a chunk queued meanwhile with an earlier deadline
         runs next instead of after everything that was already waiting."""
-        while (jobs := self._jobs.take()) is not None:
+        while (live := self.scheduler.next_batch()) is not None:
             if self.own_stream:
                 devices.after_default_stream(self.device)
-            self.pending -= len(jobs)
-            live = [j for j in jobs if not j.future.cancelled()]  # requests that went away are skipped
-            if live:
+            if live:  # empty when its requests went away
                 self._run_batch(live)
-            # the worker waits in take() next: the batch must not keep its requests' state (a stream's flow
-            # cache, gigabytes at full size) alive meanwhile
-            del jobs, live
+            # the worker waits for the next batch: this one must not keep its requests' state (a stream's
+            # flow cache, gigabytes at full size) alive meanwhile
+            del live
+
+    def _deliver(self, job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:
+        job.times.vocoded = self.clock()
+        _deliver(job, value, err)
 
     def _run_batch(self, jobs: list[_Job]) -> None:
         started = time.perf_counter()
@@ -213,10 +304,12 @@ class Token2Wav:
                     self._run_batch([job])
                 return
             log.exception("flow failed")
-            _deliver(jobs[0], None, self._failure(err))
+            self._deliver(jobs[0], None, self._failure(err))
             return
+        flow_done = self.clock()
         for job in jobs:
             job.utt.stage_s["flow"] += share
+            job.times.flow_done = flow_done
         self._vocode_rows(jobs, mels)
 
     def _vocode_rows(self, jobs: list[_Job], mels: list[torch.Tensor]) -> None:
@@ -236,10 +329,10 @@ class Token2Wav:
             try:
                 with torch.inference_mode():
                     pcm = self._vocoder_step(jobs[i].utt, mels[i], jobs[i].chunk.finalize)
-                _deliver(jobs[i], pcm, None)
+                self._deliver(jobs[i], pcm, None)
             except Exception as err:
                 log.exception("vocoder step failed")
-                _deliver(jobs[i], None, self._failure(err))
+                self._deliver(jobs[i], None, self._failure(err))
 
     def _groups(self, jobs: list[_Job], mels: list[torch.Tensor]) -> list[list[int]]:
         """The rows (indices into ``jobs``) that may share one HiFT call, in groups of two or more.
@@ -282,9 +375,9 @@ class Token2Wav:
         for job, pcm in zip(jobs, pcms):
             job.utt.stage_s["hift"] += share
             if np.isfinite(pcm).all():
-                _deliver(job, pcm, None)
+                self._deliver(job, pcm, None)
             else:
-                _deliver(
+                self._deliver(
                     job,
                     None,
                     SynthesisFailed("the vocoder produced non-finite audio; this request was stopped"),

@@ -338,3 +338,19 @@ async def test_paced_words_rebuild_the_text():
     assert "".join(got) == " ".join(words)
     req = workload.request(1, np.zeros(10, np.float32))
     assert req.text_stream is not None and req.text == ""
+
+
+def test_graph_warmup_covers_the_longest_request_and_the_prompt_unless_given(tmp_path):
+    from bench.__main__ import engine_config, parse_args
+    from engine.config import EngineConfig
+
+    base = ["--random-tiny", "v3", "--cache-dir", str(tmp_path), "--concurrency", "4"]
+    closed = engine_config(parse_args(base))  # 10 s requests and a 3.5 s prompt fit the default 16 s
+    assert closed.graph_warmup_s == EngineConfig.graph_warmup_s
+    # open loop, 250 tokens +-50 %: the longest is 15 s of audio after the 3.5 s prompt, + a bucket of margin
+    opened = engine_config(
+        parse_args([*base, "--arrivals", "poisson", "--tokens", "250", "--admit-slack-s", "1.5"])
+    )
+    assert opened.graph_warmup_s == 15.0 + 3.5 + 1.0 and opened.limits.admit_slack_s == 1.5
+    given = engine_config(parse_args([*base, "--arrivals", "poisson", "--graph-warmup-s", "16"]))
+    assert given.graph_warmup_s == 16.0 and given.limits.admit_slack_s is None  # the before arm's

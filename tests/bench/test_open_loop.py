@@ -10,7 +10,8 @@ import random
 import pytest
 
 from bench.__main__ import main
-from bench.open_loop import OpenLoop, active_streams
+from bench.load import Level
+from bench.open_loop import OpenLoop, Slo, active_streams, capacity
 
 
 def test_arrivals_are_a_poisson_process_at_the_rate():
@@ -69,3 +70,58 @@ def test_cli_open_loop_on_the_tiny_v3_model_reports_ttfa_underruns_and_active_st
     md = paths["markdown"].read_text()
     assert "## cosystream · stream open-loop" in md and "| 4.00 | 8 | 0 |" in md and "Poisson" in md
     assert paths["open_plot"].read_bytes()[:4] == b"\x89PNG" and "plot" not in paths
+
+
+def level_at(rate: float, p95: float, failed: int = 0, underran: int = 0) -> Level:
+    """An open-loop level with only what the SLO reads set."""
+    ttfa = {"mean": p95, "p50": p95, "p95": p95, "p99": p95, "max": p95}
+    return Level(
+        "cosystream", "stream open-loop", 8, 100, failed, 1.0, 1.0, 1.0, ttfa, {}, {}, underran, underran,
+        0.0, None, 0.0, {}, {}, [], [], rate=rate,
+    )  # fmt: skip
+
+
+def test_slo_names_every_miss():
+    slo = Slo(300.0)
+    assert slo.misses(level_at(4.0, 299.0)) == []
+    assert slo.misses(level_at(4.0, 301.0, failed=2, underran=1)) == [
+        "2 failed (0 refused)",
+        "1 streams underran",
+        "TTFA p95 301 ms > 300",
+    ]
+    with pytest.raises(ValueError):
+        Slo(0.0)
+
+
+def test_capacity_is_the_highest_rate_met_before_the_first_miss():
+    levels = [
+        level_at(8.0, 250.0),
+        level_at(4.0, 120.0),
+        level_at(10.0, 200.0, underran=3),
+        level_at(12, 100),
+    ]
+    found = capacity(levels, Slo(300.0))
+    assert found["capacity_rate"] == 8.0
+    # ascending, and nothing after the first miss counts (12 met, but 10 did not)
+    assert [(r["rate"], r["met"]) for r in found["rates"]] == [(4.0, True), (8.0, True), (10.0, False)]
+    assert capacity([level_at(4.0, 900.0)], Slo(300.0))["capacity_rate"] is None
+
+
+def test_cli_capacity_search_stops_at_the_first_rate_that_misses_the_slo(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
+    argv += ["--min-requests", "3", "--slo-ttfa-ms", "0.001", "--tokens", "40", "--modes", "stream"]
+    paths = main([*argv, "--warmup", "0", "--out", str(out)])
+    result = json.loads(paths["json"].read_text())
+    # no stream's first audio comes within a microsecond: the lowest rate misses, the search stops there
+    assert [(lv["rate"], lv["requests"]) for lv in result["levels"]] == [(2.0, 3)]
+    found = result["meta"]["capacity"]["stream open-loop"]
+    assert found["capacity_rate"] is None and found["slo_ttfa_p95_ms"] == 0.001
+    assert [r["rate"] for r in found["rates"]] == [2.0] and "TTFA p95" in found["rates"][0]["misses"][-1]
+    assert "capacity (stream open-loop" in paths["markdown"].read_text()
+
+
+def test_find_capacity_needs_open_loop_arrivals():
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--find-capacity", "--rate", "1"])

@@ -166,11 +166,13 @@ async def test_unreadable_prompt(studio, tmp_path) -> None:
 
 async def test_engine_busy_becomes_a_busy_message(studio, engine, prompt, monkeypatch) -> None:
     def busy(req: SynthesisRequest) -> None:
-        raise Busy("64 requests are waiting")
+        raise Busy("64 requests are waiting", retry_after_s=7.2)
 
     monkeypatch.setattr(engine, "check", busy)
+    # the engine's Retry-After estimate, rounded up: the visitor is told when to come back
     status = (await run(studio, prompt_wav=prompt))[-1][2]
-    assert 'data-state="failed"' in status and "server is busy (64 requests are waiting)" in status
+    assert 'data-state="failed"' in status
+    assert "server is busy (64 requests are waiting): retry in 8 s" in status
 
 
 async def test_stop_aborts_the_engine_and_keeps_the_partial_audio(prompt, tmp_path) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from engine.errors import Busy
 from engine.serving.admission import Admission
+from tests.engine.serving.worker_sim import WorkerSim
 
 
 async def test_slots_then_fifo_then_busy():
@@ -55,3 +56,50 @@ async def test_a_cancelled_waiter_gives_its_place_and_slot_back():
     assert adm.active == 1
     adm.release()
     assert adm.active == 0 and adm.queued == 0
+
+
+async def test_admission_by_slo_refuses_while_a_running_stream_is_close_to_running_dry():
+    slack: list[float | None] = [None]
+    adm = Admission(max_active=8, max_queue=8, pressure=lambda: slack[0], slack_guard_s=0.5)
+    await adm.acquire()  # nothing buffered is waiting: slots decide
+    slack[0] = 2.0
+    await adm.acquire()  # seconds of audio left everywhere
+    slack[0] = 0.4
+    with pytest.raises(Busy, match="at capacity: a running stream has 400 ms") as err:
+        await adm.acquire()
+    assert adm.active == 2 and adm.queued == 0  # the refused request took nothing
+    # Retry-After from the load: before any request finished, a 10 s slot time shared by 2 streams
+    assert err.value.retry_after_s == 5.0
+    adm.release(held_s=4.0)  # one finished after 4 s: the estimate follows (4 s over 1 stream)
+    with pytest.raises(Busy) as err:
+        await adm.acquire()
+    assert err.value.retry_after_s == 4.0
+    slack[0] = 0.6
+    await adm.acquire()
+
+
+async def test_admission_without_a_guard_ignores_the_pressure():
+    adm = Admission(max_active=2, max_queue=0, pressure=lambda: -5.0, slack_guard_s=None)
+    await adm.acquire()
+    await adm.acquire()
+    with pytest.raises(Busy, match="2 streams running") as err:
+        await adm.acquire()
+    assert err.value.retry_after_s == 5.0  # 10 s over 2 streams, first in line
+    with pytest.raises(ValueError):
+        Admission(1, 1, slack_guard_s=-1.0)
+
+
+def test_admission_by_slo_refuses_before_any_admitted_stream_underruns_at_twice_capacity():
+    """The worker model (tests/engine/worker_sim.py) at 6 streams/s, about twice what it serves without an
+    underrun (3/s): admitting everyone makes streams stutter; the SLO guard refuses some arrivals and every
+    admitted stream plays through."""
+    everyone = WorkerSim(rate=6.0, per_row_s=0.008).run()
+    assert everyone.misses > 50
+    sim = WorkerSim(rate=6.0, per_row_s=0.008)
+    adm = Admission(max_active=1000, max_queue=0, pressure=sim.pressure, slack_guard_s=1.5)
+    guarded = sim.run(admit=lambda: adm.overloaded() is None)
+    assert guarded.misses == 0 and 0 < guarded.refused < 20 and guarded.served == 40 - guarded.refused
+    # well under capacity nobody is refused
+    light = WorkerSim(rate=2.0, per_row_s=0.004)
+    adm = Admission(max_active=1000, max_queue=0, pressure=light.pressure, slack_guard_s=1.5)
+    assert light.run(admit=lambda: adm.overloaded() is None).refused == 0

@@ -45,3 +45,18 @@ def test_empty_audio_changes_nothing():
     p = Playback(FakeClock())
     p.delivered(0.0)
     assert p.runs_out_at is None
+
+
+def test_slack_is_said_past_the_first_chunk_until_the_last_audio():
+    now = [0.0]
+    pb = Playback(lambda: now[0])
+    assert pb.slack_s() is None
+    pb.delivered(1.0)
+    assert pb.slack_s() is None  # right after its first chunk every stream has little buffered
+    pb.delivered(1.0)
+    now[0] = 0.5
+    assert pb.slack_s() == 1.5
+    now[0] = 3.0
+    assert pb.slack_s() == -1.0  # it ran dry a second ago
+    pb.finished = True
+    assert pb.slack_s() is None  # its buffer runs out as it should

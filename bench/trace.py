@@ -1,0 +1,130 @@
+"""``python -m bench.trace OUT/trace.jsonl``: where the time went, per open-loop rate, from the chunk traces.
+
+Every row is one sent chunk (``engine.serving.metrics.ChunkTrace``, ms after its request was submitted).
+Per rate it
+prints the first chunks (the time to first audio: LM until the chunk's tokens were ready, the wait for the
+token2wav worker, flow + vocoder) and the later ones (how many missed their playback deadline, and whether
+the missed ones waited or computed), the batches (rows, and the share of flow frames that were padding to
+the batch's frame bucket: a fragmented mix of lengths pays it) and the hand-off to the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.load import percentile
+
+Row = dict[str, Any]
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def _span(row: Row, start: str, end: str) -> float | None:
+    a, b = row.get(start), row.get(end)
+    return None if a is None or b is None else b - a
+
+
+@dataclass(frozen=True)
+class RateSummary:
+    """One (mode, rate)'s chunks; times in ms (means unless named)."""
+
+    mode: str
+    rate: float | None
+    requests: int
+    chunks: int
+    first_sent_p50: float | None  # the engine-side time to first audio
+    first_sent_p95: float | None
+    first_lm: float | None  # submit -> the first chunk's tokens ready (text work, queue, LM)
+    first_wait: float | None  # ready -> taken in a batch
+    first_compute: float | None  # taken -> vocoded
+    later: int
+    later_missed: int  # sent after the client's audio ran out
+    missed_wait: float | None  # the missed chunks: ready -> taken
+    missed_compute: float | None  # the missed chunks: taken -> vocoded
+    later_wait_p95: float | None
+    batch_rows: float | None  # rows per flow batch, seen from its rows
+    padding_share: float  # padded frames / bucket frames, over every row
+    flow: float | None
+    vocoder: float | None
+    hand_off: float | None  # vocoded -> sent
+
+    def lines(self) -> list[str]:
+        def f(x: float | None) -> str:
+            return "-" if x is None else f"{x:.0f}"
+
+        missed = 100.0 * self.later_missed / self.later if self.later else 0.0
+        return [
+            f"{self.mode} at {self.rate} requests/s: {self.requests} requests, {self.chunks} chunks",
+            f"  first chunks: sent p50 {f(self.first_sent_p50)} / p95 {f(self.first_sent_p95)} ms = tokens "
+            f"ready {f(self.first_lm)} + wait for the worker {f(self.first_wait)} + flow and vocoder "
+            f"{f(self.first_compute)} (means)",
+            f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
+            f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
+            f"{f(self.later_wait_p95)} ms",
+            f"  batches: {self.batch_rows or 0:.1f} rows, {100 * self.padding_share:.1f} % of flow frames "
+            f"padding; flow {f(self.flow)}, vocoder {f(self.vocoder)}, hand-off {f(self.hand_off)} ms",
+        ]
+
+
+def summarise(rows: Sequence[Row]) -> list[RateSummary]:
+    groups: dict[tuple[str, float | None], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row["mode"], row.get("rate")), []).append(row)
+    return [_summary(mode, rate, group) for (mode, rate), group in groups.items()]
+
+
+def _summary(mode: str, rate: float | None, rows: list[Row]) -> RateSummary:
+    first = [r for r in rows if r["first"]]
+    later = [r for r in rows if not r["first"]]
+    missed = [r for r in later if r["slack_ms"] < 0]
+    bucket = sum(r["bucket_frames"] for r in rows)
+    padding = sum(r["bucket_frames"] - r["frames"] for r in rows)
+    return RateSummary(
+        mode=mode,
+        rate=rate,
+        requests=len({r["request"] for r in rows}),
+        chunks=len(rows),
+        first_sent_p50=percentile([r["sent_ms"] for r in first], 50),
+        first_sent_p95=percentile([r["sent_ms"] for r in first], 95),
+        first_lm=_mean(r["ready_ms"] for r in first),
+        first_wait=_mean(_span(r, "ready_ms", "joined_ms") for r in first),
+        first_compute=_mean(_span(r, "joined_ms", "vocoded_ms") for r in first),
+        later=len(later),
+        later_missed=len(missed),
+        missed_wait=_mean(_span(r, "ready_ms", "joined_ms") for r in missed),
+        missed_compute=_mean(_span(r, "joined_ms", "vocoded_ms") for r in missed),
+        later_wait_p95=percentile(
+            [w for r in later if (w := _span(r, "ready_ms", "joined_ms")) is not None], 95
+        ),
+        batch_rows=_mean(r["batch"] for r in rows),
+        padding_share=padding / bucket if bucket else 0.0,
+        flow=_mean(_span(r, "joined_ms", "flow_done_ms") for r in rows),
+        vocoder=_mean(_span(r, "flow_done_ms", "vocoded_ms") for r in rows),
+        hand_off=_mean(_span(r, "vocoded_ms", "sent_ms") for r in rows),
+    )
+
+
+def read(path: Path) -> list[Row]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> list[RateSummary]:
+    p = argparse.ArgumentParser(prog="python -m bench.trace", description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", type=Path, help="a trace.jsonl written by python -m bench --trace")
+    args = p.parse_args(argv)
+    found = summarise(read(args.trace))
+    for summary in found:
+        print("\n".join(summary.lines()))
+    return found
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""bench.trace: the per-chunk trace of an open-loop run (engine -> trace.jsonl) and its summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.__main__ import main as bench_main
+from bench.trace import main, summarise
+
+
+def row(request: int, index: int, ready: float, joined: float, vocoded: float, sent: float, slack: float,
+        batch: int = 2, frames: int = 150, bucket: int = 200) -> dict[str, object]:  # fmt: skip
+    return {
+        "mode": "stream open-loop", "rate": 4.0, "request": request, "index": index, "first": index == 0,
+        "ready_ms": ready, "joined_ms": joined, "flow_done_ms": (joined + vocoded) / 2, "vocoded_ms": vocoded,
+        "sent_ms": sent, "slack_ms": slack, "batch": batch, "frames": frames, "bucket_frames": bucket,
+    }  # fmt: skip
+
+
+def test_summary_splits_first_chunks_from_later_ones_and_counts_misses_and_padding():
+    rows = [
+        row(0, 0, ready=100, joined=110, vocoded=150, sent=151, slack=-51),
+        row(0, 1, ready=400, joined=600, vocoded=700, sent=701, slack=-20),  # waited 200 ms, missed
+        row(1, 0, ready=200, joined=240, vocoded=300, sent=300, slack=-100),
+        row(1, 1, ready=500, joined=505, vocoded=540, sent=541, slack=900, frames=200),
+    ]
+    (s,) = summarise(rows)
+    assert (s.requests, s.chunks, s.later, s.later_missed) == (2, 4, 2, 1)
+    assert s.first_lm == 150 and s.first_wait == 25 and s.first_compute == 50
+    assert s.first_sent_p50 == pytest.approx(225.5)
+    assert s.missed_wait == 200 and s.missed_compute == 100
+    assert s.padding_share == pytest.approx(150 / 800)  # 50 padded frames in 3 of 4 rows of 200
+    assert s.hand_off == pytest.approx(0.75)
+    assert "1 of 2 missed their deadline (50.0 %)" in "\n".join(s.lines())
+
+
+def test_open_loop_trace_on_the_tiny_v3_model_times_every_chunk_in_order(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "4"]
+    argv += [
+        "--arrivals",
+        "poisson",
+        "--rate",
+        "4",
+        "--requests",
+        "3",
+        "--duration-s",
+        "0.1",
+        "--tokens",
+        "40",
+    ]
+    paths = bench_main([*argv, "--modes", "stream", "--warmup", "0", "--trace", "--out", str(out)])
+    rows = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    result = json.loads(paths["json"].read_text())
+    (level,) = result["levels"]
+    assert all("trace" not in r for r in level["per_request"])  # the traces live in trace.jsonl only
+    assert {r["request"] for r in rows} == {0, 1, 2}
+    for req in level["per_request"]:
+        mine = [r for r in rows if r["request"] == req["index"]]
+        assert [r["index"] for r in mine] == list(range(req["chunks"]))
+        assert sum(r["audio_s"] for r in mine) == pytest.approx(req["audio_s"])
+        assert mine[0]["first"] and mine[0]["sent_ms"] <= req["ttfa_ms"] + 1.0
+    for r in rows:
+        assert r["ready_ms"] <= r["joined_ms"] <= r["flow_done_ms"] <= r["vocoded_ms"] <= r["sent_ms"]
+        assert r["batch"] >= 1 and r["bucket_frames"] >= r["frames"] > 0
+        assert r["lm_first_token_ms"] <= r["ready_ms"]
+        assert r["slack_ms"] == pytest.approx(r["deadline_ms"] - r["sent_ms"])
+    (summary,) = main([str(out / "trace.jsonl")])
+    assert summary.chunks == len(rows) and summary.requests == 3
+    assert "stream open-loop at 4.0 requests/s: 3 requests" in capsys.readouterr().out
+
+
+def test_trace_needs_the_open_loop():
+    with pytest.raises(SystemExit):
+        bench_main(["--random-tiny", "v3", "--trace"])

@@ -1,0 +1,119 @@
+"""A fake-clock model of the token2wav worker under open-loop arrivals, for scheduling and admission tests.
+
+Streams arrive as a seeded Poisson process; stream s's chunk k (25 tokens = 1 s of audio) has its tokens at
+``arrival + 0.15 + 0.1 k`` s (an LM at 250 tokens/s) and is queued once they are there and chunk k - 1 is
+back (the engine runs a stream's chunks in order). The worker takes ``pick_batch`` batches; a batch costs
+``base_s + per_row_s x rows x buckets`` (every row pays for the batch's frame bucket: padding is not free).
+A client plays from its first audio on; a later chunk back after its audio ran out is a miss (an underrun).
+``fifo`` is the arrival-order A/B: each job is due when queued and every job is urgent (no buckets).
+``admit(now)`` decides each new stream at its first chunk (refused: it never runs).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.serving.job_queue import frame_bucket_of, pick_batch
+
+PROMPT_TOKENS = 90
+BUCKET = 100
+
+
+@dataclass
+class SimJob:
+    stream: int
+    k: int
+    ready: float  # s: queued
+    due: float  # s: the playback deadline (a first chunk: when queued)
+    deadline: float  # s: what the scheduler is told
+    frames: int
+    finalize: bool
+
+
+@dataclass
+class Outcome:
+    misses: int = 0  # later chunks back after their client's audio ran out
+    first_s: list[float] = field(default_factory=list)  # queued -> back, first chunks
+    refused: int = 0
+    served: int = 0
+
+    @property
+    def first_p95_s(self) -> float:
+        xs = sorted(self.first_s)
+        return xs[int(0.95 * (len(xs) - 1))]
+
+
+class WorkerSim:
+    def __init__(
+        self, rate: float, streams: int = 40, chunks: int = 10, seed: int = 0, per_row_s: float = 0.004
+    ):
+        rng = random.Random(seed)
+        self.arrivals, t = [], 0.0
+        for _ in range(streams):
+            self.arrivals.append(t)
+            t += rng.expovariate(rate)
+        self.lengths = [rng.randint(chunks // 2, chunks * 3 // 2) for _ in range(streams)]  # +-50 %
+        self.per_row_s, self.base_s = per_row_s, 0.03
+        self.now = 0.0
+        self.runs_out: list[float | None] = [None] * streams
+        self.sent = [0] * streams  # chunks back per stream
+        self.queue: list[SimJob] = []
+        self.live: set[int] = set()
+
+    def pressure(self) -> float | None:
+        """The engine's admission signal: the least slack (s) among the queued chunks whose client has audio
+        buffered and the buffers of the streams playing past their first chunk."""
+        queued = [j.due - self.now for j in self.queue if j.due > j.ready]
+        playing = [
+            out - self.now for s in self.live if (out := self.runs_out[s]) is not None and self.sent[s] > 1
+        ]
+        return min(queued + playing, default=None)
+
+    def run(self, fifo: bool = False, admit: Callable[[], bool] = lambda: True) -> Outcome:
+        out = Outcome()
+        pending = {s: self._job(s, fifo) for s in range(len(self.arrivals))}
+        while pending or self.queue:
+            for s, job in sorted(pending.items()):
+                if job.ready > self.now:
+                    continue
+                del pending[s]
+                if job.k == 0 and not admit():
+                    out.refused += 1
+                    continue
+                self.live.add(s)
+                self.queue.append(job)
+            if not self.queue:
+                self.now = min(j.ready for j in pending.values())
+                continue
+            batch = pick_batch(self.queue, self.now, 16, BUCKET, math.inf if fifo else 0.3)
+            top = frame_bucket_of(max(j.frames for j in batch), BUCKET)
+            self.now += self.base_s + self.per_row_s * len(batch) * top / BUCKET
+            for job in batch:
+                self.queue.remove(job)
+                self._back(job, out)
+                if job.k + 1 < self.lengths[job.stream]:
+                    pending[job.stream] = self._job(job.stream, fifo)
+                else:
+                    self.live.discard(job.stream)
+                    out.served += 1
+        return out
+
+    def _back(self, job: SimJob, out: Outcome) -> None:
+        if job.k == 0:
+            out.first_s.append(self.now - job.ready)
+        elif self.now > job.due + 1e-9:
+            out.misses += 1
+        last = self.runs_out[job.stream]
+        self.runs_out[job.stream] = (self.now if last is None else max(last, self.now)) + 1.0
+        self.sent[job.stream] += 1
+
+    def _job(self, s: int, fifo: bool) -> SimJob:
+        k = self.sent[s]
+        ready = max(self.arrivals[s] + 0.15 + 0.1 * k, self.now if k else 0.0)
+        out = self.runs_out[s]
+        due = ready if out is None else out
+        frames = 2 * (PROMPT_TOKENS + 25 * (k + 1))
+        return SimJob(s, k, ready, due, ready if fifo else due, frames, k == self.lengths[s] - 1)
