@@ -3,7 +3,9 @@
 Loaded once on the engine's device (``Transcriber.load``); ``transcribe`` is blocking and serialised by a
 lock, so callers run it in a worker thread (``TTSEngine.transcribe``) and synthesis never waits for it: it
 takes no engine slot and no token2wav batch. One 30 s window at most (the prompt limit); the language is
-detected by Whisper's own language-token step unless the caller names one the model knows.
+detected by Whisper's own language-token step unless the caller names one the model knows. Transcription
+has its own audio limits (``AUDIO_LIMITS``), not a voice prompt's: any rate from 4 kHz up (Whisper hears
+16 kHz; telephone audio at 8 kHz is resampled), any length from one sample up, silence allowed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ GPU_DEFAULT = "openai/whisper-large-v3-turbo"  # large-v3 quality at 4 decoder l
 CPU_DEFAULT = "openai/whisper-small"  # ~0.5 s for a 10 s prompt on a few CPU cores
 SAMPLE_RATE = 16000  # Whisper's input rate
 MAX_SECONDS = 30.0  # one Whisper window
-_LIMITS = AudioLimits(max_seconds=MAX_SECONDS, min_rms=0.0)
+MIN_RATE = 4000  # Hz; below this speech has lost most of what Whisper listens for
+RATE_REASON = "transcription needs at least {min_rate} Hz (8 kHz telephone audio is fine)"
+
+
+def audio_limits(max_bytes: int = AudioLimits.max_bytes) -> AudioLimits:
+    """What a transcription accepts: ``max_bytes`` of file, up to one 30 s window at 4 kHz or more."""
+    return AudioLimits(MAX_SECONDS, 0.0, max_bytes, min_rms=0.0, min_rate=MIN_RATE, rate_reason=RATE_REASON)
+
+
+AUDIO_LIMITS = audio_limits()
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ class Transcriber:
 
     def transcribe(self, audio: AudioInput, language: str | None = None) -> Transcript:
         """Text of up to 30 s of speech; ``language`` None or "auto" detects it."""
-        clip = as_audio(audio, _LIMITS, SAMPLE_RATE)
+        clip = as_audio(audio, AUDIO_LIMITS, SAMPLE_RATE)
         inputs = self.processor(clip.at(SAMPLE_RATE), sampling_rate=SAMPLE_RATE, return_tensors="pt")
         features = inputs.input_features.to(self.device, self.dtype)  # [1, n_mels, 3000]
         with self._lock, torch.inference_mode():
