@@ -5,7 +5,8 @@ rate from 4 kHz up (8 kHz telephone audio is resampled to Whisper's 16 kHz), any
 Whisper window), silence allowed. ``model``: any transcription id ``/v1/models`` lists (``whisper-1``,
 ``gpt-4o-transcribe``, ``gpt-4o-mini-transcribe``, the Whisper checkpoint's name). ``language``: an ISO
 code (detected when absent). ``response_format``: ``json`` -> {"text", "usage"}, ``text``, ``srt``,
-``vtt``, ``verbose_json`` (task, language name, duration, text, one segment). The other fields the stock
+``vtt``, ``verbose_json`` (task, language name, duration, text, one segment with Whisper's tokens,
+average log-probability, compression ratio and no-speech probability). The other fields the stock
 client sends are checked by type and range: ``prompt`` and ``temperature`` are accepted and unused (the
 decoding is greedy and unprompted), ``timestamp_granularities[]`` may ask for segments (not words),
 ``stream`` must be false. Every refusal is the OpenAI error shape, ``param`` naming the form field.
@@ -13,6 +14,7 @@ decoding is greedy and unprompted), ``timestamp_granularities[]`` may ask for se
 
 from __future__ import annotations
 
+import zlib
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -108,6 +110,12 @@ def decode(data: bytes, max_bytes: int) -> tuple[Any, int]:
     return audio.samples, audio.sample_rate
 
 
+def compression_ratio(text: str) -> float:
+    """Whisper's repetition gauge: UTF-8 bytes over their zlib-compressed size."""
+    data = text.encode()
+    return round(len(data) / len(zlib.compress(data)), 4) if data else 0.0
+
+
 def timestamp(seconds: float, comma: bool) -> str:
     ms = round(seconds * 1000)
     text = f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
@@ -127,6 +135,12 @@ def respond(result: Any, response_format: str) -> Response:
         return JSONResponse({"text": text, "usage": usage})
     from transformers.models.whisper.tokenization_whisper import LANGUAGES  # code -> English name
 
-    segment = {"id": 0, "seek": 0, "start": 0.0, "end": duration, "text": text}
+    segment = {"id": 0, "seek": 0, "start": 0.0, "end": duration, "text": text, "temperature": 0.0}
+    segment |= {  # Whisper's own per-segment figures (one segment: the whole window)
+        "tokens": list(getattr(result, "tokens", ())),
+        "avg_logprob": float(getattr(result, "avg_logprob", 0.0)),
+        "compression_ratio": compression_ratio(text),
+        "no_speech_prob": float(getattr(result, "no_speech_prob", 0.0)),
+    }
     body = {"task": "transcribe", "language": LANGUAGES.get(result.language, result.language)}
     return JSONResponse(body | {"duration": duration, "text": text, "segments": [segment], "usage": usage})

@@ -46,6 +46,9 @@ class Transcript:
     text: str
     language: str  # ISO 639 code Whisper detected or was given ("zh", "en", "yue", ...)
     duration_s: float  # of the input audio
+    tokens: tuple[int, ...] = ()  # the decoded ids, special tokens included (OpenAI's segment tokens)
+    avg_logprob: float = 0.0  # mean log-probability of the generated tokens (greedy decoding)
+    no_speech_prob: float = 0.0  # Whisper's no-speech token probability at the first decoder step
 
 
 def model_choice(choice: str, device: torch.device) -> str | None:
@@ -67,6 +70,7 @@ class Transcriber:
         }
         self._by_id = {i: code for code, i in self.languages.items()}
         self._max_new = int(model.config.max_target_positions) - 8  # room for the start/language/task tokens
+        self._no_speech = no_speech_token(processor.tokenizer)
         self._lock = threading.Lock()
 
     @classmethod
@@ -92,17 +96,45 @@ class Transcriber:
         features = inputs.input_features.to(self.device, self.dtype)  # [1, n_mels, 3000]
         with self._lock, torch.inference_mode():
             code = self._language(features, language)
-            ids = self.model.generate(
-                features, language=code, task="transcribe", max_new_tokens=self._max_new
+            out = self.model.generate(
+                features,
+                language=code,
+                task="transcribe",
+                max_new_tokens=self._max_new,
+                return_dict_in_generate=True,
+                output_scores=True,
             )
-        text = self.processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
-        return Transcript(text, code, clip.duration_s)
+            steps = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+            no_speech = self._no_speech_prob(features)
+        ids = out.sequences[0]
+        text = self.processor.batch_decode(ids[None], skip_special_tokens=True)[0].strip()
+        avg = float(steps[0].mean()) if steps.numel() else 0.0
+        return Transcript(text, code, clip.duration_s, tuple(int(i) for i in ids), avg, no_speech)
+
+    def _no_speech_prob(self, features: torch.Tensor) -> float:
+        """P(no-speech token) after <|startoftranscript|>, as Whisper reports it (0 when the vocabulary has
+        no such token)."""
+        if self._no_speech is None:
+            return 0.0
+        start = torch.tensor([[self.model.generation_config.decoder_start_token_id]], device=self.device)
+        logits = self.model(input_features=features, decoder_input_ids=start).logits[0, -1]
+        return float(logits.float().softmax(-1)[self._no_speech])
 
     def _language(self, features: torch.Tensor, language: str | None) -> str:
         if language and language != "auto":
             if language not in self.languages:
                 known = ", ".join(sorted(self.languages))
-                raise InvalidInput(f"language {language!r} is not one the ASR model knows ({known})")
+                message = f"language {language!r} is not one the ASR model knows ({known})"
+                raise InvalidInput(message, field="language")
             return language
         token = int(self.model.detect_language(features)[0])  # Whisper's language-token step
         return self._by_id.get(token, "en")
+
+
+def no_speech_token(tokenizer: Any) -> int | None:
+    """The id of Whisper's no-speech token (``<|nospeech|>`` in v3, ``<|nocaptions|>`` before), if any."""
+    for name in ("<|nospeech|>", "<|nocaptions|>"):
+        token = tokenizer.convert_tokens_to_ids(name)
+        if token is not None and token != tokenizer.unk_token_id:
+            return int(token)
+    return None
