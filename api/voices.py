@@ -117,8 +117,16 @@ def check_form(ctx: ApiContext, form: VoiceForm, upload: UploadFile | None) -> U
     return upload
 
 
+async def check_name_free(ctx: ApiContext, name: str, owner: str) -> None:
+    for voice in map(VoiceInfo.of, await call(ctx.engine.list_voices, owner)):
+        if voice.name.casefold() == name.casefold():
+            message = f"a voice is already named {voice.name!r} (id {voice.id!r}): choose another name"
+            raise ApiError(409, message, param="name", code="name_taken")
+
+
 async def save_voice(ctx: ApiContext, form: VoiceForm, upload: UploadFile | None, owner: str) -> Any:
     upload = check_form(ctx, form, upload)
+    await check_name_free(ctx, form.name.strip(), owner)  # before the costly decode (the library rechecks)
     data = await upload.read(ctx.limits.max_upload_bytes + 1)
     if len(data) > ctx.limits.max_upload_bytes:
         raise ApiError(

@@ -147,3 +147,15 @@ async def test_each_api_key_is_its_own_voice_namespace(engine) -> None:
         assert_openai_error(await c.delete("/v1/audio/voices/shared", headers=a), 403)
         assert (await c.delete(f"/v1/audio/voices/{voice_id}", headers=a)).status_code == 200
         assert (await c.get("/v1/audio/voices", headers={"Authorization": "Bearer nope"})).status_code == 401
+
+
+async def test_a_name_taken_in_a_race_is_a_409(client: httpx.AsyncClient, engine, monkeypatch) -> None:
+    """The library's own check (the one that holds under concurrent saves) maps to the same 409."""
+    from engine.errors import Conflict
+
+    def clash(name: str, path: str, text: str, owner: str | None, consent: str) -> None:
+        raise Conflict("your voice is already named 'alice' (id 'alice')", field="name")
+
+    monkeypatch.setattr(engine, "add_voice", clash)
+    err = assert_openai_error(await upload(client), 409, "name")
+    assert err["code"] == "name_taken"
