@@ -15,6 +15,7 @@ decoding is greedy and unprompted), ``timestamp_granularities[]`` may ask for se
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -68,7 +69,7 @@ def routes(ctx: ApiContext) -> APIRouter:
 
 
 def check_request(
-    ctx: ApiContext, model: str, response_format: str, granularities: list[str], stream: bool
+    ctx: ApiContext, model: str, response_format: str, granularities: Sequence[str], stream: bool
 ) -> None:
     served = transcription_ids(ctx.engine)
     if not served:

@@ -57,7 +57,7 @@ def routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/v1/audio/voices", status_code=201, response_model=None)
     async def create_voice(
-        name: Annotated[str, Form(min_length=1, max_length=MAX_NAME_CHARS)],
+        name: Annotated[str, Form()],
         ref_text: Annotated[str, Form()] = "",
         consent: Annotated[str, Form(max_length=MAX_CONSENT_CHARS)] = "",
         type: Annotated[Literal["audio_sample", "prompt"], Form()] = "audio_sample",
@@ -99,7 +99,7 @@ class VoiceForm:
 
 
 def check_form(ctx: ApiContext, form: VoiceForm, upload: UploadFile | None) -> UploadFile:
-    if not form.name.strip():
+    if not form.name.strip() or len(form.name) > MAX_NAME_CHARS:
         raise ApiError(
             422, f"name must have 1-{MAX_NAME_CHARS} characters", param="name", code="invalid_name"
         )

@@ -99,7 +99,7 @@ def test_voice_name_taken_is_a_409(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "param", "code"),
     [
-        (dict(name="x" * 65), "name", "invalid_value"),
+        (dict(name="x" * 65), "name", "invalid_name"),
         (dict(consent="c" * 300), "consent", "invalid_value"),
         (dict(extra_body={"type": "prompt", "prompt": "a calm voice"}), "type", "unsupported_voice_type"),
         (dict(extra_body={"type": "clone"}), "type", "invalid_value"),
