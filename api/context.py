@@ -42,7 +42,9 @@ class EngineLike(Protocol):
 
     def stats(self) -> ServerStats: ...
 
-    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, owner: str | None, /) -> Any: ...
+    def add_voice(
+        self, name: str, prompt_wav: str, prompt_text: str, owner: str | None, consent: str, /
+    ) -> Any: ...
 
     def list_voices(self, owner: str | None, /) -> Any: ...  # a Sequence of voices, or a coroutine of one
 

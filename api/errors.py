@@ -1,7 +1,9 @@
 """OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with the right HTTP status.
 
 Every failure a route can meet (engine errors, validation errors, HTTP errors, bugs) becomes one
-``ApiError``; the body never carries a stack trace (bugs are logged server-side with theirs).
+``ApiError``; the body never carries a stack trace (bugs are logged server-side with theirs). ``code`` is
+never null (an error raised without one gets its status's code) and ``param`` names the request field at
+fault wherever there is one, for JSON fields and form fields alike.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine.errors import Busy, EngineError, Forbidden, InvalidInput, NotFound, NotReady, TooLarge
+from engine.errors import Busy, Conflict, EngineError, Forbidden, InvalidInput, NotFound, NotReady, TooLarge
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,23 @@ ERROR_TYPES = {
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
+# The code of an error raised without one, by status.
+STATUS_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    422: "invalid_value",
+    429: "rate_limited",
+    499: "client_closed",
+    501: "not_implemented",
+    503: "unavailable",
+}
+# FastAPI's one message for a body it could not decode (JSON that is not UTF-8, a malformed form).
+UNPARSABLE_BODY = "There was an error parsing the body"
 
 
 class ApiError(HTTPException):
@@ -42,6 +61,7 @@ class ApiError(HTTPException):
         headers: dict[str, str] | None = None,
     ):
         super().__init__(status_code=status, detail=message, headers=headers)
+        code = code or STATUS_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
         self.message, self.param, self.code = message, param, code
 
     def body(self) -> dict[str, Any]:
@@ -71,6 +91,8 @@ def from_engine(err: EngineError, params: Mapping[str, str] | None = None) -> Ap
         return ApiError(413, message, param=param, code="too_large")
     if isinstance(err, Forbidden):
         return ApiError(403, message, param=param, code="forbidden")
+    if isinstance(err, Conflict):
+        return ApiError(409, message, param=param, code="name_taken" if err.field == "name" else "conflict")
     if isinstance(err, NotFound):  # one code per missing thing, whichever route asked for it
         code = "voice_not_found" if err.field == "voice_id" else "not_found"
         return ApiError(404, message, param=param, code=code)
@@ -90,18 +112,29 @@ def from_validation(err: RequestValidationError) -> ApiError:
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return ApiError(400, "the request body is not valid JSON", code="invalid_json")
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type"):
+        return ApiError(400, "the request body must be a JSON object", code="invalid_json")
     message = first.get("msg", "invalid value")
     return ApiError(422, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
-def to_api_error(exc: Exception) -> ApiError:
-    """Whatever a route raised, as an ``ApiError``; unexpected exceptions are logged with their traceback."""
+def unparsable_body(content_type: str) -> ApiError:
+    if "json" in content_type:
+        return ApiError(400, "the request body is not valid JSON (UTF-8 text)", code="invalid_json")
+    return ApiError(400, "the request body could not be parsed as a form", code="invalid_form")
+
+
+def to_api_error(exc: Exception, content_type: str = "") -> ApiError:
+    """Whatever a route raised, as an ``ApiError``; unexpected exceptions are logged with their traceback.
+    ``content_type``: the request's, to name what could not be parsed."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, EngineError):
         return from_engine(exc)
     if isinstance(exc, RequestValidationError):
         return from_validation(exc)
+    if isinstance(exc, HTTPException) and exc.status_code == 400 and exc.detail == UNPARSABLE_BODY:
+        return unparsable_body(content_type.lower())
     if isinstance(exc, HTTPException):
         return ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
     log.exception("unhandled error in an API route", exc_info=exc)

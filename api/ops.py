@@ -19,6 +19,8 @@ from api.schemas import ModelCard, ModelList
 # Accepted as the served model: OpenAI's TTS names (stock clients work unchanged) and "cosyvoice", the
 # README's name for whichever model this server runs (v2 or v3).
 MODEL_ALIASES = ("cosyvoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+# Accepted by the transcription route for the server's Whisper: OpenAI's transcription names.
+ASR_ALIASES = ("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")
 PROBE_BODY_CAP = 64 * 1024
 READY_RETRY_S = 5.0
 
@@ -27,6 +29,20 @@ def model_ids(engine: EngineLike) -> list[str]:
     """Names that select the loaded model: its id or path, that path's last part, its family."""
     names = [engine.model_name, os.path.basename(engine.model_name.rstrip("/")), engine.family]
     return list(dict.fromkeys(n for n in names if n))
+
+
+def speech_ids(engine: EngineLike) -> list[str]:
+    """Every ``model`` the speech route accepts."""
+    return list(dict.fromkeys([*model_ids(engine), *MODEL_ALIASES]))
+
+
+def transcription_ids(engine: EngineLike) -> list[str]:
+    """Every ``model`` the transcription route accepts: none when transcription is off."""
+    served = engine.asr_model
+    if not served:
+        return []
+    names = [*ASR_ALIASES, served, os.path.basename(served.rstrip("/"))]
+    return list(dict.fromkeys(names))
 
 
 def check_model(name: str | None, engine: EngineLike) -> None:
@@ -39,14 +55,27 @@ def check_model(name: str | None, engine: EngineLike) -> None:
     )
 
 
-def model_card(engine: EngineLike, started: int) -> ModelCard:
-    return ModelCard(
-        id=engine.model_name,
-        created=started,
-        family=engine.family,
-        sample_rate=engine.sample_rate,
-        ready=bool(engine.ready),
-    )
+def model_cards(engine: EngineLike, started: int) -> list[ModelCard]:
+    """One card per accepted id (``started``: unix seconds the API came up, OpenAI's ``created``)."""
+    ready = bool(engine.ready)
+    speech = [
+        ModelCard(
+            id=name,
+            created=started,
+            kind="speech",
+            root=engine.model_name,
+            ready=ready,
+            family=engine.family,
+            sample_rate=engine.sample_rate,
+        )
+        for name in speech_ids(engine)
+    ]
+    asr = str(engine.asr_model or "")
+    transcription = [
+        ModelCard(id=name, created=started, kind="transcription", root=asr, ready=ready)
+        for name in transcription_ids(engine)
+    ]
+    return speech + transcription
 
 
 def routes(ctx: ApiContext) -> APIRouter:
@@ -77,11 +106,15 @@ def routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/v1/models", dependencies=auth)
     async def list_models() -> ModelList:
-        return ModelList(data=[model_card(engine, started)])
+        return ModelList(data=model_cards(engine, started))
 
     @router.get("/v1/models/{model_id:path}", dependencies=auth)
     async def get_model(model_id: str) -> ModelCard:
-        check_model(model_id, engine)
-        return model_card(engine, started)
+        for card in model_cards(engine, started):
+            if card.id == model_id:  # the first: a speech id wins where the two lists share a name
+                return card
+        known = ", ".join(card.id for card in model_cards(engine, started))
+        message = f"model {model_id!r} is not served here; this server has {known}"
+        raise ApiError(404, message, param="model", code="model_not_found")
 
     return router

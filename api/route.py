@@ -66,7 +66,7 @@ def guarded_route(telemetry: Telemetry, max_body_bytes: int) -> type[APIRoute]:
                     capped = Request(request.scope, capped_receive(request.receive, max_body_bytes))
                     response = await handler(capped)
                 except Exception as exc:  # the API boundary: every failure becomes a JSON error
-                    response = to_api_error(exc).response()
+                    response = to_api_error(exc, request.headers.get("content-type", "")).response()
                 telemetry.count(endpoint, response.status_code)
                 return response
 

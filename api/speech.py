@@ -202,11 +202,13 @@ async def transcribe_prompt(engine: EngineLike, prompt: Prompt, language: str) -
 def base64_payload(value: str, param: str, max_bytes: int) -> bytes:
     """Bytes of a base64 string or ``data:`` URL, refusing oversize input BEFORE decoding it."""
     if value.startswith(("http://", "https://", "file://")):
-        raise ApiError(400, f"{param} must be base64 or a data URL; URLs are not fetched", param=param)
+        message = f"{param} must be base64 or a data URL; URLs are not fetched"
+        raise ApiError(400, message, param=param, code="invalid_audio_url")
     if value.startswith("data:"):
         head, sep, value = value.partition(",")
         if not sep or not head.endswith(";base64"):
-            raise ApiError(400, f"{param} must be a base64 data URL (data:audio/...;base64,...)", param=param)
+            message = f"{param} must be a base64 data URL (data:audio/...;base64,...)"
+            raise ApiError(400, message, param=param, code="invalid_base64")
     text = "".join(value.split())  # tolerate line-wrapped base64
     if len(text) > 4 * math.ceil(max_bytes / 3):
         message = f"{param} is over the upload limit of {max_bytes} bytes"
@@ -364,8 +366,9 @@ async def whole_file(
 
 
 def usage(metrics: RequestMetrics) -> dict[str, int]:
-    # OpenAI's usage shape; input tokens are not counted by the engine, output = speech tokens generated.
-    return {"input_tokens": 0, "output_tokens": metrics.lm_tokens, "total_tokens": metrics.lm_tokens}
+    """OpenAI's usage: input = text tokens the speech LM read, output = speech tokens it generated."""
+    total = metrics.text_tokens + metrics.lm_tokens
+    return {"input_tokens": metrics.text_tokens, "output_tokens": metrics.lm_tokens, "total_tokens": total}
 
 
 def as_dict(metrics: RequestMetrics) -> dict[str, Any]:
@@ -378,6 +381,7 @@ def as_dict(metrics: RequestMetrics) -> dict[str, Any]:
         "elapsed_ms": metrics.elapsed_ms,
         "queue_wait_ms": metrics.queue_wait_ms,
         "lm_tokens": metrics.lm_tokens,
+        "text_tokens": metrics.text_tokens,
         "lm_tokens_per_s": metrics.lm_tokens_per_s,
         "stage_ms": metrics.stage_ms,
         "ttfa_parts_ms": metrics.ttfa_parts_ms,  # queue, frontend, lm, t2w_wait, t2w_compute

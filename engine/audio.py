@@ -52,6 +52,8 @@ class AudioLimits:
     min_seconds: float = 0.0
     max_bytes: int = 20 * 1024 * 1024
     min_rms: float = 1e-4
+    min_rate: int = MIN_SAMPLE_RATE  # Hz; a prompt needs 16 kHz, transcription resamples from less
+    rate_reason: str = "CosyVoice needs at least {min_rate} Hz (the reference frontend asserts this)"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_seconds < self.max_seconds:
@@ -135,7 +137,7 @@ def decode_array(samples: np.ndarray, sample_rate: int, limits: AudioLimits = Au
     if x.ndim == 2 and x.shape[0] <= 8 and x.shape[1] > x.shape[0]:
         x = x.T
     rate = int(sample_rate)
-    _check_sample_rate(rate)
+    _check_sample_rate(rate, limits)
     if len(x) > _max_frames(limits, rate):  # refuse before converting (a copy) a huge array
         raise _too_long(len(x) / rate, limits)
     return _finish(_to_float(x).reshape(len(x), -1), rate, limits)
@@ -191,7 +193,7 @@ def _read_soundfile(data: str | io.BytesIO, limits: AudioLimits) -> tuple[np.nda
 
     try:
         with sf.SoundFile(data) as f:
-            _check_sample_rate(f.samplerate)
+            _check_sample_rate(f.samplerate, limits)
             max_frames = _max_frames(limits, f.samplerate)
             if f.frames > max_frames:  # the declared length: refuse before allocating anything
                 raise _too_long(f.frames / f.samplerate, limits)
@@ -213,7 +215,7 @@ def _read_pyav(data: str | io.BytesIO, limits: AudioLimits) -> tuple[np.ndarray,
                 raise InvalidInput("the file has no audio stream")
             stream = container.streams.audio[0]
             rate = int(stream.codec_context.sample_rate or stream.rate or 0)
-            _check_sample_rate(rate)
+            _check_sample_rate(rate, limits)
             declared = _declared_seconds(stream, container)
             if declared > limits.max_seconds + 0.5:  # container durations are approximate
                 raise _too_long(declared, limits)
@@ -260,7 +262,7 @@ def _to_float(x: np.ndarray) -> np.ndarray:
 
 def _finish(frames: np.ndarray, rate: int, limits: AudioLimits) -> Audio:
     """Average channels to mono and apply every content check, in the order a user can act on."""
-    _check_sample_rate(rate)
+    _check_sample_rate(rate, limits)
     if frames.shape[0] == 0 or frames.shape[1] == 0:
         raise InvalidInput("the audio contains no samples")
     mono = frames.mean(axis=1, dtype=np.float64).astype(np.float32) if frames.shape[1] > 1 else frames[:, 0]
@@ -279,12 +281,12 @@ def _finish(frames: np.ndarray, rate: int, limits: AudioLimits) -> Audio:
     return Audio(np.ascontiguousarray(mono, dtype=np.float32), rate)
 
 
-def _check_sample_rate(rate: int) -> None:
-    if rate < MIN_SAMPLE_RATE:
-        raise InvalidInput(
-            f"the audio's sample rate is {rate} Hz; CosyVoice needs at least {MIN_SAMPLE_RATE} Hz "
-            "(the reference frontend asserts this). Record or export at 16 kHz or more"
-        )
+def _check_sample_rate(rate: int, limits: AudioLimits) -> None:
+    if rate < limits.min_rate:
+        reason = limits.rate_reason.format(min_rate=limits.min_rate)
+        khz = f"{limits.min_rate / 1000:g} kHz"
+        message = f"the audio's sample rate is {rate} Hz; {reason}. Record or export at {khz} or more"
+        raise InvalidInput(message)
 
 
 def _max_frames(limits: AudioLimits, rate: int) -> int:

@@ -39,6 +39,12 @@ class Forbidden(InvalidInput):
     status = 403
 
 
+class Conflict(InvalidInput):
+    """The thing would clash with one that exists (a voice name the caller already sees): HTTP 409."""
+
+    status = 409
+
+
 class Busy(EngineError):
     """No capacity now; try again after ``retry_after_s``: HTTP 429 (queue full) or 503 (not ready)."""
 

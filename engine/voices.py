@@ -8,8 +8,10 @@ on use (the frontend caches them by content hash). Stock OpenAI voice names map 
 
 An entry is built in a hidden temporary directory and renamed into place, so a crash leaves either a whole
 voice or none; deletion renames it away before removing it. The voice id is the directory name, a slug of
-the display name. Features are family-specific (the v2 and v3 speech tokenizers differ), so voices saved
-with another family are listed but flagged, and ``get`` refuses them.
+the display name; display names are unique among the voices an owner sees (examples, public voices and
+their own: a clash is a ``Conflict``), so a name picks one voice. Features are family-specific (the v2 and
+v3 speech tokenizers differ), so voices saved with another family are listed but flagged, and ``get``
+refuses them.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ import numpy as np
 
 from engine import audio as audio_io
 from engine.audio import AudioInput
-from engine.errors import Forbidden, InvalidInput, NotFound
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
 from engine.frontend import PromptFeatures
 
 log = logging.getLogger(__name__)
 
 MAX_NAME_CHARS = 64
 MAX_PROMPT_TEXT_CHARS = 4096
+MAX_CONSENT_CHARS = 256
 FEATURES, META, PREVIEW = "features.npz", "meta.json", "prompt.wav"
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
 _TMP, _TRASH = ".tmp-", ".trash-"
@@ -72,6 +75,7 @@ class Voice:
     compatible: bool = True
     public: bool = True  # False: one owner's private voice
     example: bool = False  # an assets/ example: read-only, features extracted on use
+    consent: str = ""  # the consent reference given when it was saved (OpenAI's consent recording id)
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,13 @@ class ExampleVoice:
     language: str
     wav: Path
     transcript: str
+    duration_s: float = 0.0  # of the recording
+    created_at: float = 0.0  # unix seconds: the recording file's modification time
 
     def as_voice(self, family: str) -> Voice:
-        return Voice(self.id, self.name, self.transcript, family, 0.0, 0.0, public=True, example=True)
+        return Voice(
+            self.id, self.name, self.transcript, family, self.duration_s, self.created_at, example=True
+        )
 
 
 def load_examples(root: str | os.PathLike[str] | None = None) -> list[ExampleVoice]:
@@ -110,7 +118,13 @@ def _example(wav: Path) -> ExampleVoice:
     name = validate_name(wav.stem)
     prefix = name.split("-", 1)[0].lower()
     language = prefix if prefix in EXAMPLE_LANGUAGES else "auto"
-    return ExampleVoice(slugify(name), name, language, wav, transcript)
+    import soundfile as sf  # lazy, as engine.audio does
+
+    try:
+        duration = float(sf.info(str(wav)).duration)
+    except sf.LibsndfileError as err:
+        raise ValueError(f"cannot read its audio ({err})") from err
+    return ExampleVoice(slugify(name), name, language, wav, transcript, duration, wav.stat().st_mtime)
 
 
 def check_owner(owner: str | None) -> str | None:
@@ -155,16 +169,21 @@ class VoiceLibrary:
         family: str | None = None,
         preview: AudioInput | None = None,
         owner: str | None = None,
+        consent: str = "",
     ) -> Voice:
         """Save a voice in ``owner``'s namespace (None: public); its id is a slug of ``name`` made unique
-        with -2, -3 ... among the voices that owner can see."""
+        with -2, -3 ... among the voices that owner can see. A ``name`` the owner already sees (their own, a
+        public or an example voice, compared case-insensitively) is a ``Conflict``. ``consent``: the
+        speaker's consent reference, stored and shown with the voice."""
         name = validate_name(name)
         prompt_text = _validate_prompt_text(prompt_text)
+        consent = _validate_consent(consent)
         folder = self._folder(check_owner(owner), create=True)
         family = family or features.family
         if family != features.family:
             raise InvalidInput(f"features were extracted for {features.family}, not {family}")
         meta = {"format": _FORMAT, "name": name, "prompt_text": prompt_text, "family": family}
+        meta |= {"consent": consent} if consent else {}
         meta |= {
             "duration_s": features.duration_s,
             "created_at": time.time(),
@@ -173,7 +192,7 @@ class VoiceLibrary:
         staging = Path(tempfile.mkdtemp(prefix=_TMP, dir=folder))
         try:
             _write_entry(staging, meta, features, preview)
-            voice_id = self._publish(staging, folder, slugify(name))
+            voice_id = self._publish(staging, folder, name, owner)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -277,10 +296,13 @@ class VoiceLibrary:
                 log.warning("skipping damaged voice entry %s: %s", entry, err)
         return voices
 
-    def _publish(self, staging: Path, folder: Path, slug: str) -> str:
+    def _publish(self, staging: Path, folder: Path, name: str, owner: str | None) -> str:
         """Rename the complete staging directory to the first free id; the rename is the commit point.
-        Ids taken publicly or by an example are skipped too, so an owner's ids never shadow them."""
+        Ids taken publicly or by an example are skipped too, so an owner's ids never shadow them. The name
+        check and the rename share the lock, so two concurrent saves of one name cannot both succeed."""
+        slug = slugify(name)
         with self._lock:
+            self._check_name_free(name, owner)
             for n in range(1, 10_000):
                 voice_id = slug if n == 1 else f"{slug}-{n}"
                 taken = (folder / voice_id).exists() or (self.root / voice_id).exists()
@@ -290,6 +312,23 @@ class VoiceLibrary:
                 _fsync_dir(folder)
                 return voice_id
         raise InvalidInput(f"too many voices named like {slug!r}")
+
+    def _check_name_free(self, name: str, owner: str | None) -> None:
+        key = name.casefold()
+        for voice in self.list(owner):
+            if voice.name.casefold() == key:
+                kind = (
+                    "an example voice"
+                    if voice.example
+                    else "a public voice"
+                    if voice.public
+                    else "your voice"
+                )
+                raise Conflict(
+                    f"{kind} is already named {voice.name!r} (id {voice.id!r}): choose another name"
+                    + ("" if voice.public else " or delete that voice first"),
+                    field="name",
+                )
 
     def _voice(self, voice_id: str, meta: dict[str, Any], public: bool = True) -> Voice:
         family = str(meta["family"])
@@ -302,6 +341,7 @@ class VoiceLibrary:
             created_at=float(meta["created_at"]),
             compatible=self.family is None or family == self.family,
             public=public,
+            consent=str(meta.get("consent", "")),
         )
 
     def _sweep_leftovers(self) -> None:
@@ -345,6 +385,17 @@ def slugify(name: str) -> str:
     if slug:
         return slug
     return "voice-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+
+
+def _validate_consent(consent: str) -> str:
+    if not isinstance(consent, str):
+        raise InvalidInput("consent must be a string", field="consent")
+    consent = consent.strip()
+    if len(consent) > MAX_CONSENT_CHARS or any(unicodedata.category(ch).startswith("C") for ch in consent):
+        raise InvalidInput(
+            f"consent must be at most {MAX_CONSENT_CHARS} printable characters", field="consent"
+        )
+    return consent
 
 
 def _validate_prompt_text(text: str) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.asr import Transcript
-from engine.errors import Forbidden, InvalidInput, NotFound
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.serving.metrics import ServerStats, Stopwatch
 
@@ -28,6 +28,8 @@ class FakeVoice:
     duration_s: float = 3.0
     created_at: float = field(default_factory=time.time)
     public: bool = True
+    example: bool = False
+    consent: str = ""
 
 
 class FakeEngine:
@@ -81,6 +83,7 @@ class FakeEngine:
                     return
                 t = (np.arange(n) + i * n) / self.sample_rate
                 pcm = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+                watch.add_text_tokens(len(req.text.encode()) if i == 0 else 0)  # one token a byte
                 watch.add_tokens(int(self.chunk_s * 25))
                 watch.add_audio(self.chunk_s)
                 last = i == self.n_chunks - 1
@@ -107,11 +110,16 @@ class FakeEngine:
     def _find(self, voice_id: str, owner: str | None) -> FakeVoice | None:
         return self.voices.get((owner, voice_id)) or self.voices.get((None, voice_id))
 
-    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, owner: str | None = None) -> FakeVoice:
+    def add_voice(
+        self, name: str, prompt_wav: str, prompt_text: str, owner: str | None = None, consent: str = ""
+    ) -> FakeVoice:
+        for seen in self.list_voices(owner):  # names are unique among what the owner sees, as the library's
+            if seen.name.casefold() == name.casefold():
+                raise Conflict(f"a voice is already named {seen.name!r} (id {seen.id!r})", field="name")
         voice_id = name.lower()
         while self._find(voice_id, owner) is not None:  # the real library's -2, -3 ... suffixes
             voice_id += "-2"
-        voice = FakeVoice(id=voice_id, name=name, prompt_text=prompt_text, public=owner is None)
+        voice = FakeVoice(voice_id, name, prompt_text, public=owner is None, consent=consent)
         self.voices[(owner, voice.id)] = voice
         return voice
 

@@ -369,6 +369,7 @@ class TTSEngine:
         active: _Active,
     ) -> AsyncGenerator[np.ndarray, None]:
         lm = self.model.lm
+        watch.add_text_tokens(len(text_ids))  # the usage's input tokens
         prefix = await asyncio.to_thread(_prefix, lm, text_ids, prompt_ids, speech_ids)
         min_len, max_len = token_limits(len(text_ids), self.cfg.sampling)
         if req.forced_tokens is not None:  # fixed compute for benchmarks: no stop before, none after
@@ -457,13 +458,19 @@ class TTSEngine:
 
     # ------------------------------------------------------------------ voices
     def add_voice(
-        self, name: str, prompt_wav: str | tuple[np.ndarray, int], prompt_text: str, owner: str | None = None
+        self,
+        name: str,
+        prompt_wav: str | tuple[np.ndarray, int],
+        prompt_text: str,
+        owner: str | None = None,
+        consent: str = "",
     ) -> Voice:
-        """Save a voice for ``owner`` (a browser id or API key; None: a public voice, the operator's)."""
+        """Save a voice for ``owner`` (a browser id or API key; None: a public voice, the operator's);
+        ``consent`` is the speaker's consent reference, stored with it."""
         if not prompt_text.strip():
             raise InvalidInput("a saved voice needs the transcript of its prompt audio")
         features = self.frontend.extract(prompt_wav, trim=True)
-        return self.voices.add(name, features, prompt_text.strip(), self.family, prompt_wav, owner)
+        return self.voices.add(name, features, prompt_text.strip(), self.family, prompt_wav, owner, consent)
 
     def list_voices(self, owner: str | None = None) -> list[Voice]:
         """The examples, the public voices and ``owner``'s own."""

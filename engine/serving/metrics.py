@@ -27,6 +27,7 @@ class RequestMetrics:
     audio_s: float = 0.0
     lm_tokens: int = 0
     lm_tokens_per_s: float = 0.0
+    text_tokens: int = 0  # text tokens the speech LM read (the input of OpenAI's usage)
     stage_ms: dict[str, float] = field(default_factory=dict)
     ttfa_parts_ms: dict[str, float] = field(default_factory=dict)  # TTFA_PARTS, once there is audio
     done: bool = False
@@ -98,6 +99,7 @@ class Stopwatch:
         self.t_lm_start: float | None = None
         self.t_first_text: float | None = None  # text-streaming requests: TTFA counts from here
         self.lm_tokens = 0
+        self.text_tokens = 0
         self.audio_s = 0.0
         self.stage_ms = dict.fromkeys(STAGES, 0.0)
         self.marks: dict[str, float] = {}  # first time each TTFA milestone was reached (clock s)
@@ -140,6 +142,9 @@ class Stopwatch:
         if self.t_lm_start is None:
             self.t_lm_start = self._clock()
         self.lm_tokens += n
+
+    def add_text_tokens(self, n: int) -> None:
+        self.text_tokens += n
 
     def add_audio(self, seconds: float) -> None:
         if self.t_first_audio is None and seconds > 0:
@@ -192,6 +197,7 @@ class Stopwatch:
             elapsed_ms=(now - start) * 1000.0,
             audio_s=self.audio_s,
             lm_tokens=self.lm_tokens,
+            text_tokens=self.text_tokens,
             lm_tokens_per_s=self.lm_tokens / lm_s if lm_s > 0 else 0.0,
             stage_ms=dict(self.stage_ms),
             ttfa_parts_ms=self.ttfa_parts_ms(),

@@ -44,13 +44,16 @@ class RecordingEngine(FakeEngine):
             if self.fail_after is not None:
                 raise self.fail_after
 
-    def add_voice(self, name: str, prompt_wav: str, prompt_text: str, owner: str | None = None) -> Any:
+    def add_voice(
+        self, name: str, prompt_wav: str, prompt_text: str, owner: str | None = None, consent: str = ""
+    ) -> Any:
         data = None
         if os.path.exists(prompt_wav):  # an upload's file must exist while the engine reads it
             with open(prompt_wav, "rb") as f:
                 data = f.read()
-        self.voice_calls.append({"name": name, "path": prompt_wav, "text": prompt_text, "data": data})
-        return super().add_voice(name, prompt_wav, prompt_text, owner)
+        call = {"name": name, "path": prompt_wav, "text": prompt_text, "data": data, "consent": consent}
+        self.voice_calls.append(call)
+        return super().add_voice(name, prompt_wav, prompt_text, owner, consent)
 
 
 def expected_samples(engine: FakeEngine) -> int:
@@ -86,6 +89,7 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["message"] and "Traceback" not in response.text
+    assert isinstance(error["code"], str) and error["code"], "every error names its code"
     if param is not None:
         assert error["param"] == param
     return error

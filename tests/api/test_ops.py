@@ -108,10 +108,20 @@ async def test_each_app_has_its_own_registry() -> None:
 async def test_models(client: httpx.AsyncClient, engine: RecordingEngine) -> None:
     listing = (await client.get("/v1/models")).json()
     assert listing["object"] == "list"
-    (card,) = listing["data"]
-    assert card["id"] == "fake" and card["family"] == "cosyvoice3" and card["sample_rate"] == 24000
-    assert (await client.get("/v1/models/fake")).json()["id"] == "fake"
-    assert_openai_error(await client.get("/v1/models/whisper-1"), 404, "model")
+    cards = {card["id"]: card for card in listing["data"]}
+    speech = ["fake", "cosyvoice3", "cosyvoice", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"]
+    asr = ["whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe", "fake-whisper"]
+    assert list(cards) == speech + asr
+    assert cards["fake"]["family"] == "cosyvoice3" and cards["fake"]["sample_rate"] == 24000
+    assert {cards[i]["kind"] for i in speech} == {"speech"} and {cards[i]["root"] for i in speech} == {"fake"}
+    assert {cards[i]["kind"] for i in asr} == {"transcription"} and cards["whisper-1"][
+        "root"
+    ] == "fake-whisper"
+    for model_id in speech + asr:  # retrieve echoes the id asked for
+        assert (await client.get(f"/v1/models/{model_id}")).json()["id"] == model_id
+    assert_openai_error(await client.get("/v1/models/whisper-2"), 404, "model")
+    engine.asr_model = None  # transcription off: its ids are gone
+    assert [c["id"] for c in (await client.get("/v1/models")).json()["data"]] == speech
 
 
 async def test_api_key_guards_v1_but_not_probes(engine) -> None:

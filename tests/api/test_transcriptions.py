@@ -20,7 +20,10 @@ def upload(seconds: float = 2.0) -> dict[str, tuple[str, bytes, str]]:
 @pytest.mark.parametrize(
     ("fmt", "check"),
     [
-        ("json", lambda r: r.json() == {"text": "fake transcript"}),
+        (
+            "json",
+            lambda r: r.json() == {"text": "fake transcript", "usage": {"type": "duration", "seconds": 3}},
+        ),
         ("text", lambda r: r.text == "fake transcript" and "text/plain" in r.headers["content-type"]),
         (
             "verbose_json",
@@ -49,7 +52,7 @@ async def test_language_is_detected_when_absent(client: httpx.AsyncClient, engin
     [
         ({"model": "whisper-1"}, None, 422, "file"),
         ({"model": "tts-1"}, upload(), 404, "model"),
-        ({"model": "whisper-1", "response_format": "srt"}, upload(), 422, "response_format"),
+        ({"model": "whisper-1", "response_format": "xml"}, upload(), 422, "response_format"),
         ({"model": "whisper-1"}, {"file": ("x.wav", b"not audio" * 50, "audio/wav")}, 422, "file"),
         ({"model": "whisper-1"}, upload(31.0), 413, "file"),
     ],
@@ -85,4 +88,4 @@ async def test_a_saved_voice_without_ref_text_is_transcribed(client: httpx.Async
     files = {"audio_sample": ("p.wav", wav_bytes(2.0), "audio/wav")}
     r = await client.post("/v1/audio/voices", data={"name": "Bea"}, files=files)
     assert r.status_code == 201, r.text
-    assert r.json()["voice"]["prompt_text"] == "fake transcript"
+    assert r.json()["prompt_text"] == "fake transcript"

@@ -31,8 +31,10 @@ async def test_create_list_get_use_delete(client: httpx.AsyncClient, engine: Rec
     r = await upload(client, data=data)
     assert r.status_code == 201, r.text
     created = r.json()
-    assert created["success"] and created["voice"]["id"] == "alice"
-    assert created["voice"]["prompt_text"] == "hello world" and created["voice"]["object"] == "voice"
+    assert created["object"] == "audio.voice" and created["type"] == "audio_sample"
+    assert created["id"] == "alice" and created["name"] == "alice" and created["prompt_text"] == "hello world"
+    assert created["created_at"] > 0 and created["duration_s"] > 0 and created["public"] is False
+    assert created["example"] is False and created["consent"] == ""
 
     call = engine.voice_calls[-1]
     assert (call["name"], call["text"], call["data"]) == (
@@ -51,12 +53,8 @@ async def test_create_list_get_use_delete(client: httpx.AsyncClient, engine: Rec
     assert speech.status_code == 200 and engine.requests[-1].voice_id == "alice"
 
     deleted = await client.delete(f"{VOICES}/alice")
-    assert deleted.status_code == 200 and deleted.json() == {
-        "object": "voice",
-        "id": "alice",
-        "deleted": True,
-        "success": True,
-    }
+    assert deleted.status_code == 200
+    assert deleted.json() == {"object": "audio.voice.deleted", "id": "alice", "deleted": True}
     assert (await client.get(VOICES)).json()["voices"] == []
     assert_openai_error(await client.delete(f"{VOICES}/alice"), 404)
     assert_openai_error(await client.get(f"{VOICES}/alice"), 404, "voice_id")
@@ -100,7 +98,7 @@ async def test_upload_over_the_limit_is_413(engine) -> None:
 async def test_engine_refusal_is_mapped(client: httpx.AsyncClient, engine, monkeypatch) -> None:
     from engine.errors import InvalidInput
 
-    def refuse(name: str, path: str, text: str, owner: str | None) -> None:
+    def refuse(name: str, path: str, text: str, owner: str | None, consent: str) -> None:
         raise InvalidInput("voice name 'alice' is taken")
 
     monkeypatch.setattr(engine, "add_voice", refuse)
@@ -118,7 +116,7 @@ def test_voice_records_of_any_shape() -> None:
         "Ann",
         "cosyvoice2",
         False,
-        None,
+        0,
     )
     assert VoiceInfo.of(type("V", (), {"id": "v2", "created_at": 12.7})()).model_dump()["created_at"] == 12
 
@@ -137,7 +135,7 @@ async def test_each_api_key_is_its_own_voice_namespace(engine) -> None:
     async with client_for(build_api(engine, Limits(), api_key=["key-a", "key-b"])) as c:
         r = await c.post("/v1/audio/voices", data={"name": "Mine", "ref_text": "t"}, files=files, headers=a)
         assert r.status_code == 201, r.text
-        voice_id = r.json()["voice"]["id"]
+        voice_id = r.json()["id"]
         assert voice_id in (await c.get("/v1/audio/voices", headers=a)).json()["voices"]
         listed_b = (await c.get("/v1/audio/voices", headers=b)).json()["voices"]
         assert "shared" in listed_b and voice_id not in listed_b
@@ -149,3 +147,15 @@ async def test_each_api_key_is_its_own_voice_namespace(engine) -> None:
         assert_openai_error(await c.delete("/v1/audio/voices/shared", headers=a), 403)
         assert (await c.delete(f"/v1/audio/voices/{voice_id}", headers=a)).status_code == 200
         assert (await c.get("/v1/audio/voices", headers={"Authorization": "Bearer nope"})).status_code == 401
+
+
+async def test_a_name_taken_in_a_race_is_a_409(client: httpx.AsyncClient, engine, monkeypatch) -> None:
+    """The library's own check (the one that holds under concurrent saves) maps to the same 409."""
+    from engine.errors import Conflict
+
+    def clash(name: str, path: str, text: str, owner: str | None, consent: str) -> None:
+        raise Conflict("your voice is already named 'alice' (id 'alice')", field="name")
+
+    monkeypatch.setattr(engine, "add_voice", clash)
+    err = assert_openai_error(await upload(client), 409, "name")
+    assert err["code"] == "name_taken"

@@ -33,7 +33,7 @@ async def test_api_voice_is_private_and_openai_names_speak(tmp_path):
                 headers={"Authorization": "Bearer k1"},
             )  # fmt: skip
         assert r.status_code == 201, r.text
-        voice_id = r.json()["voice"]["id"]
+        voice_id = r.json()["id"]
         studio = Studio(engine, Limits(), Texts("en"), StreamHub(), AudioStore())
         assert voice_id not in [value for _, value in await studio.voice_choices("b" * 32)]
         for owner, voice in ((owner_of("k1"), voice_id), (None, "alloy")):

@@ -61,3 +61,19 @@ def test_word_times_need_alignment_heads(transcriber):
     # the tiny Whisper has none (the released ones do): no word times, and subtitles fall back to spreading
     assert not getattr(transcriber.model.generation_config, "alignment_heads", None)
     assert transcriber.words(np.full(24000, 0.1, np.float32), 24000, "en") == []
+
+
+def test_takes_telephone_rates_and_short_clips_with_whisper_figures(transcriber):
+    """Transcription's limits, not a voice prompt's: 8 kHz and a 0.3 s clip are fine; the result carries
+    Whisper's per-segment figures."""
+    t = np.arange(int(0.3 * 8000)) / 8000
+    clip = (0.2 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
+    result = transcriber.transcribe((clip, 8000), "en")
+    assert result.duration_s == pytest.approx(0.3) and result.language == "en"
+    assert (
+        len(result.tokens) > 3
+        and result.tokens[0] == transcriber.model.generation_config.decoder_start_token_id
+    )
+    assert result.avg_logprob < 0.0 and 0.0 < result.no_speech_prob < 1.0
+    with pytest.raises(InvalidInput, match="at least 4000 Hz"):
+        transcriber.transcribe((clip, 2000), "en")

@@ -14,7 +14,7 @@ import soundfile as sf
 
 from engine import voices as voices_mod
 from engine.audio import Audio
-from engine.errors import Forbidden, InvalidInput, NotFound
+from engine.errors import Conflict, Forbidden, InvalidInput, NotFound
 from engine.frontend import PromptFeatures
 from engine.voices import VoiceLibrary
 
@@ -91,11 +91,11 @@ def test_no_preview(tmp_path):
 
 def test_list_sorted_and_unique_ids(tmp_path):
     lib = VoiceLibrary(tmp_path)
-    for name in ("bob", "Alice", "bob", "Bob!", "张三", "李四"):
+    for name in ("bob", "Alice", "bob?", "Bob!", "张三", "李四"):
         lib.add(name, features())
     ids = [v.id for v in lib.list()]
     names = [v.name for v in lib.list()]
-    assert names[:4] == ["Alice", "bob", "bob", "Bob!"]
+    assert names[:4] == ["Alice", "bob", "Bob!", "bob?"]
     assert {"alice", "bob", "bob-2", "bob-3"} <= set(ids) and len(set(ids)) == 6
     cjk = [v.id for v in lib.list() if v.name in ("张三", "李四")]
     assert all(i.startswith("voice-") for i in cjk) and cjk[0] != cjk[1]
@@ -215,6 +215,7 @@ def test_entry_files_are_written_atomically(tmp_path, monkeypatch):
 
 
 def test_concurrent_adds_and_deletes(tmp_path):
+    """Adds of names with one slug and deletes interleave safely: every add gets its own id."""
     lib = VoiceLibrary(tmp_path)
     for i in range(4):
         lib.add(f"keep {i}", features(seed=i))
@@ -222,7 +223,7 @@ def test_concurrent_adds_and_deletes(tmp_path):
 
     def add(i: int) -> str:
         barrier.wait()
-        return lib.add("same name", features(seed=i)).id
+        return lib.add("same name" + "!" * i, features(seed=i)).id  # one slug, distinct names
 
     def delete(i: int) -> None:
         barrier.wait()
@@ -238,6 +239,21 @@ def test_concurrent_adds_and_deletes(tmp_path):
     listed = {v.id for v in lib.list()}
     assert listed == set(ids) | {"keep-2", "keep-3"}
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+def test_concurrent_adds_of_one_name_save_one_voice(tmp_path):
+    lib = VoiceLibrary(tmp_path)
+    barrier = threading.Barrier(6)
+
+    def add(i: int) -> str:
+        barrier.wait()
+        return lib.add("same name", features(seed=i)).id
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(add, i) for i in range(6)]
+    outcomes = [f.exception() or f.result() for f in futures]
+    assert sum(isinstance(o, Conflict) for o in outcomes) == 5 and "same-name" in outcomes
+    assert [v.id for v in lib.list()] == ["same-name"]
 
 
 # ---- owners: a visitor's voices are private; public voices and examples are read-only to visitors
@@ -276,10 +292,12 @@ def test_only_the_owner_deletes_and_public_voices_are_the_operators(tmp_path):
 def test_private_ids_never_shadow_public_ones(tmp_path):
     lib = VoiceLibrary(tmp_path, family="cosyvoice3")
     lib.add("Alice", features(seed=1), "public")
-    mine = lib.add("Alice", features(seed=2), "mine", owner="a")
+    with pytest.raises(Conflict, match="public voice is already named 'Alice'"):
+        lib.add("ALICE", features(seed=2), "mine", owner="a")  # one name, one voice, as the owner sees them
+    mine = lib.add("Alice!", features(seed=2), "mine", owner="a")
     assert mine.id == "alice-2" and lib.get("alice", "a")[0].prompt_text == "public"
     names = [(v.id, v.public) for v in lib.list("a")]
-    assert names == [("alice-2", False), ("alice", True)]  # same display name, told apart by id and scope
+    assert names == [("alice", True), ("alice-2", False)]  # one slug, told apart by id and scope
 
 
 def write_example(folder, stem: str, text: str, seconds: float = 4.0) -> None:
@@ -300,6 +318,10 @@ def test_examples_are_read_from_wav_and_txt_pairs(tmp_path, caplog):
         ("zh-lan", "zh", "大家好"),
     ]
     assert "orphan.wav" in caplog.text and "blank.wav" in caplog.text
+    lan = examples[1].as_voice("cosyvoice3")  # the recording's real length and time
+    assert (
+        lan.duration_s == pytest.approx(4.0) and lan.created_at == (tmp_path / "zh-lan.wav").stat().st_mtime
+    )
 
 
 def test_examples_are_public_read_only_and_answer_to_openai_names(tmp_path):
@@ -315,6 +337,23 @@ def test_examples_are_public_read_only_and_answer_to_openai_names(tmp_path):
         lib.delete("en-amy")
     lib.add("alloy", features(), "operator's own alloy")
     assert lib.example("alloy") is None  # a saved voice with that id wins
+    with pytest.raises(Conflict, match="example voice"):
+        lib.add("En-Amy", features(), "mine", owner="anyone")
+
+
+def test_names_are_unique_per_owner_and_consent_is_kept(tmp_path):
+    lib = VoiceLibrary(tmp_path, family="cosyvoice3")
+    lib.add("Dora", features(seed=1), "t", owner="a", consent="cons_1234")
+    lib.add("Dora", features(seed=2), "t", owner="b")  # another owner's namespace: free
+    with pytest.raises(Conflict) as caught:
+        lib.add("dora", features(seed=3), "t", owner="a")
+    assert caught.value.field == "name" and "delete that voice first" in str(caught.value)
+    (mine,) = lib.list("a")
+    assert (mine.name, mine.consent) == ("Dora", "cons_1234") and lib.get(mine.id, "a")[
+        0
+    ].consent == "cons_1234"
+    with pytest.raises(InvalidInput, match="consent"):
+        lib.add("Eve", features(), "t", owner="a", consent="x" * 300)
 
 
 def test_shipped_examples_cover_the_openai_names():

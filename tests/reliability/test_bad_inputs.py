@@ -423,7 +423,7 @@ async def http_serves(client: httpx.AsyncClient, prompt: Path) -> None:
 def check_http(case: HttpCase, r: httpx.Response, engine: TTSEngine) -> None:
     if case.status == 201:
         assert r.status_code == 201, r.text
-        voice_id = r.json()["voice"]["id"]
+        voice_id = r.json()["id"]
         anonymous = api_owner(None)  # the API without keys: one anonymous caller's namespace
         assert_voice_entry(engine.voices.root / OWNERS / owner_dir_name(anonymous), voice_id)
         engine.delete_voice(voice_id, anonymous)

@@ -139,7 +139,7 @@ async def save_voice(url: str) -> str:
         files = {"audio_sample": ("p.wav", good_wav(), "audio/wav")}
         r = await client.post("/v1/audio/voices", data={"name": "load test", "ref_text": "Hi."}, files=files)
         assert r.status_code == 201, r.text
-        return str(r.json()["voice"]["id"])
+        return str(r.json()["id"])
 
 
 async def test_bounded_load_mixed_requests(engine, server):

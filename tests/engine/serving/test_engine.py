@@ -86,6 +86,7 @@ async def test_every_mode_streams_audio_with_metrics(engine, kw, tmp_path):
         assert audio.size == 50 * 960
     else:
         assert m.lm_tokens > 0 and audio.size % 480 == 0
+        assert m.text_tokens > 0  # the usage's input tokens: the text the LM read
 
 
 @pytest.mark.parametrize("source_s", [2.0, 4.0, 8.0])
