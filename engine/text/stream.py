@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from engine.errors import InvalidInput, SynthesisFailed, TooLarge
-from engine.text.frontend import TextFrontend, normalize_text, resolve_language
+from engine.text.frontend import TextFrontend, has_speech, normalize_text, resolve_language, trim_marks
 
 # A cut may follow these: CJK ideographs and the CJK / full-width punctuation (no spaces in that text).
 _CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
@@ -67,8 +67,8 @@ class TextPieces:
         return self._release(tail)
 
     def _release(self, raw: str) -> str:
-        core = raw.strip()
-        if not core:
+        core = trim_marks(raw).strip()
+        if not has_speech(core):  # zero-width or combining marks only: nothing to say, as for blank text
             return ""
         lead = " " if self._started and raw[0].isspace() else ""
         self._started = True
@@ -146,4 +146,4 @@ async def token_pieces(
         said = True
         yield ids
     if not said:
-        raise InvalidInput("the text to speak is empty")
+        raise InvalidInput("the text has nothing to speak (it is empty, or only invisible characters)")

@@ -258,3 +258,13 @@ def test_a_client_that_leaves_before_the_commit_frees_its_stream_at_once(
             ws.send(last_frame)
         assert engine.stats().active_streams == 1
     assert wait_until(lambda: engine.stats().active_streams == 0, 20)
+
+
+def test_text_with_nothing_speakable_is_a_422_error_event(url: str) -> None:
+    with open_session(url) as ws:
+        send(ws, "input_text_buffer.append", text="\u200b\u200d ")
+        send(ws, "input_text_buffer.append", text="\u0301\u0302\ufeff")
+        send(ws, "input_text_buffer.commit")
+        errors = [e["error"] for e in events(ws) if e["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["code"] == "invalid_input"
+    assert errors[0]["type"] == "invalid_request_error" and "nothing to speak" in errors[0]["message"]
