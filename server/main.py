@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 
 from server.cli import DEMO_TINY, build_engine, engine_config, parse_args
+from server.shutdown import leave
 from server.web import create_app, open_share_link, web_server
 
 
@@ -27,4 +28,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)
-    web_server(app, args.host, args.port, cfg.model).run()
+    web_server(app, args.host, args.port, cfg.model, engine, args.shutdown_grace_s).run()
+    leave(0)  # the server has stopped and the engine is closed

@@ -91,7 +91,12 @@ class Prefetch:
 
     def __init__(self, source: AsyncIterable[str], on_piece: Callable[[], None], max_chars: int):
         self._queue: asyncio.Queue[str | Exception | None] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._read(source, on_piece, max_chars))
+
+    def end(self, error: Exception | None = None) -> None:
+        """End the text now, from any thread (an abort): the decoder sees its end, or ``error`` raised."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, error)
 
     async def _read(self, source: AsyncIterable[str], on_piece: Callable[[], None], max_chars: int) -> None:
         chars = 0  # counted here too: a request waiting in line must not buffer an unbounded text
