@@ -28,5 +28,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)
-    web_server(app, args.host, args.port, cfg.model, engine, args.shutdown_grace_s).run()
-    leave(0)  # the server has stopped and the engine is closed
+    server = web_server(app, args.host, args.port, cfg.model, engine, args.shutdown_grace_s)
+    server.run()
+    leave(server.exit_status)  # the server has stopped and the engine is closed

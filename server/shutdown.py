@@ -10,6 +10,7 @@ connection without bound, and its second Ctrl-C cancels tasks mid-flight (``Canc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -26,6 +27,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 log = logging.getLogger("cosystream")
 SHUTTING_DOWN = "the server is shutting down; retry in a moment (another replica may take the request)"
 RETRY_AFTER_S = 5
+EXIT_UNHEALTHY = 3  # the status a supervisor sees when the engine died under the server
+HEALTH_EVERY_S = 1.0
+STOPPED = "the speech engine has stopped (its LM backend or vocoder worker died); the server is restarting"
 LAST_STEPS_S = 1.0  # after the grace: streams end within a chunk, then uvicorn closes and the engine frees
 
 
@@ -89,10 +93,13 @@ class GracefulServer(uvicorn.Server):
         self.gate, self.engine, self.grace_s, self.model = gate, engine, grace_s, model
         self.loop: asyncio.AbstractEventLoop | None = None
         self.draining: asyncio.Task[None] | None = None
+        self.watching: asyncio.Task[None] | None = None
+        self.exit_status = 0
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        self.watching = asyncio.create_task(self.watch_health())
         if self.started:
             for server in self.servers:
                 for sock in server.sockets:
@@ -131,9 +138,28 @@ class GracefulServer(uvicorn.Server):
         self.config.timeout_graceful_shutdown = 1  # what is still open now is closed, not waited for
         self.should_exit = True
 
-    def end_streams(self) -> int:
+    def end_streams(self, reason: str = SHUTTING_DOWN) -> int:
         end = getattr(self.engine, "end_streams", None)  # test fakes may not have one
-        return int(end(SHUTTING_DOWN)) if end is not None else 0
+        return int(end(reason)) if end is not None else 0
+
+    async def watch_health(self, every_s: float = HEALTH_EVERY_S) -> None:
+        """Exit with ``EXIT_UNHEALTHY`` once the engine can no longer compute (vLLM's engine core or the
+        native decode thread died, or the vocoder worker), for a supervisor to start a fresh process: a new
+        process is the one recovery that also returns the device memory the dead worker held. Read on a
+        timer: vLLM exposes its engine core's death only as a flag (``AsyncLLM.errored``)."""
+        while getattr(self.engine, "healthy", True) and not self.should_exit:
+            await asyncio.sleep(every_s)
+        if self.should_exit:
+            return
+        self.gate.closed = True
+        log.critical("%s: ending %d stream(s), exiting with status %d", STOPPED, self.end_streams(STOPPED),
+                     EXIT_UNHEALTHY)  # fmt: skip
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LAST_STEPS_S):
+                await self.gate.idle.wait()
+        self.exit_status = EXIT_UNHEALTHY
+        self.config.timeout_graceful_shutdown = 1
+        self.should_exit = True
 
 
 def exit_now(sig: int) -> NoReturn:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from engine.config import Limits
 
 if TYPE_CHECKING:
-    import uvicorn
     from fastapi import FastAPI
+
+    from server.shutdown import GracefulServer
 
 log = logging.getLogger("cosystream")
 
@@ -118,7 +119,7 @@ def open_share_link(host: str, port: int) -> None:
 
 def web_server(
     app: FastAPI, host: str, port: int, model: str, engine: Any = None, grace_s: float = 5.0
-) -> uvicorn.Server:
+) -> GracefulServer:
     """uvicorn for ``app`` behind the shutdown gate (``server.shutdown``: SIGINT / SIGTERM drain for at most
     ``grace_s``, then ``engine.end_streams``). "CosyStream on http://..." is logged once the socket listens
     (port 0: the port the system picked), after the lifespan has warmed the engine, so the URL answers."""

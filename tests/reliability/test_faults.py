@@ -4,10 +4,11 @@ out-of-memory error in one request fails that request cleanly, at every entry po
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import soundfile as sf
 import torch
 
 from api.app import build_api
-from engine.errors import SynthesisFailed
+from engine.errors import NotReady, SynthesisFailed
 from engine.serving.engine import TTSEngine
 from tests.api.support import assert_openai_error
 from tests.reliability.support import (
@@ -31,6 +32,7 @@ from tests.reliability.support import (
     collect,
     good_request,
     idle_state,
+    load_engine,
     wait_idle,
 )
 from tests.sounds import write_wav
@@ -226,3 +228,41 @@ async def test_ui_non_finite_is_a_clear_error(engine, monkeypatch, tmp_path):
     monkeypatch.undo()
     outputs = [out async for out in studio.generate(**(values | {"rid": "ef" * 16}))]
     check_pcm(sf.read(outputs[-1][0]["value"], dtype="float32")[0])
+
+
+# ========================================================================================= LM backend death
+
+
+class WorkerDied(BaseException):
+    """What ends a thread outright (not an Exception the decode loop survives): a dead worker."""
+
+
+@pytest.fixture
+def doomed(model_dir, tmp_path) -> Iterator[TTSEngine]:
+    """An engine of its own: its LM dies in the test."""
+    eng = load_engine(model_dir, tmp_path / "voices")
+    yield eng
+    eng.close()
+
+
+async def test_a_dead_lm_ends_streams_in_flight_with_an_error_and_ready_says_why(doomed, prompt, monkeypatch):
+    real, steps = doomed.backend.lm.decode, []
+
+    def decode(*args: Any, **kw: Any) -> Any:  # a few tokens out, then the decode thread dies
+        steps.append(1)
+        if len(steps) > 3:
+            raise WorkerDied("the decode thread was killed")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(doomed.backend.lm, "decode", decode)
+    with pytest.raises(SynthesisFailed, match=r"speech LM stopped .*needs a restart"):
+        async with asyncio.timeout(120):  # never a hang: a dead thread's requests are failed for it
+            await collect(doomed, good_request(prompt, forced_tokens=None, stream=True))
+    assert not doomed.healthy and doomed.stats().active_streams == 0
+    with pytest.raises(NotReady, match="needs a restart"):
+        await collect(doomed, good_request(prompt))
+    transport = httpx.ASGITransport(app=build_api(doomed, LIMITS, api_key=""))
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test", timeout=30) as client:
+        ready = await client.get("/ready")
+    assert ready.status_code == 503 and ready.json()["error"]["code"] == "unhealthy"
+    assert "stopped" in ready.json()["error"]["message"] and ready.headers["retry-after"]

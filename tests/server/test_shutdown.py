@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -18,13 +19,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import soundfile as sf
+import uvicorn
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from server.shutdown import EXIT_UNHEALTHY, Gate, GracefulServer
 from tests.sounds import speech_like
 
 pytestmark = pytest.mark.slow
@@ -170,3 +174,30 @@ def test_a_second_signal_exits_at_once_without_a_trace(tmp_path: Path) -> None:
     log = "".join(srv.lines)
     assert "Traceback" not in log and "CancelledError" not in log and "SIGINT again: exiting now" in log
     assert port_is_free(srv.port)
+
+
+class DyingEngine:
+    """Healthy until the test says otherwise; records why its streams were ended."""
+
+    def __init__(self) -> None:
+        self.healthy = True
+        self.ended: list[str] = []
+
+    def end_streams(self, reason: str) -> int:
+        self.ended.append(reason)
+        return 1
+
+
+async def test_a_dead_engine_makes_the_server_exit_non_zero_for_its_supervisor() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("no request is sent")
+
+    engine, gate = DyingEngine(), Gate(app)
+    srv = GracefulServer(uvicorn.Config(gate), gate, engine, GRACE_S, "fake")
+    watch = asyncio.create_task(srv.watch_health(every_s=0.01))
+    await asyncio.sleep(0.05)
+    assert not watch.done() and not srv.should_exit  # healthy: it keeps serving
+    engine.healthy = False
+    await asyncio.wait_for(watch, 30)
+    assert srv.should_exit and srv.exit_status == EXIT_UNHEALTHY == 3 and gate.closed
+    assert engine.ended and "stopped" in engine.ended[0]
