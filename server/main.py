@@ -8,7 +8,6 @@ import logging
 from collections.abc import Sequence
 
 from server.cli import DEMO_TINY, build_engine, engine_config, parse_args
-from server.shutdown import leave
 from server.web import create_app, open_share_link, web_server
 
 
@@ -30,4 +29,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         open_share_link(args.host, args.port)
     server = web_server(app, args.host, args.port, cfg.model, engine, args.shutdown_grace_s)
     server.run()
+    from server.shutdown import leave
+
     leave(server.exit_status)  # the server has stopped and the engine is closed
