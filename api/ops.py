@@ -91,6 +91,11 @@ def routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/ready", response_model=None)
     async def ready() -> JSONResponse:
+        if not engine.healthy:  # the server exits for its supervisor (server.shutdown): route traffic away
+            message = (
+                "the speech engine has stopped (its LM backend or vocoder worker died); it is restarting"
+            )
+            raise ApiError(503, message, code="unhealthy", headers=retry_after(READY_RETRY_S))
         if not engine.ready:
             message = "the model is still loading or warming up"
             raise ApiError(503, message, code="not_ready", headers=retry_after(READY_RETRY_S))

@@ -12,10 +12,14 @@ server -> client
   ``session.updated``          {"session": {..., "id"}}: the request is open, send text
   ``response.audio.delta``     {"response_id", "delta": base64 of pcm s16le / wav bytes}
   ``response.audio.done``, then ``response.done`` {"response": {"id", "status", "metrics"}}
-  ``error``                    {"error": {"message", "type", "param", "code"}} (OpenAI's error body)
+  ``error``                    {"error": {"message", "type", "param", "code", "event_id", "event_type"}}
+                               (OpenAI's error body; ``event_id`` / ``event_type`` name the client event)
 
 The API key (``Authorization: Bearer``) is checked at the handshake; a client that leaves aborts the
-request. Every failure becomes one ``error`` event, then the socket closes; the server keeps serving.
+request. A client event the session cannot use (a binary frame, malformed JSON, an unknown type, a field of
+the wrong type, a second ``session.update``) gets one ``error`` event and the session goes on as before; a
+``session.update`` the server refuses can be sent again, fixed. A failure of the request itself becomes one
+``error`` event, then the socket closes; the server keeps serving.
 """
 
 from __future__ import annotations
@@ -45,6 +49,39 @@ from engine.request import AudioChunk, Mode, SynthesisRequest
 log = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/realtime"
 _END = None  # queued after the last text piece
+
+
+class BadEvent(ApiError):
+    """A client event the session cannot use: one ``error`` event naming it, then the session goes on."""
+
+    def __init__(
+        self, message: str, *, code: str, param: str | None = None, event: Any = None, status: int = 400
+    ):
+        super().__init__(status, message, param=param, code=code)
+        fields = event if isinstance(event, dict) else {}
+        self.event_id = fields.get("event_id") if isinstance(fields.get("event_id"), str) else None
+        self.event_type = fields.get("type") if isinstance(fields.get("type"), str) else None
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["error"] |= {"event_id": self.event_id, "event_type": self.event_type}
+        return body
+
+
+class Outbox:
+    """The session's socket for sending: one event at a time (the reader's error events and the audio
+    events come from two tasks)."""
+
+    def __init__(self, ws: WebSocket):
+        self.ws, self.lock = ws, asyncio.Lock()
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        async with self.lock:
+            await send(self.ws, kind, **fields)
+
+    async def error(self, err: ApiError) -> None:
+        async with self.lock:
+            await send(self.ws, "error", **err.body())
 
 
 class Session(BaseModel):
@@ -90,22 +127,37 @@ def routes(ctx: ApiContext) -> APIRouter:
 
 async def serve(ctx: ApiContext, ws: WebSocket) -> None:
     owner = check_key(ctx, ws)
-    session = await first_session(ws)
-    check_ready(ctx.engine)
-    check_model(session.model, ctx.engine)
-    text: asyncio.Queue[str | None] = asyncio.Queue()
-    req = await build_request(ctx, session, pieces(text), owner)
-    await send(
-        ws, "session.updated", session={**session.model_dump(exclude={"ref_audio"}), "id": req.request_id}
+    out = Outbox(ws)
+    session, req, text = await open_request(ctx, ws, out, owner)
+    await out.send(
+        "session.updated", session={**session.model_dump(exclude={"ref_audio"}), "id": req.request_id}
     )
-    reader = asyncio.create_task(read_text(ws, text, ctx, req.request_id))
+    reader = asyncio.create_task(read_text(ws, out, text, ctx, req.request_id))
     try:
-        await speak(ctx, ws, req, session, reader)
+        await speak(ctx, out, req, session)
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
     await ws.close()
+
+
+async def open_request(
+    ctx: ApiContext, ws: WebSocket, out: Outbox, owner: str
+) -> tuple[Session, SynthesisRequest, TextInput]:
+    """Client events until a ``session.update`` opens a request. Each refused event gets its error event and
+    the client may send a fixed one; a refused key, a server that is not ready or a fault end the socket."""
+    while True:
+        try:
+            session = await first_session(ws)
+            check_ready(ctx.engine)
+            check_model(session.model, ctx.engine)
+            text = TextInput()
+            return session, await build_request(ctx, session, text.pieces(), owner), text
+        except ApiError as err:
+            if err.status_code >= 500 or err.status_code in (401, 429):
+                raise
+            await out.error(err)
 
 
 def check_key(ctx: ApiContext, ws: WebSocket) -> str:
@@ -120,14 +172,24 @@ def check_key(ctx: ApiContext, ws: WebSocket) -> str:
 
 
 async def receive(ws: WebSocket) -> dict[str, Any]:
-    """The next client event (a JSON object with a string ``type``)."""
-    raw = await ws.receive_text()
+    """The next client event (a JSON object with a string ``type``); WebSocketDisconnect once it left."""
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+    raw = message.get("text")
+    if raw is None:
+        raise BadEvent(
+            "binary frames are not events: send each event as a JSON text frame", code="binary_frame"
+        )
     try:
         event = json.loads(raw)
     except json.JSONDecodeError as err:
-        raise ApiError(400, "events must be JSON objects", code="invalid_json") from err
+        raise BadEvent(
+            f"the event is not JSON ({err.msg} at character {err.pos})", code="invalid_json"
+        ) from err
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-        raise ApiError(400, "every event needs a string 'type'", param="type", code="invalid_event")
+        needs = "every event is a JSON object with a string 'type'"
+        raise BadEvent(needs, param="type", code="invalid_event", event=event)
     return event
 
 
@@ -135,13 +197,19 @@ async def first_session(ws: WebSocket) -> Session:
     event = await receive(ws)
     if event["type"] != "session.update":
         message = f"the first event must be session.update, got {event['type']!r}"
-        raise ApiError(400, message, param="type", code="invalid_event")
+        raise BadEvent(message, param="type", code="invalid_event", event=event)
+    fields = event.get("session", {})
+    if not isinstance(fields, dict):
+        message = f"session must be an object, got {type(fields).__name__}"
+        raise BadEvent(message, param="session", code="invalid_type", event=event, status=422)
     try:
-        return Session.model_validate(event.get("session") or {})
+        return Session.model_validate(fields)
     except ValidationError as err:
         first = err.errors()[0]
         param = "session." + ".".join(str(p) for p in first.get("loc", ()))
-        raise ApiError(422, f"{param}: {first.get('msg')}", param=param, code="invalid_value") from err
+        raise BadEvent(
+            f"{param}: {first.get('msg')}", param=param, code="invalid_value", event=event, status=422
+        ) from err
 
 
 async def build_request(
@@ -170,45 +238,71 @@ async def build_request(
     )
 
 
-async def pieces(queue: asyncio.Queue[str | None]) -> AsyncIterator[str]:
-    while (piece := await queue.get()) is not _END:
-        yield piece
+class TextInput:
+    """The request's text as the client writes it: pieces, then the end (a commit, or the client gone)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.ended = False
+
+    def append(self, event: dict[str, Any]) -> None:
+        piece = event.get("text")
+        if not isinstance(piece, str):
+            message = f"input_text_buffer.append needs a string 'text', got {type(piece).__name__}"
+            raise BadEvent(message, param="text", code="invalid_type", event=event)
+        if self.ended:
+            raise BadEvent("the text is already committed", code="text_committed", event=event)
+        self.queue.put_nowait(piece)
+
+    def commit(self, event: dict[str, Any]) -> None:
+        if self.ended:
+            raise BadEvent("the text is already committed", code="text_committed", event=event)
+        self.end()
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.queue.put_nowait(_END)
+
+    async def pieces(self) -> AsyncIterator[str]:
+        while (piece := await self.queue.get()) is not _END:
+            yield piece
 
 
-async def read_text(
-    ws: WebSocket, queue: asyncio.Queue[str | None], ctx: ApiContext, request_id: str
-) -> ApiError | None:
-    """Client events -> the text queue; a client that leaves (or cancels, or errs) aborts the request.
-    Returns the client's error, which ``speak`` reports once the aborted stream has ended."""
+async def read_text(ws: WebSocket, out: Outbox, text: TextInput, ctx: ApiContext, request_id: str) -> None:
+    """Client events -> the text; a bad event gets its error event and the reading goes on. Whatever ends
+    the reading (the client left, the response is over) aborts the request: no more text can come."""
     try:
         while True:
-            event = await receive(ws)
-            kind = event["type"]
-            if kind == "input_text_buffer.append":
-                piece = event.get("text")
-                if not isinstance(piece, str):
-                    raise ApiError(400, "input_text_buffer.append needs a string 'text'", param="text")
-                queue.put_nowait(piece)
-            elif kind == "input_text_buffer.commit":
-                queue.put_nowait(_END)
-            elif kind == "response.cancel":
-                ctx.engine.abort(request_id)
-            else:
-                raise ApiError(400, f"unknown event type {kind!r}", param="type", code="invalid_event")
+            try:
+                handle(await receive(ws), text, ctx, request_id)
+            except BadEvent as err:
+                await out.error(err)
     except WebSocketDisconnect:
         ctx.telemetry.disconnects.inc()
+    finally:
         ctx.engine.abort(request_id)
-        queue.put_nowait(_END)
-        return None
-    except ApiError as err:
-        ctx.engine.abort(request_id)
-        queue.put_nowait(_END)
-        return err
+        text.end()
 
 
-async def speak(
-    ctx: ApiContext, ws: WebSocket, req: SynthesisRequest, session: Session, reader: asyncio.Task[Any]
-) -> None:
+def handle(event: dict[str, Any], text: TextInput, ctx: ApiContext, request_id: str) -> None:
+    kind = event["type"]
+    if kind == "input_text_buffer.append":
+        text.append(event)
+    elif kind == "input_text_buffer.commit":
+        text.commit(event)
+    elif kind == "response.cancel":
+        ctx.engine.abort(request_id)
+    elif kind == "session.update":
+        message = (
+            "the session is already open: its voice and format are set once, by the first session.update"
+        )
+        raise BadEvent(message, param="type", code="session_already_open", event=event)
+    else:
+        raise BadEvent(f"unknown event type {kind!r}", param="type", code="unknown_event", event=event)
+
+
+async def speak(ctx: ApiContext, out: Outbox, req: SynthesisRequest, session: Session) -> None:
     """Engine chunks -> ``response.audio.delta`` events, then the done events with the final metrics."""
     encoder = Resampled(stream_encoder(session.response_format, ctx.engine.sample_rate), session.sample_rate)
     last: AudioChunk | None = None
@@ -221,21 +315,19 @@ async def speak(
                 ctx.telemetry.first_audio(chunk.metrics)
             last = chunk
             if data := encoder.feed(chunk.pcm):
-                await send(ws, "response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
+                await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
     except EngineError as err:
         raise from_engine(err, SPEECH_PARAMS) from err  # the session's fields are speech's
     finally:
         ctx.telemetry.api_streams.dec()
-        await close(stream)
-    if reader.done() and (client_error := reader.result()) is not None:
-        raise client_error
+        await close(stream)  # a send that failed (the client left) frees the request now
     if tail := encoder.finish():
-        await send(ws, "response.audio.delta", response_id=rid, delta=base64.b64encode(tail).decode())
+        await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(tail).decode())
     done = last is not None and last.is_last
-    await send(ws, "response.audio.done", response_id=rid)
+    await out.send("response.audio.done", response_id=rid)
     metrics = asdict(last.metrics) if last is not None else None
     response = {"id": rid, "status": "completed" if done else "cancelled", "metrics": metrics}
-    await send(ws, "response.done", response=response)
+    await out.send("response.done", response=response)
 
 
 class Resampled:

@@ -84,6 +84,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "little playback slack left (s; default: slots alone)",
     )  # fmt: skip
     p.add_argument(
+        "--shutdown-grace-s", type=float, default=5.0,
+        help="on SIGINT/SIGTERM, streams in flight get this long to finish before they end with an error; "
+        "new requests get 503 at once, a second signal exits at once",
+    )  # fmt: skip
+    p.add_argument(
         "--allow-forced-tokens", action="store_true",
         help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
     )  # fmt: skip
@@ -119,6 +124,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     add_cluster_flags(p)
     args = p.parse_args(argv)
+    if not 0 <= args.shutdown_grace_s <= 600:
+        p.error(f"--shutdown-grace-s must be within [0, 600], got {args.shutdown_grace_s}")
     if args.replicas < 0:
         p.error(f"--replicas must be >= 0, got {args.replicas}")
     if args.replicas and args.share:

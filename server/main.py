@@ -32,4 +32,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)
-    web_server(app, args.host, args.port, cfg.model).run()
+    server = web_server(app, args.host, args.port, cfg.model, engine, args.shutdown_grace_s)
+    server.run()
+    from server.shutdown import leave
+
+    leave(server.exit_status)  # the server has stopped and the engine is closed

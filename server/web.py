@@ -17,8 +17,9 @@ from engine.config import Limits
 from engine.serving.startup import Timeline
 
 if TYPE_CHECKING:
-    import uvicorn
     from fastapi import FastAPI
+
+    from server.shutdown import GracefulServer
 
 log = logging.getLogger("cosystream")
 
@@ -184,20 +185,17 @@ def open_share_link(host: str, port: int) -> None:
     threading.Thread(target=run, name="share-tunnel", daemon=True).start()
 
 
-def web_server(app: FastAPI, host: str, port: int, model: str) -> uvicorn.Server:
-    """uvicorn for ``app``; "CosyStream on http://..." is logged once the socket listens (port 0: the port
-    the system picked), after the lifespan has warmed the engine, so the URL it gives answers at once."""
+def web_server(
+    app: FastAPI, host: str, port: int, model: str, engine: Any = None, grace_s: float = 5.0
+) -> GracefulServer:
+    """uvicorn for ``app`` behind the shutdown gate (``server.shutdown``: SIGINT / SIGTERM drain for at most
+    ``grace_s``, then ``engine.end_streams``). "CosyStream on http://..." is logged once the socket listens
+    (port 0: the port the system picked), after the lifespan has warmed the engine, so the URL answers."""
     import uvicorn
 
-    class Server(uvicorn.Server):
-        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            await super().startup(sockets)
-            if self.started:
-                for server in self.servers:
-                    for sock in server.sockets:
-                        bound_host, bound_port = sock.getsockname()[:2]
-                        log.info("CosyStream on http://%s:%d (model %s)", bound_host, bound_port, model)
+    from server.shutdown import Gate, GracefulServer
 
+    class Server(GracefulServer):
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             # uvicorn waits for every open response before the lifespan ends: a live reader still waiting
             # for its request would hold the exit for the whole request timeout
@@ -206,4 +204,5 @@ def web_server(app: FastAPI, host: str, port: int, model: str) -> uvicorn.Server
                 hub.shutdown()
             await super().shutdown(sockets)
 
-    return Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+    gate = Gate(app)
+    return Server(uvicorn.Config(gate, host=host, port=port, log_level="info"), gate, engine, grace_s, model)

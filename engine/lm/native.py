@@ -61,6 +61,7 @@ class NativeLM:
         self._calls: list[_Call] = []  # bistream forwards, run between two steps
         self._cond = threading.Condition()
         self._closed = False
+        self._died = False  # the decode thread is ending on an error: nothing will compute any more
         self._thread = threading.Thread(target=self._loop, name="native-lm", daemon=True)
         self._thread.start()
 
@@ -87,7 +88,7 @@ class NativeLM:
 
     @property
     def healthy(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and not self._died
 
     def session(self, request_id: str, seed: int) -> NativeSession:
         """A bistream request: its own KV cache kept across rounds, RAS seeded with ``seed``."""
@@ -112,6 +113,26 @@ class NativeLM:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as err:  # the thread dies: nothing will answer the requests waiting on it
+            log.critical("the native LM decode thread stopped: %r", err)
+            self._stop_all(err)
+            raise
+
+    def _stop_all(self, err: BaseException) -> None:
+        """Fail every request the dead thread held (they would wait forever) and refuse new ones."""
+        failure = SynthesisFailed(f"the speech LM stopped ({type(err).__name__}); the server needs a restart")
+        with self._cond:
+            self._closed = self._died = True
+            seqs, calls = self._pending + self._running, self._calls
+            self._pending, self._running, self._calls = [], [], []
+        self._fail(seqs, failure)
+        for call in calls:
+            with contextlib.suppress(RuntimeError):
+                call.loop.call_soon_threadsafe(call._settle, None, failure)
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not (self._closed or self._pending or self._running or self._calls):

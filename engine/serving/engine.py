@@ -67,6 +67,7 @@ class _Active:
     cancelled: threading.Event = field(default_factory=threading.Event)  # set by abort(), any thread
     # when the audio delivered so far runs out: each chunk's token2wav deadline
     playback: Playback = field(default_factory=lambda: Playback(time.perf_counter))
+    text: Prefetch | None = None  # a streamed text: ended by abort, so a decode waiting for text stops too
 
 
 class TTSEngine:
@@ -101,6 +102,7 @@ class TTSEngine:
             cfg.limits.admit_slack_s,
         )
         self._active: set[_Active] = set()
+        self._ended: str | None = None  # end_streams' reason: streams stopped by it fail with NotReady
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
         self._settings = contextlib.ExitStack()  # process-wide settings held while open (load: cudnn)
@@ -208,8 +210,22 @@ class TTSEngine:
         for active in list(self._active):
             if active.request_id == request_id:
                 active.cancelled.set()
+                if active.text is not None:
+                    active.text.end()
                 return True
         return False
+
+    def end_streams(self, reason: str) -> int:
+        """Stop every stream in flight within a chunk (the server is going away): each fails with
+        NotReady(reason), so its client gets an error, not a silent end; new requests get it at once.
+        Returns how many were in flight."""
+        self._ended = reason
+        active = list(self._active)
+        for each in active:
+            each.cancelled.set()
+            if each.text is not None:
+                each.text.end(NotReady(reason, retry_after_s=5.0))
+        return len(active)
 
     def stats(self) -> ServerStats:
         dev = self.model.device
@@ -247,6 +263,8 @@ class TTSEngine:
         return self.backend.healthy and self.token2wav.healthy
 
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        if self._ended is not None:
+            raise NotReady(self._ended, retry_after_s=5.0)
         if not self.ready:
             raise NotReady("the model is still loading", retry_after_s=5.0)
         if not self.healthy:
@@ -257,11 +275,11 @@ class TTSEngine:
         self.planner.check(req)
         seed = req.seed if req.seed is not None else random.randrange(2**31)
         watch = Stopwatch(req.request_id, seed)
-        active = _Active(req.request_id)
-        self._active.add(active)
         # a streamed text is read as it arrives, from now on: its first piece starts the TTFA clock
         limit = self.cfg.limits.max_text_chars
         prefetch = Prefetch(req.text_stream, watch.first_text, limit) if req.text_stream is not None else None
+        active = _Active(req.request_id, text=prefetch)
+        self._active.add(active)
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
             admitted = time.perf_counter()
@@ -274,6 +292,8 @@ class TTSEngine:
                             yield chunk
             finally:
                 self.admission.release(time.perf_counter() - admitted)
+            if active.cancelled.is_set() and self._ended is not None:
+                raise NotReady(self._ended, retry_after_s=5.0)
             self._counts["cancelled" if active.cancelled.is_set() else "completed"] += 1
         except (GeneratorExit, asyncio.CancelledError):  # the caller went away: not a failure
             self._counts["cancelled"] += 1

@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -198,6 +199,27 @@ def normalize_text(text: str, lang: str = "auto", family: str = "cosyvoice3") ->
     return _normalize_zh(text, family) if lang == "zh" else _normalize_en(text, family)
 
 
+# Stacked combining marks kept per base character: Vietnamese stacks two, a few scripts three; longer runs
+# are decoration ("Zalgo" text) that the tokenizer turns into many ids each, and the LM into minutes of noise.
+MAX_STACKED_MARKS = 3
+
+
+def trim_marks(text: str) -> str:
+    """``text`` with each run of combining marks (Unicode M*) cut to ``MAX_STACKED_MARKS``."""
+    kept, run = [], 0
+    for c in text:
+        run = run + 1 if unicodedata.category(c)[0] == "M" else 0
+        if run <= MAX_STACKED_MARKS:
+            kept.append(c)
+    return "".join(kept)
+
+
+def has_speech(text: str) -> bool:
+    """False for text with nothing to say: only separators, control and format characters (zero-width
+    spaces and joiners, the BOM, bidi marks) and combining marks with no letter to sit on."""
+    return any(unicodedata.category(c)[0] not in "ZCM" for c in text)
+
+
 def prepare_text(
     text: str, lang: str, token_len_fn: Callable[[str], int], family: str = "cosyvoice3"
 ) -> list[str]:
@@ -373,7 +395,11 @@ class TextFrontend:
         self, text: str, lang: str = "auto", text_frontend: bool = True, cross_lingual: bool = False
     ) -> list[str]:
         """Segments to synthesise one after another. ``text_frontend`` False: the text as one segment.
-        ``cross_lingual``: each segment carries the v3 system prompt (the model asserts <|endofprompt|>)."""
+        ``cross_lingual``: each segment carries the v3 system prompt (the model asserts <|endofprompt|>).
+        [] for text with nothing to speak (``has_speech``); long runs of combining marks are cut first."""
+        text = trim_marks(text)
+        if not has_speech(text):
+            return []
         if text_frontend:
             segments = prepare_text(text, lang, self.token_len, self.family)
         else:

@@ -15,7 +15,7 @@ import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 from engine.errors import InvalidInput, SynthesisFailed, TooLarge
-from engine.text.frontend import TextFrontend, normalize_text, resolve_language
+from engine.text.frontend import TextFrontend, has_speech, normalize_text, resolve_language, trim_marks
 
 # A cut may follow these: CJK ideographs and the CJK / full-width punctuation (no spaces in that text).
 _CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
@@ -67,8 +67,8 @@ class TextPieces:
         return self._release(tail)
 
     def _release(self, raw: str) -> str:
-        core = raw.strip()
-        if not core:
+        core = trim_marks(raw).strip()
+        if not has_speech(core):  # zero-width or combining marks only: nothing to say, as for blank text
             return ""
         lead = " " if self._started and raw[0].isspace() else ""
         self._started = True
@@ -91,7 +91,12 @@ class Prefetch:
 
     def __init__(self, source: AsyncIterable[str], on_piece: Callable[[], None], max_chars: int):
         self._queue: asyncio.Queue[str | Exception | None] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._read(source, on_piece, max_chars))
+
+    def end(self, error: Exception | None = None) -> None:
+        """End the text now, from any thread (an abort): the decoder sees its end, or ``error`` raised."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, error)
 
     async def _read(self, source: AsyncIterable[str], on_piece: Callable[[], None], max_chars: int) -> None:
         chars = 0  # counted here too: a request waiting in line must not buffer an unbounded text
@@ -146,4 +151,4 @@ async def token_pieces(
         said = True
         yield ids
     if not said:
-        raise InvalidInput("the text to speak is empty")
+        raise InvalidInput("the text has nothing to speak (it is empty, or only invisible characters)")

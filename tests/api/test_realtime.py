@@ -36,7 +36,9 @@ def engine(tmp_path_factory) -> Iterator[TTSEngine]:
         device="cpu",
         backend="native",
         voices_dir=str(root / "voices"),
-        limits=Limits(max_concurrency=2, max_queue=4, max_text_chars=300),
+        limits=Limits(
+            max_concurrency=2, max_queue=4, max_text_chars=300, request_timeout_s=120, text_idle_s=120
+        ),
     )
     eng = TTSEngine.load(cfg)
     eng.ready = True
@@ -122,24 +124,101 @@ def test_a_wrong_key_gets_an_error_event(url: str) -> None:
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
 
 
+def speak_to_the_end(ws: ClientConnection) -> list[dict[str, Any]]:
+    send(ws, "input_text_buffer.append", text="Hello there.")
+    send(ws, "input_text_buffer.commit")
+    return list(events(ws))
+
+
 @pytest.mark.parametrize(
     ("first", "code", "param"),
     [
         ({"type": "input_text_buffer.append", "text": "hi"}, "invalid_event", "type"),
         ({"type": "session.update", "session": {"response_format": "mp3"}}, "invalid_value", None),
-        ({"type": "session.update", "session": {"voice": "nobody"}}, "voice_not_found", "voice"),
+        (
+            {"type": "session.update", "session": {"sample_rate": "fast"}},
+            "invalid_value",
+            "session.sample_rate",
+        ),
+        ({"type": "session.update", "session": ["voice"]}, "invalid_type", "session"),
     ],
-    ids=["append-before-session", "bad-format", "unknown-voice"],
+    ids=["append-before-session", "bad-format", "wrong-type", "session-not-an-object"],
 )
-def test_bad_sessions_get_openai_style_error_events(url: str, first: dict[str, Any], code: str, param):
+def test_a_refused_session_event_gets_an_error_and_a_fixed_one_is_served(
+    url: str, first: dict[str, Any], code: str, param: str | None
+) -> None:
     with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
-        ws.send(json.dumps(first))
-        if first["type"] == "session.update" and code == "voice_not_found":
-            send(ws, "input_text_buffer.append", text="Hello there.")
-            send(ws, "input_text_buffer.commit")
-        got = [e for e in events(ws) if e["type"] == "error"]
-    assert len(got) == 1 and got[0]["error"]["code"] == code
-    assert param is None or got[0]["error"]["param"] == param
+        ws.send(json.dumps(first | {"event_id": "evt-1"}))
+        error = json.loads(ws.recv(timeout=120))
+        ws.send(json.dumps(session()))
+        assert json.loads(ws.recv(timeout=120))["type"] == "session.updated"
+        rest = speak_to_the_end(ws)
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["code"] == code and error["error"]["event_id"] == "evt-1"
+    assert error["error"]["event_type"] == first["type"]
+    assert param is None or error["error"]["param"] == param
+    assert rest[-1]["type"] == "response.done" and rest[-1]["response"]["status"] == "completed"
+
+
+def test_an_unknown_voice_ends_the_session_with_one_error(url: str) -> None:
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        send(ws, "session.update", session={"voice": "nobody"})
+        got = [e for e in speak_to_the_end(ws) if e["type"] == "error"]
+    assert (
+        len(got) == 1 and got[0]["error"]["code"] == "voice_not_found" and got[0]["error"]["param"] == "voice"
+    )
+
+
+HOSTILE = [  # (what the client sends, the error code, the param); each before any text
+    (b"\x00\x01binary", "binary_frame", None),
+    ("{not json", "invalid_json", None),
+    ('["a list"]', "invalid_event", "type"),
+    ({"type": 7}, "invalid_event", "type"),
+    ({"type": "conversation.item.create", "event_id": "e3"}, "unknown_event", "type"),
+    ({"type": "input_text_buffer.append", "text": 5, "event_id": "e4"}, "invalid_type", "text"),
+    ({"type": "input_text_buffer.append", "event_id": "e5"}, "invalid_type", "text"),
+    (
+        {"type": "session.update", "session": {"voice": "other"}, "event_id": "e6"},
+        "session_already_open",
+        "type",
+    ),
+]
+
+
+def test_hostile_events_get_precise_errors_and_the_session_goes_on(url: str, engine: TTSEngine) -> None:
+    with open_session(url) as ws:
+        it = events(ws)
+        assert next(it)["type"] == "session.updated"
+        errors = []
+        for frame, _, _ in HOSTILE:
+            ws.send(frame if isinstance(frame, (bytes, str)) else json.dumps(frame))
+            errors.append(next(it))  # each answered before the next is sent: one error per bad event
+        rest = speak_to_the_end(ws)
+    for (frame, code, param), event in zip(HOSTILE, errors, strict=True):
+        assert event["type"] == "error", event
+        body = event["error"]
+        assert (body["type"], body["code"], body["param"]) == ("invalid_request_error", code, param)
+        if isinstance(frame, dict) and isinstance(frame["type"], str):
+            assert body["event_type"] == frame["type"] and body["event_id"] == frame.get("event_id")
+        assert "empty" not in body["message"]  # none is mistaken for "the text to speak is empty"
+    kinds = [e["type"] for e in rest]
+    assert (
+        "error" not in kinds
+        and kinds[-1] == "response.done"
+        and rest[-1]["response"]["status"] == "completed"
+    )
+    assert wait_until(lambda: engine.stats().active_streams == 0, 30)
+
+
+def test_text_after_the_commit_is_refused_and_the_response_completes(url: str) -> None:
+    with open_session(url) as ws:
+        send(ws, "input_text_buffer.append", text="Hello there.")
+        send(ws, "input_text_buffer.commit")
+        send(ws, "input_text_buffer.append", text=" More.", event_id="late")
+        got = list(events(ws))
+    errors = [e["error"] for e in got if e["type"] == "error"]
+    assert [(e["code"], e["event_id"]) for e in errors] == [("text_committed", "late")]
+    assert got[-1]["type"] == "response.done" and got[-1]["response"]["status"] == "completed"
 
 
 def test_too_much_text_is_an_error_event_and_the_server_keeps_serving(url: str) -> None:
@@ -163,3 +242,30 @@ def test_a_client_that_leaves_aborts_its_request(url: str, engine: TTSEngine) ->
         cancelled = engine.stats().cancelled
     assert wait_until(lambda: engine.stats().cancelled == cancelled + 1)
     assert wait_until(lambda: engine.stats().active_streams == 0)
+
+
+@pytest.mark.parametrize("last_frame", [None, b"\x00binary"], ids=["plain", "after-a-binary-frame"])
+def test_a_client_that_leaves_before_the_commit_frees_its_stream_at_once(
+    url: str, engine: TTSEngine, last_frame: bytes | None
+) -> None:
+    """The text is never completed: only the abort frees the stream (the engine's request timeout and the
+    text idle timeout are minutes, the ceiling here is well under them)."""
+    with open_session(url) as ws:
+        it = events(ws)
+        next(it)
+        send(ws, "input_text_buffer.append", text=TEXT)
+        assert next(it)["type"] == "response.audio.delta"
+        if last_frame is not None:
+            ws.send(last_frame)
+        assert engine.stats().active_streams == 1
+    assert wait_until(lambda: engine.stats().active_streams == 0, 60)
+
+
+def test_text_with_nothing_speakable_is_a_422_error_event(url: str) -> None:
+    with open_session(url) as ws:
+        send(ws, "input_text_buffer.append", text="\u200b\u200d ")
+        send(ws, "input_text_buffer.append", text="\u0301\u0302\ufeff")
+        send(ws, "input_text_buffer.commit")
+        errors = [e["error"] for e in events(ws) if e["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["code"] == "invalid_input"
+    assert errors[0]["type"] == "invalid_request_error" and "nothing to speak" in errors[0]["message"]

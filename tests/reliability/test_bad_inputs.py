@@ -56,6 +56,12 @@ from webui.texts import Texts
 
 OK = "ok"  # the input is unusual but valid: the request must produce valid audio
 HUGE = "x" * (LIMITS.max_text_chars + 1)
+# Text that normalises to nothing: zero-width and bidi format characters, combining marks with no letter.
+UNSPEAKABLE = [
+    ("zero_width", "\u200b\u200c\u200d\u2060\ufeff"),
+    ("combining_marks_only", " \u0301\u0302\u0303\u0301 "),
+    ("format_and_marks", "\u200e\u202e\u0301\u200b"),
+]
 HUGE_MSG = f"{LIMITS.max_text_chars + 1} characters; the limit is {LIMITS.max_text_chars}"
 
 # The prompt transcript and the instruction get the same checks as the text (length, Cc, Cs).
@@ -172,6 +178,10 @@ ENGINE_CASES = [
     EngineCase("c1_control_text", synth(text="Hi \x85\x9b there"), (InvalidInput, "control characters")),
     EngineCase("lone_surrogate_text", synth(text="Hi \ud800 there"), (InvalidInput, "Unicode")),
     EngineCase("nothing_to_speak", synth(text="...!!!"), (InvalidInput, "nothing to speak")),
+    *(
+        EngineCase(f"{kind}_text", synth(text=text), (InvalidInput, "nothing to speak"))
+        for kind, text in UNSPEAKABLE
+    ),
     *(
         EngineCase(f"{field}_{kind}", synth(**(mode | {field: value})), expect)
         for field, mode in (("prompt_text", ZS), ("instruct_text", INS))
@@ -327,6 +337,7 @@ HTTP_CASES = [
     HttpCase("c1_control_input", speech(input="Hi \x85\x9b there"), 422, "control characters"),
     HttpCase("lone_surrogate_input", speech(input="Hi \ud800 there"), 422, "Unicode"),
     HttpCase("nothing_to_speak", speech(input="...!!!"), 422, "nothing to speak"),
+    *(HttpCase(f"{kind}_input", speech(input=text), 422, "nothing to speak") for kind, text in UNSPEAKABLE),
     HttpCase("missing_input", speech(input=None), 422, "input: Field required"),
     HttpCase("huge_instructions", speech(mode="instruct", instructions=HUGE), 413, "instructions has"),
     HttpCase("huge_ref_text", speech(mode="zero_shot", ref_text=HUGE), 413, "ref_text has"),
@@ -504,6 +515,7 @@ UI_AUDIO = {
 UI_CASES = [
     UiCase("empty_text", "generate", {"text": ""}, "The text is empty"),
     UiCase("whitespace_text", "generate", {"text": " \n\t "}, "The text is empty"),
+    *(UiCase(f"{kind}_text", "generate", {"text": text}, "nothing to speak") for kind, text in UNSPEAKABLE),
     UiCase("huge_text", "generate", {"text": HUGE}, "501 characters; the limit is 500"),
     UiCase("binary_text", "generate", {"text": "\x00\x01\x02\xff\xfe"}, "control characters"),
     UiCase("escape_sequence_text", "generate", {"text": "Hi \x1b[31m red"}, "control characters"),

@@ -1,17 +1,17 @@
 """Device faults on a real tiny engine: a non-finite output (vocoder or flow returning NaN) or an
 out-of-memory error in one request fails that request cleanly, at every entry point (engine API
-``SynthesisFailed``, HTTP 500 JSON or an SSE error event, UI ``gr.Error``), and the engine stays usable."""
+``SynthesisFailed``, HTTP 500 JSON or an SSE error event, UI: a "failed" status), and the engine stays usable."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import gradio as gr
 import httpx
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ import soundfile as sf
 import torch
 
 from api.app import build_api
-from engine.errors import SynthesisFailed
+from engine.errors import NotReady, SynthesisFailed
 from engine.serving.engine import TTSEngine
 from tests.api.support import assert_openai_error
 from tests.reliability.support import (
@@ -31,10 +31,11 @@ from tests.reliability.support import (
     collect,
     good_request,
     idle_state,
+    load_engine,
     wait_idle,
 )
 from tests.sounds import write_wav
-from webui.handlers import Studio
+from webui.handlers import Form, Studio
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -210,7 +211,7 @@ async def test_http_out_of_memory_is_a_500_json_error(
 # ==================================================================================================== UI
 
 
-async def test_ui_non_finite_is_a_clear_error(engine, monkeypatch, tmp_path):
+async def test_ui_non_finite_is_a_clear_error(engine, monkeypatch, tmp_path, caplog):
     ui_prompt = str(write_wav(tmp_path / "p.wav", 3.0, seed=5))
     studio = Studio(Bounded(engine), LIMITS, Texts("en"), StreamHub(), AudioStore(tmp_path / "store"))
     values = {
@@ -220,9 +221,50 @@ async def test_ui_non_finite_is_a_clear_error(engine, monkeypatch, tmp_path):
     }  # fmt: skip
     marked = int(engine.frontend.extract(ui_prompt).speech_tokens.size)
     nan_vocoder(engine, monkeypatch, marked)
-    with pytest.raises(gr.Error, match=NON_FINITE):
-        [out async for out in studio.generate(**values)]
+    with caplog.at_level("WARNING"):
+        failed = [out async for out in studio.generate(Form(**values))]
+    # the page says the request failed, in its own words; the engine's text stays in the log
+    assert 'data-state="failed"' in failed[-1][2] and NON_FINITE not in failed[-1][2]
+    assert NON_FINITE in caplog.text
     assert await wait_idle(engine), idle_state(engine)
     monkeypatch.undo()
-    outputs = [out async for out in studio.generate(**(values | {"rid": "ef" * 16}))]
+    outputs = [out async for out in studio.generate(Form(**(values | {"rid": "ef" * 16})))]
     check_pcm(sf.read(outputs[-1][0]["value"], dtype="float32")[0])
+
+
+# ========================================================================================= LM backend death
+
+
+class WorkerDied(BaseException):
+    """What ends a thread outright (not an Exception the decode loop survives): a dead worker."""
+
+
+@pytest.fixture
+def doomed(model_dir, tmp_path) -> Iterator[TTSEngine]:
+    """An engine of its own: its LM dies in the test."""
+    eng = load_engine(model_dir, tmp_path / "voices")
+    yield eng
+    eng.close()
+
+
+async def test_a_dead_lm_ends_streams_in_flight_with_an_error_and_ready_says_why(doomed, prompt, monkeypatch):
+    real, steps = doomed.backend.lm.decode, []
+
+    def decode(*args: Any, **kw: Any) -> Any:  # a few tokens out, then the decode thread dies
+        steps.append(1)
+        if len(steps) > 3:
+            raise WorkerDied("the decode thread was killed")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(doomed.backend.lm, "decode", decode)
+    with pytest.raises(SynthesisFailed, match=r"speech LM stopped .*needs a restart"):
+        async with asyncio.timeout(120):  # never a hang: a dead thread's requests are failed for it
+            await collect(doomed, good_request(prompt, forced_tokens=None, stream=True))
+    assert not doomed.healthy and doomed.stats().active_streams == 0
+    with pytest.raises(NotReady, match="needs a restart"):
+        await collect(doomed, good_request(prompt))
+    transport = httpx.ASGITransport(app=build_api(doomed, LIMITS, api_key=""))
+    async with httpx.AsyncClient(transport=transport, base_url="http://api.test", timeout=30) as client:
+        ready = await client.get("/ready")
+    assert ready.status_code == 503 and ready.json()["error"]["code"] == "unhealthy"
+    assert "stopped" in ready.json()["error"]["message"] and ready.headers["retry-after"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import unicodedata
 from importlib.resources import files
 from pathlib import Path
 
@@ -192,6 +193,38 @@ def test_punctuation_only_and_blank_text_give_no_segments(frontend_v3):
     assert frontend_v3.prepare("。！？") == []
     assert frontend_v3.prepare("   ") == []
     assert frontend_v3.prepare("...", "en") == []
+
+
+@pytest.mark.parametrize("text_frontend", [True, False])
+@pytest.mark.parametrize(
+    "raw",
+    ["\u200b\u200c\u200d", "\ufeff\u2060 \u200e\u202e", "\u0301\u0302\u0303", " \u0301 \u200b\u0308 "],
+    ids=["zero-width", "bom-bidi", "marks", "marks-and-zero-width"],
+)
+def test_invisible_only_text_gives_no_segments(frontend_v3, raw, text_frontend):
+    assert not text.has_speech(raw)
+    assert frontend_v3.prepare(raw, text_frontend=text_frontend) == []
+
+
+def test_text_with_one_letter_has_speech():
+    assert text.has_speech("\u200ba\u0301") and text.has_speech("7") and text.has_speech("。")
+
+
+def test_long_runs_of_combining_marks_are_cut():
+    assert text.trim_marks("a" + "\u0301" * 500 + "b") == "a" + "\u0301" * text.MAX_STACKED_MARKS + "b"
+    viet = "Tiếng Việt có dấu: ệ ộ ữ"  # two stacked marks once decomposed: kept whole
+    assert text.trim_marks(viet) == viet
+    assert text.trim_marks(unicodedata.normalize("NFD", viet)) == unicodedata.normalize("NFD", viet)
+
+
+@pytest.mark.parametrize("text_frontend", [True, False])
+def test_a_letter_under_500_marks_costs_what_a_letter_under_3_costs(frontend_v3, text_frontend):
+    """The LM's output is bounded by its input ids: Zalgo text must not turn into thousands of ids."""
+
+    def ids(raw: str) -> list[list[int]]:
+        return [frontend_v3.tokenize(s) for s in frontend_v3.prepare(raw, "en", text_frontend)]
+
+    assert ids("Hi a" + "\u0301" * 500 + ".") == ids("Hi a" + "\u0301" * 3 + ".")
 
 
 def test_prepare_with_the_frontend_off_keeps_one_segment(frontend_v3):
