@@ -51,7 +51,7 @@ def page_options(ui_lang: str = "auto") -> dict[str, Any]:
         primary_hue="violet", secondary_hue="indigo", neutral_hue="slate",
         font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
     )  # fmt: skip
-    css = player.css() + "\n" + mode_css()
+    css = "\n".join((player.css(), mode_css(), script_tab.CSS))
     options: dict[str, Any] = {"theme": theme, "css": css, "head": player.head_html()}
     return options | ({"i18n": i18n()} if ui_lang == "auto" else {})
 
@@ -95,7 +95,7 @@ def build_demo(
         history = gr.State([])
         rid = gr.Textbox(visible=False)
         ask["owner"] = gr.Textbox(visible=False, elem_id="cosy-owner")  # the browser's id (localStorage)
-        script_tab.build(studio, ask["owner"], ask["prompt"], ask["prompt_text"], demo)
+        script_tab.build(studios, lbl, ask["owner"], ask["prompt"], ask["prompt_text"], demo)
         _listen(demo, studios, limits, ask, answer, history, rid)
     demo.queue(max_size=limits.max_queue)
     return demo

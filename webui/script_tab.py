@@ -2,17 +2,19 @@
 played live as one stream, with progress, a whole-file download, SRT / WebVTT subtitles and the word being
 spoken highlighted during playback.
 
-``build(studio, fields)`` places its accordion; ``ScriptDesk.perform`` is its Generate listener (script
--> ``engine.text.script`` parts -> ``engine.serving.performance.perform``), publishing PCM to the
-studio's live player under the request id the browser drew, like the main Generate.
+``build(studios, lbl, fields)`` places its accordion; ``ScriptDesk.perform`` is its Generate listener
+(script -> ``engine.text.script`` parts -> ``engine.serving.performance.perform``), publishing PCM to the
+studio's live player under the request id the browser drew, like the main Generate. Labels are the page's
+``Labels``; notes, progress and errors speak the language of the studio ``Studios`` picks per request.
 """
 
 from __future__ import annotations
 
 import html
+import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,10 @@ from engine.errors import EngineError
 from engine.request import Mode, SynthesisRequest, new_request_id
 from engine.serving.performance import PartDone, perform
 from engine.serving.subtitles import Word, to_srt, to_vtt
-from engine.text.script import TAG_HELP, Part, Speech, compile_script, parse_script
+from engine.text.script import Part, Speech, compile_script, parse_script
 from webui import views
-from webui.handlers import RID, Studio, call_engine, owner_of, user_error
+from webui.handlers import RID, Studio, Studios, call_engine, owner_of, user_error
+from webui.texts import Labels, Texts
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,15 @@ EXAMPLE_SCRIPT = (
     "Alice: Let us hear it."
 )
 STOP_JS = "() => { const p = window.cosyPlayer; if (p) p.stop(); return []; }"  # silence the player now
-BREAK_HELP = '<break time="500ms"/>: exact silence (ms or s, up to 10 s)'
-NOISE_NOTE = "demo-tiny has random weights: its speech is noise, so the word timings are noise too."
+BREAK_TAG = '<break time="500ms"/>'
+# each tag of ``engine.text.script.TAG_HELP`` (and the pause) -> the text key of what it does
+TAG_KEYS = {
+    BREAK_TAG: "script_tag_break", "[breath]": "script_tag_breath",
+    "[quick_breath]": "script_tag_quick_breath", "[laughter]": "script_tag_laughter",
+    "<laughter>...</laughter>": "script_tag_laughing", "<strong>...</strong>": "script_tag_strong",
+    "[sigh]": "script_tag_sigh", "[cough]": "script_tag_cough", "[lipsmack]": "script_tag_lipsmack",
+    "[mn]": "script_tag_mn", "[noise]": "script_tag_noise",
+}  # fmt: skip
 PLAYER_JS = """
 const mark = () => {
   const audio = element.querySelector('audio');
@@ -58,6 +68,7 @@ element.addEventListener('play', loop, true);
 element.addEventListener('timeupdate', mark, true);
 element.addEventListener('seeked', mark, true);
 """
+# in the page's css (``layout.page_options``): a <style> in an HTML value would be page text in the config
 CSS = """
 #cosy-script-result .cosy-w { border-radius: 4px; padding: 0 1px; transition: background .08s; }
 #cosy-script-result .cosy-w-now { background: #7c3aed; color: #fff; }
@@ -86,19 +97,24 @@ def start_js(rid_index: int) -> str:
     )
 
 
-def progress_html(done: int, total: int, audio_s: float, elapsed_s: float) -> str:
+def progress_html(done: int, total: int, audio_s: float, elapsed_s: float, t: Texts) -> str:
     """Sentences done / total, audio so far, and the time left at the pace so far."""
     share = done / total if total else 0.0
     left = elapsed_s / done * (total - done) if done else None
-    eta = f" · about {left:.0f} s left" if left is not None and done < total else ""
+    eta = t("script_eta", left=left) if left is not None and done < total else ""
     return (
         f'<div class="cosy-progress" data-done="{done}" data-total="{total}">'
-        f"Sentences {done} / {total} · {audio_s:.1f} s of audio{eta}"
+        f"{html.escape(t('script_progress', done=done, total=total, audio=audio_s) + eta)}"
         f'<div class="cosy-bar"><div style="width:{100 * share:.1f}%"></div></div></div>'
     )
 
 
-def result_html(audio_url: str, parts: Sequence[PartDone], noise: bool) -> str:
+def tags_html(t: Texts) -> str:
+    """What each tag does, in ``t``'s language; the tags themselves are typed as they are."""
+    return views.note_html(" · ".join(f"{tag}: {t(key)}" for tag, key in TAG_KEYS.items()))
+
+
+def result_html(audio_url: str, parts: Sequence[PartDone], t: Texts, noise: bool) -> str:
     """The finished audio and its text, each word a span with its times (the player script highlights)."""
     rows = []
     for part in parts:
@@ -108,20 +124,24 @@ def result_html(audio_url: str, parts: Sequence[PartDone], noise: bool) -> str:
             for w in part.words
         )
         rows.append(f'<div class="cosy-part"><b>{html.escape(part.speaker)}:</b> {words}</div>')
-    note = views.note_html(NOISE_NOTE, "bad") if noise else ""
+    note = views.note_html(t("script_noise"), "bad") if noise else ""
     return f'<audio controls src="{audio_url}"></audio>{note}{"".join(rows)}'
 
 
 class ScriptDesk:
     def __init__(self, studio: Studio):
-        self.studio = studio
+        self.studio, self.t = studio, studio.t
 
     async def voices(self, browser_id: str) -> list[Any]:
         """The cast dropdowns' choices: the prompt box's voice, then examples, public and own voices."""
         own = await self.studio.voice_choices(browser_id)
-        choices = [("the prompt box (left)", PROMPT), *own]
+        choices = [(self.t("script_prompt_voice"), PROMPT), *own]
         defaults = [own[i][1] if i < min(2, len(own)) else None for i in range(SPEAKERS)]
         return [gr.Dropdown(choices=choices, value=value) for value in defaults]
+
+    async def page(self, browser_id: str) -> list[Any]:
+        """On load: the cast's voices, the tags' help and the progress line in the session's language."""
+        return [*await self.voices(browser_id), tags_html(self.t), progress_html(0, 0, 0.0, 0.0, self.t)]
 
     def cast(
         self, names: Sequence[str], voices: Sequence[str | None], browser_id: str, prompt: str | None,
@@ -132,18 +152,17 @@ class ScriptDesk:
             if not (name or "").strip():
                 continue
             if not voice:
-                raise user_error(f"speaker {name.strip()!r} has no voice: pick one")
+                raise user_error(self.t("script_err_no_voice", name=name.strip()))
             cast[name.strip()] = self._voice(voice, browser_id, prompt, prompt_text)
         if not cast:
-            raise user_error("name at least one speaker and pick a voice for it")
+            raise user_error(self.t("script_err_no_cast"))
         return cast
 
-    @staticmethod
-    def _voice(voice: str, browser_id: str, prompt: str | None, prompt_text: str) -> SynthesisRequest:
+    def _voice(self, voice: str, browser_id: str, prompt: str | None, prompt_text: str) -> SynthesisRequest:
         if voice != PROMPT:
             return SynthesisRequest(voice_id=voice, voice_owner=owner_of(browser_id))
         if not prompt:
-            raise user_error("'the prompt box' voice needs a prompt: upload or record one on the left")
+            raise user_error(self.t("script_err_no_prompt"))
         mode = Mode.ZERO_SHOT if (prompt_text or "").strip() else Mode.CROSS_LINGUAL
         return SynthesisRequest(prompt_wav=prompt, prompt_text=prompt_text or "", mode=mode)
 
@@ -163,7 +182,7 @@ class ScriptDesk:
         except EngineError as err:
             if rid:
                 hub.close(rid)
-            raise user_error(str(err)) from err
+            raise user_error(self.studio.engine_message(err)) from err
         except gr.Error:
             if rid:
                 hub.close(rid)
@@ -182,20 +201,20 @@ class ScriptDesk:
         t0 = time.monotonic()
         timer = getattr(engine, "asr", None)
         total = sum(1 for p in parts if isinstance(p, Speech))
-        yield progress_html(0, total, 0.0, 0.0), gr.skip(), gr.skip()
+        yield progress_html(0, total, 0.0, 0.0, self.t), gr.skip(), gr.skip()
         gen = perform(engine, parts, cast, timer, timings=True)
         try:
             async for item in gen:
                 if isinstance(item, PartDone):
                     done.append(item)
                     elapsed = time.monotonic() - t0
-                    yield progress_html(len(done), total, item.end_s, elapsed), gr.skip(), gr.skip()
+                    yield progress_html(len(done), total, item.end_s, elapsed, self.t), gr.skip(), gr.skip()
                     continue
                 pcm.append(item)
                 if rid:
                     hub.publish(rid, views.pcm16_bytes(item))
         except EngineError as err:
-            raise user_error(str(err)) from err
+            raise user_error(self.studio.engine_message(err)) from err
         finally:
             await gen.aclose()
             if rid:
@@ -212,66 +231,100 @@ class ScriptDesk:
         srt.write_text(to_srt(words), encoding="utf-8")
         vtt.write_text(to_vtt(words), encoding="utf-8")
         total = len(done)
-        progress = progress_html(total, total, audio.size / rate, 0.0)
-        page = result_html(f"webui/audio/{rid}.wav", done, self.studio.random_weights)
+        progress = progress_html(total, total, audio.size / rate, 0.0, self.t)
+        page = result_html(f"webui/audio/{rid}.wav", done, self.t, self.studio.random_weights)
         return progress, page, [str(wav), str(srt), str(vtt)]
 
 
+def routed(studios: Studios, name: str, owner_at: int) -> Callable[..., Any]:
+    """``ScriptDesk.<name>`` as a Gradio event function: the request's language picks the studio (notes,
+    progress, errors and the toast's heading in the page's language) and, with a login, the session's
+    namespace replaces the browser id at ``owner_at``, as ``Studios.listener`` does for the studio."""
+    fn: Callable[..., Any]
+    if inspect.isasyncgenfunction(getattr(ScriptDesk, name)):
+
+        async def stream(request: gr.Request, *args: Any) -> AsyncGenerator[Any, None]:
+            desk = ScriptDesk(studios.pick(request))
+            try:
+                async for out in getattr(desk, name)(*studios.signed(request, owner_at, args)):
+                    yield out
+            except gr.Error as err:
+                err.title = desk.t("err_title")
+                raise
+
+        fn = stream
+    else:
+
+        async def coro(request: gr.Request, *args: Any) -> Any:
+            desk = ScriptDesk(studios.pick(request))
+            try:
+                return await getattr(desk, name)(*studios.signed(request, owner_at, args))
+            except gr.Error as err:
+                err.title = desk.t("err_title")
+                raise
+
+        fn = coro
+    fn.__name__ = fn.__qualname__ = name  # Gradio names the event's API endpoint after it
+    return fn
+
+
 def build(
-    studio: Studio, owner: gr.Textbox, prompt: gr.Audio, prompt_text: gr.Textbox, demo: gr.Blocks
+    studios: Studios,
+    lbl: Labels,
+    owner: gr.Textbox,
+    prompt: gr.Audio,
+    prompt_text: gr.Textbox,
+    demo: gr.Blocks,
 ) -> None:
     """The script accordion (below the studio's history) and its listeners."""
-    desk = ScriptDesk(studio)
-    title = "Script: dialogue, pauses, long texts"
-    with gr.Accordion(title, open=False, elem_id="cosy-script", elem_classes=["cosy-card"]):
-        gr.HTML(f"<style>{CSS}</style>", js_on_load=None)
+    t = lbl.texts  # the first render's language; ``ScriptDesk.page`` re-renders it in the session's on load
+    with gr.Accordion(lbl("script_title"), open=False, elem_id="cosy-script", elem_classes=["cosy-card"]):
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                text = _editor()
+                text, tags = _editor(lbl)
             with gr.Column(scale=2):
-                names, voices = _cast_rows()
-                gap = gr.Slider(0.0, 2.0, value=0.3, step=0.05, label="Gap between turns (s)")
+                names, voices = _cast_rows(lbl)
+                gap = gr.Slider(0.0, 2.0, value=0.3, step=0.05, label=lbl("script_gap"))
                 with gr.Row():
-                    go = gr.Button("Perform the script", variant="primary", elem_id="cosy-script-go", scale=3)
-                    stop = gr.Button("Stop", variant="stop", elem_id="cosy-script-stop", scale=1)
+                    go = gr.Button(lbl("script_go"), variant="primary", elem_id="cosy-script-go", scale=3)
+                    stop = gr.Button(lbl("stop"), variant="stop", elem_id="cosy-script-stop", scale=1)
                 progress = gr.HTML(
-                    progress_html(0, 0, 0.0, 0.0), js_on_load=None, elem_id="cosy-script-progress"
+                    progress_html(0, 0, 0.0, 0.0, t), js_on_load=None, elem_id="cosy-script-progress"
                 )
         result = gr.HTML("", js_on_load=PLAYER_JS, elem_id="cosy-script-result")
-        files = gr.File(label="Audio and subtitles (wav, SRT, WebVTT)", file_count="multiple",
-                        elem_id="cosy-script-files")  # fmt: skip
+        files = gr.File(label=lbl("script_files"), file_count="multiple", elem_id="cosy-script-files")
         rid = gr.Textbox(visible=False)
     inputs = [text, gap, *names, *voices, rid, owner, prompt, prompt_text]
     js = start_js(inputs.index(rid))
-    run = go.click(desk.perform, inputs, [progress, result, files], js=js, show_progress="hidden")
+    perform = routed(studios, "perform", inputs.index(owner))
+    run = go.click(perform, inputs, [progress, result, files], js=js, show_progress="hidden")
     light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}
     # cancelling closes the listener's generator: its finally closes the performance, aborting every part
     stop.click(None, None, None, js=STOP_JS, cancels=[run], **light)
-    demo.load(desk.voices, owner, voices, **light)
-    owner.change(desk.voices, owner, voices, **light)  # the browser's id arrives after the first load
+    demo.load(routed(studios, "page", 0), owner, [*voices, tags, progress], **light)
+    owner.change(routed(studios, "voices", 0), owner, voices, **light)  # the id arrives after the load
 
 
-def _editor() -> gr.Textbox:
+def _editor(lbl: Labels) -> tuple[gr.Textbox, gr.HTML]:
     """The script box, a one-click insert per tag (at the cursor) and what each tag does."""
     text = gr.Textbox(
-        EXAMPLE_SCRIPT, label="Script", lines=9, max_lines=30, elem_id="cosy-script-text",
-        info="One turn a line: 'Name: text' or 'Name (instruction): text'; a line without a name continues"
-        " the speaker. Up to 20,000 characters.",
+        EXAMPLE_SCRIPT, label=lbl("script_text"), lines=9, max_lines=30, elem_id="cosy-script-text",
+        info=lbl("script_text_info"),
     )  # fmt: skip
     with gr.Row(elem_id="cosy-script-tags"):
-        for tag in ['<break time="500ms"/>', *TAG_HELP]:
+        for tag in TAG_KEYS:
             button = gr.Button(tag, size="sm", min_width=170 if tag.startswith("<break") else 60)
             button.click(None, text, text, js=tag_insert_js(tag), queue=False)
-    help_rows = [BREAK_HELP, *(f"{tag}: {what}" for tag, what in TAG_HELP.items())]
-    gr.HTML(views.note_html(" · ".join(help_rows)), js_on_load=None)
-    return text
+    return text, gr.HTML(tags_html(lbl.texts), js_on_load=None, elem_id="cosy-script-tag-help")
 
 
-def _cast_rows() -> tuple[list[gr.Textbox], list[gr.Dropdown]]:
+def _cast_rows(lbl: Labels) -> tuple[list[gr.Textbox], list[gr.Dropdown]]:
     names, voices = [], []
     for i in range(SPEAKERS):
         with gr.Row(equal_height=True):
             default = ("Alice", "Bob", "", "")[i]
-            names.append(gr.Textbox(default, label=f"Speaker {i + 1}", scale=2, elem_id=f"cosy-sp-name-{i}"))
-            voices.append(gr.Dropdown([], label="voice", scale=3, elem_id=f"cosy-sp-voice-{i}"))
+            names.append(
+                gr.Textbox(default, label=lbl("script_speaker"), scale=2, elem_id=f"cosy-sp-name-{i}")
+            )
+            voices.append(gr.Dropdown([], label=lbl("script_voice"), scale=3, elem_id=f"cosy-sp-voice-{i}"))
     return names, voices

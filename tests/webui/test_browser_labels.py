@@ -9,6 +9,7 @@ a request can produce. Writes ``test-output/studio-labels-{en,zh-zh,auto-zh}.png
 from __future__ import annotations
 
 import re
+from html import unescape
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from tests.fakes import FakeEngine
 from tests.webui.support import OUT, WAIT_MS, serving
 from webui import views
 from webui.handlers import UI_MODES
+from webui.script_tab import TAG_KEYS
 from webui.texts import Texts
 
 pytestmark = pytest.mark.browser
@@ -28,9 +30,12 @@ ALLOWED = {
     "English",  # the English language's own name in the language list, as 日本語 and 한국어 are theirs
     "HiFT", "RTF",  # the vocoder's name; the real-time factor, the field's unit name
     "v3",  # the model version ("v3 的系统提示词")
-    "Hz", "kHz", "ms", "s", "MB", "wav", "mp3", "flac",  # units and file formats
+    "Hz", "kHz", "ms", "s", "MB", "wav", "mp3", "flac", "SRT", "WebVTT",  # units and file formats
 }  # fmt: skip
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9'-]*")
+ALLOWED |= set(
+    WORD.findall(" ".join(TAG_KEYS))
+)  # the script's tag markup ([breath], <break time=...>) as typed
 FLAG = re.compile(r"--[a-z][a-z-]*")  # a command-line flag (--model) is typed as is
 
 # the visible text, the placeholders and our own titles; the example texts are sample sentences in their own
@@ -60,7 +65,7 @@ def config_texts(config: dict[str, Any]) -> str:
         out += [str(props.get(k) or "") for k in ("label", "info", "placeholder")]
         out += [str(choice[0]) for choice in props.get("choices") or []]
         if comp.get("type") in ("button", "html") and isinstance(props.get("value"), str):
-            out.append(re.sub(r"<[^>]+>", " ", props["value"]))
+            out.append(unescape(re.sub(r"<[^>]+>", " ", props["value"])))  # tags, then entities
     return "\n".join(out)
 
 
@@ -108,6 +113,10 @@ def test_a_chinese_page_has_no_english_but_names_and_units(studio, request) -> N
     page.locator("#cosy-generate").click()  # nothing filled in: a toast says why
     toast = page.get_by_text(Texts("zh")("err_title")).first
     toast.wait_for(timeout=WAIT_MS)
+    assert not english_words(page.evaluate(PAGE_WORDS_JS), names)
+    page.locator("#cosy-script .label-wrap").first.click()  # the script desk, its notes re-rendered on load
+    sigh = Texts("zh")("script_tag_sigh")
+    page.wait_for_function("(s) => document.body.innerText.includes(s)", arg=sigh, timeout=WAIT_MS)
     assert not english_words(page.evaluate(PAGE_WORDS_JS), names)
 
 

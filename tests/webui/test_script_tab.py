@@ -3,6 +3,7 @@ subtitles, the live channel fed and closed, and bad scripts as gr.Error."""
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -13,10 +14,11 @@ import soundfile as sf
 
 from engine.config import Limits
 from engine.request import Mode
+from engine.text.script import TAG_HELP
 from tests.api.support import RecordingEngine
 from tests.sounds import write_wav
 from webui.handlers import Studio
-from webui.script_tab import PROMPT, SPEAKERS, ScriptDesk, progress_html
+from webui.script_tab import BREAK_TAG, PROMPT, SPEAKERS, TAG_KEYS, ScriptDesk, progress_html, tags_html
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -82,19 +84,41 @@ async def test_bad_scripts_are_gradio_errors_and_release_the_player(desk, script
 
 
 def test_progress_states_the_time_left():
-    html = progress_html(3, 12, 20.0, 6.0)
-    assert "Sentences 3 / 12" in html and "about 18 s left" in html and 'style="width:25.0%"' in html
+    en = progress_html(3, 12, 20.0, 6.0, Texts("en"))
+    assert "Sentences 3 / 12" in en and "about 18 s left" in en and 'style="width:25.0%"' in en
+    zh = progress_html(3, 12, 20.0, 6.0, Texts("zh"))
+    assert "句子 3 / 12" in zh and "约剩 18 s" in zh and "Sentences" not in zh
+
+
+async def test_a_chinese_session_gets_chinese_notes_and_errors(desk):
+    zh = ScriptDesk(desk.studio.in_language(Texts("zh")))
+    with pytest.raises(gr.Error) as err:
+        async for _ in zh.perform(*inputs(desk, "Carol: hi", ("Carol",), (None,))):
+            pass
+    assert err.value.message == Texts("zh")("script_err_no_voice", name="Carol")
+    choices = (await zh.voices(""))[0].choices
+    assert choices[0] == (Texts("zh")("script_prompt_voice"), PROMPT)
+
+
+def test_every_tag_the_model_knows_is_explained_in_both_languages():
+    assert set(TAG_KEYS) == {BREAK_TAG, *TAG_HELP}
+    for lang in ("en", "zh"):
+        help_html = tags_html(Texts(lang))
+        assert all(html.escape(tag) in help_html for tag in TAG_KEYS), lang
+    assert "a sigh" in tags_html(Texts("en")) and "一声叹息" in tags_html(Texts("zh"))
 
 
 def test_random_weights_say_the_timings_are_noise():
     from engine.serving.performance import PartDone
     from engine.serving.subtitles import Word
-    from webui.script_tab import NOISE_NOTE, result_html
+    from webui.script_tab import result_html
 
     part = PartDone(0, 1, "Alice", "Hi there", 0.0, 1.0, (Word("Hi", 0.1, 0.4), Word("there", 0.4, 0.9)))
+    en = Texts("en")
     noisy, clean = (
-        result_html("webui/audio/x.wav", [part], True),
-        result_html("webui/audio/x.wav", [part], False),
+        result_html("webui/audio/x.wav", [part], en, True),
+        result_html("webui/audio/x.wav", [part], en, False),
     )
-    assert NOISE_NOTE in noisy and NOISE_NOTE not in clean
+    note = en("script_noise")
+    assert note in noisy and note not in clean
     assert '<span class="cosy-w" data-s="0.400" data-e="0.900">there</span>' in clean
