@@ -1,6 +1,7 @@
 """Device faults on a real tiny engine: a non-finite output (vocoder or flow returning NaN) or an
 out-of-memory error in one request fails that request cleanly, at every entry point (engine API
-``SynthesisFailed``, HTTP 500 JSON or an SSE error event, UI: a "failed" status), and the engine stays usable."""
+``SynthesisFailed``, HTTP 500 JSON or an SSE error event, UI: a "failed" status),
+and the engine stays usable."""
 
 from __future__ import annotations
 
