@@ -21,7 +21,9 @@
 #                                                 captured before: long requests run uncaptured) and an after
 #                                                 arm, each in its own load -> $OUT/FAMILY_capacity_ARM/
 #                                                 results.json + trace.jsonl + .log; ADMIT=S adds admission by
-#                                                 SLO (--admit-slack-s S) to the after arm
+#                                                 SLO (--admit-slack-s S) to the after arm; ARMS=before or
+#                                                 ARMS=after runs one arm per call (each load waits for
+#                                                 every background graph: two rarely fit one call)
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as
 #                                                 it is (mask), SDPA's cuDNN kernel (cudnn), and the rule
@@ -204,16 +206,22 @@ step_speed() {  # FAMILY ARM [BENCH FLAGS]: 4 files come back (results.json, the
     "${profile[@]}" "$@"
 }
 
-step_capacity() {  # FAMILY [BENCH FLAGS]: both arms in one call, each its own process (one load each)
+step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in one call, each its own load
   [ $# -ge 1 ] || die "usage: run.sh capacity FAMILY [BENCH FLAGS]"
-  local fam=$1 arm limit t0=$SECONDS
+  local fam=$1 arm limit arms t0=$SECONDS
   shift
   family_dir "$fam" > /dev/null
+  IFS=, read -r -a arms <<< "${ARMS:-before,after}"
+  for arm in "${arms[@]}"; do
+    case "$arm" in before | after) ;; *) die "ARMS: before and/or after, got '$arm'" ;; esac
+  done
   environment
-  for arm in before after; do
+  for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
-    if [ "$arm" = before ]; then
+    if [ "$arm" = before ] && [ ${#arms[@]} -gt 1 ]; then
       flags=(--graph-warmup-s 16) limit=$((LIMIT_S * 2 / 5))  # it stops at its first missed rate
+    elif [ "$arm" = before ]; then
+      flags=(--graph-warmup-s 16) limit=$LIMIT_S
     else
       [ -z "${ADMIT:-}" ] || flags=(--admit-slack-s "$ADMIT")
       limit=$((LIMIT_S - (SECONDS - t0)))
