@@ -94,7 +94,7 @@ async def test_vc_with_an_example_voice_streams_the_whole_file_calls_frames(engi
     """An example voice as the VC prompt: VC keeps the prompt untrimmed, and this one has a mel frame fewer
     than 2 a token. Streaming (its flow calls reuse their finished frames) runs to the end, and its chunks
     cover the whole-file call's frames, none repeated or skipped at a seam."""
-    voice = Path(__file__).resolve().parents[2] / "assets" / "voices" / "en-amy.wav"
+    voice = Path(__file__).resolve().parents[3] / "assets" / "voices" / "en-amy.wav"
     features = engine.frontend.extract(str(voice), trim=False)
     assert len(features.prompt_mel) == 2 * len(features.speech_tokens) - 1  # the case at issue
     source = write_wav(tmp_path / "src.wav", source_s, 16000, seed=3)
