@@ -254,7 +254,7 @@ def one_batch(engine: TTSEngine, monkeypatch, n: int) -> None:
     flow batch whatever the thread timing (they are all due now: urgent jobs always join the batch)."""
     import engine.serving.job_queue as job_queue
 
-    queue, real, waited = engine.token2wav._jobs, job_queue.pick_batch, []
+    queue, real, waited = engine.token2wav.scheduler._queue, job_queue.pick_batch, []
 
     def pick_batch(queued, *args):  # called by the worker with the queue's lock held
         if not waited:

@@ -142,8 +142,9 @@ def test_v2_drawn_noise_is_the_references_draws(case: Path) -> None:
 # 1.2e-5, growing with the frames as the f0 rounding (9e-5 Hz at 318 Hz) integrates into the phase, so it is
 # absolute, not relative to the speech (tiny models' streamed speech peaks near 0.015 and differs by as much).
 # In float64 the same comparison agrees to 2e-14: rounding, not noise landing on other samples (that would
-# differ by the noise itself, ~1e-3). Tolerance: 3x the measured float32 difference.
-V2_BATCH_ATOL = {torch.float64: 1e-12, torch.float32: 4e-5}
+# differ by the noise itself, ~1e-3). Tolerance: float32 8x the measured difference (a full-suite run beside
+# another one saw 4.2e-5 at one sample of 11520: the threads' summation order moves with the load).
+V2_BATCH_ATOL = {torch.float64: 1e-12, torch.float32: 1e-4}
 
 
 @case_params("cosyvoice2")
