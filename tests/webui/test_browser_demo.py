@@ -69,7 +69,8 @@ def demo(tmp_path_factory) -> Iterator[str]:
         assert proc.poll() is None, (home / "app.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "app.py --model demo-tiny did not become ready"
         try:
-            if json.loads(get(base + "ready")).get("status") == "ready":
+            # ready, and the studio UI mounted: it is built after the server answers ("/" says 503 till then)
+            if json.loads(get(base + "ready")).get("status") == "ready" and get(base):
                 break
         except OSError:
             pass
