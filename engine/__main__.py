@@ -89,10 +89,9 @@ def _engine(args: argparse.Namespace):
     )
     model_dir = None
     if args.model == DEMO_TINY:  # as the server does: the tiny random-weight model, built offline
-        from engine.demo.make_model import build_demo_tiny, demo_tiny_whisper
+        from engine.demo.make_model import demo_tiny
 
-        cfg = replace(cfg, asr_model=demo_tiny_whisper(None, cfg.asr_model))
-        model_dir = build_demo_tiny()
+        cfg, model_dir = demo_tiny(cfg)
     engine = TTSEngine.load(cfg, model_dir=model_dir)
     engine.ready = True
     return engine

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
@@ -197,9 +196,8 @@ def build_engine(cfg: EngineConfig, timeline: Timeline | None = None) -> Any:
 
     if cfg.model != DEMO_TINY:
         return TTSEngine.load(cfg, timeline=timeline)
-    from engine.demo.make_model import build_demo_tiny, demo_tiny_whisper
+    from engine.demo.make_model import demo_tiny
 
     with timeline.phase("demo model"):  # built on the first start, reused after (under the cache root)
-        cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
-        model_dir = build_demo_tiny(cfg.cache_dir)
+        cfg, model_dir = demo_tiny(cfg)
     return TTSEngine.load(cfg, model_dir=model_dir, timeline=timeline)

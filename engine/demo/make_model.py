@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from torch import nn
 
 from engine.cache_root import cache_root
 from engine.checkpoint import build_modules
+from engine.config import EngineConfig
 from engine.demo.tiny_tokenizer import write_tiny_tokenizer
 from engine.demo.yaml_templates import FULL, SMALL, TINY, model_yaml, qwen_config
 from engine.yaml_data import read_yaml
@@ -107,6 +109,13 @@ def build_model_dir(out: str | Path, family: str = "cosyvoice3", size: str = "ti
     write_onnx(out, family)
     log.info("wrote a %s %s model directory with random weights to %s", size, family, out)
     return out
+
+
+def demo_tiny(cfg: EngineConfig) -> tuple[EngineConfig, Path]:
+    """``--model demo-tiny`` for the server and ``python -m engine`` alike: the config with its tiny Whisper
+    (for ``--asr-model auto``) and the tiny model's directory, both built once under the cache root."""
+    cfg = replace(cfg, asr_model=demo_tiny_whisper(cfg.cache_dir, cfg.asr_model))
+    return cfg, build_demo_tiny(cfg.cache_dir)
 
 
 def demo_tiny_whisper(cache_dir: str | None, asr_model: str) -> str:
