@@ -363,6 +363,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-s", type=float, default=10.0, help="memory sampling interval")
     p.add_argument("--mode", default="zero_shot", choices=["zero_shot", "cross_lingual"])
     p.add_argument("--trim", action="store_true", help="malloc_trim before each RSS reading (glibc)")
+    p.add_argument("--cache-dir", help="the engine's cache root (compile caches, saved voices)")
     add_open_flags(p)
     add_device_flags(p)
     p.add_argument("--out", required=True, help="directory for soak.json and soak.md")
@@ -419,7 +420,12 @@ def load_engine(args: argparse.Namespace, slots: int, longest_tokens: int) -> An
     limits = Limits(max_concurrency=slots, max_queue=slots, admit_slack_s=args.admit_slack_s)
     warmup = max(EngineConfig.graph_warmup_s, longest_tokens / 25.0 + PROMPT_S + MARGIN_S)
     cfg = EngineConfig(
-        model=args.model, device=args.device, backend=args.backend, limits=limits, graph_warmup_s=warmup
+        model=args.model,
+        device=args.device,
+        backend=args.backend,
+        cache_dir=args.cache_dir,
+        limits=limits,
+        graph_warmup_s=warmup,
     )
     return TTSEngine.load(cfg)
 
