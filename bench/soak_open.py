@@ -182,10 +182,12 @@ async def open_soak(engine: Any, cfg: OpenSoakConfig) -> OpenSoakRun:
 
 
 def ttfa_windows(outcomes: Sequence[Outcome], window_s: float, duration_s: float) -> list[dict[str, Any]]:
-    """TTFA p50/p95 (ms) of the admitted streams by when they were sent, per ``window_s`` of the
-    ``duration_s`` of arrivals: drift shows as a rising row."""
+    """TTFA p50/p95 (ms) of the admitted streams by when they were sent, per ``window_s`` over the
+    ``duration_s`` of arrivals (longer when the Poisson schedule's last ones came later): drift shows as a
+    rising row."""
+    span = max([duration_s] + [o.start_s + 1e-6 for o in outcomes])
     rows = []
-    for k in range(max(1, int(np.ceil(duration_s / window_s)))):
+    for k in range(max(1, int(np.ceil(span / window_s)))):
         lo, hi = k * window_s, (k + 1) * window_s
         ttfa = [o.ttfa_ms for o in outcomes if lo <= o.start_s < hi and o.ttfa_ms is not None]
         p50, p95 = percentile(ttfa, 50), percentile(ttfa, 95)

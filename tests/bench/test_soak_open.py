@@ -43,7 +43,9 @@ def test_cli_open_loop_soak_serves_the_good_refuses_the_bad_and_frees_the_leaver
     assert s["voices"] == {"saved": 3, "listed": 3, "intact": 3, "ok": True}
     assert (s["end_state"]["active"], s["end_state"]["queued"]) == (0, 0)
     windows = s["ttfa_windows"]
-    assert [w["from_s"] for w in windows] == [0.0, 3.0] and sum(w["requests"] for w in windows) >= 1
+    last = max(o["start_s"] for o in data["outcomes"])
+    assert [w["from_s"] for w in windows] == [3.0 * k for k in range(max(2, int(last // 3) + 1))]
+    assert sum(w["requests"] for w in windows) == sum(o["ttfa_ms"] is not None for o in data["outcomes"])
     # a loaded CPU may underrun, and RSS still climbs from its warm-up in seconds; nothing else may fail
     why = soak_open.violations(s)
     assert rc == (1 if why else 0) and all(v.endswith(("underran", "rss_mb not flat")) for v in why), why
@@ -140,3 +142,14 @@ def test_open_config_is_checked():
 def test_poisson_needs_a_rate():
     with pytest.raises(SystemExit):
         soak.parse_args(["--arrivals", "poisson", "--out", "x"])
+
+
+def test_ttfa_windows_reach_the_last_arrival():
+    """Poisson arrivals may run past the nominal minutes: their requests get a window of their own."""
+    outs = [outcome(start_s=10.0, ttfa_ms=100.0), outcome(start_s=61.5, ttfa_ms=400.0)]
+    rows = soak_open.ttfa_windows(outs, 30.0, 60.0)
+    assert [(w["from_s"], w["requests"], w["p95"]) for w in rows] == [
+        (0.0, 1, 100.0),
+        (30.0, 0, None),
+        (60.0, 1, 400.0),
+    ]
