@@ -123,11 +123,10 @@ def schedule(cfg: MixConfig) -> list[Arrival]:
 def _kind(cfg: MixConfig, rng: random.Random, arrival: Arrival) -> Arrival:
     draw = rng.random()
     if draw < cfg.bad_fraction:
-        return Arrival(arrival.index, arrival.at_s, arrival.tokens, BAD, case=rng.choice(BAD_CASES).name)
+        return replace(arrival, kind=BAD, case=rng.choice(BAD_CASES).name)
     if draw < cfg.bad_fraction + cfg.leave_fraction:  # it leaves after 10-90 % of its audio
-        return Arrival(arrival.index, arrival.at_s, arrival.tokens, LEAVER, leave_at=rng.uniform(0.1, 0.9))
-    kind = VOICE if rng.random() < cfg.voice_fraction else GOOD
-    return Arrival(arrival.index, arrival.at_s, arrival.tokens, kind)
+        return replace(arrival, kind=LEAVER, leave_at=rng.uniform(0.1, 0.9))
+    return replace(arrival, kind=VOICE if rng.random() < cfg.voice_fraction else GOOD)
 
 
 # ----------------------------------------------------------------------------------------------- clients
