@@ -97,6 +97,7 @@ def _cloned(prompt: np.ndarray, text: str = TEXT, **kw: Any) -> SynthesisRequest
 BAD_CASES = (
     BadCase("empty text", InvalidInput, lambda p: _cloned(p, " \n\t ")),
     BadCase("control characters", InvalidInput, lambda p: _cloned(p, "Hello\x07 there")),
+    BadCase("nothing speakable", InvalidInput, lambda p: _cloned(p, "\u200b\u0301\u0301\u200d")),
     BadCase("text too long", TooLarge, lambda p: _cloned(p, "word " * 20_000)),  # 100k chars
     BadCase("prompt too short", InvalidInput, lambda p: _cloned(p[: SAMPLE_RATE // 4])),  # 0.25 s
     BadCase("prompt too long", TooLarge, lambda p: _cloned(np.tile(p, 1 + int(31 * SAMPLE_RATE / p.size)))),
