@@ -16,7 +16,10 @@ attention, so it never shares a call with streaming chunks). A batch is formed e
   measured speed into it). Riding along is not free once calls are compute-bound, and a call cannot be
   preempted: a first chunk (or a stream about to run dry) queued while a long call of relaxed chunks runs
   waits for all of it. Kept short, that call ends soon and the relaxed jobs go in later calls, still in
-  time; ``relaxed_s`` = inf lets them fill the batch (the scheduler before this rule).
+  time; ``relaxed_s`` = inf lets them fill the batch (the scheduler before this rule). The price is
+  more calls, each with its fixed cost (launches, the vocoder, the copy out): where that cost is a large
+  share of a call, a worker near its capacity loses throughput (tests/engine/serving/worker_sim.py shows
+  both sides), so the rule is an A/B (``EngineConfig.t2w_relaxed_cap``) that the GPU bench decides.
 
 Nobody starves: a job queued at ``t`` has a deadline >= ``t`` unless its client already ran dry, so once
 a job's deadline is the earliest in the queue only jobs queued before it can take the head, and the head
