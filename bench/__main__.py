@@ -163,6 +163,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
+    p.add_argument(
+        "--no-t2w-relaxed-cap", dest="t2w_relaxed_cap", action="store_false",
+        help="chunks with plenty of audio buffered fill token2wav batches (the scheduler before their calls "
+        "were kept short: the A/B)",
+    )  # fmt: skip
     add_fast_start_flag(p)
     p.add_argument(
         "--adaptive-hop", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.adaptive_hop),
@@ -287,6 +292,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
         t2w_fifo=args.t2w_fifo,
+        t2w_relaxed_cap=args.t2w_relaxed_cap,
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),

@@ -75,6 +75,12 @@ class StreamConfig:
     # token2wav scheduling (serving.job_queue): a chunk whose audio is needed within this many seconds is
     # urgent and joins the next batch even when it makes that flow call longer
     urgent_slack_s: float = 0.3
+    # a chunk whose client has more than relaxed_slack_s of audio buffered is relaxed: it joins a batch only
+    # while the call stays within about relaxed_call_s at the speed the worker measured (serving.call_cost).
+    # A flow call cannot be preempted, so a first chunk (a TTFA) queued meanwhile waits at most that long
+    # behind work nobody needs yet; the relaxed chunks go in the next calls (EngineConfig.t2w_relaxed_cap)
+    relaxed_slack_s: float = 2.0
+    relaxed_call_s: float = 0.2
 
     def __post_init__(self) -> None:
         if not 1 <= self.token_hop <= self.max_token_hop:
@@ -91,6 +97,8 @@ class StreamConfig:
             raise ValueError(f"adaptive_hop must be None (auto), True or False, got {self.adaptive_hop!r}")
         if self.adaptive_min_active < 1 or self.hold_buffer_s < 0 or self.urgent_slack_s < 0:
             raise ValueError("need adaptive_min_active >= 1, hold_buffer_s >= 0 and urgent_slack_s >= 0")
+        if self.relaxed_slack_s < self.urgent_slack_s or self.relaxed_call_s <= 0:
+            raise ValueError("need relaxed_slack_s >= urgent_slack_s and relaxed_call_s > 0")
         if self.max_adaptive_hop < self.max_token_hop:
             raise ValueError("max_adaptive_hop must be >= max_token_hop (it merges whole reference chunks)")
 
@@ -281,6 +289,10 @@ class EngineConfig:
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
     # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
+    # calls made of chunks with plenty of audio buffered are kept short (StreamConfig.relaxed_slack_s) so a
+    # first chunk does not wait behind them; False: such chunks fill every batch up to flow_batch rows (the
+    # scheduler before that rule: the A/B, bench --no-t2w-relaxed-cap)
+    t2w_relaxed_cap: bool = True
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming

@@ -17,13 +17,15 @@
 #   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity search (Poisson arrivals, 10 s
 #                                                 +-50 % requests, RATES=4,6,8,10,12 upwards until one misses
 #                                                 0 failed / 0 underrun / TTFA p95 <= 300 ms, REQUESTS=100 per
-#                                                 rate, chunk traces) for a before arm (the 16 s of graphs
-#                                                 captured before: long requests run uncaptured) and an after
-#                                                 arm, each in its own load -> $OUT/FAMILY_capacity_ARM/
-#                                                 results.json + trace.jsonl + .log; ADMIT=S adds admission by
-#                                                 SLO (--admit-slack-s S) to the after arm; ARMS=before or
-#                                                 ARMS=after runs one arm per call (each load waits for
-#                                                 every background graph: two rarely fit one call)
+#                                                 rate, chunk traces) for a before arm (the token2wav scheduler
+#                                                 before calls of buffered chunks were kept short:
+#                                                 --no-t2w-relaxed-cap) and an after arm (the defaults), each
+#                                                 in its own load -> $OUT/FAMILY_capacity_ARM/ results.json +
+#                                                 trace.jsonl + .log; ADMIT=S adds admission by SLO
+#                                                 (--admit-slack-s S) to the after arm. Each load waits for
+#                                                 every background graph (~280 s from launch with the eager
+#                                                 DiT) before it measures, so run one arm per call: ARMS=before,
+#                                                 then ARMS=after (each gets LIMIT_S)
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as
 #                                                 it is (mask), SDPA's cuDNN kernel (cudnn), and the rule
@@ -231,14 +233,17 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
     case "$arm" in before | after) ;; *) die "ARMS: before and/or after, got '$arm'" ;; esac
   done
   environment
+  [ ${#arms[@]} -eq 1 ] || echo "note: two arms rarely fit one call (each waits ~280 s for its graphs)"
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
-    if [ "$arm" = before ] && [ ${#arms[@]} -gt 1 ]; then
-      flags=(--graph-warmup-s 16) limit=$((LIMIT_S * 2 / 5))  # it stops at its first missed rate
-    elif [ "$arm" = before ]; then
-      flags=(--graph-warmup-s 16) limit=$LIMIT_S
+    if [ "$arm" = before ]; then
+      flags=(--no-t2w-relaxed-cap)
+    elif [ -n "${ADMIT:-}" ]; then
+      flags=(--admit-slack-s "$ADMIT")
+    fi
+    if [ "$arm" = "${arms[0]}" ] && [ ${#arms[@]} -gt 1 ]; then
+      limit=$((LIMIT_S / 2))
     else
-      [ -z "${ADMIT:-}" ] || flags=(--admit-slack-s "$ADMIT")
       limit=$((LIMIT_S - (SECONDS - t0)))
     fi
     timeout "$limit" python3 -m bench --random-full "$fam" --cache-dir "$CACHE" --device cuda --backend vllm \

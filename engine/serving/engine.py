@@ -92,7 +92,7 @@ class TTSEngine:
         self.token2wav = Token2Wav(
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
             cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
-            fifo=cfg.t2w_fifo, reuse_gb=cfg.flow_reuse_gb,
+            fifo=cfg.t2w_fifo, relaxed_cap=cfg.t2w_relaxed_cap, reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip
         self.admission = Admission(

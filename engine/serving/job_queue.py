@@ -9,8 +9,17 @@ attention, so it never shares a call with streaming chunks). A batch is formed e
   the frame bucket (``frame_bucket`` multiples, as the flow's CUDA graphs pad them);
 - every other job of that kind joins in deadline order while there is room (``max_batch`` rows) if it is
   urgent (slack ``deadline - now <= urgent_s``: it must not wait for a later batch) or fits in the frame
-  bucket so far (it rides along for free). A job with slack that would make every row pay for a longer
-  call waits instead: a first chunk is not padded to the length of chunks with seconds of audio buffered.
+  bucket so far (it rides along). A job with slack that would make every row pay for a longer call waits
+  instead: a first chunk is not padded to the length of chunks with seconds of audio buffered;
+- a relaxed job (slack over ``relaxed_s``: its client has plenty of audio buffered) joins only while the
+  batch stays within ``budget`` padded row-frames (rows x frame bucket; ``call_cost`` turns the worker's
+  measured speed into it). Riding along is not free once calls are compute-bound, and a call cannot be
+  preempted: a first chunk (or a stream about to run dry) queued while a long call of relaxed chunks runs
+  waits for all of it. Kept short, that call ends soon and the relaxed jobs go in later calls, still in
+  time; ``relaxed_s`` = inf lets them fill the batch (the scheduler before this rule). The price is
+  more calls, each with its fixed cost (launches, the vocoder, the copy out): where that cost is a large
+  share of a call, a worker near its capacity loses throughput (tests/engine/serving/worker_sim.py shows
+  both sides), so the rule is an A/B (``EngineConfig.t2w_relaxed_cap``) that the GPU bench decides.
 
 Nobody starves: a job queued at ``t`` has a deadline >= ``t`` unless its client already ran dry, so once
 a job's deadline is the earliest in the queue only jobs queued before it can take the head, and the head
@@ -22,7 +31,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
+
+from engine.serving.call_cost import CallCost
 
 
 class Deadlined(Protocol):
@@ -45,9 +57,16 @@ def frame_bucket_of(frames: int, frame_bucket: int) -> int:
 
 
 def pick_batch(
-    queued: Sequence[J], now: float, max_batch: int, frame_bucket: int, urgent_s: float
+    queued: Sequence[J],
+    now: float,
+    max_batch: int,
+    frame_bucket: int,
+    urgent_s: float,
+    relaxed_s: float = math.inf,
+    budget: float = math.inf,
 ) -> list[J]:
-    """The next batch from ``queued`` (in arrival order): see the module docstring. Empty in, empty out."""
+    """The next batch from ``queued`` (in arrival order): see the module docstring. Empty in, empty out.
+    ``budget``: padded row-frames (rows x frame bucket) that relaxed jobs may fill; the head always runs."""
     order = sorted(range(len(queued)), key=lambda i: (queued[i].deadline, i))
     if not order:
         return []
@@ -59,23 +78,50 @@ def pick_batch(
         job = queued[i]
         if job.finalize != head.finalize:
             continue
-        size = frame_bucket_of(job.frames, frame_bucket)
-        if job.deadline - now <= urgent_s or size <= top:
-            batch.append(job)
-            top = max(top, size)
+        slack, size = job.deadline - now, frame_bucket_of(job.frames, frame_bucket)
+        if slack > urgent_s and size > top:
+            continue  # it would make every row pay for a longer call and can wait
+        if slack > relaxed_s and (len(batch) + 1) * max(top, size) > budget:
+            continue  # the call would run long for audio nobody needs yet
+        batch.append(job)
+        top = max(top, size)
     return batch
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """The rule for relaxed jobs: over ``slack_s`` of slack they fill a batch only up to a call of about
+    ``call_s``, at the speed ``cost`` measured (its row-frames budget; unlimited until a call was timed)."""
+
+    slack_s: float = 2.0
+    call_s: float = 0.2
+    cost: CallCost = field(default_factory=CallCost)
+
+    def __post_init__(self) -> None:
+        if self.slack_s < 0 or self.call_s <= 0:
+            raise ValueError(f"need slack_s >= 0 and call_s > 0, got {self.slack_s} and {self.call_s}")
+
+    def budget(self) -> float:
+        return self.cost.row_frames_within(self.call_s)
 
 
 class DeadlineQueue(Generic[J]):
     """Thread-safe: request threads ``put``, the worker ``take``s batches (blocking, no polling)."""
 
     def __init__(
-        self, clock: Callable[[], float], max_batch: int, frame_bucket: int = 100, urgent_s: float = 0.3
+        self,
+        clock: Callable[[], float],
+        max_batch: int,
+        frame_bucket: int = 100,
+        urgent_s: float = 0.3,
+        relaxed: Relaxed | None = None,  # None: relaxed jobs fill batches like the others
     ):
         if max_batch < 1 or frame_bucket < 1 or urgent_s < 0:
             raise ValueError("need max_batch >= 1, frame_bucket >= 1 and urgent_s >= 0")
+        if relaxed is not None and relaxed.slack_s < urgent_s:
+            raise ValueError("need the relaxed slack_s >= urgent_s (an urgent job is never relaxed)")
         self.clock, self.max_batch = clock, max_batch
-        self.frame_bucket, self.urgent_s = frame_bucket, urgent_s
+        self.frame_bucket, self.urgent_s, self.relaxed = frame_bucket, urgent_s, relaxed
         self._jobs: list[J] = []
         self._closed = False
         self._changed = threading.Condition()
@@ -108,7 +154,12 @@ class DeadlineQueue(Generic[J]):
             self._changed.wait_for(lambda: self._jobs or self._closed)
             if not self._jobs:
                 return None
-            batch = pick_batch(self._jobs, self.clock(), self.max_batch, self.frame_bucket, self.urgent_s)
+            relaxed_s, budget = math.inf, math.inf
+            if self.relaxed is not None:
+                relaxed_s, budget = self.relaxed.slack_s, self.relaxed.budget()
+            batch = pick_batch(
+                self._jobs, self.clock(), self.max_batch, self.frame_bucket, self.urgent_s, relaxed_s, budget
+            )
             taken = {id(j) for j in batch}
             self._jobs = [j for j in self._jobs if id(j) not in taken]
             return batch

@@ -2,7 +2,9 @@
 
 Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, vocoder continuation); the
 worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
-(``job_queue``), so GPU work is serialised by one owner we time instead of interleaving threads.
+(``job_queue``; a call made of chunks with plenty of slack kept short, at the speed the worker measures,
+so a first chunk does not wait long behind it), so GPU work is serialised by one owner we time instead of
+interleaving threads.
 ``run`` is awaited by the request's coroutine. HiFT runs a batch's rows together where that gives each row
 what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-padded call, its final chunks
 in two (``CausalHiFTGenerator.finals``), v2's in groups of one input shape (by default on a GPU/NPU only),
@@ -37,7 +39,7 @@ from engine.flow.cfm import Flow
 from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
-from engine.serving.job_queue import DeadlineQueue, frame_bucket_of
+from engine.serving.job_queue import DeadlineQueue, Relaxed, frame_bucket_of
 from engine.serving.metrics import ChunkTimes
 from engine.serving.streaming import TOKEN_MEL_RATIO, ChunkJob, ChunkPlanner
 from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
@@ -88,24 +90,33 @@ class _Job:
 @dataclass(frozen=True)
 class Batching:
     """How the worker's batches form (``engine.serving.job_queue``): rows per call, the flow graphs' frame
-    bucket (mel frames), the slack (s) under which a job always joins, and ``fifo``: arrival order, no
-    buckets (the scheduler's A/B: every job is due when queued and counts as urgent)."""
+    bucket (mel frames), the slack (s) under which a job always joins, ``fifo``: arrival order, no
+    buckets (the scheduler's A/B: every job is due when queued and counts as urgent), and ``relaxed``:
+    over ``relaxed_s`` of slack a job joins only while the call stays within about ``relaxed_call_s``
+    (False: it fills the batch like the others, the scheduler before that rule)."""
 
     max_batch: int = EngineConfig.flow_batch
     frame_bucket: int = 100
     urgent_s: float = 0.3
     fifo: bool = False
+    relaxed: bool = True
+    relaxed_s: float = 2.0
+    relaxed_call_s: float = 0.2
 
 
 class ChunkScheduler:
     """Deadline batching for the token2wav worker: request coroutines ``submit`` chunk jobs, the worker thread
-    takes ``next_batch`` (earliest playback deadline first), and admission reads ``least_slack_s``."""
+    takes ``next_batch`` (earliest playback deadline first) and reports each batch's time (``ran``: the
+    relaxed rule's speed), and admission reads ``least_slack_s``."""
 
     def __init__(self, batching: Batching, clock: Callable[[], float]):
         self.clock, self.fifo = clock, batching.fifo
         urgent_s = math.inf if batching.fifo else batching.urgent_s
+        self.relaxed: Relaxed | None = None
+        if batching.relaxed and not batching.fifo:
+            self.relaxed = Relaxed(batching.relaxed_s, batching.relaxed_call_s)
         self._queue: DeadlineQueue[_Job] = DeadlineQueue(
-            clock, batching.max_batch, batching.frame_bucket, urgent_s
+            clock, batching.max_batch, batching.frame_bucket, urgent_s, self.relaxed
         )
         self.pending = 0  # jobs submitted and not yet taken
 
@@ -144,6 +155,12 @@ class ChunkScheduler:
                 job.times.bucket_frames, job.times.frames = bucket, job.frames
         return live
 
+    def ran(self, jobs: list[_Job], seconds: float) -> None:
+        """The worker ran ``jobs`` (a batch from ``next_batch``) in ``seconds``: the relaxed rule's speed."""
+        if self.relaxed is not None and jobs:
+            bucket = frame_bucket_of(max(j.frames for j in jobs), self._queue.frame_bucket)
+            self.relaxed.cost.observe(len(jobs), bucket, seconds)
+
     def least_slack_s(self) -> float | None:
         """The least playback slack (s) among the queued chunks whose client still had audio buffered when
         they were queued (None: no such chunk): how close the admitted streams are to running dry."""
@@ -180,6 +197,7 @@ class Token2Wav:
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
+        relaxed_cap: bool = True,  # calls of chunks with slack kept short (Batching.relaxed); False: the A/B
         flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
@@ -194,7 +212,15 @@ class Token2Wav:
         self.v2_groups = devices.is_accelerator(device) if v2_hift_groups is None else v2_hift_groups
         self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
-        batching = Batching(max_batch, frame_bucket, stream_cfg.urgent_slack_s, fifo)
+        batching = Batching(
+            max_batch,
+            frame_bucket,
+            stream_cfg.urgent_slack_s,
+            fifo,
+            relaxed_cap,
+            stream_cfg.relaxed_slack_s,
+            stream_cfg.relaxed_call_s,
+        )
         self.scheduler = ChunkScheduler(batching, clock)
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
         self._thread.start()
@@ -277,7 +303,9 @@ class Token2Wav:
             if self.own_stream:
                 devices.after_default_stream(self.device)
             if live:  # empty when its requests went away
+                t0 = time.perf_counter()
                 self._run_batch(live)
+                self.scheduler.ran(live, time.perf_counter() - t0)
             # the worker waits for the next batch: this one must not keep its requests' state (a stream's
             # flow cache, gigabytes at full size) alive meanwhile
             del live

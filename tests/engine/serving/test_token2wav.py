@@ -375,6 +375,87 @@ def test_fifo_takes_queued_chunks_in_arrival_order_in_one_batch(tmp_path):
     assert queued_batches(tmp_path, fifo=True) == [[1], [400, 43]]
 
 
+class SteppedWorker:
+    """A fake batch runner for ``Token2Wav._run_batch`` that runs one batch per ``step()``: records each
+    batch's chunks (token counts), so the test queues jobs while a known batch is running."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.steps = threading.Semaphore(0)
+        self.changed = threading.Condition()
+        self.batches: list[list[int]] = []
+
+    def __call__(self, jobs) -> None:
+        from engine.serving.token2wav import _deliver
+
+        with self.changed:
+            self.batches.append([j.chunk.end for j in jobs])
+            self.changed.notify_all()
+        assert self.steps.acquire(timeout=WAIT_S), "the test never let this batch finish"
+        for job in jobs:
+            _deliver(job, np.zeros(1, np.float32), None)
+
+    def running(self, n: int) -> None:
+        """Block until the worker is inside its ``n``-th batch."""
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.batches) >= n, timeout=WAIT_S)
+
+
+def batches_around_a_first_chunk(tmp_path, relaxed_cap: bool) -> list[list[int]]:
+    """The worker's batches (token counts) when three streams with 6 s of audio buffered queue long chunks
+    while it is busy, and a new stream's first chunk arrives while it runs the next batch. The measured
+    speed (1 ms a padded row-frame) puts a 0.2 s call at 200 row-frames: less than one long row."""
+    from engine.demo.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    clock = [0.0]
+    t2w = Token2Wav(
+        model.flow,
+        model.hift,
+        "cosyvoice3",
+        model.device,
+        StreamConfig(),
+        clock=lambda: clock[0],
+        relaxed_cap=relaxed_cap,
+    )
+    if t2w.scheduler.relaxed is not None:
+        t2w.scheduler.relaxed.cost.unit_s = 1e-3
+    worker = SteppedWorker()
+    t2w._run_batch = worker  # type: ignore[method-assign]
+    features, _ = random_prompt(10, 10)
+
+    def utt(seed: int) -> Utterance:
+        return t2w.utterance(features, seed, True)
+
+    async def scenario() -> None:
+        busy = asyncio.ensure_future(t2w.run(utt(0), ChunkJob(1, 0, False)))
+        await asyncio.to_thread(worker.running, 1)
+        buffered = [asyncio.ensure_future(t2w.run(utt(s), ChunkJob(400, 0, False), 6.0)) for s in (1, 2, 3)]
+        await asyncio.sleep(0)  # all three queued
+        worker.steps.release()
+        await asyncio.to_thread(worker.running, 2)
+        first = asyncio.ensure_future(t2w.run(utt(4), ChunkJob(43, 0, False)))
+        await asyncio.sleep(0)  # queued
+        worker.steps.release(5)
+        await asyncio.gather(busy, first, *buffered)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        t2w.close()
+    return worker.batches
+
+
+def test_a_first_chunk_waits_behind_one_short_call_of_buffered_chunks_not_all_of_them(tmp_path):
+    """The default: the buffered streams' chunks go one per call, so the first chunk runs in the call
+    after the one it found running; the scheduler before this rule ran all three together first."""
+    assert batches_around_a_first_chunk(tmp_path, relaxed_cap=True) == [[1], [400], [43], [400], [400]]
+    assert batches_around_a_first_chunk(tmp_path, relaxed_cap=False) == [[1], [400, 400, 400], [43]]
+
+
 async def stream_jobs(
     t2w: Token2Wav, utt: Utterance, tokens: list[int]
 ) -> tuple[list[np.ndarray], list[ChunkJob]]:

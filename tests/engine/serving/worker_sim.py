@@ -6,6 +6,8 @@ back (the engine runs a stream's chunks in order). The worker takes ``pick_batch
 ``base_s + per_row_s x rows x buckets`` (every row pays for the batch's frame bucket: padding is not free).
 A client plays from its first audio on; a later chunk back after its audio ran out is a miss (an underrun).
 ``fifo`` is the arrival-order A/B: each job is due when queued and every job is urgent (no buckets).
+``relaxed``: the rule that keeps calls of chunks with slack short, learning the call cost from the batches
+as the worker does (None: such chunks fill the batches, the scheduler before the rule).
 ``admit(now)`` decides each new stream at its first chunk (refused: it never runs).
 """
 
@@ -16,7 +18,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.serving.job_queue import frame_bucket_of, pick_batch
+from engine.serving.job_queue import Relaxed, frame_bucket_of, pick_batch
 
 PROMPT_TOKENS = 90
 BUCKET = 100
@@ -72,7 +74,9 @@ class WorkerSim:
         ]
         return min(queued + playing, default=None)
 
-    def run(self, fifo: bool = False, admit: Callable[[], bool] = lambda: True) -> Outcome:
+    def run(
+        self, fifo: bool = False, admit: Callable[[], bool] = lambda: True, relaxed: Relaxed | None = None
+    ) -> Outcome:
         out = Outcome()
         pending = {s: self._job(s, fifo) for s in range(len(self.arrivals))}
         while pending or self.queue:
@@ -88,9 +92,13 @@ class WorkerSim:
             if not self.queue:
                 self.now = min(j.ready for j in pending.values())
                 continue
-            batch = pick_batch(self.queue, self.now, 16, BUCKET, math.inf if fifo else 0.3)
+            slack_s, budget = (relaxed.slack_s, relaxed.budget()) if relaxed else (math.inf, math.inf)
+            batch = pick_batch(self.queue, self.now, 16, BUCKET, math.inf if fifo else 0.3, slack_s, budget)
             top = frame_bucket_of(max(j.frames for j in batch), BUCKET)
-            self.now += self.base_s + self.per_row_s * len(batch) * top / BUCKET
+            call_s = self.base_s + self.per_row_s * len(batch) * top / BUCKET
+            self.now += call_s
+            if relaxed:
+                relaxed.cost.observe(len(batch), top, call_s)
             for job in batch:
                 self.queue.remove(job)
                 self._back(job, out)
