@@ -180,6 +180,15 @@ def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_overlap_flags(parser: argparse.ArgumentParser) -> None:
+    """``--cuda-mps`` -> ``args.cuda_mps`` (``EngineConfig.cuda_mps``): how the LM and flow share a GPU."""
+    parser.add_argument(
+        "--cuda-mps", action="store_true",
+        help="CUDA: run this process and vLLM's engine core under a CUDA MPS daemon the engine starts and "
+        "stops (pipe and log under the cache root; needs nvidia-cuda-mps-control on PATH)",
+    )  # fmt: skip
+
+
 def _add_auto_flags(parser: argparse.ArgumentParser, name: str, on: str, off: str) -> None:
     """``--NAME`` (True) / ``--no-NAME`` (False), exclusive, into one dest that stays None (auto) unset."""
     group, dest = parser.add_mutually_exclusive_group(), name.replace("-", "_")
@@ -278,6 +287,11 @@ class EngineConfig:
     # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
     # Off by default; bench --t2w-own-stream is its A/B and a GPU test checks the audio is unchanged.
     t2w_own_stream: bool = False
+    # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
+    # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
+    # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the
+    # GPU's settings (compute mode). Off until bench.overlap has measured it (BENCHMARKS.md).
+    cuda_mps: bool = False
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
     # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
@@ -336,6 +350,8 @@ class EngineConfig:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")
+        if self.cuda_mps and self.device not in ("auto", "cuda"):
+            raise ValueError(f"cuda_mps needs a CUDA device (device auto or cuda), got {self.device!r}")
 
     def compiles_flow(self, family: str) -> bool:
         """Whether the graphed flow solver compiles its estimator: as set, or in auto for v3 only."""
