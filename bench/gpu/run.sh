@@ -30,6 +30,19 @@
 #                                                 folded into q/k dims (folded) -> $OUT/kernels_FAMILY_ARM/;
 #                                                 v3 compiled, v2 eager (VARIANT=compiled for v2's compiled
 #                                                 U-Net); ARMS=mask,folded picks arms; LIMIT_S is shared
+#   bench/gpu/run.sh overlap FAMILY [BENCH FLAGS] H200: the LM and the flow on one GPU (bench.overlap): the LM
+#                                                 alone at 1 and 16 decodes, flow + HiFT calls alone at batch 1
+#                                                 and 16, each pair at once (LM step ms with the flow running,
+#                                                 flow call ms with the LM decoding), then the stream bench at
+#                                                 1 and 16 streams (8 requests) -> $OUT/overlap_FAMILY_ARM/
+#                                                 results.json + results.md + .log; an arm per load, one after
+#                                                 another: ARMS=default,mps (default), own-stream (token2wav on
+#                                                 its own CUDA stream), batch4 (flow calls of at most 4 rows);
+#                                                 mps runs under the engine's own MPS daemon (--cuda-mps: needs
+#                                                 nvidia-cuda-mps-control, else the arm is skipped); LIMIT_S is
+#                                                 shared (a warm load ~2.5-4 min with its graphs, then ~70 s of
+#                                                 runs: two arms fit a call only warm); PROFILE=1 adds
+#                                                 bench.profile summaries at 1 and 16 streams
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
 #                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
 #                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
@@ -256,6 +269,39 @@ step_kernels() {  # FAMILY: one call, the solver's attention arms one after anot
   done
 }
 
+step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, each its own load
+  [ $# -ge 1 ] || die "usage: run.sh overlap FAMILY [BENCH FLAGS]"
+  local fam=$1 arms arm flags name t0=$SECONDS left
+  shift
+  family_dir "$fam" > /dev/null
+  IFS=, read -r -a arms <<< "${ARMS:-default,mps}"
+  for arm in "${arms[@]}"; do
+    case "$arm" in
+      default | mps | own-stream | batch4) ;; *) die "ARMS: default, mps, own-stream or batch4, got '$arm'" ;;
+    esac
+  done
+  environment
+  for i in "${!arms[@]}"; do
+    arm=${arms[$i]} name=overlap_${fam}_${arms[$i]}
+    case "$arm" in
+      default) flags=() ;; mps) flags=(--cuda-mps) ;;
+      own-stream) flags=(--t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
+    esac
+    if [ "$arm" = mps ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
+      echo "$name: skipped (nvidia-cuda-mps-control is not on PATH here)"
+      continue
+    fi
+    [ -z "${PROFILE:-}" ] || flags+=(--profile-dir "$OUT/$name" --profile-at 1,16)
+    left=$((LIMIT_S - (SECONDS - t0)))
+    timeout $((left / (${#arms[@]} - i))) python3 -m bench.overlap --random-full "$fam" --cache-dir "$CACHE" \
+      --device cuda --backend vllm --concurrency 1,16 --requests 8 --tokens 250 --hardware "$HARDWARE" \
+      --arm "$arm" "${flags[@]}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 && rc=0 || rc=$?
+    echo "$name rc=$rc $(date +%T)"
+    grep -E "MPS|Error" "$OUT/$name.log" | cut -c1-220 | tail -4 || true
+    if [ -f "$OUT/$name/results.md" ]; then sed -n '/^| LM decodes/,/^$/p' "$OUT/$name/results.md"; fi
+  done
+}
+
 CACHE_PARTS_MAX=3  # x 16 MB: with the checkout (~8 MB) a cache-in call stays under the 64 MiB it may carry
 
 step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) and vLLM's torch.compile cache
@@ -341,7 +387,7 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   done
 }
 
-STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|cache-out|cache-in|serve|startup"
+STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -356,6 +402,7 @@ case "$step" in
   speed) step_speed "$@" ;;
   capacity) step_capacity "$@" ;;
   kernels) step_kernels "$@" ;;
+  overlap) step_overlap "$@" ;;
   cache-out) step_cache_out ;;
   cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;
