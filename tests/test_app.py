@@ -60,6 +60,7 @@ def test_flags_reach_the_engine_config() -> None:
     with pytest.raises(SystemExit):
         cli.parse_args(["--flow-compile", "--no-flow-compile"])
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless
+    assert cfg.cuda_mps is False and cli.engine_config(cli.parse_args(["--cuda-mps"])).cuda_mps is True
 
 
 @pytest.mark.parametrize(

@@ -297,7 +297,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     flags = ["--no-cuda-graphs", "--no-hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
     flags += ["--no-flow-compile", "--no-flow-reuse"]
-    flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo"]
+    flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--cuda-mps"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
@@ -316,6 +316,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert (plain.stream.adaptive_hop, plain.text_workers) == (defaults.stream.adaptive_hop, None)
     assert (knobs.stream.adaptive_hop, knobs.text_workers, knobs.t2w_fifo) == (True, 2, True)
     assert plain.t2w_fifo is defaults.t2w_fifo is False
+    assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is False
 
 
 def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):
