@@ -115,6 +115,8 @@ class Slowdown:
     lm_step_with_flow: float | None
     flow_call_alone: float | None
     flow_call_with_lm: float | None
+    flow_rows_alone: float | None  # rows per call: the two calls compare like with like when equal
+    flow_rows_with_lm: float
 
     @property
     def lm_ratio(self) -> float | None:
@@ -134,12 +136,22 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def slowdowns(lm_alone: list[LmRun], flow_alone: list[FlowRun], both: list[Both]) -> list[Slowdown]:
     lm = {r.sessions: r.step_ms.mean for r in lm_alone}
-    flow = {r.batch: r.call_ms.mean for r in flow_alone}
+    flow = {r.batch: r for r in flow_alone}
     out = []
     for b in both:
-        alone = lm.get(b.lm.sessions), flow.get(b.flow.batch)
+        alone = flow.get(b.flow.batch)
+        call, rows = (None, None) if alone is None else (alone.call_ms.mean, alone.rows)
         out.append(
-            Slowdown(b.lm.sessions, b.flow.batch, alone[0], b.lm.step_ms.mean, alone[1], b.flow.call_ms.mean)
+            Slowdown(
+                b.lm.sessions,
+                b.flow.batch,
+                lm.get(b.lm.sessions),
+                b.lm.step_ms.mean,
+                call,
+                b.flow.call_ms.mean,
+                rows,
+                b.flow.rows,
+            )
         )
     return out
 
@@ -247,16 +259,25 @@ class Probe:
         return lm_run(sessions, done), t0, time.perf_counter()
 
     async def flow_call(self, batch: int, tokens: int, seed: int) -> list[Any]:
-        """``batch`` whole-utterance final calls of ``tokens`` tokens submitted at once -> their rows'
-        ``ChunkTimes`` (the worker batches them as it would any chunks due now)."""
+        """``batch`` whole-utterance final calls of ``tokens`` tokens queued together -> their rows'
+        ``ChunkTimes``. Queued in one go, with no await between them, so the worker finds them all (its
+        ``flow_batch`` may still cut them; ``FlowRun.rows`` says how many shared a call)."""
         from engine.serving.streaming import ChunkJob
 
-        t2w, speech = self.engine.token2wav, list(self.features.speech_tokens)
-        utts = [t2w.utterance(self.features, seed + i, stream=False) for i in range(batch)]
-        for utt in utts:
+        t2w, speech, loop = (
+            self.engine.token2wav,
+            list(self.features.speech_tokens),
+            asyncio.get_running_loop(),
+        )
+        jobs = []
+        for i in range(batch):
+            utt = t2w.utterance(self.features, seed + i, stream=False)
             utt.tokens.extend((speech * (tokens // max(len(speech), 1) + 1))[:tokens])
-        await asyncio.gather(*(t2w.run(u, ChunkJob(tokens, 0, True)) for u in utts))
-        return [u.last_times for u in utts]
+            jobs.append(t2w.scheduler.job(utt, ChunkJob(tokens, 0, True), loop, None))
+        for job in jobs:
+            t2w.scheduler.submit(job)
+        await asyncio.gather(*(job.future for job in jobs))
+        return [job.times for job in jobs]
 
     async def flow_level(self, batch: int, tokens: int, calls: int, seed: int) -> FlowRun:
         """``calls`` flow calls of ``batch`` rows, one after another."""
@@ -368,12 +389,13 @@ def _slowdown_table(result: dict[str, Any]) -> list[str]:
             _f(r["flow_call_alone"]),
             _f(r["flow_call_with_lm"]),
             _x(r["flow_ratio"]),
+            f"{_f(r['flow_rows_alone'])} / {_f(r['flow_rows_with_lm'])}",
         )
         for r in result.get("slowdowns", [])
     ]
     header = _row(
         "LM decodes", "flow batch", "LM step ms alone", "with flow", "LM slowdown", "flow call ms alone",
-        "with LM", "flow slowdown",
+        "with LM", "flow slowdown", "rows per flow call alone / with LM",
     )  # fmt: skip
     return _table(header, rows)
 

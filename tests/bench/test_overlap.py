@@ -71,14 +71,16 @@ def test_slowdowns_compare_each_pair_with_its_parts_alone_and_the_report_shows_t
     assert rows[1].lm_ratio == pytest.approx(1.1) and rows[1].flow_ratio == pytest.approx(2.0)
     missing = slowdowns([], alone_flow, pairs[:1])[0]  # no LM-alone run at that level: no ratio
     assert missing.lm_step_alone is None and missing.lm_ratio is None and missing.flow_ratio is not None
+    no_flow = slowdowns(alone_lm, [], pairs[:1])[0]
+    assert no_flow.flow_call_alone is None and no_flow.flow_rows_alone is None and no_flow.flow_ratio is None
     result = {
         "meta": {"arm": "mps", "model": "m", "tokens": 250, "flow_tokens": 250},
         "slowdowns": [r.row() for r in rows],
     }
     text = markdown(result)
     assert "arm mps" in text
-    assert "| 1 | 16 | 2.0 | 5.0 | 2.50x | 300.0 | 330.0 | 1.10x |" in text
-    assert "| 16 | 1 | 4.0 | 4.4 | 1.10x | 50.0 | 100.0 | 2.00x |" in text
+    assert "| 1 | 16 | 2.0 | 5.0 | 2.50x | 300.0 | 330.0 | 1.10x | 16.0 / 16.0 |" in text
+    assert "| 16 | 1 | 4.0 | 4.4 | 1.10x | 50.0 | 100.0 | 2.00x | 1.0 / 1.0 |" in text
 
 
 def test_bad_arguments_are_refused():
@@ -113,6 +115,7 @@ def test_a_tiny_run_measures_every_phase_and_writes_the_report(tmp_path: Path):
         assert run["calls"] >= 2 and 1 <= run["rows"] <= run["batch"] and run["call_ms"]["mean"] > 0
     assert [(r["sessions"], r["batch"]) for r in result["slowdowns"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert all(r["lm_ratio"] > 0 and r["flow_ratio"] > 0 for r in result["slowdowns"])
+    assert all(r["flow_rows_alone"] == r["flow_rows_with_lm"] == r["batch"] for r in result["slowdowns"])
     assert [lv["concurrency"] for lv in result["e2e"]] == [1, 2] and not any(
         lv["failed"] for lv in result["e2e"]
     )
