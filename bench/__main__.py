@@ -289,6 +289,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
         cuda_mps=args.cuda_mps,
+        mps_flow_percent=args.mps_flow_percent,
         t2w_fifo=args.t2w_fifo,
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)

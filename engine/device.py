@@ -190,6 +190,11 @@ def after_default_stream(device: torch.device) -> None:
         torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
 
 
+def create_context(device: torch.device) -> None:
+    """This process's CUDA context, now (the first allocation creates it)."""
+    torch.empty(1, device=device)
+
+
 def capture_stream():
     """A side stream for warming up and capturing graphs (share it between captures)."""
     return torch.cuda.Stream()
@@ -202,6 +207,7 @@ def graph_pool():
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_PIPE, MPS_LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # a client's SM share, read when its context is created
 # a Unix socket's path holds at most 107 bytes; the daemon's sockets live in the pipe directory
 MPS_PIPE_MAX_CHARS = 80
 # Sends ``quit`` once its stdin reaches end of file: when ``CudaMps.close`` closes it, or when this process
@@ -264,6 +270,11 @@ class CudaMps:
         )
         os.environ.update(self._env_vars())
         log.info("CUDA MPS: control daemon started (pipe %s, log %s)", self.pipe, self.log_dir)
+
+    def client_share(self, sm_percent: int | None) -> contextlib.AbstractContextManager[None]:
+        """While entered, a CUDA context this process creates may fill ``sm_percent`` of the SMs (None:
+        all); the processes started after it (vLLM's engine core) keep every SM."""
+        return _environment({MPS_THREADS: str(sm_percent)} if sm_percent is not None else {})
 
     def servers(self) -> list[int]:
         """The MPS servers' process ids: one runs once a client (this process, vLLM's) initialised CUDA."""
@@ -354,3 +365,18 @@ class CudaMps:
         if not control.is_file():
             return ""
         return "(control.log: " + " | ".join(control.read_text().splitlines()[-lines:]) + ")"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """``values`` in this process's environment while entered; what was there before afterwards."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

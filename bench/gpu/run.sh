@@ -36,10 +36,12 @@
 #                                                 flow call ms with the LM decoding), then the stream bench at
 #                                                 1 and 16 streams (8 requests) -> $OUT/overlap_FAMILY_ARM/
 #                                                 results.json + results.md + .log; an arm per load, one after
-#                                                 another: ARMS=default,mps (default), own-stream (token2wav on
-#                                                 its own CUDA stream), batch4 (flow calls of at most 4 rows);
-#                                                 mps runs under the engine's own MPS daemon (--cuda-mps: needs
-#                                                 nvidia-cuda-mps-control, else the arm is skipped); LIMIT_S is
+#                                                 another: ARMS=default,mps (default), mps-share (MPS, this
+#                                                 process's kernels on SHARE=60 % of the SMs, the LM on all),
+#                                                 own-stream (token2wav on its own CUDA stream), batch4 (flow
+#                                                 calls of at most 4 rows); the MPS arms run under the engine's
+#                                                 own daemon (--cuda-mps: needs nvidia-cuda-mps-control, else
+#                                                 they are skipped); LIMIT_S is
 #                                                 shared (a warm load ~2.5-4 min with its graphs, then ~70 s of
 #                                                 runs: two arms fit a call only warm); PROFILE=1 adds
 #                                                 bench.profile summaries at 1 and 16 streams
@@ -277,17 +279,18 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
   IFS=, read -r -a arms <<< "${ARMS:-default,mps}"
   for arm in "${arms[@]}"; do
     case "$arm" in
-      default | mps | own-stream | batch4) ;; *) die "ARMS: default, mps, own-stream or batch4, got '$arm'" ;;
+      default | mps | mps-share | own-stream | batch4) ;;
+      *) die "ARMS: default, mps, mps-share, own-stream or batch4, got '$arm'" ;;
     esac
   done
   environment
   for i in "${!arms[@]}"; do
     arm=${arms[$i]} name=overlap_${fam}_${arms[$i]}
     case "$arm" in
-      default) flags=() ;; mps) flags=(--cuda-mps) ;;
+      default) flags=() ;; mps) flags=(--cuda-mps) ;; mps-share) flags=(--cuda-mps --mps-flow-percent "${SHARE:-60}") ;;
       own-stream) flags=(--t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
     esac
-    if [ "$arm" = mps ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
+    if [ "${arm%-share}" = mps ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
       echo "$name: skipped (nvidia-cuda-mps-control is not on PATH here)"
       continue
     fi

@@ -103,7 +103,7 @@ def mps_env(tmp_path, monkeypatch):
     """The stand-in nvidia-cuda-mps-control first on PATH; the MPS variables restored after the test."""
     fake_mps_control(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    for name in (device.MPS_PIPE, device.MPS_LOG):
+    for name in (device.MPS_PIPE, device.MPS_LOG, device.MPS_THREADS):
         monkeypatch.setenv(name, "")  # recorded, so the test's value goes afterwards
         monkeypatch.delenv(name)
     return tmp_path / "mps"
@@ -159,3 +159,17 @@ def test_mps_start_failures_say_why(mps_env: Path, monkeypatch, tmp_path: Path):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(RuntimeError, match="not on PATH"):
         device.CudaMps(tmp_path / "other").start()
+
+
+def test_mps_client_share_holds_only_while_this_process_creates_its_context(mps_env: Path, monkeypatch):
+    mps = device.CudaMps(mps_env)
+    with mps.client_share(60):
+        assert os.environ[device.MPS_THREADS] == "60"
+    assert device.MPS_THREADS not in os.environ  # vLLM's engine core, started later, keeps every SM
+    with mps.client_share(None):
+        assert device.MPS_THREADS not in os.environ
+    monkeypatch.setenv(device.MPS_THREADS, "90")  # an operator's own setting comes back afterwards
+    with pytest.raises(RuntimeError, match="no CUDA"), mps.client_share(40):
+        assert os.environ[device.MPS_THREADS] == "40"
+        raise RuntimeError("no CUDA here")
+    assert os.environ[device.MPS_THREADS] == "90"
