@@ -287,7 +287,8 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
   for i in "${!arms[@]}"; do
     arm=${arms[$i]} name=overlap_${fam}_${arms[$i]}
     case "$arm" in
-      default) flags=() ;; mps) flags=(--cuda-mps) ;; mps-share) flags=(--cuda-mps --mps-flow-percent "${SHARE:-60}") ;;
+      default) flags=() ;; mps) flags=(--cuda-mps) ;;
+      mps-share) flags=(--cuda-mps --mps-flow-percent "${SHARE:-60}") ;;
       own-stream) flags=(--t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
     esac
     if [ "${arm%-share}" = mps ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
