@@ -259,7 +259,7 @@ class CudaMps:
                 f"--cuda-mps: {MPS_CONTROL} -d failed (rc {started.returncode}): "
                 f"{(started.stderr or started.stdout).strip()} {self._log_tail()}"
             )
-        self._until_answering()
+        # from here on the daemon is told to quit however this process goes on (or ends)
         self.stopper = subprocess.Popen(
             [sys.executable, "-c", _MPS_STOPPER, self.exe],
             stdin=subprocess.PIPE,
@@ -268,6 +268,11 @@ class CudaMps:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        try:
+            self._until_answering()
+        except BaseException:
+            self.close()
+            raise
         os.environ.update(self._env_vars())
         log.info("CUDA MPS: control daemon started (pipe %s, log %s)", self.pipe, self.log_dir)
 

@@ -149,7 +149,8 @@ class FakeEngine:
 
 
 # A stand-in ``nvidia-cuda-mps-control``: ``-d`` "starts the daemon" (its control file in the pipe directory;
-# FAIL_START: fail with that message instead), the front end answers while the control file exists and logs
+# FAIL_START: fail with that message instead; SILENT_DAEMON: start one that never answers), the front end
+# answers while the control file exists and logs
 # every command to the log directory's calls.log; ``get_server_list`` prints the pipe directory's ``server``
 # file (written by a test: a client has connected); ``quit`` removes the control file.
 FAKE_MPS_CONTROL = """#!/usr/bin/env bash
@@ -157,7 +158,7 @@ log="$CUDA_MPS_LOG_DIRECTORY/calls.log" control="$CUDA_MPS_PIPE_DIRECTORY/contro
 server="$CUDA_MPS_PIPE_DIRECTORY/server"
 if [ "${1:-}" = -d ]; then
   [ -z "${FAIL_START:-}" ] || { echo "$FAIL_START" >&2; exit 1; }
-  echo "-d" >> "$log"; touch "$control"; exit 0
+  echo "-d" >> "$log"; [ -n "${SILENT_DAEMON:-}" ] || touch "$control"; exit 0
 fi
 [ -e "$control" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
 while read -r cmd; do

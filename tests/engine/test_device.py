@@ -147,6 +147,12 @@ def test_mps_start_failures_say_why(mps_env: Path, monkeypatch, tmp_path: Path):
         device.CudaMps(mps_env).start()
     assert device.MPS_PIPE not in os.environ  # nothing set for the processes started later
     monkeypatch.delenv("FAIL_START")
+    monkeypatch.setenv("SILENT_DAEMON", "1")
+    silent = device.CudaMps(mps_env, timeout_s=1.0)
+    with pytest.raises(RuntimeError, match="did not answer within 1 s"):
+        silent.start()
+    assert silent.stopper is None and device.MPS_PIPE not in os.environ  # told to quit, nothing exported
+    monkeypatch.delenv("SILENT_DAEMON")
     (mps_env / "pipe" / "control").touch()  # another daemon answers there already
     with pytest.raises(RuntimeError, match="already answers"):
         device.CudaMps(mps_env).start()
