@@ -150,9 +150,9 @@ class FakeEngine:
 
 # A stand-in ``nvidia-cuda-mps-control``: ``-d`` "starts the daemon" (its control file in the pipe directory;
 # FAIL_START: fail with that message instead; SILENT_DAEMON: start one that never answers), the front end
-# answers while the control file exists and logs
-# every command to the log directory's calls.log; ``get_server_list`` prints the pipe directory's ``server``
-# file (written by a test: a client has connected); ``quit`` removes the control file.
+# answers while the control file exists and logs every command to the log directory's calls.log;
+# ``get_server_list`` prints the pipe directory's ``server`` file (written by a test: a client has
+# connected); ``quit`` removes the control file.
 FAKE_MPS_CONTROL = """#!/usr/bin/env bash
 log="$CUDA_MPS_LOG_DIRECTORY/calls.log" control="$CUDA_MPS_PIPE_DIRECTORY/control"
 server="$CUDA_MPS_PIPE_DIRECTORY/server"
