@@ -33,8 +33,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -217,6 +217,7 @@ class Probe:
     prefix: Any  # [P, H] float32
     stop_ids: tuple[int, ...]
     features: Any  # PromptFeatures
+    ids: Iterator[int] = field(default_factory=itertools.count)  # request ids: each decode its own
 
     @classmethod
     async def of(cls, engine: Any, tokens: int) -> Probe:
@@ -245,18 +246,15 @@ class Probe:
     async def lm_round(self, sessions: int, tokens: int, seed: int) -> Round:
         t0 = time.perf_counter()
         stamps = await asyncio.gather(
-            *(self.decode(f"overlap-{seed}-{i}", seed + i, tokens) for i in range(sessions))
+            *(self.decode(f"overlap-{next(self.ids)}", seed + i, tokens) for i in range(sessions))
         )
         return t0, list(stamps)
 
-    async def lm_level(
-        self, sessions: int, tokens: int, rounds: int, seed: int
-    ) -> tuple[LmRun, float, float]:
-        """``rounds`` rounds of ``sessions`` decodes -> the level's run and when it started and ended (s)."""
-        done, t0 = [], time.perf_counter()
-        for r in range(rounds):
-            done.append(await self.lm_round(sessions, tokens, seed + 1000 * r))
-        return lm_run(sessions, done), t0, time.perf_counter()
+    async def lm_level(self, sessions: int, tokens: int, rounds: int, seed: int) -> LmRun:
+        """``rounds`` rounds of ``sessions`` decodes, one round after another."""
+        return lm_run(
+            sessions, [await self.lm_round(sessions, tokens, seed + 1000 * r) for r in range(rounds)]
+        )
 
     async def flow_call(self, batch: int, tokens: int, seed: int) -> list[Any]:
         """``batch`` whole-utterance final calls of ``tokens`` tokens queued together -> their rows'
@@ -315,7 +313,7 @@ async def lm_alone(probe: Probe, levels: Sequence[int], tokens: int, rounds: int
     out = []
     for c in levels:
         await probe.lm_round(c, min(tokens, 32), seed=10**6)  # untimed: the level's shapes once
-        run, _, _ = await probe.lm_level(c, tokens, rounds, seed=0)
+        run = await probe.lm_level(c, tokens, rounds, seed=0)
         log.info("LM alone, %d decodes: %.0f tokens/s, step %s ms", c, run.tokens_per_s, _ms(run.step_ms))
         out.append(run)
     return out
@@ -335,7 +333,7 @@ async def both(probe: Probe, sessions: int, batch: int, args: argparse.Namespace
     """The LM level ``sessions`` timed while the flow runs batches of ``batch`` back to back, then the
     flow's batches timed while the LM decodes that level round after round."""
     tokens, flow_tokens = args.tokens, args.flow_tokens
-    lm, _, _ = await alongside(
+    lm = await alongside(
         lambda stop: probe.flow_loop(batch, flow_tokens, stop),
         probe.lm_level(sessions, tokens, args.rounds, seed=3 * 10**6),
     )
