@@ -190,11 +190,6 @@ def after_default_stream(device: torch.device) -> None:
         torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
 
 
-def create_context(device: torch.device) -> None:
-    """This process's CUDA context, now (the first allocation creates it)."""
-    torch.empty(1, device=device)
-
-
 def capture_stream():
     """A side stream for warming up and capturing graphs (share it between captures)."""
     return torch.cuda.Stream()
@@ -276,10 +271,23 @@ class CudaMps:
         os.environ.update(self._env_vars())
         log.info("CUDA MPS: control daemon started (pipe %s, log %s)", self.pipe, self.log_dir)
 
-    def client_share(self, sm_percent: int | None) -> contextlib.AbstractContextManager[None]:
-        """While entered, a CUDA context this process creates may fill ``sm_percent`` of the SMs (None:
-        all); the processes started after it (vLLM's engine core) keep every SM."""
-        return _environment({MPS_THREADS: str(sm_percent)} if sm_percent is not None else {})
+    def connect(self, device: str, sm_percent: int | None = None) -> torch.device:
+        """Resolve ``device`` (it must be CUDA) and create this process's context on it now, as an MPS
+        client that may fill ``sm_percent`` of the SMs (None: all). The share holds for this context only:
+        the processes started later (vLLM's engine core) keep every SM."""
+        with _environment({MPS_THREADS: str(sm_percent)} if sm_percent is not None else {}):
+            dev = resolve(device)  # CUDA's initialisation, where a process connects to MPS
+            if dev.type != "cuda":
+                raise RuntimeError(f"--cuda-mps needs a CUDA device, and this engine runs on {dev.type}")
+            try:
+                torch.empty(1, device=dev)  # the first allocation creates the context
+            except RuntimeError as err:
+                raise RuntimeError(
+                    f"--cuda-mps: no CUDA context through MPS: {err} {self._log_tail()}"
+                ) from err
+        if sm_percent is not None:
+            log.info("CUDA MPS: this process's kernels may fill %d %% of the SMs", sm_percent)
+        return dev
 
     def servers(self) -> list[int]:
         """The MPS servers' process ids: one runs once a client (this process, vLLM's) initialised CUDA."""
@@ -366,10 +374,13 @@ class CudaMps:
             time.sleep(0.05)
 
     def _log_tail(self, lines: int = 5) -> str:
-        control = self.log_dir / "control.log"
-        if not control.is_file():
-            return ""
-        return "(control.log: " + " | ".join(control.read_text().splitlines()[-lines:]) + ")"
+        """The daemon's and its server's last log lines, for an error message."""
+        tails = []
+        for name in ("control.log", "server.log"):
+            path = self.log_dir / name
+            if path.is_file():
+                tails.append(f"({name}: " + " | ".join(path.read_text().splitlines()[-lines:]) + ")")
+        return " ".join(tails)
 
 
 @contextlib.contextmanager

@@ -124,7 +124,10 @@ class TTSEngine:
         # process-wide settings the engine holds until close(), undone here if loading fails
         with contextlib.ExitStack() as settings:
             mps = settings.enter_context(_cuda_mps(cfg))  # before anything here initialises CUDA
-            dev = devices.resolve(cfg.device) if mps is None else _mps_client(cfg, mps)
+            # under MPS our context comes now, at its SM share, before vLLM's engine core starts with all
+            dev = (
+                devices.resolve(cfg.device) if mps is None else mps.connect(cfg.device, cfg.mps_flow_percent)
+            )
             devices.configure(dev)
             if cfg.flow_attention == "cudnn":  # before the flow compiles and captures: they fix the kernel
                 settings.enter_context(devices.cudnn_attention(dev))
@@ -526,17 +529,6 @@ def _cuda_mps(cfg: EngineConfig) -> contextlib.AbstractContextManager[devices.Cu
     if not cfg.cuda_mps:
         return contextlib.nullcontext()
     return devices.CudaMps(cache_root(cfg.cache_dir) / "mps")
-
-
-def _mps_client(cfg: EngineConfig, mps: devices.CudaMps) -> torch.device:
-    """The CUDA device, this process's context on it created now as an MPS client at its SM share
-    (``mps_flow_percent``), before vLLM's engine core starts with every SM."""
-    with mps.client_share(cfg.mps_flow_percent):
-        dev = devices.resolve(cfg.device)
-        if dev.type != "cuda":
-            raise RuntimeError(f"--cuda-mps needs a CUDA device, and this engine runs on {dev.type}")
-        devices.create_context(dev)
-    return dev
 
 
 def _prefix(lm: SpeechLM, text_ids: list[int], prompt_ids: list[int], speech_ids: list[int]) -> torch.Tensor:

@@ -167,15 +167,14 @@ def test_mps_start_failures_say_why(mps_env: Path, monkeypatch, tmp_path: Path):
         device.CudaMps(tmp_path / "other").start()
 
 
-def test_mps_client_share_holds_only_while_this_process_creates_its_context(mps_env: Path, monkeypatch):
+def test_mps_connect_needs_cuda_and_leaves_no_sm_share_behind(mps_env: Path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this test describes a machine without CUDA")
     mps = device.CudaMps(mps_env)
-    with mps.client_share(60):
-        assert os.environ[device.MPS_THREADS] == "60"
+    with pytest.raises(RuntimeError, match="needs a CUDA device, and this engine runs on cpu"):
+        mps.connect("cpu", 60)
     assert device.MPS_THREADS not in os.environ  # vLLM's engine core, started later, keeps every SM
-    with mps.client_share(None):
-        assert device.MPS_THREADS not in os.environ
     monkeypatch.setenv(device.MPS_THREADS, "90")  # an operator's own setting comes back afterwards
-    with pytest.raises(RuntimeError, match="no CUDA"), mps.client_share(40):
-        assert os.environ[device.MPS_THREADS] == "40"
-        raise RuntimeError("no CUDA here")
+    with pytest.raises(RuntimeError, match="torch sees no CUDA"):
+        mps.connect("cuda", 40)
     assert os.environ[device.MPS_THREADS] == "90"
