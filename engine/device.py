@@ -276,15 +276,16 @@ class CudaMps:
         client that may fill ``sm_percent`` of the SMs (None: all). The share holds for this context only:
         the processes started later (vLLM's engine core) keep every SM."""
         with _environment({MPS_THREADS: str(sm_percent)} if sm_percent is not None else {}):
-            dev = resolve(device)  # CUDA's initialisation, where a process connects to MPS
-            if dev.type != "cuda":
-                raise RuntimeError(f"--cuda-mps needs a CUDA device, and this engine runs on {dev.type}")
-            try:
-                torch.empty(1, device=dev)  # the first allocation creates the context
-            except RuntimeError as err:
+            try:  # CUDA's initialisation, where a process connects to MPS, then its first allocation
+                dev = resolve(device)
+                if dev.type == "cuda":
+                    torch.empty(1, device=dev)
+            except RuntimeError as err:  # a server that cannot start shows as no device or a CUDA error
                 raise RuntimeError(
                     f"--cuda-mps: no CUDA context through MPS: {err} {self._log_tail()}"
                 ) from err
+            if dev.type != "cuda":
+                raise RuntimeError(f"--cuda-mps needs a CUDA device, and this engine runs on {dev.type}")
         if sm_percent is not None:
             log.info("CUDA MPS: this process's kernels may fill %d %% of the SMs", sm_percent)
         return dev
