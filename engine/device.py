@@ -246,13 +246,16 @@ class CudaMps:
                 f"--cuda-mps: an MPS daemon already answers on {self.pipe}; stop it first "
                 f"(echo quit | {MPS_PIPE}={self.pipe} {MPS_CONTROL})"
             )
-        started = subprocess.run(
-            [self.exe, "-d"], env=self._env(), capture_output=True, text=True, timeout=self.timeout_s
-        )
-        if started.returncode != 0:
+        # its output to a file, not a pipe: the daemon it forks may keep the pipe open for as long as it runs
+        out = self.log_dir / "start.out"
+        with out.open("wb") as sink:
+            rc = subprocess.run(
+                [self.exe, "-d"], env=self._env(), stdout=sink, stderr=sink, timeout=self.timeout_s
+            )
+        if rc.returncode != 0:
             raise RuntimeError(
-                f"--cuda-mps: {MPS_CONTROL} -d failed (rc {started.returncode}): "
-                f"{(started.stderr or started.stdout).strip()} {self._log_tail()}"
+                f"--cuda-mps: {MPS_CONTROL} -d failed (rc {rc.returncode}): "
+                f"{out.read_text(errors='replace').strip()} {self._log_tail()}"
             )
         # from here on the daemon is told to quit however this process goes on (or ends)
         self.stopper = subprocess.Popen(

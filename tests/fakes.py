@@ -149,7 +149,8 @@ class FakeEngine:
 
 
 # A stand-in ``nvidia-cuda-mps-control``: ``-d`` "starts the daemon" (its control file in the pipe directory;
-# FAIL_START: fail with that message instead; SILENT_DAEMON: start one that never answers), the front end
+# FAIL_START: fail with that message instead; SILENT_DAEMON: start one that never answers; HOLD_OUTPUT=S:
+# leave a child holding its stdout and stderr for S seconds, as a daemon may), the front end
 # answers while the control file exists and logs every command to the log directory's calls.log;
 # ``get_server_list`` prints the pipe directory's ``server`` file (written by a test: a client has
 # connected); ``quit`` removes the control file.
@@ -158,7 +159,9 @@ log="$CUDA_MPS_LOG_DIRECTORY/calls.log" control="$CUDA_MPS_PIPE_DIRECTORY/contro
 server="$CUDA_MPS_PIPE_DIRECTORY/server"
 if [ "${1:-}" = -d ]; then
   [ -z "${FAIL_START:-}" ] || { echo "$FAIL_START" >&2; exit 1; }
-  echo "-d" >> "$log"; [ -n "${SILENT_DAEMON:-}" ] || touch "$control"; exit 0
+  echo "-d" >> "$log"; [ -n "${SILENT_DAEMON:-}" ] || touch "$control"
+  [ -z "${HOLD_OUTPUT:-}" ] || (sleep "$HOLD_OUTPUT") &  # a daemon that keeps the output it was given
+  exit 0
 fi
 [ -e "$control" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
 while read -r cmd; do

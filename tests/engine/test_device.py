@@ -113,8 +113,9 @@ def calls(root: Path) -> list[str]:
     return (root / "log" / "calls.log").read_text().split()
 
 
-def test_mps_daemon_runs_in_its_own_directories_and_is_told_to_quit_on_close(mps_env: Path):
-    with device.CudaMps(mps_env) as mps:
+def test_mps_daemon_runs_in_its_own_directories_and_is_told_to_quit_on_close(mps_env: Path, monkeypatch):
+    monkeypatch.setenv("HOLD_OUTPUT", "40")  # -d returns while its daemon holds the output: no waiting on it
+    with device.CudaMps(mps_env, timeout_s=20.0) as mps:
         assert os.environ[device.MPS_PIPE] == str(mps_env / "pipe")  # inherited by the processes we start
         assert os.environ[device.MPS_LOG] == str(mps_env / "log")
         assert calls(mps_env) == ["-d", "get_server_list"]  # started, then asked until it answered
