@@ -41,6 +41,7 @@ from engine.config import (
     add_flow_compile_flags,
     add_flow_reuse_flags,
     add_model_flag,
+    add_overlap_flags,
     fast_start_flag,
 )
 
@@ -142,6 +143,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)
+    add_overlap_flags(p)
     p.add_argument(
         "--flow-batch",
         type=int,
@@ -291,6 +293,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
+        cuda_mps=args.cuda_mps,
+        mps_flow_percent=args.mps_flow_percent,
         t2w_fifo=args.t2w_fifo,
         t2w_relaxed_cap=args.t2w_relaxed_cap,
         stream=StreamConfig(

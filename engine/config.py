@@ -188,6 +188,19 @@ def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_overlap_flags(parser: argparse.ArgumentParser) -> None:
+    """``--cuda-mps``, ``--mps-flow-percent`` -> ``args.cuda_mps``, ``.mps_flow_percent`` (EngineConfig)."""
+    parser.add_argument(
+        "--cuda-mps", action="store_true",
+        help="CUDA: run this process and vLLM's engine core under a CUDA MPS daemon the engine starts and "
+        "stops (pipe and log under the cache root; needs nvidia-cuda-mps-control on PATH)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--mps-flow-percent", type=int, default=None, metavar="PERCENT",
+        help="with --cuda-mps: the share of SMs this process's flow and vocoder may fill (the LM: all)",
+    )  # fmt: skip
+
+
 def _add_auto_flags(parser: argparse.ArgumentParser, name: str, on: str, off: str) -> None:
     """``--NAME`` (True) / ``--no-NAME`` (False), exclusive, into one dest that stays None (auto) unset."""
     group, dest = parser.add_mutually_exclusive_group(), name.replace("-", "_")
@@ -286,6 +299,15 @@ class EngineConfig:
     # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
     # Off by default; bench --t2w-own-stream is its A/B and a GPU test checks the audio is unchanged.
     t2w_own_stream: bool = False
+    # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
+    # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
+    # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the
+    # GPU's settings (compute mode). Off until bench.overlap has measured it (BENCHMARKS.md).
+    cuda_mps: bool = False
+    # with cuda_mps: the share of the GPU's SMs (percent) this process's kernels (flow, HiFT, prompt work)
+    # may fill, so the LM's small kernels in vLLM's engine core (which keeps every SM) always find SMs free
+    # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for this process's context only); None: every SM
+    mps_flow_percent: int | None = None
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
     # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
@@ -348,6 +370,10 @@ class EngineConfig:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")
+        if self.cuda_mps and self.device not in ("auto", "cuda"):
+            raise ValueError(f"cuda_mps needs a CUDA device (device auto or cuda), got {self.device!r}")
+        if self.mps_flow_percent is not None and not (self.cuda_mps and 1 <= self.mps_flow_percent <= 100):
+            raise ValueError(f"mps_flow_percent needs cuda_mps and 1-100 %, got {self.mps_flow_percent}")
 
     def compiles_flow(self, family: str) -> bool:
         """Whether the graphed flow solver compiles its estimator: as set, or in auto for v3 only."""

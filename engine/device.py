@@ -5,6 +5,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -192,3 +198,205 @@ def capture_stream():
 def graph_pool():
     """A memory pool that several captured calls share (they never run at the same time)."""
     return torch.cuda.graph_pool_handle()
+
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_PIPE, MPS_LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # a client's SM share, read when its context is created
+# a Unix socket's path holds at most 107 bytes; the daemon's sockets live in the pipe directory
+MPS_PIPE_MAX_CHARS = 80
+# Sends ``quit`` once its stdin reaches end of file: when ``CudaMps.close`` closes it, or when this process
+# ends in any way (its end of the pipe closes with it), so a crash does not leave a daemon behind. The
+# daemon lets its current clients finish before it exits.
+_MPS_STOPPER = (
+    "import subprocess, sys; sys.stdin.buffer.read(); subprocess.run([sys.argv[1]], input=b'quit\\n')"
+)
+
+
+class CudaMps:
+    """A CUDA MPS control daemon of our own (``nvidia-cuda-mps-control -d``) for this process and the ones
+    it starts (vLLM's engine core): their kernels share the GPU side by side through one MPS server
+    instead of in time slices between separate contexts. Its pipe and log directories go under ``root``
+    and into this process's environment, which the processes it starts later inherit.
+
+    Start it before anything in this process initialises CUDA: a process connects to MPS when CUDA first
+    initialises, or never. Nothing here changes the GPU's settings (its compute mode stays as it is).
+    Every failure to start raises with the reason.
+    """
+
+    def __init__(self, root: Path, timeout_s: float = 30.0):
+        self.pipe, self.log_dir, self.timeout_s = root / "pipe", root / "log", timeout_s
+        self.exe: str | None = None
+        self.stopper: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> CudaMps:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self.exe = self._executable()
+        self._check_environment()
+        for d in (self.pipe, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self._ask("get_server_list").returncode == 0:
+            raise RuntimeError(
+                f"--cuda-mps: an MPS daemon already answers on {self.pipe}; stop it first "
+                f"(echo quit | {MPS_PIPE}={self.pipe} {MPS_CONTROL})"
+            )
+        # its output to a file, not a pipe: the daemon it forks may keep the pipe open for as long as it runs
+        out = self.log_dir / "start.out"
+        with out.open("wb") as sink:
+            rc = subprocess.run(
+                [self.exe, "-d"], env=self._env(), stdout=sink, stderr=sink, timeout=self.timeout_s
+            )
+        if rc.returncode != 0:
+            raise RuntimeError(
+                f"--cuda-mps: {MPS_CONTROL} -d failed (rc {rc.returncode}): "
+                f"{out.read_text(errors='replace').strip()} {self._log_tail()}"
+            )
+        # from here on the daemon is told to quit however this process goes on (or ends)
+        self.stopper = subprocess.Popen(
+            [sys.executable, "-c", _MPS_STOPPER, self.exe],
+            stdin=subprocess.PIPE,
+            env=self._env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            self._until_answering()
+        except BaseException:
+            self.close()
+            raise
+        os.environ.update(self._env_vars())
+        log.info("CUDA MPS: control daemon started (pipe %s, log %s)", self.pipe, self.log_dir)
+
+    def connect(self, device: str, sm_percent: int | None = None) -> torch.device:
+        """Resolve ``device`` (it must be CUDA) and create this process's context on it now, as an MPS
+        client that may fill ``sm_percent`` of the SMs (None: all). The share holds for this context only:
+        the processes started later (vLLM's engine core) keep every SM."""
+        with _environment({MPS_THREADS: str(sm_percent)} if sm_percent is not None else {}):
+            try:  # CUDA's initialisation, where a process connects to MPS, then its first allocation
+                dev = resolve(device)
+                if dev.type == "cuda":
+                    torch.empty(1, device=dev)
+            except RuntimeError as err:  # a server that cannot start shows as no device or a CUDA error
+                raise RuntimeError(
+                    f"--cuda-mps: no CUDA context through MPS: {err} {self._log_tail()}"
+                ) from err
+            if dev.type != "cuda":
+                raise RuntimeError(f"--cuda-mps needs a CUDA device, and this engine runs on {dev.type}")
+        if sm_percent is not None:
+            log.info("CUDA MPS: this process's kernels may fill %d %% of the SMs", sm_percent)
+        return dev
+
+    def servers(self) -> list[int]:
+        """The MPS servers' process ids: one runs once a client (this process, vLLM's) initialised CUDA."""
+        answer = self._ask("get_server_list")
+        if answer.returncode != 0:
+            raise RuntimeError(f"--cuda-mps: the MPS daemon does not answer: {answer.stderr.strip()}")
+        return [int(word) for word in answer.stdout.split() if word.isdigit()]
+
+    def check_serving(self) -> list[int]:
+        """After CUDA's initialisation: raise unless an MPS server runs (else nobody became its client, as
+        when CUDA initialised before the daemon started); returns the servers' ids."""
+        found = self.servers()
+        if not found:
+            raise RuntimeError(
+                "--cuda-mps: the MPS daemon runs but no MPS server does, so neither this process nor vLLM's "
+                f"engine core is its client (was CUDA initialised before it started?) {self._log_tail()}"
+            )
+        log.info("CUDA MPS: serving through server(s) %s", found)
+        return found
+
+    def close(self) -> None:
+        """Tell the daemon to quit (it lets its clients, this process included, finish first)."""
+        for name in self._env_vars():
+            os.environ.pop(name, None)
+        if self.stopper is not None and self.stopper.stdin is not None:
+            self.stopper.stdin.close()
+            log.info("CUDA MPS: the control daemon was told to quit")
+        self.stopper = None
+
+    def _executable(self) -> str:
+        exe = shutil.which(MPS_CONTROL)
+        if exe is None:
+            raise RuntimeError(
+                f"--cuda-mps: {MPS_CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)"
+            )
+        return exe
+
+    def _check_environment(self) -> None:
+        if torch.cuda.is_initialized():
+            raise RuntimeError(
+                "--cuda-mps: CUDA is already initialised in this process, which would not be "
+                "an MPS client: start MPS before anything uses the GPU"
+            )
+        if os.environ.get(MPS_PIPE):
+            raise RuntimeError(
+                f"--cuda-mps: {MPS_PIPE} is already set ({os.environ[MPS_PIPE]}): an MPS "
+                "daemon is configured outside the engine; leave --cuda-mps off to use it"
+            )
+        if len(str(self.pipe)) > MPS_PIPE_MAX_CHARS:
+            raise RuntimeError(
+                f"--cuda-mps: the pipe directory {self.pipe} is longer than "
+                f"{MPS_PIPE_MAX_CHARS} characters (its sockets would not fit): use a shorter "
+                "cache root"
+            )
+
+    def _env_vars(self) -> dict[str, str]:
+        return {MPS_PIPE: str(self.pipe), MPS_LOG: str(self.log_dir)}
+
+    def _env(self) -> dict[str, str]:
+        return os.environ | self._env_vars()
+
+    def _ask(self, command: str) -> subprocess.CompletedProcess[str]:
+        """One command to the daemon through its front end (rc != 0: no daemon answers)."""
+        if self.exe is None:
+            raise RuntimeError("CudaMps: start first")
+        return subprocess.run(
+            [self.exe],
+            input=command + "\n",
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_s,
+        )
+
+    def _until_answering(self) -> None:
+        """The daemon forks away from ``-d`` and opens its pipe a moment later: ask until it answers."""
+        deadline = time.monotonic() + self.timeout_s
+        while (answer := self._ask("get_server_list")).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"--cuda-mps: the MPS daemon did not answer within {self.timeout_s:.0f} s: "
+                    f"{answer.stderr.strip()} {self._log_tail()}"
+                )
+            time.sleep(0.05)
+
+    def _log_tail(self, lines: int = 5) -> str:
+        """The daemon's and its server's last log lines, for an error message."""
+        tails = []
+        for name in ("control.log", "server.log"):
+            path = self.log_dir / name
+            if path.is_file():
+                tails.append(f"({name}: " + " | ".join(path.read_text().splitlines()[-lines:]) + ")")
+        return " ".join(tails)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """``values`` in this process's environment while entered; what was there before afterwards."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

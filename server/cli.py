@@ -23,6 +23,7 @@ from engine.config import (
     add_flow_compile_flags,
     add_flow_reuse_flags,
     add_model_flag,
+    add_overlap_flags,
     fast_start_choice,
 )
 from engine.serving.startup import Timeline
@@ -52,6 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
     add_flow_reuse_flags(p)
+    add_overlap_flags(p)
     p.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
@@ -172,6 +174,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_attention=args.flow_attention,
         flow_compile=args.flow_compile,
         flow_reuse=args.flow_reuse,
+        cuda_mps=args.cuda_mps,
+        mps_flow_percent=args.mps_flow_percent,
         flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,
         background_graphs=args.background_graphs,

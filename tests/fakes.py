@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -145,3 +146,38 @@ class FakeEngine:
             raise InvalidInput("transcription is off on this server (--asr-model none): type the transcript")
         self.transcripts.append(language or "auto")
         return Transcript("fake transcript", "en" if language in (None, "auto") else language, 3.0)
+
+
+# A stand-in ``nvidia-cuda-mps-control``: ``-d`` "starts the daemon" (its control file in the pipe directory;
+# FAIL_START: fail with that message instead; SILENT_DAEMON: start one that never answers; HOLD_OUTPUT=S:
+# leave a child holding its stdout and stderr for S seconds, as a daemon may), the front end
+# answers while the control file exists and logs every command to the log directory's calls.log;
+# ``get_server_list`` prints the pipe directory's ``server`` file (written by a test: a client has
+# connected); ``quit`` removes the control file.
+FAKE_MPS_CONTROL = """#!/usr/bin/env bash
+log="$CUDA_MPS_LOG_DIRECTORY/calls.log" control="$CUDA_MPS_PIPE_DIRECTORY/control"
+server="$CUDA_MPS_PIPE_DIRECTORY/server"
+if [ "${1:-}" = -d ]; then
+  [ -z "${FAIL_START:-}" ] || { echo "$FAIL_START" >&2; exit 1; }
+  echo "-d" >> "$log"; [ -n "${SILENT_DAEMON:-}" ] || touch "$control"
+  [ -z "${HOLD_OUTPUT:-}" ] || (sleep "$HOLD_OUTPUT") &  # a daemon that keeps the output it was given
+  exit 0
+fi
+[ -e "$control" ] || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
+while read -r cmd; do
+  echo "$cmd" >> "$log"
+  case "$cmd" in
+    get_server_list) if [ -e "$server" ]; then cat "$server"; fi ;;
+    quit) rm -f "$control" ;;
+  esac
+done
+"""
+
+
+def fake_mps_control(bin_dir: Path) -> Path:
+    """Write the stand-in ``nvidia-cuda-mps-control`` into ``bin_dir`` (put it first on PATH)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "nvidia-cuda-mps-control"
+    exe.write_text(FAKE_MPS_CONTROL)
+    exe.chmod(0o755)
+    return exe

@@ -32,6 +32,21 @@
 #                                                 folded into q/k dims (folded) -> $OUT/kernels_FAMILY_ARM/;
 #                                                 v3 compiled, v2 eager (VARIANT=compiled for v2's compiled
 #                                                 U-Net); ARMS=mask,folded picks arms; LIMIT_S is shared
+#   bench/gpu/run.sh overlap FAMILY [BENCH FLAGS] H200: the LM and the flow on one GPU (bench.overlap): the LM
+#                                                 alone at 1 and 16 decodes, flow + HiFT calls alone at batch 1
+#                                                 and 16, each pair at once (LM step ms with the flow running,
+#                                                 flow call ms with the LM decoding), then the stream bench at
+#                                                 1 and 16 streams (8 requests) -> $OUT/overlap_FAMILY_ARM/
+#                                                 results.json + results.md + .log; an arm per load, one after
+#                                                 another: ARMS=default,mps (default), mps-share (MPS, this
+#                                                 process's kernels on SHARE=60 % of the SMs, the LM on all),
+#                                                 own-stream (token2wav on its own CUDA stream), batch4 (flow
+#                                                 calls of at most 4 rows); the MPS arms run under the engine's
+#                                                 own daemon (--cuda-mps: needs nvidia-cuda-mps-control, else
+#                                                 they are skipped); LIMIT_S is
+#                                                 shared (a warm load ~2.5-4 min with its graphs, then ~70 s of
+#                                                 runs: two arms fit a call only warm); PROFILE=1 adds
+#                                                 bench.profile summaries at 1 and 16 streams
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
 #                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
 #                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
@@ -276,6 +291,41 @@ step_kernels() {  # FAMILY: one call, the solver's attention arms one after anot
   done
 }
 
+step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, each its own load
+  [ $# -ge 1 ] || die "usage: run.sh overlap FAMILY [BENCH FLAGS]"
+  local fam=$1 arms arm flags name t0=$SECONDS left
+  shift
+  family_dir "$fam" > /dev/null
+  IFS=, read -r -a arms <<< "${ARMS:-default,mps}"
+  for arm in "${arms[@]}"; do
+    case "$arm" in
+      default | mps | mps-share | own-stream | batch4) ;;
+      *) die "ARMS: default, mps, mps-share, own-stream or batch4, got '$arm'" ;;
+    esac
+  done
+  environment
+  for i in "${!arms[@]}"; do
+    arm=${arms[$i]} name=overlap_${fam}_${arms[$i]}
+    case "$arm" in
+      default) flags=() ;; mps) flags=(--cuda-mps) ;;
+      mps-share) flags=(--cuda-mps --mps-flow-percent "${SHARE:-60}") ;;
+      own-stream) flags=(--t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
+    esac
+    if [ "${arm%-share}" = mps ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
+      echo "$name: skipped (nvidia-cuda-mps-control is not on PATH here)"
+      continue
+    fi
+    [ -z "${PROFILE:-}" ] || flags+=(--profile-dir "$OUT/$name" --profile-at 1,16)
+    left=$((LIMIT_S - (SECONDS - t0)))
+    timeout $((left / (${#arms[@]} - i))) python3 -m bench.overlap --random-full "$fam" --cache-dir "$CACHE" \
+      --device cuda --backend vllm --concurrency 1,16 --requests 8 --tokens 250 --hardware "$HARDWARE" \
+      --arm "$arm" "${flags[@]}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 && rc=0 || rc=$?
+    echo "$name rc=$rc $(date +%T)"
+    grep -E "MPS|Error" "$OUT/$name.log" | cut -c1-220 | tail -4 || true
+    if [ -f "$OUT/$name/results.md" ]; then sed -n '/^| LM decodes/,/^$/p' "$OUT/$name/results.md"; fi
+  done
+}
+
 CACHE_PARTS_MAX=3  # x 16 MB: with the checkout (~8 MB) a cache-in call stays under the 64 MiB it may carry
 
 step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) and vLLM's torch.compile cache
@@ -421,7 +471,7 @@ step_soak() {  # FAMILY RATE [MINUTES [SOAK FLAGS]]: start and collect in one ca
   LIMIT_S=$((LIMIT_S - (SECONDS - t0))) step_soak_collect "$1" "$2"
 }
 
-STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|cache-out|cache-in|serve|startup"
+STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
 STEPS="$STEPS|soak-start|soak-collect|soak"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
@@ -437,6 +487,7 @@ case "$step" in
   speed) step_speed "$@" ;;
   capacity) step_capacity "$@" ;;
   kernels) step_kernels "$@" ;;
+  overlap) step_overlap "$@" ;;
   cache-out) step_cache_out ;;
   cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;

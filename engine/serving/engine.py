@@ -121,13 +121,19 @@ class TTSEngine:
         with timeline.phase("model files"):
             root = configured_root(cfg.cache_dir)  # else the hub's own cache (HF_HOME, MODELSCOPE_CACHE)
             files = resolve_model(str(model_dir or cfg.model), str(root) if root else None, cfg.llm_variant)
-        dev = devices.resolve(cfg.device)
-        devices.configure(dev)
         # process-wide settings the engine holds until close(), undone here if loading fails
         with contextlib.ExitStack() as settings:
+            mps = settings.enter_context(_cuda_mps(cfg))  # before anything here initialises CUDA
+            # under MPS our context comes now, at its SM share, before vLLM's engine core starts with all
+            dev = (
+                devices.resolve(cfg.device) if mps is None else mps.connect(cfg.device, cfg.mps_flow_percent)
+            )
+            devices.configure(dev)
             if cfg.flow_attention == "cudnn":  # before the flow compiles and captures: they fix the kernel
                 settings.enter_context(devices.cudnn_attention(dev))
             engine = cls._assemble(cfg, files, dev, timeline)
+            if mps is not None:  # this process and vLLM's engine core have initialised CUDA by now
+                mps.check_serving()
             engine._settings = settings.pop_all()
         return engine
 
@@ -516,6 +522,13 @@ class TTSEngine:
 
 def _ids(ids: list[int]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
+
+
+def _cuda_mps(cfg: EngineConfig) -> contextlib.AbstractContextManager[devices.CudaMps | None]:
+    """With ``cfg.cuda_mps``, the engine's MPS daemon (started on entry, told to quit on exit)."""
+    if not cfg.cuda_mps:
+        return contextlib.nullcontext()
+    return devices.CudaMps(cache_root(cfg.cache_dir) / "mps")
 
 
 def _prefix(lm: SpeechLM, text_ids: list[int], prompt_ids: list[int], speech_ids: list[int]) -> torch.Tensor:

@@ -298,6 +298,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
     flags += ["--no-flow-compile", "--no-flow-reuse"]
     flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--no-t2w-relaxed-cap"]
+    flags += ["--cuda-mps", "--mps-flow-percent", "60"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
@@ -317,7 +318,9 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert (knobs.stream.adaptive_hop, knobs.text_workers, knobs.t2w_fifo) == (True, 2, True)
     assert plain.t2w_fifo is defaults.t2w_fifo is False
     assert (plain.t2w_relaxed_cap, knobs.t2w_relaxed_cap) == (defaults.t2w_relaxed_cap, False)
-    assert defaults.t2w_relaxed_cap is True  # the new scheduler is the default; the flag selects the one before
+    assert defaults.t2w_relaxed_cap is True  # the new scheduler is the default; the flag: the one before
+    assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is False
+    assert (plain.mps_flow_percent, knobs.mps_flow_percent) == (None, 60)
 
 
 def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):

@@ -85,7 +85,7 @@ def test_unpack_installs_once_the_last_part_arrives(checkout: Path) -> None:
 def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
     steps = (
         ("gpu-tests",), ("check", "v3"), ("bench", "v3", "stream", "1,16"), ("speed", "v3", "after"),
-        ("kernels", "v2"), ("startup", "v3"), ("capacity", "v3"),
+        ("kernels", "v2"), ("startup", "v3"), ("capacity", "v3"), ("overlap", "v3"),
     )  # fmt: skip
     for args in steps:
         done = run_sh(checkout, *args)
@@ -109,6 +109,8 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
         (("kernels", "v4"), "FAMILY must be v2 or v3"),
         (("startup",), "usage: run.sh startup"),
         (("startup", "v4"), "FAMILY must be v2 or v3"),
+        (("overlap",), "usage: run.sh overlap"),
+        (("overlap", "v4"), "FAMILY must be v2 or v3"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_usage(checkout: Path, args: tuple[str, ...], message: str):
@@ -170,6 +172,16 @@ def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypa
     assert done.returncode == 2 and "ARMS: before and/or after, got 'middle'" in done.stderr
     monkeypatch.setenv("ARMS", "after")
     done = run_sh(checkout, "capacity", "v3")  # a good arm gets as far as the missing vLLM install
+    assert done.returncode == 2 and "vLLM is not installed" in done.stderr
+
+
+def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ARMS", "default,mps,priority")
+    done = run_sh(checkout, "overlap", "v2")
+    assert done.returncode == 2
+    assert "ARMS: default, mps, mps-share, own-stream or batch4, got 'priority'" in done.stderr
+    monkeypatch.setenv("ARMS", "mps,mps-share,own-stream,batch4")
+    done = run_sh(checkout, "overlap", "v2")  # good arms get as far as the missing vLLM install
     assert done.returncode == 2 and "vLLM is not installed" in done.stderr
 
 

@@ -40,6 +40,11 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(flow_compile="yes"), "flow_compile"),  # type: ignore[arg-type]
         (lambda: EngineConfig(prompt_cache_size=-1), "prompt_cache_size"),
         (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),
+        (lambda: EngineConfig(cuda_mps=True, device="cpu"), "cuda_mps needs a CUDA device"),
+        (lambda: EngineConfig(cuda_mps=True, device="npu"), "cuda_mps needs a CUDA device"),
+        (lambda: EngineConfig(mps_flow_percent=60), "mps_flow_percent needs cuda_mps"),
+        (lambda: EngineConfig(cuda_mps=True, mps_flow_percent=0), "1-100"),
+        (lambda: EngineConfig(cuda_mps=True, mps_flow_percent=101), "1-100"),
         (lambda: StreamConfig(token_hop=0), "token_hop"),
         (lambda: Limits(max_prompt_s=40), "30"),
         (lambda: Limits(max_concurrency=0), "max_concurrency"),
@@ -135,3 +140,19 @@ def test_the_shared_flags_parse_into_the_config_values() -> None:
     bare = argparse.ArgumentParser()
     add_device_flags(bare)
     assert not hasattr(bare.parse_args([]), "llm_variant")
+
+
+def test_cuda_mps_is_off_by_default_and_its_flag_turns_it_on() -> None:
+    import argparse
+
+    from engine.config import add_overlap_flags
+
+    p = argparse.ArgumentParser()
+    add_overlap_flags(p)
+    assert p.parse_args([]).cuda_mps is EngineConfig.cuda_mps is False
+    assert p.parse_args([]).mps_flow_percent is EngineConfig.mps_flow_percent is None
+    args = p.parse_args(["--cuda-mps", "--mps-flow-percent", "60"])
+    assert args.cuda_mps is True and EngineConfig(cuda_mps=True, mps_flow_percent=60).mps_flow_percent == 60
+    assert (
+        EngineConfig(cuda_mps=True).device == "auto" and EngineConfig(cuda_mps=True, device="cuda").cuda_mps
+    )

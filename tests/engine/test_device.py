@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
 from engine import device
+from tests.conftest import REPO, WAIT_S
+from tests.fakes import fake_mps_control
 
 
 def test_cpu_machine():
@@ -85,3 +93,89 @@ def test_cudnn_attention_puts_cudnn_first_while_entered_and_only_on_cuda():
     assert torch._C._get_sdp_priority_order() == before
     with pytest.raises(ValueError, match="CUDA"):
         device.cudnn_attention(torch.device("cpu"))
+
+
+# ------------------------------------------------------------------ CUDA MPS (a stand-in control program)
+
+
+@pytest.fixture
+def mps_env(tmp_path, monkeypatch):
+    """The stand-in nvidia-cuda-mps-control first on PATH; the MPS variables restored after the test."""
+    fake_mps_control(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for name in (device.MPS_PIPE, device.MPS_LOG, device.MPS_THREADS):
+        monkeypatch.setenv(name, "")  # recorded, so the test's value goes afterwards
+        monkeypatch.delenv(name)
+    return tmp_path / "mps"
+
+
+def calls(root: Path) -> list[str]:
+    return (root / "log" / "calls.log").read_text().split()
+
+
+def test_mps_daemon_runs_in_its_own_directories_and_is_told_to_quit_on_close(mps_env: Path, monkeypatch):
+    monkeypatch.setenv("HOLD_OUTPUT", "40")  # -d returns while its daemon holds the output: no waiting on it
+    with device.CudaMps(mps_env, timeout_s=20.0) as mps:
+        assert os.environ[device.MPS_PIPE] == str(mps_env / "pipe")  # inherited by the processes we start
+        assert os.environ[device.MPS_LOG] == str(mps_env / "log")
+        assert calls(mps_env) == ["-d", "get_server_list"]  # started, then asked until it answered
+        assert (mps_env / "pipe" / "control").exists() and mps.servers() == []
+        with pytest.raises(RuntimeError, match="no MPS server"):  # no client connected yet
+            mps.check_serving()
+        (mps_env / "pipe" / "server").write_text("4242\n")  # a client initialised CUDA
+        assert mps.check_serving() == [4242]
+        stopper = mps.stopper
+        assert stopper is not None and stopper.poll() is None  # waits for close (or this process's end)
+    assert device.MPS_PIPE not in os.environ and device.MPS_LOG not in os.environ
+    assert stopper.wait(timeout=WAIT_S) == 0
+    assert calls(mps_env)[-1] == "quit" and not (mps_env / "pipe" / "control").exists()
+
+
+def test_mps_daemon_quits_when_its_process_ends_without_close(mps_env: Path):
+    code = (
+        "import sys, pathlib; from engine.device import CudaMps; CudaMps(pathlib.Path(sys.argv[1])).start()"
+    )
+    subprocess.run([sys.executable, "-c", code, str(mps_env)], check=True, timeout=WAIT_S, cwd=REPO)
+    deadline = time.monotonic() + WAIT_S  # the stopper sends quit once the process's pipe end closed
+    while (mps_env / "pipe" / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (mps_env / "pipe" / "control").exists() and calls(mps_env)[-1] == "quit"
+
+
+def test_mps_start_failures_say_why(mps_env: Path, monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("FAIL_START", "An MPS daemon needs a GPU")
+    with pytest.raises(RuntimeError, match=r"-d failed \(rc 1\): An MPS daemon needs a GPU"):
+        device.CudaMps(mps_env).start()
+    assert device.MPS_PIPE not in os.environ  # nothing set for the processes started later
+    monkeypatch.delenv("FAIL_START")
+    monkeypatch.setenv("SILENT_DAEMON", "1")
+    silent = device.CudaMps(mps_env, timeout_s=1.0)
+    with pytest.raises(RuntimeError, match="did not answer within 1 s"):
+        silent.start()
+    assert silent.stopper is None and device.MPS_PIPE not in os.environ  # told to quit, nothing exported
+    monkeypatch.delenv("SILENT_DAEMON")
+    (mps_env / "pipe" / "control").touch()  # another daemon answers there already
+    with pytest.raises(RuntimeError, match="already answers"):
+        device.CudaMps(mps_env).start()
+    monkeypatch.setenv(device.MPS_PIPE, "/tmp/operators-mps")
+    with pytest.raises(RuntimeError, match="already set"):
+        device.CudaMps(tmp_path / "other").start()
+    monkeypatch.delenv(device.MPS_PIPE)
+    with pytest.raises(RuntimeError, match="longer than"):
+        device.CudaMps(tmp_path / ("x" * 90)).start()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(RuntimeError, match="not on PATH"):
+        device.CudaMps(tmp_path / "other").start()
+
+
+def test_mps_connect_needs_cuda_and_leaves_no_sm_share_behind(mps_env: Path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this test describes a machine without CUDA")
+    mps = device.CudaMps(mps_env)
+    with pytest.raises(RuntimeError, match="needs a CUDA device, and this engine runs on cpu"):
+        mps.connect("cpu", 60)
+    assert device.MPS_THREADS not in os.environ  # vLLM's engine core, started later, keeps every SM
+    monkeypatch.setenv(device.MPS_THREADS, "90")  # an operator's own setting comes back afterwards
+    with pytest.raises(RuntimeError, match="torch sees no CUDA"):
+        mps.connect("cuda", 40)
+    assert os.environ[device.MPS_THREADS] == "90"

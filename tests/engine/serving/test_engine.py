@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from engine.config import EngineConfig, Limits
 from engine.demo.make_model import build_model_dir
@@ -485,3 +486,47 @@ async def test_a_stopped_backend_refuses_requests_clearly_and_reports_unhealthy(
         await collect(engine, req(engine))
     monkeypatch.undo()
     assert engine.healthy and len(pcm(await collect(engine, req(engine)))) > 0  # serving again
+
+
+@pytest.mark.parametrize(
+    ("device", "share", "message"),
+    [("cuda", 60, "torch sees no CUDA"), ("auto", None, "needs a CUDA device")],
+)
+def test_a_load_that_fails_after_starting_mps_tells_its_daemon_to_quit(
+    device, share, message, monkeypatch, tmp_path
+):
+    """--cuda-mps on a machine without CUDA: the daemon (a stand-in) starts before the device is resolved,
+    and the failed load tells it to quit, leaving no MPS variables behind."""
+    import tempfile
+
+    from engine import device as devices
+    from engine.cache_root import COMPILE_DIRS
+    from tests.fakes import fake_mps_control
+
+    if torch.cuda.is_available():
+        pytest.skip("this test describes a machine without CUDA")
+    fake_mps_control(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for name in (
+        *COMPILE_DIRS,
+        devices.MPS_PIPE,
+        devices.MPS_LOG,
+        devices.MPS_THREADS,
+    ):  # the load sets these
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        monkeypatch.delenv(name)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
+    with tempfile.TemporaryDirectory(prefix="mps") as root:  # short: the pipe directory holds sockets
+        cfg = EngineConfig(
+            model=str(model_dir), device=device, backend="native", cache_dir=root, cuda_mps=True,
+            mps_flow_percent=share,
+        )  # fmt: skip
+        with pytest.raises(RuntimeError, match=message):
+            TTSEngine.load(cfg)
+        control, log = Path(root) / "mps" / "pipe" / "control", Path(root) / "mps" / "log" / "calls.log"
+        assert log.read_text().split()[0] == "-d"  # it did start
+        deadline = time.monotonic() + WAIT_S
+        while control.exists() and time.monotonic() < deadline:  # the stopper's quit, from its own process
+            time.sleep(0.05)
+        assert not control.exists() and log.read_text().split()[-1] == "quit"
+    assert not {devices.MPS_PIPE, devices.MPS_LOG, devices.MPS_THREADS} & set(os.environ)
