@@ -143,8 +143,11 @@ def test_trim_option_is_recorded_and_objects_are_counted(tmp_path):
     model = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     out = tmp_path / "soak"
     argv = ["--model", str(model), "--streams", "2", "--minutes", "0.05", "--tokens", "30", "--sample-s", "1"]
-    assert soak.main([*argv, "--device", "cpu", "--backend", "native", "--trim", "--out", str(out)]) == 0
+    soak.main([*argv, "--device", "cpu", "--backend", "native", "--trim", "--out", str(out)])
     data = json.loads((out / "soak.json").read_text())
+    # not the verdict: 3 s is too short to judge memory flat on a loaded machine (the warm-up's growth
+    # then looks like a trend); the verdict's rules have tests of their own above
+    assert data["summary"]["errors"] == 0 and data["summary"]["completed"] > 0
     assert data["summary"]["config"]["trim"] is True
     assert all(s["py_objects"] > 1000 for s in data["samples"])
     assert data["summary"]["py_objects"]["first"] > 0

@@ -129,7 +129,10 @@ def test_batched_jobs_equal_the_same_jobs_alone(family, tmp_path):
     for a, b in zip(alone, batched):
         assert len(a) == len(b)
         for x, y in zip(a, b):
-            np.testing.assert_allclose(y, x, atol=1e-5)
+            # float32 convolutions over a batch sum in another order than over one row: seen up to 1.1e-5
+            # on a loaded 2-core machine, so the bound is 1e-4 (-80 dB of full scale), far below any real
+            # mix-up of rows (those differ by the signal itself, ~1e-2 here)
+            np.testing.assert_allclose(y, x, atol=1e-4)
 
 
 def test_v3_right_padding_leaves_each_rows_emitted_audio_unchanged(tmp_path):
