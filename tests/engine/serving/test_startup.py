@@ -77,8 +77,8 @@ def test_a_phase_needs_a_name_and_no_negative_seconds():
 
 async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tmp_path, monkeypatch):
     """The real load on the tiny model: every phase once, ordered by when it ended, the LM backend beside
-    the frontends (after the tokenizer: transformers is imported by one thread at a time), the first graphs
-    after both, the warm-up last and ready at its end."""
+    the weights and the frontends (after the tokenizer: transformers is imported by one thread at a time),
+    the first graphs after both, the warm-up last and ready at its end."""
     import json
 
     from engine.cache_root import COMPILE_DIRS
@@ -116,8 +116,9 @@ async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tmp_path, 
     def end(name: str) -> float:
         return phases[name].start_s + phases[name].seconds
 
-    assert end("model files") <= phases["weights"].start_s <= end("weights") <= phases["tokenizer"].start_s
-    assert end("tokenizer") <= min(phases["LM backend"].start_s, phases["frontends"].start_s)
+    assert end("model files") <= phases["tokenizer"].start_s <= end("tokenizer") <= phases["weights"].start_s
+    # the LM starts from llm.pt beside the weights' load, not after it; the frontends after the weights
+    assert end("tokenizer") <= phases["LM backend"].start_s <= end("weights") <= phases["frontends"].start_s
     assert phases["first graphs"].start_s >= max(end("LM backend"), end("frontends"))
     assert timeline.ready_s is not None and timeline.ready_s >= end("warm-up") >= end("first graphs")
     assert not any(p.background for p in timeline.phases) and eng.graph_builder.pending == 0
@@ -174,8 +175,9 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
     monkeypatch.setattr(compiled_estimator, "_compiled", slow_compile)
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(
-        model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"), flow_compile=True,
-        hift_graphs=False, flow_reuse=False, graph_warmup_s=4.0, flow_batch=2, limits=Limits(max_concurrency=2),
+        model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"),
+        flow_compile=True, hift_graphs=False, flow_reuse=False, graph_warmup_s=4.0, flow_batch=2,
+        limits=Limits(max_concurrency=2),
     )  # fmt: skip
     prompt = (0.1 * np.random.default_rng(1).standard_normal(24000 * 2)).astype(np.float32), 24000
     req = SynthesisRequest(
