@@ -41,38 +41,13 @@ class PendingEngine:
         """Build the engine off the event loop, then warm it on this loop; a failure is logged and leaves
         this engine unhealthy (the server then exits for its supervisor)."""
         try:
-            self._loaded = await self._built()
+            self._loaded = await in_daemon_thread(self._load, "engine-load")
             await self._loaded.warmup()
         except Exception:
             self._failed = True
             log.exception("the engine could not be loaded")
             return
         self._engine = self._loaded
-
-    def _built(self) -> asyncio.Future[Any]:
-        """``load()`` on a daemon thread of its own, not the loop's executor: a server stopped while the
-        engine loads exits at once (the executor's threads are joined at the loop's end)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Any] = loop.create_future()
-
-        def settle(result: Any, error: BaseException | None) -> None:
-            if done.done():  # the server stopped meanwhile
-                return
-            if error is None:
-                done.set_result(result)
-            else:
-                done.set_exception(error)
-
-        def run() -> None:
-            try:
-                result, error = self._load(), None
-            except Exception as err:
-                result, error = None, err
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-                loop.call_soon_threadsafe(settle, result, error)
-
-        threading.Thread(target=run, name="engine-load", daemon=True).start()
-        return done
 
     @property
     def ready(self) -> bool:
@@ -124,3 +99,30 @@ class PendingEngine:
         if self._engine is None:
             raise NotReady(LOADING, retry_after_s=RETRY_S)
         return self._engine
+
+
+def in_daemon_thread(fn: Callable[[], Any], name: str) -> asyncio.Future[Any]:
+    """``fn()`` on a daemon thread of its own, awaitable: unlike the loop's executor (whose threads the
+    loop's end joins), a server stopped meanwhile exits at once (an engine load or a Gradio build can take
+    minutes on a loaded machine)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():  # cancelled: the server stopped meanwhile
+            return
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        try:
+            result, error = fn(), None
+        except Exception as err:
+            result, error = None, err
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done

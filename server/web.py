@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import Limits
 from engine.serving.startup import Timeline
-from server.pending_engine import PendingEngine
+from server.pending_engine import PendingEngine, in_daemon_thread
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -158,7 +158,7 @@ class StudioMount:
         timeline = getattr(self.engine, "startup", None) or Timeline()
         try:
             with timeline.phase("studio UI", background=True):
-                await asyncio.to_thread(self.mount, app)
+                await in_daemon_thread(lambda: self.mount(app), "studio-build")
                 gradio_app = app.router.routes[-1].app  # type: ignore[attr-defined]  # the mount just added
                 await stack.enter_async_context(gradio_app.router.lifespan_context(gradio_app))
                 gradio_app.get_blocks().run_startup_events()
