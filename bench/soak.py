@@ -1,13 +1,18 @@
-"""Soak: a steady load of concurrent streams through one in-process ``TTSEngine`` for a fixed time, with
-process RSS and device memory sampled at a fixed interval; the question is whether memory stays flat and
-requests keep succeeding over a long run.
+"""Soak: a steady load through one in-process ``TTSEngine`` for a fixed time, with process RSS and device
+memory sampled at a fixed interval; the question is whether memory stays flat and requests keep succeeding
+over a long run.
 
 python -m bench.soak --model DIR --streams 32 --minutes 30 --out DIR
+python -m bench.soak --model DIR --arrivals poisson --rate 4 --minutes 25 --out DIR
 
-Every stream sends its next fixed-length request (``forced_tokens``, one fixed text, the stand-in prompt
-of ``bench.load``) as soon as the previous one ends; no new request starts after ``--minutes``. Writes
-``soak.json`` (summary + every memory sample + every request) and ``soak.md`` to ``--out``. Exit status 1
-when any request failed or memory was not flat (see ``memory_trend``).
+Closed loop (the default): every stream sends its next fixed-length request (``forced_tokens``, one fixed
+text, the stand-in prompt of ``bench.load``) as soon as the previous one ends; no new request starts after
+``--minutes``. Open loop (``--arrivals poisson``, ``bench.soak_open``): requests arrive at ``--rate`` per
+second with lengths of ``--tokens`` +- ``--spread``, ``--leave-fraction`` of the clients leave mid-stream,
+``--bad-fraction`` are bad requests that must get their documented error, and saved voices are checked at
+the end. Writes ``soak.json`` (summary + every memory sample + every request) and ``soak.md`` to ``--out``.
+Exit status 1 when the run fails: a request failed or memory was not flat (see ``memory_trend``), and in
+the open loop any of ``bench.soak_open.violations``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +87,16 @@ class Request:
     audio_s: float
     ttfa_ms: float | None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """When the run started (``time.monotonic``), how often memory is read (s), and whether RSS is read
+    after ``malloc_trim``."""
+
+    t0: float
+    interval_s: float
+    trim: bool = False
 
 
 @dataclass
@@ -160,26 +175,32 @@ async def stream_worker(engine: Any, run: SoakRun, index: int, t0: float, deadli
         seed += 1
 
 
-async def sampler(engine: Any, run: SoakRun, t0: float, stop: asyncio.Event) -> None:
+async def sampler(
+    engine: Any, samples: list[Sample], every: Sampling, stop: asyncio.Event, status: Callable[[], str]
+) -> None:
+    """Sample memory every ``every.interval_s`` until ``stop``; each line also logs ``status()``."""
     while not stop.is_set():
-        s = sample(engine, t0, run.config.trim)
-        run.samples.append(s)
-        done = sum(r.error is None for r in run.requests)
+        s = sample(engine, every.t0, every.trim)
+        samples.append(s)
         log.info(
-            "t=%5.0f s  requests %d ok / %d failed  RSS %.0f MiB  device %.0f MiB (peak %.0f)  active %d  "
-            "objects %d",
-            s.t_s, done, len(run.requests) - done, s.rss_mb, s.device_mb, s.device_peak_mb, s.active,
-            s.py_objects,
+            "t=%5.0f s  %s  RSS %.0f MiB  device %.0f MiB (peak %.0f)  active %d  objects %d",
+            s.t_s, status(), s.rss_mb, s.device_mb, s.device_peak_mb, s.active, s.py_objects,
         )  # fmt: skip
         with contextlib.suppress(TimeoutError):  # the interval passed: sample again
-            await asyncio.wait_for(stop.wait(), run.config.sample_s)
+            await asyncio.wait_for(stop.wait(), every.interval_s)
+
+
+def closed_status(run: SoakRun) -> str:
+    done = sum(r.error is None for r in run.requests)
+    return f"requests {done} ok / {len(run.requests) - done} failed"
 
 
 async def soak(engine: Any, cfg: SoakConfig) -> SoakRun:
     """Run the steady load; the engine must be loaded and warm (``engine.warmup()``)."""
     run, t0 = SoakRun(cfg), time.monotonic()
     deadline, stop = t0 + cfg.minutes * 60.0, asyncio.Event()
-    watch = asyncio.create_task(sampler(engine, run, t0, stop))
+    every = Sampling(t0, cfg.sample_s, cfg.trim)
+    watch = asyncio.create_task(sampler(engine, run.samples, every, stop, lambda: closed_status(run)))
     await asyncio.gather(*(stream_worker(engine, run, i, t0, deadline) for i in range(cfg.streams)))
     stop.set()
     await watch
@@ -336,55 +357,134 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
     add_model_flag(p, None, "model directory (or hub id)")
     p.add_argument("--rescore", action="store_true", help="score --out's soak.json again; run nothing")
-    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--streams", type=int, default=32, help="closed loop: streams sending back to back")
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--tokens", type=int, default=250, help="speech tokens per request (25 = 1 s of audio)")
     p.add_argument("--sample-s", type=float, default=10.0, help="memory sampling interval")
     p.add_argument("--mode", default="zero_shot", choices=["zero_shot", "cross_lingual"])
     p.add_argument("--trim", action="store_true", help="malloc_trim before each RSS reading (glibc)")
+    p.add_argument("--cache-dir", help="the engine's cache root (compile caches, saved voices)")
+    add_open_flags(p)
     add_device_flags(p)
     p.add_argument("--out", required=True, help="directory for soak.json and soak.md")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.arrivals == "poisson" and args.rate is None:
+        p.error("--arrivals poisson needs --rate (requests/s: the capacity the open-loop bench found)")
+    return args
 
 
-def load_engine(args: argparse.Namespace, cfg: SoakConfig) -> Any:
+def add_open_flags(p: argparse.ArgumentParser) -> None:
+    """The open-loop mode's flags (``bench.soak_open``)."""
+    p.add_argument(
+        "--arrivals", default="closed", choices=["closed", "poisson"],
+        help="closed: --streams back to back; poisson: open loop at --rate with leavers and bad requests",
+    )  # fmt: skip
+    p.add_argument("--rate", type=float, help="open loop: arrivals per second")
+    p.add_argument(
+        "--spread", type=float, default=0.5, help="open loop: lengths within tokens x (1 +- spread)"
+    )
+    p.add_argument(
+        "--leave-fraction", type=float, default=0.10, help="open loop: clients that leave mid-stream"
+    )
+    p.add_argument("--bad-fraction", type=float, default=0.05, help="open loop: bad requests")
+    p.add_argument("--voice-fraction", type=float, default=0.05, help="open loop: good ones in a saved voice")
+    p.add_argument(
+        "--voices", type=int, default=3, help="open loop: voices saved at the start, checked at the end"
+    )
+    p.add_argument("--slots", type=int, default=96, help="open loop: the engine's streams computing at once")
+    p.add_argument(
+        "--window-s", type=float, default=300.0, help="open loop: TTFA percentiles per this window"
+    )
+    p.add_argument("--drain-s", type=float, default=120.0, help="open loop: wait after the last arrival")
+    p.add_argument("--admit-slack-s", type=float, help="open loop: admission by SLO (as python -m bench)")
+    p.add_argument("--seed", type=int, default=0, help="open loop: the schedule's seed")
+
+
+def open_config(args: argparse.Namespace) -> Any:
+    from bench.soak_mix import MixConfig
+    from bench.soak_open import OpenSoakConfig
+
+    mix = MixConfig(
+        args.rate, args.minutes, args.tokens, args.spread, args.leave_fraction, args.bad_fraction,
+        args.voice_fraction, args.seed, Mode(args.mode),
+    )  # fmt: skip
+    return OpenSoakConfig(mix, args.slots, args.voices, args.window_s, args.sample_s, args.drain_s, args.trim)
+
+
+def load_engine(args: argparse.Namespace, slots: int, longest_tokens: int) -> Any:
+    """Every stream computes at once (``slots``); flow graphs cover the longest request after the prompt."""
+    from bench.__main__ import MARGIN_S, PROMPT_S
     from engine.config import EngineConfig, Limits
     from engine.serving.engine import TTSEngine
 
-    limits = Limits(max_concurrency=cfg.streams, max_queue=cfg.streams)  # every stream computes at once
-    return TTSEngine.load(
-        EngineConfig(model=args.model, device=args.device, backend=args.backend, limits=limits)
+    limits = Limits(max_concurrency=slots, max_queue=slots, admit_slack_s=args.admit_slack_s)
+    warmup = max(EngineConfig.graph_warmup_s, longest_tokens / 25.0 + PROMPT_S + MARGIN_S)
+    cfg = EngineConfig(
+        model=args.model,
+        device=args.device,
+        backend=args.backend,
+        cache_dir=args.cache_dir,
+        limits=limits,
+        graph_warmup_s=warmup,
     )
+    return TTSEngine.load(cfg)
 
 
-async def run_cli(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
-    engine = load_engine(args, cfg)
+async def run_cli(args: argparse.Namespace) -> dict[str, Any]:
+    opened = open_config(args) if args.arrivals == "poisson" else None
+    cfg = SoakConfig(args.streams, args.minutes, args.tokens, args.sample_s, Mode(args.mode), args.trim)
+    slots = opened.slots if opened else cfg.streams
+    engine = load_engine(args, slots, round(args.tokens * (1 + (args.spread if opened else 0.0))))
     try:
         await engine.warmup()
         await asyncio.to_thread(engine.graph_builder.wait)  # the soak measures the finished engine
-        run = await soak(engine, cfg)
-        return write_report(run, Path(args.out), str(engine.model.device), str(args.model))
+        device, out = str(engine.model.device), Path(args.out)
+        if opened is None:
+            return write_report(await soak(engine, cfg), out, device, str(args.model))
+        from bench import soak_open
+
+        return soak_open.write_report(await soak_open.open_soak(engine, opened), out, device, str(args.model))
     finally:
         engine.close()
+
+
+def rescore(out: Path) -> dict[str, Any]:
+    """Score ``out/soak.json`` again with this code (either mode), rewriting it and soak.md."""
+    data = json.loads((out / "soak.json").read_text())
+    if "mix" in data["summary"]["config"]:
+        from bench import soak_open
+
+        opened, device, model = soak_open.read_report(data)
+        return soak_open.write_report(opened, out, device, model)
+    run, device, model = read_report(out / "soak.json")
+    return write_report(run, out, device, model)
+
+
+def verdict(summary: dict[str, Any]) -> list[str]:
+    """Why the run failed, either mode (empty: it passed)."""
+    if "mix" in summary["config"]:
+        from bench import soak_open
+
+        return soak_open.violations(summary)
+    return [] if passed(summary) else [f"{summary['errors']} errors or memory not flat"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.rescore:
-        run, device, model = read_report(Path(args.out) / "soak.json")
-        summary = write_report(run, Path(args.out), device, model)
+        summary = rescore(Path(args.out))
     elif args.model is None:
         raise SystemExit("python -m bench.soak: --model is required (unless --rescore)")
     else:
-        cfg = SoakConfig(args.streams, args.minutes, args.tokens, args.sample_s, Mode(args.mode), args.trim)
-        summary = asyncio.run(run_cli(args, cfg))
+        summary = asyncio.run(run_cli(args))
+    why = verdict(summary)
     log.info(
-        "%d requests, %d errors, TTFA p50 %s ms, RSS flat %s, device flat %s; report in %s",
-        summary["requests"], summary["errors"], summary["ttfa_ms"]["p50"], summary["rss_mb"]["flat"],
-        summary["device_mb"]["flat"], args.out,
+        "%d requests, TTFA p50 %s ms, RSS flat %s, device flat %s: %s; report in %s",
+        summary["requests"], summary["ttfa_ms"]["p50"], summary["rss_mb"]["flat"],
+        summary["device_mb"]["flat"], "; ".join(why) or "PASS", args.out,
     )  # fmt: skip
-    return 0 if passed(summary) else 1
+    return 0 if not why else 1
 
 
 if __name__ == "__main__":

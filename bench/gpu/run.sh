@@ -49,6 +49,21 @@
 #                                                 beside the background work (pending_during_first: v3's flow
 #                                                 compile), 5 more at full speed; a v3 cold start's compile
 #                                                 and graphs outlast 300 s (recorded to where it got)
+#   bench/gpu/run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: the open-loop soak (bench.soak
+#                                                 --arrivals poisson: RATE requests/s, the capacity the
+#                                                 capacity step found; 10 s +-50 % requests, 10 % leavers, 5 %
+#                                                 bad requests, saved voices checked; MINUTES default 25) started
+#                                                 detached with setsid in SOAK_DIR (default /root/soak), so it
+#                                                 outlives this call (a call ends at 600 s); returns once the
+#                                                 engine is loaded and the first memory sample is logged
+#   bench/gpu/run.sh soak-collect FAMILY RATE     H200, a later call of the same machine hold: waits (LIMIT_S at
+#                                                 most) for that soak to end, copies soak.json, soak.md and
+#                                                 soak.log to $OUT/soak_FAMILY_rateRATE/, prints soak.md and
+#                                                 exits with the soak's status (1: a violation; 3: not done yet,
+#                                                 call it again); a machine is held 30 min at most, so load +
+#                                                 MINUTES + the drain must fit in what is left of the hold
+#   bench/gpu/run.sh soak FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: soak-start then soak-collect in one call (a
+#                                                 soak short enough to end within LIMIT_S)
 #
 # FAMILY: v2 | v3; MODE: stream | offline | stream,offline; LEVELS: concurrency levels, e.g. 1,16,64.
 # Env: OUT (where results go; the device tool sets it), NAME (a bench run's folder name; default
@@ -344,7 +359,68 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   done
 }
 
+soak_dir() {  # FAMILY RATE -> the soak's folder, outside $OUT: it is kept between the calls of one hold
+  echo "${SOAK_DIR:-/root/soak}/soak_${1}_rate${2}"
+}
+
+soak_running() {  # DIR: a soak started there has not ended yet
+  [ -f "$1/pid" ] && [ ! -f "$1/rc" ] && kill -0 "$(cat "$1/pid")" 2> /dev/null
+}
+
+step_soak_start() {  # FAMILY RATE [MINUTES [SOAK FLAGS]]: launch detached, return once it is measuring
+  [ $# -ge 2 ] || die "usage: run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]"
+  local fam=$1 rate=$2 minutes=${3:-25} dir model t0=$SECONDS
+  shift 2 && { [ $# -eq 0 ] || shift; }
+  family_dir "$fam" > /dev/null
+  [[ $rate =~ ^[0-9]+(\.[0-9]+)?$ && $minutes =~ ^[0-9]+(\.[0-9]+)?$ ]] ||
+    die "RATE and MINUTES are numbers (MINUTES before any SOAK FLAGS), got '$rate' and '$minutes'"
+  dir=$(soak_dir "$fam" "$rate")
+  ! soak_running "$dir" || die "a soak is already running in $dir: run.sh soak-collect $fam $rate"
+  environment
+  model=$(build_model "$fam" | tail -1)
+  rm -rf "$dir" && mkdir -p "$dir"
+  # its own session (setsid), stdin and outputs off this call's: the device call's end does not stop it
+  setsid bash -c 'echo $$ > "$0/pid"; python3 -m bench.soak "$@" > "$0/soak.log" 2>&1; echo $? > "$0/rc"' \
+    "$dir" --model "$model" --device cuda --backend vllm --cache-dir "$CACHE" --arrivals poisson \
+    --rate "$rate" --minutes "$minutes" --tokens 250 --spread 0.5 --slots 96 "$@" --out "$dir" \
+    < /dev/null > /dev/null 2>&1 &
+  until grep -q "bench.soak: t=" "$dir/soak.log" 2> /dev/null || [ -f "$dir/rc" ]; do
+    [ $((SECONDS - t0)) -lt "$LIMIT_S" ] || { echo "still loading after $LIMIT_S s; it goes on"; return 0; }
+    sleep 5
+  done
+  [ ! -f "$dir/rc" ] || { tail -20 "$dir/soak.log"; die "the soak ended at once (rc $(cat "$dir/rc"))"; }
+  echo "soak measuring since $(date +%T) ($((SECONDS - t0)) s to load): $minutes min + drain, in $dir"
+  echo "collect: bash bench/gpu/run.sh soak-collect $fam $rate"
+}
+
+step_soak_collect() {  # FAMILY RATE: wait for the soak's end (LIMIT_S at most), copy its files to $OUT
+  [ $# -eq 2 ] || die "usage: run.sh soak-collect FAMILY RATE"
+  local dir name=soak_${1}_rate${2} t0=$SECONDS
+  family_dir "$1" > /dev/null
+  dir=$(soak_dir "$1" "$2")
+  [ -f "$dir/pid" ] || die "no soak was started in $dir (soak-start, earlier in this machine hold)"
+  while soak_running "$dir" && [ $((SECONDS - t0)) -lt "$LIMIT_S" ]; do sleep 5; done
+  mkdir -p "$OUT/$name"
+  for f in soak.json soak.md soak.log; do [ ! -f "$dir/$f" ] || cp "$dir/$f" "$OUT/$name/"; done
+  grep "bench.soak: t=" "$dir/soak.log" 2> /dev/null | tail -3 | cut -c1-220 || true
+  if [ ! -f "$dir/rc" ]; then
+    soak_running "$dir" && echo "still running: call soak-collect again" && return 3
+    tail -20 "$dir/soak.log" 2> /dev/null || true
+    die "the soak process ended without an exit status (killed?)"
+  fi
+  [ ! -f "$dir/soak.md" ] || cat "$dir/soak.md"
+  return "$(cat "$dir/rc")"
+}
+
+step_soak() {  # FAMILY RATE [MINUTES [SOAK FLAGS]]: start and collect in one call
+  [ $# -ge 2 ] || die "usage: run.sh soak FAMILY RATE [MINUTES [SOAK FLAGS]]"
+  local t0=$SECONDS
+  step_soak_start "$@"
+  LIMIT_S=$((LIMIT_S - (SECONDS - t0))) step_soak_collect "$1" "$2"
+}
+
 STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|cache-out|cache-in|serve|startup"
+STEPS="$STEPS|soak-start|soak-collect|soak"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -363,5 +439,8 @@ case "$step" in
   cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;
   startup) step_startup "$@" ;;
+  soak-start) step_soak_start "$@" ;;
+  soak-collect) step_soak_collect "$@" ;;
+  soak) step_soak "$@" ;;
   *) die "unknown step '$step' ($STEPS)" ;;
 esac

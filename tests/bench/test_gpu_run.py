@@ -171,3 +171,59 @@ def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypa
     monkeypatch.setenv("ARMS", "after")
     done = run_sh(checkout, "capacity", "v3")  # a good arm gets as far as the missing vLLM install
     assert done.returncode == 2 and "vLLM is not installed" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("soak-start",), "usage: run.sh soak-start"),
+        (("soak-start", "v4", "4"), "FAMILY must be v2 or v3"),
+        (("soak-start", "v3", "4", "--slots"), "RATE and MINUTES are numbers"),
+        (("soak-start", "v3", "fast"), "RATE and MINUTES are numbers"),
+        (("soak-start", "v3", "4", "25"), "vLLM is not installed"),
+        (("soak-collect", "v3"), "usage: run.sh soak-collect"),
+        (("soak-collect", "v3", "4"), "no soak was started"),
+        (("soak",), "usage: run.sh soak"),
+    ],
+)
+def test_soak_steps_check_their_arguments(checkout: Path, monkeypatch, args: tuple[str, ...], message: str):
+    monkeypatch.setenv("SOAK_DIR", str(checkout.parent / "soaks"))
+    done = run_sh(checkout, *args)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_soak_collect_waits_for_a_running_soak_then_brings_back_its_files(checkout: Path, monkeypatch):
+    """A soak started by soak-start in an earlier call: collect says it is still running while its process
+    lives (status 3), then copies soak.json, soak.md and the log to $OUT and exits with the soak's status."""
+    monkeypatch.setenv("SOAK_DIR", str(checkout.parent / "soaks"))
+    monkeypatch.setenv("LIMIT_S", "1")
+    soak = checkout.parent / "soaks" / "soak_v3_rate4"
+    soak.mkdir(parents=True)
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        (soak / "pid").write_text(f"{running.pid}\n")
+        (soak / "soak.log").write_text("bench.soak: t=   10 s  requests 40 done\n")
+        done = run_sh(checkout, "soak-collect", "v3", "4")
+        assert done.returncode == 3 and "still running" in done.stdout and "t=   10 s" in done.stdout
+    finally:
+        running.kill()
+        running.wait()
+    (soak / "soak.json").write_text("{}")
+    (soak / "soak.md").write_text("# Open-loop soak: 4 requests/s for 25 min\nResult: **FAIL**\n")
+    (soak / "rc").write_text("1\n")
+    done = run_sh(checkout, "soak-collect", "v3", "4")
+    assert done.returncode == 1 and "# Open-loop soak: 4 requests/s" in done.stdout
+    out = checkout.parent / "out" / "soak_v3_rate4"
+    assert sorted(p.name for p in out.iterdir()) == ["soak.json", "soak.log", "soak.md"]
+
+
+def test_soak_collect_reports_a_soak_that_died_without_a_status(checkout: Path, monkeypatch):
+    monkeypatch.setenv("SOAK_DIR", str(checkout.parent / "soaks"))
+    soak = checkout.parent / "soaks" / "soak_v2_rate2.5"
+    soak.mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (soak / "pid").write_text(f"{gone.pid}\n")
+    (soak / "soak.log").write_text("Killed\n")
+    done = run_sh(checkout, "soak-collect", "v2", "2.5")
+    assert done.returncode == 2 and "ended without an exit status" in done.stderr and "Killed" in done.stdout
