@@ -39,7 +39,6 @@ from engine.request import SynthesisRequest
 from engine.serving.performance import PartDone, perform
 from engine.serving.subtitles import Word, WordTimer, to_srt, to_vtt
 from engine.text.script import MAX_SCRIPT_CHARS, Part, Speech, compile_script, parse_script
-from engine.voices import OPENAI_VOICES
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +112,8 @@ def spoken(parts: list[Part]) -> int:
 
 async def build_cast(engine: EngineLike, body: ScriptRequest, owner: str) -> dict[str, SynthesisRequest]:
     """A request template per speaker; every voice is checked now, not when its first line comes up."""
+    from engine.voices import OPENAI_VOICES  # lazy: engine.voices imports torch (the server listens first)
+
     known = {str(getattr(v, "id", v)) for v in await call(engine.list_voices, owner)} | set(OPENAI_VOICES)
     cast: dict[str, SynthesisRequest] = {}
     for name, voice in body.voices.items():

@@ -52,8 +52,12 @@ class StartupRun:
     command: list[str]
     tokens: int
     first_ttfa_ms: list[float] = field(default_factory=list)  # the first requests after ready
+    # the background phases still running when those first requests went out (e.g. the flow compile):
+    # what a visitor right after a start meets
+    pending_during_first: list[str] = field(default_factory=list)
     steady_ttfa_ms: list[float] = field(default_factory=list)  # as many again, once at full speed
-    phases: list[dict[str, Any]] = field(default_factory=list)  # the server's timeline (/ready)
+    # the server's timeline (/ready) at full speed, or as far as it got when the run was stopped
+    phases: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
     def __post_init__(self) -> None:
@@ -141,8 +145,9 @@ async def measure(args: argparse.Namespace) -> StartupRun:
         async with httpx.AsyncClient() as client:
             await server.until(client, "/health", deadline)
             reached["launch_to_health_s"] = server.since_launch()
-            await server.until(client, "/ready", deadline)
+            body = await server.until(client, "/ready", deadline)
             reached["launch_to_ready_s"] = server.since_launch()
+            reached["pending_during_first"] = list((body.get("startup") or {}).get("pending", []))
             reached["first_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 0)
             body = await server.until(client, "/ready", deadline, full_speed)
             reached["launch_to_full_speed_s"] = server.since_launch()
@@ -151,10 +156,23 @@ async def measure(args: argparse.Namespace) -> StartupRun:
     except (TimeoutError, RuntimeError) as err:
         reached["error"] = str(err)
         log.error("start-up run stopped: %s", err)
+        if "launch_to_ready_s" in reached:  # the timeline so far: which background phase it was in
+            reached["phases"] = await phases_so_far(server)
     finally:
         await target.aclose()
         server.stop()
     return record(args, reached)
+
+
+async def phases_so_far(server: Server) -> list[dict[str, Any]]:
+    """A ready server's timeline now (its finished phases), [] when it no longer answers."""
+    try:
+        async with httpx.AsyncClient() as client:
+            resp = await client.get(server.url + "/ready", timeout=5.0)
+        return list((resp.json().get("startup") or {}).get("phases", [])) if resp.status_code == 200 else []
+    except (httpx.HTTPError, ValueError) as err:
+        log.warning("no timeline from the stopped run: %s", err)
+        return []
 
 
 def record(args: argparse.Namespace, reached: dict[str, Any]) -> StartupRun:
@@ -170,6 +188,7 @@ def record(args: argparse.Namespace, reached: dict[str, Any]) -> StartupRun:
         command=list(args.command),
         tokens=args.tokens,
         first_ttfa_ms=reached.get("first_ttfa_ms", []),
+        pending_during_first=reached.get("pending_during_first", []),
         steady_ttfa_ms=reached.get("steady_ttfa_ms", []),
         phases=reached.get("phases", []),
         error=reached.get("error"),

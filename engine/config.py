@@ -287,6 +287,8 @@ class EngineConfig:
     # of those graphs, load captures the first of each kind (the compiles: batch 1 and 2, shortest mel)
     # and the engine serves; the rest are captured on a background thread in serving order (engine.
     # graph_builder) while requests run uncaptured at the bucket's shape, the computation a graph replays.
+    # With flow_compile the first graphs are the eager estimator's and the compile runs first on that thread
+    # ("flow compile": > 155 s for the DiT on a fresh H200), its graphs then replacing the eager ones.
     # False = every graph before serving (the load of before: ~2-4 min on a fresh H200)
     background_graphs: bool = True
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the

@@ -31,6 +31,7 @@ class GraphBuilder:
         if self._thread is not None:
             raise RuntimeError("the graph builder has started: add its jobs at load")
         self._jobs.append((name, job))
+        self.timeline.queue(name)  # pending on /ready from now until it has run
 
     @property
     def pending(self) -> int:

@@ -75,6 +75,9 @@ class GraphCache:
         self._builder: int | None = None  # the thread capturing precapture's keys (it may, frozen)
         self._lock = threading.Lock()  # the background builder inserts while the token2wav thread replays
         self._missed: set[Hashable] = set()  # keys logged once as run uncaptured
+        # graphs replaced by ``replace``, kept alive: the token2wav stream may still be replaying one, and
+        # a graph is not destroyed under its own launch (a few graphs: the first of each kind)
+        self._retired: list[devices.CapturedCall] = []
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -151,9 +154,7 @@ class GraphCache:
                 log.info("no %s graph was captured for %s: such calls run uncaptured", self.name, key)
             return None
         if call is None:
-            if self._pool is None:
-                self._pool, self._stream = devices.graph_pool(), devices.capture_stream()
-            call = devices.CapturedCall(fn, statics(), self._pool, stream=self._stream)
+            call = self._record(fn, statics)
             log.debug("captured the %s graph %s", self.name, key)
             with self._lock:
                 self._graphs[key] = call
@@ -162,3 +163,49 @@ class GraphCache:
         with self._lock:
             self._graphs.move_to_end(key)
         return call
+
+    def keys(self) -> list[Hashable]:
+        """The captured keys, least recently used first."""
+        with self._lock:
+            return list(self._graphs)
+
+    def record_all(
+        self,
+        keys: Sequence[K],
+        recipe: Callable[[K], tuple[Callable[..., object], Callable[[], tuple[torch.Tensor, ...]]]],
+        dev: torch.device,
+        stop: threading.Event,
+    ) -> dict[K, devices.CapturedCall] | None:
+        """Capture ``recipe(key) -> (fn, statics)`` for every key in this cache's pool without serving
+        them (``replace`` does, all at once) -> the graphs, None when ``stop`` was set in between."""
+        calls: dict[K, devices.CapturedCall] = {}
+        start = time.monotonic()
+        try:
+            with torch.inference_mode():  # as in _capture_all
+                for key in keys:
+                    if stop.is_set():
+                        return None
+                    began = time.monotonic()
+                    fn, statics = recipe(key)
+                    calls[key] = self._record(fn, statics)
+                    self._progress(key, len(calls), len(keys), began, start)
+        finally:
+            devices.empty_cache(dev)
+        return calls
+
+    def replace(self, calls: dict[K, devices.CapturedCall]) -> None:
+        """Serve ``calls`` in place of their keys' graphs from the next lookup on: a call already holding
+        the old graph replays it to its end (one consistent graph per call)."""
+        with self._lock:
+            for key, call in calls.items():
+                old = self._graphs.get(key)
+                if old is not None:
+                    self._retired.append(old)
+                self._graphs[key] = call
+
+    def _record(
+        self, fn: Callable[..., object], statics: Callable[[], tuple[torch.Tensor, ...]]
+    ) -> devices.CapturedCall:
+        if self._pool is None:
+            self._pool, self._stream = devices.graph_pool(), devices.capture_stream()
+        return devices.CapturedCall(fn, statics(), self._pool, stream=self._stream)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import Limits
 from engine.serving.startup import Timeline
+from server.pending_engine import PendingEngine, in_daemon_thread
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -53,7 +54,8 @@ def create_app(
 
     ``studio_later``: the server answers (API, /health, /ready) as soon as the engine is warm, and the UI
     (importing Gradio alone takes ~10-25 s on a 2-core CPU) is built in a thread and mounted when done;
-    until then "/" says the studio is loading (503, Retry-After)."""
+    until then "/" says the studio is loading (503, Retry-After). A ``PendingEngine`` is loaded behind a
+    listening server (``/health`` answers from the start), the UI after it."""
     from fastapi import FastAPI
 
     from api.auth import owner_of, resolve_api_keys
@@ -66,14 +68,23 @@ def create_app(
     login = KeyLogin(keys, owner_of) if keys else None
     studio = StudioMount(engine, ui_lang, limits, login, random_weights, hub, store)
 
+    async def start_later(later: contextlib.AsyncExitStack) -> None:
+        if isinstance(engine, PendingEngine):
+            await engine.start()
+            if not engine.ready:  # the load failed (logged): the server exits for its supervisor
+                return
+        if studio_later:
+            await studio.mount_later(app, later)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not engine.ready:  # the engine serves only once warm; warm it on the server's event loop
+        # the engine serves only once warm: a built one is warmed on the server's event loop before the
+        # server listens; a PendingEngine loads and warms behind a server that already answers /health
+        if not isinstance(engine, PendingEngine) and not engine.ready:
             await engine.warmup()
         async with contextlib.AsyncExitStack() as later:
-            if studio_later:
-                task = asyncio.create_task(studio.mount_later(app, later))
-                later.callback(task.cancel)
+            task = asyncio.create_task(start_later(later))
+            later.callback(task.cancel)
             try:
                 yield
             finally:
@@ -147,7 +158,7 @@ class StudioMount:
         timeline = getattr(self.engine, "startup", None) or Timeline()
         try:
             with timeline.phase("studio UI", background=True):
-                await asyncio.to_thread(self.mount, app)
+                await in_daemon_thread(lambda: self.mount(app), "studio-build")
                 gradio_app = app.router.routes[-1].app  # type: ignore[attr-defined]  # the mount just added
                 await stack.enter_async_context(gradio_app.router.lifespan_context(gradio_app))
                 gradio_app.get_blocks().run_startup_events()

@@ -61,8 +61,11 @@
 #   bench/gpu/run.sh startup FAMILY [APP FLAGS]   H200: launch -> /health -> /ready -> full speed of app.py, cold
 #                                                 (an empty cache root) then warm (the same root again) ->
 #                                                 $OUT/startup_FAMILY_{cold,warm}/startup.json + server.log;
-#                                                 COLD_S (default 330) of LIMIT_S for the cold start, the rest
-#                                                 for the warm one
+#                                                 COLD_S (default 300) of LIMIT_S for the cold start, the rest
+#                                                 (230) for the warm one. The first 5 requests go out at ready,
+#                                                 beside the background work (pending_during_first: v3's flow
+#                                                 compile), 5 more at full speed; a v3 cold start's compile
+#                                                 and graphs outlast 300 s (recorded to where it got)
 #   bench/gpu/run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: the open-loop soak (bench.soak
 #                                                 --arrivals poisson: RATE requests/s, the capacity the
 #                                                 capacity step found; 10 s +-50 % requests, 10 % leavers, 5 %
@@ -398,7 +401,7 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   model=$(build_model "$fam" | tail -1)  # outside the root: a cold start is a fresh machine with the weights
   root=${STARTUP_ROOT:-/root/startup-cache-$fam}
   rm -rf "$root"
-  local cold_s=${COLD_S:-330}
+  local cold_s=${COLD_S:-300}
   for kind in cold warm; do
     limit=$([ "$kind" = cold ] && echo "$cold_s" || echo $((LIMIT_S - cold_s - 10)))
     python3 -m bench.startup --family "$(family_dir "$fam")" --cache-kind "$kind" --limit-s "$limit" \

@@ -36,14 +36,20 @@ class CompiledEstimator(nn.Module):
     """Drop-in for a CFM's estimator: ``forward(x, mask, mu, t, spks, cond, streaming) -> [B,80,T]``
     float32, computed in ``dtype`` (a cast copy of the weights; float32 shares the original module)."""
 
-    def __init__(self, estimator: nn.Module, dtype: torch.dtype, compiled: bool) -> None:
+    def __init__(self, estimator: nn.Module, dtype: torch.dtype, compiled: bool, cast: bool = True) -> None:
         super().__init__()
-        self.dtype = dtype
-        self.inner = estimator if dtype == torch.float32 else cast_parameters(estimator, dtype)
+        self.dtype, self.compiled = dtype, compiled
+        keep = dtype == torch.float32 or not cast  # not cast: ``estimator`` already holds ``dtype`` weights
+        self.inner = estimator if keep else cast_parameters(estimator, dtype)
         self.run = _compiled(self.inner) if compiled else self.inner
         # page windows (engine.flow.dit_pages, unet_pages), compiled alike on first use
         paged = getattr(self.inner, "forward_paged", None)
         self.run_paged = _compiled(paged) if compiled and paged is not None else paged
+
+    def twin(self, compiled: bool) -> CompiledEstimator:
+        """The same weights (shared, not copied), run eager or by TorchInductor: the engine serves on the
+        eager twin while the compiled one is built in the background."""
+        return CompiledEstimator(self.inner, self.dtype, compiled, cast=False)
 
     def forward(
         self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, streaming: bool

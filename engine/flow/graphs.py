@@ -6,7 +6,9 @@ frames up to a multiple of ``frame_bucket``. Padding is exact for the real rows 
 are masked out of attention and every conv is causal (left context only), and padded rows are independent.
 Graphs are captured lazily on first use of a bucket and kept in an LRU (``graph_cache``); ``precapture``
 records every bucket up to a batch and length before serving (the engine's load), so no request pays for
-a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured.
+a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured. With a background
+builder the engine serves first on the eager estimator's graphs and the compile runs behind it; its graphs
+then replace the eager ones (``_serve_eager_first``).
 
 With a page pool (``enable_reuse``) streaming calls reuse each request's finished frames
 (engine.flow.dit_pages, unet_pages): a request's ``PagedCache`` names its pages, and the window graphs,
@@ -17,6 +19,8 @@ with full attention.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +36,7 @@ from engine.graph_cache import GraphCache, Later, bucket, largest_first
 
 # a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
 WINDOW = "window"
+Job = Callable[[threading.Event], None]  # a background builder's job (engine.graph_builder)
 log = logging.getLogger(__name__)
 
 
@@ -80,6 +85,12 @@ class GraphedCFM(nn.Module):
         widest = max(self.prefix_pages, 2)
         self.prefix_buckets = tuple(sorted({2, max(widest // 2, 2), widest}))
         return pages
+
+    @property
+    def compiled(self) -> bool:
+        """The solver serving now runs the TorchInductor-compiled estimator."""
+        estimator = self.solver.estimator
+        return isinstance(estimator, CompiledEstimator) and estimator.compiled
 
     @property
     def reuses_frames(self) -> bool:
@@ -132,6 +143,8 @@ class GraphedCFM(nn.Module):
         frame reuse is an optimisation, and a load that fails for it would take the service down."""
         from torch._dynamo.exc import BackendCompilerFailed  # Dynamo: seconds to import, only for graphs
 
+        if later is not None and self.compiled:
+            return self._serve_eager_first(max_batch, max_frames, device, later)
         try:
             return self._precapture(max_batch, max_frames, device, later)
         except BackendCompilerFailed:
@@ -140,6 +153,45 @@ class GraphedCFM(nn.Module):
             log.exception("the flow's page windows did not compile; streaming flow calls will recompute")
             self.pool, self.graphs = None, GraphCache("flow solver", self.graphs.max_graphs)
             return self._precapture(max_batch, max_frames, device, later)
+
+    def _serve_eager_first(self, max_batch: int, max_frames: int, device: torch.device, later: Later) -> int:
+        """Background graphs of a compiled estimator: the first graphs now of its eager twin (seconds; the
+        compile of the DiT takes minutes), then on ``later`` the "flow compile" job (the compiled programs
+        and their first graphs, swapped in at once), then the other graphs, captured of the solver then in
+        use (the compiled one; the eager one if the compile failed)."""
+        compiled, estimator = self.solver, self.solver.estimator
+        assert isinstance(estimator, CompiledEstimator)
+        self.solver = self.cfm.with_estimator(estimator.twin(compiled=False))
+        rest: list[tuple[str, Job]] = []
+        n = self._precapture(max_batch, max_frames, device, lambda name, job: rest.append((name, job)))
+        later("flow compile", self._compile_job(self.graphs.keys(), compiled, device))
+        for name, job in rest:
+            later(name, job)
+        return n
+
+    def _compile_job(self, keys: list, compiled: CausalCFM, device: torch.device) -> Job:
+        """Compile (inside the first captures) and capture ``keys`` of ``compiled``, then serve them: the
+        graphs and the uncaptured solver switch together; a stop or a failure leaves the eager ones."""
+
+        def recipe(key: tuple) -> tuple[Callable, Callable]:
+            return self._recipe(key, compiled, device)
+
+        def job(stop: threading.Event) -> None:
+            calls = self.graphs.record_all(keys, recipe, device, stop)
+            if calls is None:
+                return
+            self.graphs.replace(calls)
+            self.solver = compiled
+            log.info("the compiled flow estimator serves now (%d graphs replaced)", len(calls))
+
+        return job
+
+    def _recipe(self, key: tuple, solver: CausalCFM, dev: torch.device) -> tuple[Callable, Callable]:
+        """The function and input buffers of ``key``'s graph, of ``solver``."""
+        if key[2] == WINDOW:
+            layout = self._pool().layout
+            return self._window_solver(solver), lambda: _window_statics(key[0], key[1], layout, key[3], dev)
+        return self._solver(bool(key[2]), solver), lambda: _statics(key[0], key[1], dev)
 
     def _precapture(self, max_batch: int, max_frames: int, device: torch.device, later: Later | None) -> int:
         max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
@@ -185,11 +237,12 @@ class GraphedCFM(nn.Module):
             lambda: _window_statics(batch, queries, layout, prefix, dev),
         )
 
-    def _window_solver(self):
+    def _window_solver(self, solver: CausalCFM | None = None):
+        """The page-window solve of ``solver`` (None: of the one serving when it runs)."""
         pool = self._pool()
 
         def run(*tensors: Tensor) -> Tensor:
-            return self.solver.forward_paged(pool, *tensors)
+            return (self.solver if solver is None else solver).forward_paged(pool, *tensors)
 
         return run
 
@@ -205,10 +258,13 @@ class GraphedCFM(nn.Module):
             (batch, frames, streaming), self._solver(streaming), lambda: _statics(batch, frames, dev)
         )
 
-    def _solver(self, streaming: bool):
+    def _solver(self, streaming: bool, solver: CausalCFM | None = None):
+        """The solve of ``solver`` (None: of the one serving when it runs) on a bucket's input buffers."""
+
         def run(mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
             frames = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
-            return self.solver(CfmInputs(mu, mask, spks, cond, frames, frames), streaming)
+            serving = self.solver if solver is None else solver
+            return serving(CfmInputs(mu, mask, spks, cond, frames, frames), streaming)
 
         return run
 

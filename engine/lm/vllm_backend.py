@@ -1,11 +1,9 @@
 """The speech LM on vLLM (CUDA; vllm-ascend on NPU): the ONLY module that imports vllm.
 
-* ``export_hf``: the loaded ``SpeechLM`` as a stock Hugging Face Qwen2 directory vLLM can serve:
-  embed_tokens := speech_embedding, lm_head := llm_decoder (no bias), vocab = the speech vocabulary, bf16.
-  v2's decoder bias is saved beside it and added by our logits processor: AsyncLLM's engine core runs in
-  a spawned process where a model class registered at run time in this process is unknown, while the
-  processor is imported there by its "module:Class" name, so this keeps v2 exact with no plugin install.
-  Re-exported only when llm.pt changes (path, size, mtime).
+* ``export_hf`` (engine/lm/hf_export.py): the speech LM as a stock Hugging Face Qwen2 directory vLLM can
+  serve. v2's decoder bias is saved beside it and added by our logits processor: AsyncLLM's engine core
+  runs in a spawned process where a model class registered at run time in this process is unknown, while
+  the processor is imported there by its "module:Class" name, so this keeps v2 exact with no plugin install.
 * ``RASLogitsProcessor``: adds the bias, then samples each request's row with the SAME batched RAS code as
   the native backend (engine.lm.sampling, seeded per request) and forces that id (all other logits -inf;
   requests run greedy). Stop ids are masked before min_len there too, so vLLM's min_tokens is not used.
@@ -23,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -38,13 +35,12 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from engine.config import SamplingConfig
 from engine.lm.backend import LMRequest
 from engine.lm.bistream import Feed, Layout, Round, Table, embed
+from engine.lm.hf_export import BIAS_FILE, export_hf  # noqa: F401  (export_hf: the backend's input)
 from engine.lm.sampling import DeviceRAS
 from engine.lm.speech_lm import SpeechLM
 
 log = logging.getLogger(__name__)
-EXPORT_VERSION = 1
 _ARGS = "cosystream"  # key of our per-request data in SamplingParams.extra_args
-BIAS_FILE = "cosystream_lm_head_bias.pt"  # v2 llm_decoder.bias, beside the exported weights
 
 
 class RASLogitsProcessor(LogitsProcessor):
@@ -92,40 +88,14 @@ class RASLogitsProcessor(LogitsProcessor):
         return logits if self.ras is None else self.ras.step(logits)
 
 
-def _fingerprint(llm_pt: Path) -> str:
-    stat = llm_pt.stat()
-    return hashlib.sha256(
-        f"{llm_pt.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{EXPORT_VERSION}".encode()
-    ).hexdigest()[:16]
-
-
-def export_hf(
-    lm: torch.nn.Module, qwen_config: dict[str, Any], llm_pt: Path, cache_dir: Path, dtype: str = "bfloat16"
-) -> Path:
-    """Write (once per llm.pt) the HF Qwen2 directory vLLM loads; returns it."""
-    from safetensors.torch import save_file
-
-    out = cache_dir / f"vllm-{_fingerprint(llm_pt)}-{dtype}"
-    if (out / "model.safetensors").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for key, value in lm.state_dict().items():
-        if key.startswith("llm.model.model."):
-            tensors["model." + key.removeprefix("llm.model.model.")] = value
-    tensors["model.embed_tokens.weight"] = lm.speech_embedding.weight
-    tensors["lm_head.weight"] = lm.llm_decoder.weight
-    bias = lm.llm_decoder.bias
-    if bias is not None:
-        torch.save(bias.detach().float().cpu().clone(), out / BIAS_FILE)
-    tensors = {k: v.detach().to(getattr(torch, dtype)).contiguous().cpu() for k, v in tensors.items()}
-    config = dict(qwen_config, vocab_size=lm.speech_embedding.weight.shape[0], tie_word_embeddings=False)
-    config.update(torch_dtype=dtype, architectures=["Qwen2ForCausalLM"])
-    config.pop("bos_token_id", None), config.pop("eos_token_id", None)
-    save_file(tensors, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    log.info("exported the speech LM for vLLM to %s", out)
-    return out
+def _capture_limit(args: type, max_num_seqs: int) -> dict[str, int]:
+    """vLLM captures its CUDA graphs for batches of up to ``min(2 * max_num_seqs, 512)`` tokens by default
+    (``CompilationConfig.max_cudagraph_capture_size``), one capture per size (1, 2, 4, then every 8); a
+    decode step of ours holds at most ``max_num_seqs`` tokens, one per sequence, and a step past that is a
+    prefill, whose launches matter little: the sizes above it only lengthen vLLM's start. Set where this
+    vLLM's engine arguments have the field (checked, not assumed)."""
+    names = {f.name for f in dataclasses.fields(args)}
+    return {"max_cudagraph_capture_size": max_num_seqs} if "max_cudagraph_capture_size" in names else {}
 
 
 class VLLMBackend:
@@ -160,6 +130,7 @@ class VLLMBackend:
             enable_prefix_caching=True,  # bistream rounds re-submit their grown prompt
             scheduling_policy="priority",  # LMRequest.priority: a waiting listener's segment goes first
             logits_processors=[f"{__name__}:RASLogitsProcessor"],
+            **_capture_limit(AsyncEngineArgs, max_num_seqs),
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.sampling, self.dtype, self.lm = sampling, getattr(torch, dtype), lm

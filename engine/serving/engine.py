@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -142,30 +142,24 @@ class TTSEngine:
         cls, cfg: EngineConfig, files: ModelDir, dev: torch.device, timeline: Timeline
     ) -> TTSEngine:
         """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers.
-        The LM backend (vLLM's start: about a minute on a GPU) starts in a thread while the prompt
-        frontend and the voices load here; Whisper and the graphs come after it (it sizes its KV cache from
-        the memory free at its start), the first graph of each kind now and the rest behind a serving
-        engine (``graph_builder``, started by ``warmup``)."""
-        with timeline.phase("weights"):
-            model = load_model(files, dev)
-        if cfg.flow_attention == "folded":
-            model.flow.decoder.fold_attention()
-        graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
-        cache = cache_root(cfg.cache_dir)
-        if graphs:
-            model.flow.decoder = _graphed_flow(model.flow.decoder, model.family, cfg, cache)  # type: ignore[assignment]
-        vocoder = None
-        if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
-            vocoder = GraphedHiFT(model.hift)
+        The LM backend (vLLM's start: about a minute on a GPU) starts in a thread right after the tokenizer,
+        from llm.pt (or its cached export) while the weights load here, then the prompt frontend and the
+        voices; Whisper and the graphs come after it (it sizes its KV cache from the memory free at its
+        start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
+        started by ``warmup``)."""
         # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
         # is not thread-safe: "cannot import name 'AutoTokenizer'"), and vLLM's start imports it too
         with timeline.phase("tokenizer"):
-            text = TextFrontend(load_tokenizer(files.qwen, model.family))
+            text = TextFrontend(load_tokenizer(files.qwen, files.family))
+        weights: Future[LoadedModel] = Future()
         with ThreadPoolExecutor(1, thread_name_prefix="lm-start") as starter:
-            started = starter.submit(_timed, timeline, "LM backend", _backend, cfg, model, files)
+            lm: tuple[object, ...] = (cfg, files, dev, weights.result)
+            started = starter.submit(_timed, timeline, "LM backend", _backend, *lm)
             try:
-                parts = _frontends(cfg, files, model.family, dev, cache, timeline, text)
-            except BaseException:
+                model, vocoder, parts = _beside_the_lm(cfg, files, dev, timeline, text, weights)
+            except BaseException as err:
+                if not weights.done():
+                    weights.set_exception(err)  # the backend waiting for them stops too
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
                 raise
@@ -537,20 +531,61 @@ def _prefix(lm: SpeechLM, text_ids: list[int], prompt_ids: list[int], speech_ids
         return lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids))
 
 
-def _backend(cfg: EngineConfig, model: LoadedModel, files: ModelDir) -> LMBackend:
-    """vLLM where it is installed and a GPU/NPU is present (or asked for), else the native loop."""
+def _beside_the_lm(
+    cfg: EngineConfig,
+    files: ModelDir,
+    dev: torch.device,
+    timeline: Timeline,
+    text: TextFrontend,
+    weights: Future[LoadedModel],
+) -> tuple[LoadedModel, GraphedHiFT | None, _Parts]:
+    """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
+    vocoder graph wrappers, the frontends."""
+    with timeline.phase("weights"):
+        weights.set_result(load_model(files, dev))
+    model, vocoder = weights.result(), None
+    if cfg.flow_attention == "folded":
+        model.flow.decoder.fold_attention()
+    graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
+    cache = cache_root(cfg.cache_dir)
+    if graphs:
+        model.flow.decoder = _graphed_flow(model.flow.decoder, model.family, cfg, cache)  # type: ignore[assignment]
+    if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
+        vocoder = GraphedHiFT(model.hift)
+    return model, vocoder, _frontends(cfg, files, model.family, dev, cache, timeline, text)
+
+
+def _backend(
+    cfg: EngineConfig, files: ModelDir, dev: torch.device, weights: Callable[[], LoadedModel]
+) -> LMBackend:
+    """vLLM where it is installed and a GPU/NPU is present (or asked for), else the native loop. vLLM
+    starts from llm.pt's export (read from the file, or from the cache when warm), not from the loaded
+    model: ``weights`` (blocking until the load is done) is waited for only after its start."""
     use_vllm = cfg.backend == "vllm" or (
-        cfg.backend == "auto" and devices.has_vllm() and devices.is_accelerator(model.device)
+        cfg.backend == "auto" and devices.has_vllm() and devices.is_accelerator(dev)
     )
     if use_vllm:
-        from engine.lm.vllm_backend import VLLMBackend, export_hf
+        from engine.lm.vllm_backend import VLLMBackend
 
-        cache = cache_root(cfg.cache_dir)
-        hf_dir = export_hf(model.lm, model.qwen_config, files.llm, cache)
-        return VLLMBackend(hf_dir, cfg.sampling, cfg.gpu_memory_utilization, lm=model.lm)
+        backend = VLLMBackend(_hf_export(cfg, files), cfg.sampling, cfg.gpu_memory_utilization)
+        backend.lm = weights().lm  # text streaming embeds its rounds with the loaded LM
+        return backend
     from engine.lm.native import NativeLM
 
-    return NativeLM(model.lm, cfg.sampling)
+    return NativeLM(weights().lm, cfg.sampling)
+
+
+def _hf_export(cfg: EngineConfig, files: ModelDir) -> Path:
+    """The LM's export for vLLM: the cached one, else written from llm.pt (memory-mapped, on the CPU)."""
+    from engine.checkpoint import read_model_config, read_state
+    from engine.lm.hf_export import WEIGHTS_FILE, export_dir, export_hf
+
+    cache = cache_root(cfg.cache_dir)
+    done = export_dir(files.llm, cache)
+    if (done / WEIGHTS_FILE).exists():
+        return done
+    qwen = read_model_config(files.root)[2]
+    return export_hf(read_state(files.llm), qwen, files.llm, cache)
 
 
 def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -> GraphedCFM:

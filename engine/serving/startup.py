@@ -43,6 +43,7 @@ class Timeline:
         self._lock = threading.Lock()
         self._phases: list[Phase] = []
         self._running: dict[int, str] = {}  # token -> name, for what /ready lists as pending
+        self._queued: list[str] = []  # phases announced to run later (background jobs), pending too
         self._tokens = itertools.count()
         self._ready_s: float | None = None
 
@@ -57,6 +58,8 @@ class Timeline:
         with self._lock:
             token = next(self._tokens)
             self._running[token] = name
+            if name in self._queued:
+                self._queued.remove(name)
         log.info("start-up: %s... (%.1f s since launch)", name, start)
         try:
             yield
@@ -64,6 +67,12 @@ class Timeline:
         finally:
             with self._lock:
                 self._running.pop(token, None)
+
+    def queue(self, name: str) -> None:
+        """Announce a phase that runs later (a background job queued at load): pending from now on, so
+        between two jobs, or before the first starts, /ready never reads as if nothing were left."""
+        with self._lock:
+            self._queued.append(name)
 
     def record(self, name: str, start_s: float, seconds: float, background: bool = False) -> Phase:
         done = Phase(name, start_s, seconds, background)
@@ -89,9 +98,10 @@ class Timeline:
         return self._ready_s
 
     def pending(self) -> list[str]:
-        """Phases that have started and not ended (background captures after ready, typically)."""
+        """Phases that have started and not ended (background captures after ready, typically), then
+        those queued to run."""
         with self._lock:
-            return list(self._running.values())
+            return [*self._running.values(), *self._queued]
 
     def as_dict(self) -> dict[str, object]:
         """The JSON ``/ready`` returns: ready_s, now_s, phases (name, start_s, seconds, background),

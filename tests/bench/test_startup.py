@@ -19,7 +19,7 @@ SERVER = textwrap.dedent(
     import json, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     t0 = time.monotonic()
-    READY_S, FULL_S = 0.5, 1.0
+    READY_S, FULL_S = 0.5, float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -78,6 +78,24 @@ def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys) -> N
     assert 0 < health <= ready <= full and ready >= 0.5 and full >= 1.0
     assert len(run["first_ttfa_ms"]) == len(run["steady_ttfa_ms"]) == 5
     assert run["phases"][0]["name"] == "weights" and run["first_vs_steady"] > 0
+    assert run["pending_during_first"] == ["flow solver graphs"]  # the first requests met the background
+
+
+def test_a_start_stopped_before_full_speed_keeps_ready_the_first_requests_and_the_timeline(tmp_path: Path):
+    """A cold start whose background work outlasts the run's bound (the DiT's compile): ready and the
+    first requests are recorded, and the timeline as far as it got."""
+    script, port, out = tmp_path / "server.py", free_port(), tmp_path / "run"
+    script.write_text(SERVER)
+    argv = ["--family", "cosyvoice3", "--cache-kind", "cold", "--out", str(out), "--port", str(port),
+            "--hardware", "test", "--commit", "abc1234", "--limit-s", "10",
+            "--", sys.executable, str(script), str(port), "600"]  # fmt: skip
+    assert main(argv) == 1
+    run = json.loads((out / "startup.json").read_text())
+    assert run["cache"] == "cold" and run["launch_to_ready_s"] >= 0.5
+    assert run["launch_to_full_speed_s"] is None
+    assert len(run["first_ttfa_ms"]) == 5 and run["steady_ttfa_ms"] == [] and run["first_vs_steady"] is None
+    assert run["pending_during_first"] == ["flow solver graphs"] and "/ready" in run["error"]
+    assert [p["name"] for p in run["phases"]] == ["weights"]
 
 
 def test_a_server_that_dies_is_recorded_with_how_far_it_got(tmp_path: Path) -> None:

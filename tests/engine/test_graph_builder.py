@@ -111,3 +111,17 @@ def test_a_failing_background_job_is_logged_and_the_rest_still_run(caplog):
     assert "flow solver graphs failed in the background" in caplog.text
     with pytest.raises(RuntimeError, match="started"):
         builder.add("late", lambda stop: None)
+
+
+def test_queued_jobs_are_pending_from_load_until_each_has_run():
+    """/ready's "pending" lists the builder's jobs from the moment they are queued (before ``start`` and
+    between two jobs it would otherwise read empty, and a bench would take the engine for finished)."""
+    timeline = Timeline()
+    builder = GraphBuilder(timeline)
+    seen: dict[str, list[str]] = {}
+    builder.add("flow compile", lambda stop: seen.setdefault("compile", timeline.pending()))
+    builder.add("flow solver graphs", lambda stop: seen.setdefault("graphs", timeline.pending()))
+    assert timeline.pending() == ["flow compile", "flow solver graphs"]  # queued, not started
+    builder.start()
+    assert builder.wait(WAIT_S) and timeline.pending() == []
+    assert seen == {"compile": ["flow compile", "flow solver graphs"], "graphs": ["flow solver graphs"]}

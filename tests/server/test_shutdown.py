@@ -101,11 +101,24 @@ def server(tmp_path: Path, grace_s: float = GRACE_S) -> Iterator[Server]:
     threading.Thread(target=srv.read, daemon=True).start()
     try:
         assert srv.listening.wait(START_CEILING_S), "".join(srv.lines[-30:])
+        assert until_ready(srv, time.monotonic() + START_CEILING_S), "".join(srv.lines[-30:])
         yield srv
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def until_ready(srv: Server, deadline: float) -> bool:
+    """The server listens from its start and loads the engine behind it: wait until /ready says 200."""
+    while time.monotonic() < deadline and srv.proc.poll() is None:
+        try:
+            if httpx.get(srv.url + "/ready", timeout=10).status_code == 200:
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    return False
 
 
 def open_stream(url: str) -> ClientConnection:

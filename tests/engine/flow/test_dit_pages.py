@@ -266,3 +266,52 @@ def test_a_folded_estimator_recomputes_streaming_calls_as_the_masked_one(family)
     torch.testing.assert_close(run([v], [90], flow=flow), run([v], [90], family=family), atol=1e-4, rtol=0)
     with pytest.raises(TypeError, match="DiT or U-Net"):
         flow.decoder.with_estimator(torch.nn.Identity()).fold_attention()
+
+
+def test_a_background_compile_swaps_the_window_graphs_and_the_streams_stay_exact(monkeypatch):
+    """Serve first: with a background builder the compiled estimator's first graphs (full solves and page
+    windows) are the eager twin's, the "flow compile" job captures the compiled ones (the compile held
+    here by a fake until released) and swaps them in, and the other graphs are captured of it. A stream
+    before, during and after the compile emits what recomputing emits."""
+    import threading
+
+    from engine.flow import compiled_estimator
+    from engine.graph_builder import GraphBuilder
+    from engine.serving.startup import Timeline
+
+    wait_s = 120.0
+    held, release, calls = threading.Event(), threading.Event(), []
+
+    def slow_compile(fn):
+        def run(*args):
+            if not release.is_set():
+                held.set()
+                assert release.wait(wait_s)
+            calls.append(threading.current_thread().name)
+            return fn(*args)
+
+        return run
+
+    monkeypatch.setattr(compiled_estimator, "_compiled", slow_compile)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
+    flow, graphed = paged(monkeypatch, compiled=True)
+    monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
+    timeline = Timeline()
+    builder = GraphBuilder(timeline)
+    assert graphed.precapture(2, 300, torch.device("cpu"), builder.add) == 14
+    first = set(graphed.graphs.keys())
+    assert not graphed.compiled and calls == [] and len(first) == 6  # eager twin: nothing compiled
+    assert {k[2] for k in first} == {WINDOW, False}  # windows and final solves, batch 1 and 2
+    builder.start()
+    assert held.wait(wait_s)  # the compile job is inside its first capture
+    v = voice(13, seed=6)
+    stream(flow, v, [41, 90], graphed.frame_cache(None))  # type: ignore[arg-type]
+    assert calls == [] and not graphed.compiled
+    assert timeline.pending() == ["flow compile", "flow solver graphs"]  # the compile, then the rest
+    release.set()
+    assert builder.wait(wait_s) and graphed.compiled and len(graphed.graphs) == 14
+    assert set(calls) == {"graph-builder"}  # compiled and captured there, not on a caller's thread
+    captured = len(calls)
+    stream(flow, v, [41, 90, 120], graphed.frame_cache(None))  # type: ignore[arg-type]
+    assert len(calls) > captured  # the replays run the compiled windows
+    assert [p.name for p in timeline.phases] == ["flow compile", "flow solver graphs"]

@@ -77,8 +77,8 @@ def test_a_phase_needs_a_name_and_no_negative_seconds():
 
 async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tmp_path, monkeypatch):
     """The real load on the tiny model: every phase once, ordered by when it ended, the LM backend beside
-    the frontends (after the tokenizer: transformers is imported by one thread at a time), the first graphs
-    after both, the warm-up last and ready at its end."""
+    the weights and the frontends (after the tokenizer: transformers is imported by one thread at a time),
+    the first graphs after both, the warm-up last and ready at its end."""
     import json
 
     from engine.cache_root import COMPILE_DIRS
@@ -116,9 +116,93 @@ async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tmp_path, 
     def end(name: str) -> float:
         return phases[name].start_s + phases[name].seconds
 
-    assert end("model files") <= phases["weights"].start_s <= end("weights") <= phases["tokenizer"].start_s
-    assert end("tokenizer") <= min(phases["LM backend"].start_s, phases["frontends"].start_s)
+    assert end("model files") <= phases["tokenizer"].start_s <= end("tokenizer") <= phases["weights"].start_s
+    # the LM starts from llm.pt beside the weights' load, not after it; the frontends after the weights
+    assert end("tokenizer") <= phases["LM backend"].start_s <= end("weights") <= phases["frontends"].start_s
     assert phases["first graphs"].start_s >= max(end("LM backend"), end("frontends"))
     assert timeline.ready_s is not None and timeline.ready_s >= end("warm-up") >= end("first graphs")
     assert not any(p.background for p in timeline.phases) and eng.graph_builder.pending == 0
     assert json.loads(json.dumps(timeline.as_dict()))["ready_s"] == round(timeline.ready_s, 3)
+
+
+async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_through_it(
+    tmp_path, monkeypatch
+):
+    """Serve first, compile behind: with the compiled DiT the engine is ready on its eager twin's first graphs
+    while the compile (a fake that holds until released) runs on the graph builder; a request meanwhile is
+    served without it, and the same request after it replays the compiled graphs with the same audio."""
+    import asyncio
+
+    import numpy as np
+
+    import engine.serving.engine as engine_module
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig, Limits
+    from engine.demo.make_model import build_model_dir
+    from engine.flow import compiled_estimator
+    from engine.request import Mode, SynthesisRequest
+    from engine.serving.engine import TTSEngine
+    from tests.engine.test_graph_cache import Recorded, emulate_capture
+
+    wait_s = 120.0  # generous: the machine is slow and shared
+    for name in COMPILE_DIRS:
+        monkeypatch.setenv(name, str(tmp_path / name))
+    emulate_capture(monkeypatch)
+
+    class WarmedUp(Recorded):
+        """Runs its function once at capture, as CapturedCall's warm-up does (where a compile happens)."""
+
+        def __init__(self, fn, inputs, *args, **kwargs):
+            super().__init__(fn, inputs, *args, **kwargs)
+            fn(*inputs)
+
+    monkeypatch.setattr("engine.device.CapturedCall", WarmedUp)
+    monkeypatch.setattr("engine.device.empty_cache", lambda dev: None)
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    compiling, release = threading.Event(), threading.Event()
+    compiled_calls: list[str] = []
+
+    def slow_compile(fn):
+        def run(*args):
+            if not release.is_set():  # the first call compiles: held here
+                compiling.set()
+                assert release.wait(wait_s)
+            compiled_calls.append(threading.current_thread().name)
+            return fn(*args)
+
+        return run
+
+    monkeypatch.setattr(compiled_estimator, "_compiled", slow_compile)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(
+        model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"),
+        flow_compile=True, hift_graphs=False, flow_reuse=False, graph_warmup_s=4.0, flow_batch=2,
+        limits=Limits(max_concurrency=2),
+    )  # fmt: skip
+    prompt = (0.1 * np.random.default_rng(1).standard_normal(24000 * 2)).astype(np.float32), 24000
+    req = SynthesisRequest(
+        text="Hello there.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=3, forced_tokens=30
+    )
+    eng = TTSEngine.load(cfg)
+    try:
+        await eng.warmup()
+        graphed = eng.model.flow.decoder
+        assert compiling.wait(wait_s)
+        assert eng.ready and eng.startup.ready_s is not None
+        assert eng.startup.pending() == ["flow compile", "flow solver graphs"]  # ready before both
+        assert not graphed.compiled and len(graphed.graphs) == 4  # batch 1 and 2 x 100 frames x streaming
+        during, _ = await eng.synthesize(req)
+        assert compiled_calls == []  # served on the eager graphs, the compile still held
+        release.set()
+        assert await asyncio.to_thread(eng.graph_builder.wait, wait_s)
+        assert graphed.compiled and len(graphed.graphs) == 8
+        before = len(compiled_calls)
+        after, _ = await eng.synthesize(req)
+    finally:
+        eng.close()
+    assert set(compiled_calls[before:]) == {"token2wav"}  # replayed by the worker, nothing compiled there
+    np.testing.assert_allclose(after, during, atol=1e-6, rtol=0)
+    background = [p.name for p in eng.startup.phases if p.background]
+    assert background == ["flow compile", "flow solver graphs"]
+    compile_end = next(p.start_s + p.seconds for p in eng.startup.phases if p.name == "flow compile")
+    assert eng.startup.ready_s < compile_end
