@@ -28,6 +28,7 @@ import torch
 from bench.load import Recorder
 from engine import device as devices
 from engine.audio import AudioLimits
+from engine.flow.cfm import FlowBatch
 from engine.frontend import Frontend, PromptFeatures
 from engine.hub import resolve_model
 from engine.lm.sampling import SamplerState, sample_step, token_limits
@@ -194,13 +195,7 @@ class ReferenceStyle:
             tokens = torch.tensor(utt.tokens[: chunk.end], dtype=torch.long, device=dev)[None]
             p, feat = utt.prompt_tokens, utt.prompt_feat
             mel = flow.inference(
-                token=tokens,
-                token_len=torch.tensor([tokens.shape[1]], device=dev),
-                prompt_token=p,
-                prompt_token_len=torch.tensor([p.shape[1]], device=dev),
-                prompt_feat=feat,
-                prompt_feat_len=torch.tensor([feat.shape[1]], device=dev),
-                embedding=utt.embedding,
+                FlowBatch.one(tokens, p, feat, utt.embedding),
                 streaming=chunk.streaming,
                 finalize=chunk.finalize,
             ).float()[:, :, chunk.mel_start :]

@@ -97,6 +97,29 @@ class CfmInputs:
     total_frames: Tensor
 
 
+@dataclass(frozen=True, eq=False)
+class FlowBatch:
+    """One padded flow call's rows, right-padded to the longest: tokens ``token`` [B,T] long (speech
+    tokens, 25 Hz) with ``token_len`` [B]; the voice's prompt tokens ``prompt_token`` [B,P] long with
+    ``prompt_token_len`` [B]; its prompt mel ``prompt_feat`` [B,F,80] (frames x mel bins, 50 Hz) with
+    ``prompt_feat_len`` [B]; its speaker embedding ``embedding`` [B,192]. eq=False: tensors have no
+    single truth value."""
+
+    token: Tensor
+    token_len: Tensor
+    prompt_token: Tensor
+    prompt_token_len: Tensor
+    prompt_feat: Tensor
+    prompt_feat_len: Tensor
+    embedding: Tensor
+
+    @classmethod
+    def one(cls, token: Tensor, prompt_token: Tensor, prompt_feat: Tensor, embedding: Tensor) -> FlowBatch:
+        """A single unpadded row ([1,T], [1,P], [1,F,80], [1,192]): the lengths are the tensors' own."""
+        lens = [torch.tensor([t.size(1)], device=token.device) for t in (token, prompt_token, prompt_feat)]
+        return cls(token, lens[0], prompt_token, lens[1], prompt_feat, lens[2], embedding)
+
+
 class CausalCFM(nn.Module):
     """Euler solver with CFG around an estimator(x, mask, mu, t, spks, cond, streaming) -> [B,80,T]."""
 
@@ -309,21 +332,10 @@ class _TokenFlow(nn.Module):
         raise NotImplementedError
 
     @torch.inference_mode()
-    def prepare(
-        self,
-        token: Tensor,
-        token_len: Tensor,
-        prompt_token: Tensor,
-        prompt_token_len: Tensor,
-        prompt_feat: Tensor,
-        prompt_feat_len: Tensor,
-        embedding: Tensor,
-        streaming: bool,
-        finalize: bool,
-    ) -> CfmInputs:
+    def prepare(self, batch: FlowBatch, streaming: bool, finalize: bool) -> CfmInputs:
         """Everything before the solver (the reference's flow.inference up to ``self.decoder(...)``)."""
-        spks = self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
-        tokens, lens = _join_rows(prompt_token, prompt_token_len, token, token_len)
+        spks = self.spk_embed_affine_layer(F.normalize(batch.embedding, dim=1))
+        tokens, lens = _join_rows(batch.prompt_token, batch.prompt_token_len, batch.token, batch.token_len)
         context_len = 0 if finalize else self.pre_lookahead_len
         if int(lens.min()) <= context_len:
             raise ValueError(
@@ -333,7 +345,7 @@ class _TokenFlow(nn.Module):
         emb = self.input_embedding(torch.clamp(tokens, min=0)) * valid
         mu = self._encode(emb, lens, context_len, streaming).transpose(1, 2).contiguous()
         total = (lens - context_len) * self.token_mel_ratio
-        feat_len = prompt_feat_len.to(total.device)
+        feat_len, prompt_feat = batch.prompt_feat_len.to(total.device), batch.prompt_feat
         if bool((feat_len > total).any()) or bool((feat_len > prompt_feat.size(1)).any()):
             raise ValueError(f"flow: prompt_feat_len {feat_len.tolist()} exceeds the frames {total.tolist()}")
         width = int(feat_len.max())
@@ -346,13 +358,7 @@ class _TokenFlow(nn.Module):
     @torch.inference_mode()
     def inference(
         self,
-        token: Tensor,
-        token_len: Tensor,
-        prompt_token: Tensor,
-        prompt_token_len: Tensor,
-        prompt_feat: Tensor,
-        prompt_feat_len: Tensor,
-        embedding: Tensor,
+        batch: FlowBatch,
         streaming: bool,
         finalize: bool,
         caches: Sequence[DiTCache | PagedCache] | None = None,
@@ -361,8 +367,7 @@ class _TokenFlow(nn.Module):
         zero-padded on the right (their lengths: ``mel_lengths``). ``caches`` (streaming, non-final, one
         per row): reuse and extend each row's finished frames; the frames before a row's cache come back
         as zeros (``CausalCFM.forward_cached``)."""
-        prompt = (prompt_token, prompt_token_len, prompt_feat, prompt_feat_len)
-        inputs = self.prepare(token, token_len, *prompt, embedding, streaming, finalize)
+        inputs = self.prepare(batch, streaming, finalize)
         if caches is None:
             feat = self.decoder(inputs, streaming)
         elif streaming and not finalize and len(caches) == inputs.mu.size(0):

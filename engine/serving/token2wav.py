@@ -35,7 +35,7 @@ from torch.profiler import record_function  # labels for bench.profile; near fre
 from engine import device as devices
 from engine.config import EAGER_REUSE_GB, EngineConfig, StreamConfig
 from engine.errors import SynthesisFailed
-from engine.flow.cfm import Flow
+from engine.flow.cfm import Flow, FlowBatch
 from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
@@ -507,7 +507,7 @@ class Token2Wav:
         feat_len = torch.tensor([u.prompt_feat.shape[1] for u in utts], device=dev)
         finalize = chunks[0].finalize
         caches = None if finalize else _caches(utts, chunks)
-        mel = self.flow.inference(
+        batch = FlowBatch(
             token=_stack([t[None] for t in tokens]).to(dev),
             token_len=token_len,
             prompt_token=_stack([u.prompt_tokens for u in utts]),
@@ -515,10 +515,8 @@ class Token2Wav:
             prompt_feat=_stack([u.prompt_feat for u in utts]),
             prompt_feat_len=feat_len,
             embedding=torch.cat([u.embedding for u in utts]),
-            streaming=not finalize,
-            finalize=finalize,
-            caches=caches,
-        ).float()
+        )
+        mel = self.flow.inference(batch, streaming=not finalize, finalize=finalize, caches=caches).float()
         if finalize:  # the last call: nothing reuses these frames any more
             _release(utts)
         frames = self.flow.mel_lengths(token_len, prompt_len, feat_len, finalize).tolist()

@@ -14,7 +14,7 @@ import torch
 
 from engine.errors import TooLarge
 from engine.flow.attention import attention_mask
-from engine.flow.cfm import CosyVoice2Flow, CosyVoice3Flow, Flow, build_flow, flow_noise
+from engine.flow.cfm import CosyVoice2Flow, CosyVoice3Flow, Flow, FlowBatch, build_flow, flow_noise
 from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases, tiny_yaml
 
 CASES = tiny_cases()
@@ -40,11 +40,9 @@ def ref(case: Path) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(z[k]) for k in z.files}
 
 
-def reference_args(r: dict[str, torch.Tensor], num_tokens: int | None = None) -> tuple[torch.Tensor, ...]:
+def reference_args(r: dict[str, torch.Tensor], num_tokens: int | None = None) -> FlowBatch:
     token = r["token"].long()[:, :num_tokens]
-    prompt, feat = r["prompt_token"].long(), r["prompt_feat"]
-    lens = (torch.tensor([token.size(1)]), torch.tensor([prompt.size(1)]), torch.tensor([feat.size(1)]))
-    return token, lens[0], prompt, lens[1], feat, lens[2], r["embedding"]
+    return FlowBatch.one(token, r["prompt_token"].long(), r["prompt_feat"], r["embedding"])
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-4) -> None:
@@ -56,7 +54,7 @@ def close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-4) -> N
 @case_param
 def test_cfm_inputs_match_reference(case: Path) -> None:
     flow, r = load_tiny(case), ref(case)
-    inputs = flow.prepare(*reference_args(r), streaming=False, finalize=True)
+    inputs = flow.prepare(reference_args(r), streaming=False, finalize=True)
     close(inputs.mu, r["cfm_mu"])
     close(inputs.spks, r["cfm_spks"])
     close(inputs.cond, r["cfm_cond"])
@@ -69,7 +67,7 @@ def test_cfm_inputs_match_reference(case: Path) -> None:
 @case_param
 def test_nonstreaming_mel_matches_reference(case: Path) -> None:
     flow, r = load_tiny(case), ref(case)
-    mel = flow.inference(*reference_args(r), streaming=False, finalize=True)
+    mel = flow.inference(reference_args(r), streaming=False, finalize=True)
     assert mel.dtype == torch.float32
     close(mel, r["mel_nonstream"])
 
@@ -79,15 +77,16 @@ def test_nonstreaming_mel_matches_reference(case: Path) -> None:
 def test_first_streaming_chunk_matches_reference(case: Path) -> None:
     flow, r = load_tiny(case), ref(case)
     n = int(r["stream_chunk0_num_tokens"])
-    args = reference_args(r, n)
-    mel = flow.inference(*args, streaming=True, finalize=False)
+    batch = reference_args(r, n)
+    mel = flow.inference(batch, streaming=True, finalize=False)
     close(mel, r["mel_stream_chunk0"])
     node = flow_node(case)  # mel frames per token; tokens the last ones look ahead (held back meanwhile)
     ratio, lookahead = node["token_mel_ratio"], node["pre_lookahead_len"]
     expected_len = ratio * (r["prompt_token"].shape[1] + n - lookahead) - r["prompt_feat"].shape[1]
-    assert mel.shape[2] == expected_len == int(flow.mel_lengths(args[1], args[3], args[5], finalize=False))
+    lengths = flow.mel_lengths(batch.token_len, batch.prompt_token_len, batch.prompt_feat_len, finalize=False)
+    assert mel.shape[2] == expected_len == int(lengths)
     # The chunk masks and the look-ahead split matter: full attention / finalize give other frames.
-    assert not torch.allclose(mel, flow.inference(*args, streaming=False, finalize=False), atol=1e-3)
+    assert not torch.allclose(mel, flow.inference(batch, streaming=False, finalize=False), atol=1e-3)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -136,21 +135,12 @@ def test_padded_batch_equals_rows_alone(case: Path, streaming: bool, finalize: b
         feat[i, :f] = torch.randn(f, mels, generator=gen)
     emb = torch.randn(2, spk, generator=gen)
     lens = [torch.tensor(c) for c in zip(*rows)]
-    mel = flow.inference(token, lens[1], prompt, lens[0], feat, lens[2], emb, streaming, finalize)
+    mel = flow.inference(FlowBatch(token, lens[1], prompt, lens[0], feat, lens[2], emb), streaming, finalize)
     out_lens = flow.mel_lengths(lens[1], lens[0], lens[2], finalize)
     assert mel.shape == (2, mels, int(out_lens.max()))
     for i, (p, n, f) in enumerate(rows):
-        alone = flow.inference(
-            token[i : i + 1, :n],
-            torch.tensor([n]),
-            prompt[i : i + 1, :p],
-            torch.tensor([p]),
-            feat[i : i + 1, :f],
-            torch.tensor([f]),
-            emb[i : i + 1],
-            streaming,
-            finalize,
-        )
+        row = FlowBatch.one(token[i : i + 1, :n], prompt[i : i + 1, :p], feat[i : i + 1, :f], emb[i : i + 1])
+        alone = flow.inference(row, streaming, finalize)
         close(mel[i : i + 1, :, : int(out_lens[i])], alone, atol=1e-5)
         assert not mel[i, :, int(out_lens[i]) :].any()
 

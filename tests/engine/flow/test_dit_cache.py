@@ -20,6 +20,7 @@ from engine.flow.cfm import (
     CosyVoice3Flow,
     CosyVoice3FlowConfig,
     Flow,
+    FlowBatch,
 )
 from engine.flow.dit import DiTConfig
 from engine.flow.dit_cache import DiTCache, ReuseBudget
@@ -97,7 +98,7 @@ def run(
 ) -> torch.Tensor:
     """One padded flow call: row i on the first counts[i] tokens of voices[i] -> generated mel [B,80,T];
     by the family's tiny flow, or by ``flow`` (another solver around it)."""
-    return (flow or tiny_flow(family)).inference(
+    batch = FlowBatch(
         token=_stack([v.tokens[:, :n] for v, n in zip(voices, counts)]),
         token_len=torch.tensor(counts),
         prompt_token=_stack([v.prompt for v in voices]),
@@ -105,9 +106,9 @@ def run(
         prompt_feat=_stack([v.feat for v in voices]),
         prompt_feat_len=torch.tensor([v.prompt_frames for v in voices]),
         embedding=torch.cat([v.embedding for v in voices]),
-        streaming=not finalize,
-        finalize=finalize,
-        caches=caches,
+    )
+    return (flow or tiny_flow(family)).inference(
+        batch, streaming=not finalize, finalize=finalize, caches=caches
     )
 
 

@@ -15,7 +15,7 @@ import torch
 
 from engine import device as devices
 from engine.config import FLOW_ATTENTION
-from engine.flow.cfm import CosyVoice3Flow, Flow
+from engine.flow.cfm import CosyVoice3Flow, Flow, FlowBatch
 from engine.flow.dit_pages import SCRATCH, PagedCache, PageLayout, PagePool
 from engine.flow.graphs import WINDOW, GraphedCFM, _page_sizes
 from tests.engine.flow.test_dit_cache import (
@@ -225,11 +225,17 @@ def _windows_against_the_recompute(family: str, compiled: bool, folded: bool, de
     emitted = 0
     for n in (41, 90, 140, 201):
         with torch.inference_mode():
-            args = (v.tokens[:, :n].to(dev), torch.tensor([n], device=dev), v.prompt.to(dev))
-            rest = (torch.tensor([v.prompt.size(1)], device=dev), v.feat.to(dev))
-            rest2 = (torch.tensor([v.prompt_frames], device=dev), v.embedding.to(dev))
-            got = flow.inference(*args, *rest, *rest2, streaming=True, finalize=False, caches=[cache])
-            want = reference.inference(*args, *rest, *rest2, streaming=True, finalize=False)
+            batch = FlowBatch(
+                v.tokens[:, :n].to(dev),
+                torch.tensor([n], device=dev),
+                v.prompt.to(dev),
+                torch.tensor([v.prompt.size(1)], device=dev),
+                v.feat.to(dev),
+                torch.tensor([v.prompt_frames], device=dev),
+                v.embedding.to(dev),
+            )
+            got = flow.inference(batch, streaming=True, finalize=False, caches=[cache])
+            want = reference.inference(batch, streaming=True, finalize=False)
         new, ref = got[..., emitted:], want[..., emitted:]
         assert torch.isfinite(new).all()
         assert ((new - ref).pow(2).mean().sqrt() / ref.std()).item() < 0.05

@@ -14,7 +14,7 @@ import torch
 
 from engine.checkpoint import load_model
 from engine.demo.make_model import build_model_dir
-from engine.flow.cfm import CfmInputs
+from engine.flow.cfm import CfmInputs, FlowBatch
 from engine.flow.graphs import GraphedCFM, _padded
 from engine.hub import validate_model_dir
 
@@ -29,7 +29,7 @@ def inputs(flow, rows: list[tuple[int, int]], finalize: bool, streaming: bool) -
     g = torch.Generator().manual_seed(0)
     b = len(rows)
     p_max, n_max = max(p for p, _ in rows), max(n for _, n in rows)
-    return flow.prepare(
+    batch = FlowBatch(
         token=torch.randint(0, 6561, (b, n_max), generator=g),
         token_len=torch.tensor([n for _, n in rows]),
         prompt_token=torch.randint(0, 6561, (b, p_max), generator=g),
@@ -37,9 +37,8 @@ def inputs(flow, rows: list[tuple[int, int]], finalize: bool, streaming: bool) -
         prompt_feat=torch.randn(b, 2 * p_max, 80, generator=g),
         prompt_feat_len=torch.tensor([2 * p for p, _ in rows]),
         embedding=torch.randn(b, 192, generator=g),
-        streaming=streaming,
-        finalize=finalize,
     )
+    return flow.prepare(batch, streaming=streaming, finalize=finalize)
 
 
 @pytest.mark.parametrize("streaming", [True, False])
