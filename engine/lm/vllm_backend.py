@@ -119,6 +119,10 @@ class VLLMBackend:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
         if repo not in sys.path:
             sys.path.insert(0, repo)
+        # spawn, not fork: the weights load onto the GPU in another thread while vLLM starts, so CUDA can
+        # come up between vLLM's "is CUDA initialised?" check and its fork (seen on the H200: "Cannot
+        # re-initialize CUDA in forked subprocess"); an operator's own choice is kept
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         args = AsyncEngineArgs(
             model=str(model_dir),
             skip_tokenizer_init=True,
