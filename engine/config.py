@@ -314,9 +314,10 @@ class EngineConfig:
     # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
     # calls made of chunks with plenty of audio buffered are kept short (StreamConfig.relaxed_slack_s) so a
-    # first chunk does not wait behind them; False: such chunks fill every batch up to flow_batch rows (the
-    # scheduler before that rule: the A/B, bench --no-t2w-relaxed-cap)
-    t2w_relaxed_cap: bool = True
+    # first chunk does not wait behind them; off (such chunks fill every batch up to flow_batch rows) until
+    # the H200 open-loop A/B decides: in the fake-clock simulation it halves first-chunk waits below
+    # capacity and misses more deadlines near it (bench --t2w-relaxed-cap)
+    t2w_relaxed_cap: bool = False
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming

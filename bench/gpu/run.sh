@@ -17,9 +17,9 @@
 #   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity search (Poisson arrivals, 10 s
 #                                                 +-50 % requests, RATES=4,6,8,10,12 upwards until one misses
 #                                                 0 failed / 0 underrun / TTFA p95 <= 300 ms, REQUESTS=100 per
-#                                                 rate, chunk traces) for a before arm (the token2wav scheduler
-#                                                 before calls of buffered chunks were kept short:
-#                                                 --no-t2w-relaxed-cap) and an after arm (the defaults), each
+#                                                 rate, chunk traces) for a before arm (the defaults) and an
+#                                                 after arm (token2wav calls of buffered chunks kept short:
+#                                                 --t2w-relaxed-cap), each
 #                                                 in its own load -> $OUT/FAMILY_capacity_ARM/ results.json +
 #                                                 trace.jsonl + .log; ADMIT=S adds admission by SLO
 #                                                 (--admit-slack-s S) to the after arm. Each load waits for
@@ -254,10 +254,9 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   [ ${#arms[@]} -eq 1 ] || echo "note: two arms rarely fit one call (each waits ~280 s for its graphs)"
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
-    if [ "$arm" = before ]; then
-      flags=(--no-t2w-relaxed-cap)
-    elif [ -n "${ADMIT:-}" ]; then
-      flags=(--admit-slack-s "$ADMIT")
+    if [ "$arm" = after ]; then
+      flags=(--t2w-relaxed-cap)
+      [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
     fi
     if [ "$arm" = "${arms[0]}" ] && [ ${#arms[@]} -gt 1 ]; then
       limit=$((LIMIT_S / 2))

@@ -197,7 +197,7 @@ class Token2Wav:
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
-        relaxed_cap: bool = True,  # calls of chunks with slack kept short (Batching.relaxed); False: the A/B
+        relaxed_cap: bool = False,  # calls of chunks with slack kept short (Batching.relaxed): the A/B
         flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
