@@ -208,6 +208,7 @@ MPS_PIPE_MAX_CHARS = 80
 # Sends ``quit`` once its stdin reaches end of file: when ``CudaMps.close`` closes it, or when this process
 # ends in any way (its end of the pipe closes with it), so a crash does not leave a daemon behind. The
 # daemon lets its current clients finish before it exits.
+MPS_QUIT_WAIT_S = 5.0  # close() waits at most this long for the quit to be passed on (seconds)
 _MPS_STOPPER = (
     "import subprocess, sys; sys.stdin.buffer.read(); subprocess.run([sys.argv[1]], input=b'quit\\n')"
 )
@@ -316,10 +317,14 @@ class CudaMps:
         """Tell the daemon to quit (it lets its clients, this process included, finish first)."""
         for name in self._env_vars():
             os.environ.pop(name, None)
-        if self.stopper is not None and self.stopper.stdin is not None:
-            self.stopper.stdin.close()
+        stopper, self.stopper = self.stopper, None
+        if stopper is not None and stopper.stdin is not None:
+            stopper.stdin.close()
+            # the quit delivered before close returns: a start right after must not find the old daemon
+            # answering, nor have a late quit stop the new one (the front end only passes the command on)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stopper.wait(MPS_QUIT_WAIT_S)
             log.info("CUDA MPS: the control daemon was told to quit")
-        self.stopper = None
 
     def _executable(self) -> str:
         exe = shutil.which(MPS_CONTROL)
