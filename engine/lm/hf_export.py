@@ -36,6 +36,12 @@ def export_dir(llm_pt: Path, cache_dir: Path, dtype: str = "bfloat16") -> Path:
     return cache_dir / f"vllm-{fingerprint(llm_pt)}-{dtype}"
 
 
+def finished_export(llm_pt: Path, cache_dir: Path, dtype: str = "bfloat16") -> Path | None:
+    """``llm_pt``'s export when a finished one is cached (a warm start then reads nothing), else None."""
+    out = export_dir(llm_pt, cache_dir, dtype)
+    return out if (out / WEIGHTS_FILE).exists() else None
+
+
 def export_hf(
     lm: torch.nn.Module | Mapping[str, torch.Tensor],
     qwen_config: dict[str, Any],
@@ -47,9 +53,10 @@ def export_hf(
     llm.pt holds it); returns it."""
     from safetensors.torch import save_file
 
+    done = finished_export(llm_pt, cache_dir, dtype)
+    if done is not None:
+        return done
     out = export_dir(llm_pt, cache_dir, dtype)
-    if (out / WEIGHTS_FILE).exists():
-        return out
     out.mkdir(parents=True, exist_ok=True)
     state = lm.state_dict() if isinstance(lm, torch.nn.Module) else lm
     tensors = {

@@ -578,11 +578,11 @@ def _backend(
 def _hf_export(cfg: EngineConfig, files: ModelDir) -> Path:
     """The LM's export for vLLM: the cached one, else written from llm.pt (memory-mapped, on the CPU)."""
     from engine.checkpoint import read_model_config, read_state
-    from engine.lm.hf_export import WEIGHTS_FILE, export_dir, export_hf
+    from engine.lm.hf_export import export_hf, finished_export
 
     cache = cache_root(cfg.cache_dir)
-    done = export_dir(files.llm, cache)
-    if (done / WEIGHTS_FILE).exists():
+    done = finished_export(files.llm, cache)
+    if done is not None:
         return done
     qwen = read_model_config(files.root)[2]
     return export_hf(read_state(files.llm), qwen, files.llm, cache)
