@@ -114,20 +114,29 @@ class GraphCache:
         stop: threading.Event | None,
     ) -> None:
         """Capture ``keys`` in order on this thread (``get`` captures for it even when frozen)."""
-        start = time.monotonic()
         self._builder = threading.get_ident()
+        try:
+            self._each(keys, capture, dev, stop)
+        finally:
+            self._builder = None
+
+    def _each(
+        self, keys: Sequence[K], fn: Callable[[K], object], dev: torch.device, stop: threading.Event | None
+    ) -> bool:
+        """``fn(key)`` for every key in order, with progress logged -> False when ``stop`` came first."""
+        start = time.monotonic()
         try:
             # as in serving: outside inference mode every captured output kept its autograd graph alive
             # (the H200 filled up after ~70 flow captures)
             with torch.inference_mode():
                 for done, key in enumerate(keys, 1):
                     if stop is not None and stop.is_set():
-                        return
+                        return False
                     began = time.monotonic()
-                    capture(key)
+                    fn(key)
                     self._progress(key, done, len(keys), began, start)
+            return True
         finally:
-            self._builder = None
             devices.empty_cache(dev)  # the warm-up runs' activations
 
     def _progress(self, key: Hashable, done: int, total: int, began: float, start: float) -> None:
@@ -179,19 +188,11 @@ class GraphCache:
         """Capture ``recipe(key) -> (fn, statics)`` for every key in this cache's pool without serving
         them (``replace`` does, all at once) -> the graphs, None when ``stop`` was set in between."""
         calls: dict[K, devices.CapturedCall] = {}
-        start = time.monotonic()
-        try:
-            with torch.inference_mode():  # as in _capture_all
-                for key in keys:
-                    if stop.is_set():
-                        return None
-                    began = time.monotonic()
-                    fn, statics = recipe(key)
-                    calls[key] = self._record(fn, statics)
-                    self._progress(key, len(calls), len(keys), began, start)
-        finally:
-            devices.empty_cache(dev)
-        return calls
+
+        def record(key: K) -> None:
+            calls[key] = self._record(*recipe(key))
+
+        return calls if self._each(keys, record, dev, stop) else None
 
     def replace(self, calls: dict[K, devices.CapturedCall]) -> None:
         """Serve ``calls`` in place of their keys' graphs from the next lookup on: a call already holding
