@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import json
 import logging
@@ -170,6 +171,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="token2wav calls of chunks with plenty of audio buffered kept short, so first chunks do not "
         "wait behind them (the scheduler A/B of the open-loop bench)",
     )  # fmt: skip
+    p.add_argument(
+        "--ab-relaxed-cap", action="store_true",
+        help="open loop, in process: each rate twice in one load, the engine's default scheduling and "
+        "--t2w-relaxed-cap switched on (alternating which goes first): both arms on one machine, load and "
+        "set of graphs; the search goes on while either arm meets the SLO",
+    )  # fmt: skip
     add_fast_start_flag(p)
     p.add_argument(
         "--adaptive-hop", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.adaptive_hop),
@@ -219,6 +226,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--find-capacity searches open-loop rates: add --arrivals poisson")
     if args.trace and (args.arrivals != "poisson" or args.url):
         p.error("--trace records open-loop runs of the in-process engine: --arrivals poisson, no --url")
+    if args.ab_relaxed_cap and (args.arrivals != "poisson" or args.url or args.t2w_relaxed_cap or args.t2w_fifo):
+        p.error("--ab-relaxed-cap switches the in-process engine's rule per rate: --arrivals poisson, no --url, "
+                "--t2w-relaxed-cap or --t2w-fifo")
     if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
         p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
     if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
@@ -350,9 +360,8 @@ def mode_levels(args: argparse.Namespace, mode: str, levels: Sequence[int]) -> S
 
 
 async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> list[Level]:
-    """Every mode x rate, open loop; ``--requests`` raises a level's arrivals above rate x duration."""
-    from bench.open_loop import run_open_level
-
+    """Every mode x rate (x arm), open loop; ``--requests`` raises a level's arrivals above rate x
+    duration."""
     prompt = prompt_audio()
     out: list[Level] = []
     if args.trace:  # this run's traces only
@@ -362,20 +371,51 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
         workload = Workload(tokens=args.tokens, stream=mode == "stream")
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
-        for rate in args.rate:
-            level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
-            log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)
-            out.append(level)
-            save(out)
-            if args.trace:
-                write_trace(Path(args.out) / "trace.jsonl", level)
-            misses = slo(args).misses(level) if args.find_capacity else []
-            if misses:  # the rates above cost more time and would miss too
-                log.info(
-                    "%.2f requests/s misses the SLO (%s): the search stops here", rate, "; ".join(misses)
-                )
+        missed: set[str] = set()  # arms whose search has stopped
+        for i, rate in enumerate(args.rate):
+            for arm in arms_at(args, i):
+                if arm in missed:
+                    continue
+                level = await open_level(target, workload, args, rate, prompt, arm)
+                out.append(level)
+                save(out)
+                if args.trace:
+                    write_trace(Path(args.out) / "trace.jsonl", level)
+                misses = slo(args).misses(level) if args.find_capacity else []
+                if misses:  # the rates above cost more time and would miss too
+                    log.info("%s at %.2f requests/s misses the SLO (%s): its search stops here",
+                             level.system, rate, "; ".join(misses))  # fmt: skip
+                    missed.add(arm)
+            if missed and missed >= set(arms_at(args, 0)):
                 break
     return out
+
+
+# --ab-relaxed-cap's arms: the system name's suffix -> the scheduler's relaxed rule on or off
+AB_ARMS = {"": False, " relaxed-cap": True}
+
+
+def arms_at(args: argparse.Namespace, i: int) -> list[str]:
+    """The arms of rate ``i``: one (the engine as configured), or both, which first alternating by rate
+    (a slow drift of the machine then falls on both)."""
+    if not args.ab_relaxed_cap:
+        return [""]
+    arms = list(AB_ARMS)
+    return arms if i % 2 == 0 else arms[::-1]
+
+
+async def open_level(
+    target: Target, workload: Workload, args: argparse.Namespace, rate: float, prompt: Any, arm: str
+) -> Level:
+    """One rate of one arm; the arm's name follows the system's (``cosystream relaxed-cap``)."""
+    from bench.open_loop import run_open_level
+
+    if args.ab_relaxed_cap:
+        target.engine.token2wav.scheduler.relaxed_cap = AB_ARMS[arm]  # type: ignore[attr-defined]
+    level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
+    level = dataclasses.replace(level, system=level.system + arm)
+    log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)
+    return level
 
 
 def open_load(args: argparse.Namespace, rate: float) -> Any:
@@ -493,7 +533,8 @@ def write_trace(path: Path, level: Level) -> None:
     with path.open("a") as f:
         for r in level.per_request:
             for row in r.trace:
-                head = {"mode": level.mode, "rate": level.rate, "concurrency": level.concurrency}
+                head = {"mode": level.mode, "system": level.system, "rate": level.rate}
+                head["concurrency"] = level.concurrency
                 f.write(json.dumps(head | {"request": r.index} | row) + "\n")
 
 
@@ -503,8 +544,18 @@ def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, An
         return {}
     from bench.open_loop import capacity
 
-    modes = sorted({lv.mode for lv in levels})
-    return {"capacity": {m: capacity([lv for lv in levels if lv.mode == m], slo(args)) for m in modes}}
+    runs = sorted({(lv.mode, lv.system) for lv in levels})
+    one = len({system for _, system in runs}) == 1  # one arm: keyed by mode alone, as before the A/B
+
+    def key(mode: str, system: str) -> str:
+        return mode if one else f"{mode} {system}"
+
+    return {
+        "capacity": {
+            key(m, sys): capacity([lv for lv in levels if (lv.mode, lv.system) == (m, sys)], slo(args))
+            for m, sys in runs
+        }
+    }
 
 
 def host_hardware() -> str:

@@ -39,6 +39,7 @@ class RateSummary:
     mode: str
     rate: float | None
     requests: int
+    system: str  # the run's arm (``cosystream``, ``cosystream relaxed-cap``); empty in traces before the A/B
     chunks: int
     first_sent_p50: float | None  # the engine-side time to first audio
     first_sent_p95: float | None
@@ -62,7 +63,8 @@ class RateSummary:
 
         missed = 100.0 * self.later_missed / self.later if self.later else 0.0
         return [
-            f"{self.mode} at {self.rate} requests/s: {self.requests} requests, {self.chunks} chunks",
+            f"{self.mode}{f' [{self.system}]' if self.system else ''} at {self.rate} requests/s: "
+            f"{self.requests} requests, {self.chunks} chunks",
             f"  first chunks: sent p50 {f(self.first_sent_p50)} / p95 {f(self.first_sent_p95)} ms = tokens "
             f"ready {f(self.first_lm)} + wait for the worker {f(self.first_wait)} + flow and vocoder "
             f"{f(self.first_compute)} (means)",
@@ -75,13 +77,13 @@ class RateSummary:
 
 
 def summarise(rows: Sequence[Row]) -> list[RateSummary]:
-    groups: dict[tuple[str, float | None], list[Row]] = {}
+    groups: dict[tuple[str, str, float | None], list[Row]] = {}
     for row in rows:
-        groups.setdefault((row["mode"], row.get("rate")), []).append(row)
-    return [_summary(mode, rate, group) for (mode, rate), group in groups.items()]
+        groups.setdefault((row["mode"], row.get("system", ""), row.get("rate")), []).append(row)
+    return [_summary(mode, system, rate, group) for (mode, system, rate), group in groups.items()]
 
 
-def _summary(mode: str, rate: float | None, rows: list[Row]) -> RateSummary:
+def _summary(mode: str, system: str, rate: float | None, rows: list[Row]) -> RateSummary:
     first = [r for r in rows if r["first"]]
     later = [r for r in rows if not r["first"]]
     missed = [r for r in later if r["slack_ms"] < 0]
@@ -89,6 +91,7 @@ def _summary(mode: str, rate: float | None, rows: list[Row]) -> RateSummary:
     padding = sum(r["bucket_frames"] - r["frames"] for r in rows)
     return RateSummary(
         mode=mode,
+        system=system,
         rate=rate,
         requests=len({r["request"] for r in rows}),
         chunks=len(rows),

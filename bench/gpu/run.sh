@@ -17,15 +17,15 @@
 #   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity search (Poisson arrivals, 10 s
 #                                                 +-50 % requests, RATES=4,6,8,10,12 upwards until one misses
 #                                                 0 failed / 0 underrun / TTFA p95 <= 300 ms, REQUESTS=100 per
-#                                                 rate, chunk traces) for a before arm (the defaults) and an
-#                                                 after arm (token2wav calls of buffered chunks kept short:
-#                                                 --t2w-relaxed-cap), each
-#                                                 in its own load -> $OUT/FAMILY_capacity_ARM/ results.json +
-#                                                 trace.jsonl + .log; ADMIT=S adds admission by SLO
-#                                                 (--admit-slack-s S) to the after arm. Each load waits for
-#                                                 every background graph (~280 s from launch with the eager
-#                                                 DiT) before it measures, so run one arm per call: ARMS=before,
-#                                                 then ARMS=after (each gets LIMIT_S)
+#                                                 rate, chunk traces) of the defaults (before) against
+#                                                 token2wav calls of buffered chunks kept short (after:
+#                                                 --t2w-relaxed-cap). ARMS=ab (default): both arms in one load,
+#                                                 each rate twice (--ab-relaxed-cap), one call; ARMS=before or
+#                                                 after: one arm a load and a call (each load waits for every
+#                                                 background graph, ~170 s warm, before it measures) ->
+#                                                 $OUT/FAMILY_capacity_ARM/ results.json + trace.jsonl + .log;
+#                                                 ADMIT=S adds admission by SLO (--admit-slack-s S) to the
+#                                                 arms but before
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as
 #                                                 it is (mask), SDPA's cuDNN kernel (cudnn), and the rule
@@ -246,18 +246,19 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   local fam=$1 arm limit arms t0=$SECONDS
   shift
   family_dir "$fam" > /dev/null
-  IFS=, read -r -a arms <<< "${ARMS:-before,after}"
+  IFS=, read -r -a arms <<< "${ARMS:-ab}"
   for arm in "${arms[@]}"; do
-    case "$arm" in before | after) ;; *) die "ARMS: before and/or after, got '$arm'" ;; esac
+    case "$arm" in ab | before | after) ;; *) die "ARMS: ab, or before and/or after, got '$arm'" ;; esac
   done
   environment
   [ ${#arms[@]} -eq 1 ] || echo "note: two arms rarely fit one call (each waits ~280 s for its graphs)"
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
-    if [ "$arm" = after ]; then
-      flags=(--t2w-relaxed-cap)
-      [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
-    fi
+    case "$arm" in
+      ab) flags=(--ab-relaxed-cap) ;;
+      after) flags=(--t2w-relaxed-cap) ;;
+    esac
+    [ "$arm" = before ] || [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
     if [ "$arm" = "${arms[0]}" ] && [ ${#arms[@]} -gt 1 ]; then
       limit=$((LIMIT_S / 2))
     else

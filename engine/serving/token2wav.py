@@ -112,11 +112,12 @@ class ChunkScheduler:
     def __init__(self, batching: Batching, clock: Callable[[], float]):
         self.clock, self.fifo = clock, batching.fifo
         urgent_s = math.inf if batching.fifo else batching.urgent_s
+        # the rule learns the worker's speed whether or not it caps calls (``relaxed_cap`` switches it)
         self.relaxed: Relaxed | None = None
-        if batching.relaxed and not batching.fifo:
+        if not batching.fifo:
             self.relaxed = Relaxed(batching.relaxed_s, batching.relaxed_call_s)
         self._queue: DeadlineQueue[_Job] = DeadlineQueue(
-            clock, batching.max_batch, batching.frame_bucket, urgent_s, self.relaxed
+            clock, batching.max_batch, batching.frame_bucket, urgent_s, self.relaxed if batching.relaxed else None
         )
         self.pending = 0  # jobs submitted and not yet taken
 
@@ -167,6 +168,18 @@ class ChunkScheduler:
         now = self.clock()
         slacks = [j.times.due - now for j in self._queue.snapshot() if j.times.due > j.times.ready]
         return min(slacks, default=None)
+
+    @property
+    def relaxed_cap(self) -> bool:
+        """Whether calls of relaxed chunks are kept short (``Batching.relaxed``) now."""
+        return self._queue.relaxed is not None
+
+    @relaxed_cap.setter
+    def relaxed_cap(self, on: bool) -> None:
+        """Switch the rule between batches: the open-loop bench's A/B of both arms in one load."""
+        if self.relaxed is None:
+            raise ValueError("arrival order (fifo) has no relaxed rule to switch")
+        self._queue.relaxed = self.relaxed if on else None
 
     @property
     def max_batch(self) -> int:

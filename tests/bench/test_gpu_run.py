@@ -165,14 +165,15 @@ def test_compare_prints_the_before_after_table(tmp_path: Path) -> None:
 
 
 def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
-    """ARMS picks one arm per call (a fresh machine rarely fits two loads in one); a wrong name stops
-    at once."""
+    """ARMS: ab (both arms in one load, the default) or one arm per call (a fresh machine rarely fits two
+    loads in one); a wrong name stops at once."""
     monkeypatch.setenv("ARMS", "after,middle")
     done = run_sh(checkout, "capacity", "v3")
-    assert done.returncode == 2 and "ARMS: before and/or after, got 'middle'" in done.stderr
-    monkeypatch.setenv("ARMS", "after")
-    done = run_sh(checkout, "capacity", "v3")  # a good arm gets as far as the missing vLLM install
-    assert done.returncode == 2 and "vLLM is not installed" in done.stderr
+    assert done.returncode == 2 and "ARMS: ab, or before and/or after, got 'middle'" in done.stderr
+    for arms in ("after", "ab"):
+        monkeypatch.setenv("ARMS", arms)
+        done = run_sh(checkout, "capacity", "v3")  # a good arm gets as far as the missing vLLM install
+        assert done.returncode == 2 and "vLLM is not installed" in done.stderr
 
 
 def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:

@@ -122,6 +122,45 @@ def test_cli_capacity_search_stops_at_the_first_rate_that_misses_the_slo(tmp_pat
     assert "capacity (stream open-loop" in paths["markdown"].read_text()
 
 
+def test_ab_relaxed_cap_runs_both_arms_per_rate_in_one_load_alternating_the_order(tmp_path, monkeypatch):
+    from engine.serving.token2wav import ChunkScheduler
+
+    switched: list[bool] = []
+    rule = ChunkScheduler.relaxed_cap
+    monkeypatch.setattr(
+        ChunkScheduler, "relaxed_cap", property(rule.fget, lambda s, on: (switched.append(on), rule.fset(s, on)))
+    )
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
+    argv += ["--min-requests", "3", "--slo-ttfa-ms", "1e9", "--tokens", "40", "--modes", "stream"]
+    paths = main([*argv, "--ab-relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
+    result = json.loads(paths["json"].read_text())
+    arms = [(lv["rate"], lv["system"]) for lv in result["levels"]]
+    assert arms == [(2.0, "cosystream"), (2.0, "cosystream relaxed-cap")] + [
+        (4.0, "cosystream relaxed-cap"), (4.0, "cosystream")
+    ]
+    assert switched == [False, True, True, False]
+    found = result["meta"]["capacity"]
+    assert set(found) == {"stream open-loop cosystream", "stream open-loop cosystream relaxed-cap"}
+    assert all(arm["capacity_rate"] == 4.0 for arm in found.values())
+    assert all(lv["failed"] == 0 for lv in result["levels"])
+
+
+def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
+    argv += ["--min-requests", "2", "--slo-ttfa-ms", "0.001", "--tokens", "30", "--modes", "stream"]
+    paths = main([*argv, "--ab-relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
+    levels = json.loads(paths["json"].read_text())["levels"]
+    assert [(lv["rate"], lv["system"]) for lv in levels] == [(2.0, "cosystream"), (2.0, "cosystream relaxed-cap")]
+
+
+@pytest.mark.parametrize("flags", [["--t2w-relaxed-cap"], ["--t2w-fifo"], ["--arrivals", "closed"]])
+def test_ab_relaxed_cap_refuses_what_it_cannot_switch(flags):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab-relaxed-cap"])
+
+
 def test_find_capacity_needs_open_loop_arrivals():
     with pytest.raises(SystemExit):
         main(["--random-tiny", "v3", "--find-capacity", "--rate", "1"])

@@ -36,6 +36,12 @@ def test_summary_splits_first_chunks_from_later_ones_and_counts_misses_and_paddi
     assert "1 of 2 missed their deadline (50.0 %)" in "\n".join(s.lines())
 
 
+def test_summary_keeps_the_arms_of_one_run_apart():
+    arm = {"system": "cosystream relaxed-cap"}
+    rows = [row(0, 0, 100, 110, 150, 151, -51), row(1, 0, 100, 110, 150, 151, -51) | arm]
+    assert sorted(s.system for s in summarise(rows)) == ["", "cosystream relaxed-cap"]
+
+
 def test_open_loop_trace_on_the_tiny_v3_model_times_every_chunk_in_order(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "4"]
@@ -69,7 +75,7 @@ def test_open_loop_trace_on_the_tiny_v3_model_times_every_chunk_in_order(tmp_pat
         assert r["slack_ms"] == pytest.approx(r["deadline_ms"] - r["sent_ms"])
     (summary,) = main([str(out / "trace.jsonl")])
     assert summary.chunks == len(rows) and summary.requests == 3
-    assert "stream open-loop at 4.0 requests/s: 3 requests" in capsys.readouterr().out
+    assert "stream open-loop [cosystream] at 4.0 requests/s: 3 requests" in capsys.readouterr().out
 
 
 def test_trace_needs_the_open_loop():

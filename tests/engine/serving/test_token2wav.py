@@ -19,7 +19,7 @@ from engine.demo.tiny_tokenizer import write_tiny_tokenizer
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
 from engine.serving.streaming import ChunkJob
-from engine.serving.token2wav import Token2Wav, Utterance
+from engine.serving.token2wav import Batching, ChunkScheduler, Token2Wav, Utterance
 from tests.conftest import WAIT_S, fixture_file, tiny_cases, tiny_yaml
 
 CASES = [c for c in tiny_cases() if (c / "ref_e2e.npz").is_file()]
@@ -405,10 +405,11 @@ class SteppedWorker:
             assert self.changed.wait_for(lambda: len(self.batches) >= n, timeout=WAIT_S)
 
 
-def batches_around_a_first_chunk(tmp_path, relaxed_cap: bool) -> list[list[int]]:
+def batches_around_a_first_chunk(tmp_path, relaxed_cap: bool, switched: bool = False) -> list[list[int]]:
     """The worker's batches (token counts) when three streams with 6 s of audio buffered queue long chunks
     while it is busy, and a new stream's first chunk arrives while it runs the next batch. The measured
-    speed (1 ms a padded row-frame) puts a 0.2 s call at 200 row-frames: less than one long row."""
+    speed (1 ms a padded row-frame) puts a 0.2 s call at 200 row-frames: less than one long row.
+    ``switched``: built with the other setting, then switched to ``relaxed_cap`` (``ChunkScheduler.relaxed_cap``)."""
     from engine.demo.make_model import build_model_dir
 
     model = load_model(
@@ -422,8 +423,9 @@ def batches_around_a_first_chunk(tmp_path, relaxed_cap: bool) -> list[list[int]]
         model.device,
         StreamConfig(),
         clock=lambda: clock[0],
-        relaxed_cap=relaxed_cap,
+        relaxed_cap=relaxed_cap != switched,
     )
+    t2w.scheduler.relaxed_cap = relaxed_cap
     if t2w.scheduler.relaxed is not None:
         t2w.scheduler.relaxed.cost.unit_s = 1e-3
     worker = SteppedWorker()
@@ -457,6 +459,20 @@ def test_a_first_chunk_waits_behind_one_short_call_of_buffered_chunks_not_all_of
     after the one it found running; the scheduler before this rule ran all three together first."""
     assert batches_around_a_first_chunk(tmp_path, relaxed_cap=True) == [[1], [400], [43], [400], [400]]
     assert batches_around_a_first_chunk(tmp_path, relaxed_cap=False) == [[1], [400, 400, 400], [43]]
+
+
+def test_the_relaxed_rule_switches_at_run_time_as_if_built_that_way(tmp_path):
+    """The open-loop bench's in-load A/B switches the rule between rates: the batches then are those of an
+    engine built with that setting."""
+    assert batches_around_a_first_chunk(tmp_path, True, switched=True) == [[1], [400], [43], [400], [400]]
+    assert batches_around_a_first_chunk(tmp_path, False, switched=True) == [[1], [400, 400, 400], [43]]
+
+
+def test_arrival_order_has_no_relaxed_rule_to_switch():
+    scheduler = ChunkScheduler(Batching(fifo=True), clock=lambda: 0.0)
+    assert not scheduler.relaxed_cap
+    with pytest.raises(ValueError, match="fifo"):
+        scheduler.relaxed_cap = True
 
 
 async def stream_jobs(
