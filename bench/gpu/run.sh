@@ -23,7 +23,7 @@
 #                                                 each rate twice (--ab-relaxed-cap), one call; ARMS=before or
 #                                                 after: one arm a load and a call (each load waits for every
 #                                                 background graph, ~170 s warm, before it measures) ->
-#                                                 $OUT/FAMILY_capacity_ARM/ results.json + trace.jsonl + .log;
+#                                                 $OUT/FAMILY_capacity_ARM/ results.json + trace.jsonl.gz + .log;
 #                                                 ADMIT=S adds admission by SLO (--admit-slack-s S) to the
 #                                                 arms but before
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
@@ -271,7 +271,10 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
     echo "$name rc=$rc $(date +%T)"
     grep -E "requests/s|captured|Error" "$OUT/$name.log" | cut -c1-220 | tail -8 || true
     rm -f "$OUT/$name/results.png" "$OUT/$name/results.md" "$OUT/$name/results_open.png"
-    if [ -f "$OUT/$name/trace.jsonl" ]; then python3 -m bench.trace "$OUT/$name/trace.jsonl" | tee -a "$OUT/$name.log"; fi
+    if [ -f "$OUT/$name/trace.jsonl" ]; then
+      python3 -m bench.trace "$OUT/$name/trace.jsonl" | tee -a "$OUT/$name.log"
+      gzip -f "$OUT/$name/trace.jsonl"  # ~0.5 kB a chunk: 100 requests x 8 levels pass a returned file's 16 MiB
+    fi
   done
 }
 
