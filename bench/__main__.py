@@ -172,10 +172,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "wait behind them (the scheduler A/B of the open-loop bench)",
     )  # fmt: skip
     p.add_argument(
-        "--ab-relaxed-cap", action="store_true",
-        help="open loop, in process: each rate twice in one load, the engine's default scheduling and "
-        "--t2w-relaxed-cap switched on (alternating which goes first): both arms on one machine, load and "
-        "set of graphs; the search goes on while either arm meets the SLO",
+        "--ab", choices=sorted(AB_SWITCHES),
+        help="open loop, in process: each rate twice in one load, the engine as configured and with this "
+        "switched on (alternating which goes first): relaxed-cap: --t2w-relaxed-cap; burst-start: the fast "
+        "start counted by recent starts (StreamConfig.fast_start_burst_s); both arms on one machine, load "
+        "and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
     p.add_argument(
@@ -226,9 +227,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--find-capacity searches open-loop rates: add --arrivals poisson")
     if args.trace and (args.arrivals != "poisson" or args.url):
         p.error("--trace records open-loop runs of the in-process engine: --arrivals poisson, no --url")
-    if args.ab_relaxed_cap and (args.arrivals != "poisson" or args.url or args.t2w_relaxed_cap or args.t2w_fifo):
-        p.error("--ab-relaxed-cap switches the in-process engine's rule per rate: --arrivals poisson, no --url, "
-                "--t2w-relaxed-cap or --t2w-fifo")
+    if args.ab and (args.arrivals != "poisson" or args.url):
+        p.error("--ab switches the in-process engine between open-loop rates: --arrivals poisson, no --url")
+    if args.ab == "relaxed-cap" and (args.t2w_relaxed_cap or args.t2w_fifo):
+        p.error("--ab relaxed-cap switches the relaxed rule: leave out --t2w-relaxed-cap and --t2w-fifo")
+    if args.ab == "burst-start" and args.fast_start != "auto":
+        p.error("--ab burst-start switches auto's rule: leave --fast-start at auto")
     if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
         p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
     if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
@@ -391,16 +395,31 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
     return out
 
 
-# --ab-relaxed-cap's arms: the system name's suffix -> the scheduler's relaxed rule on or off
-AB_ARMS = {"": False, " relaxed-cap": True}
+BURST_S = 0.5  # --ab burst-start's window: about a split first chunk's audio (12 tokens, 0.48 s)
+
+
+def _relaxed_cap(engine: Any, on: bool) -> None:
+    engine.token2wav.scheduler.relaxed_cap = on
+
+
+def _burst_start(engine: Any, on: bool) -> None:
+    stream = dataclasses.replace(engine.cfg.stream, fast_start_burst_s=BURST_S if on else None)
+    engine.cfg = dataclasses.replace(engine.cfg, stream=stream)  # read per request: the next ones see it
+
+
+# --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
+AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
+    "relaxed-cap": _relaxed_cap,
+    "burst-start": _burst_start,
+}
 
 
 def arms_at(args: argparse.Namespace, i: int) -> list[str]:
-    """The arms of rate ``i``: one (the engine as configured), or both, which first alternating by rate
-    (a slow drift of the machine then falls on both)."""
-    if not args.ab_relaxed_cap:
+    """The arms of rate ``i`` as suffixes of the system's name: one (the engine as configured), or with
+    ``--ab`` both, which first alternating by rate (a slow drift of the machine then falls on both)."""
+    if not args.ab:
         return [""]
-    arms = list(AB_ARMS)
+    arms = ["", f" {args.ab}"]
     return arms if i % 2 == 0 else arms[::-1]
 
 
@@ -410,8 +429,8 @@ async def open_level(
     """One rate of one arm; the arm's name follows the system's (``cosystream relaxed-cap``)."""
     from bench.open_loop import run_open_level
 
-    if args.ab_relaxed_cap:
-        target.engine.token2wav.scheduler.relaxed_cap = AB_ARMS[arm]  # type: ignore[attr-defined]
+    if args.ab:
+        AB_SWITCHES[args.ab](target.engine, bool(arm))  # type: ignore[attr-defined]
     level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
     level = dataclasses.replace(level, system=level.system + arm)
     log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)

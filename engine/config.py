@@ -63,6 +63,13 @@ class StreamConfig:
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
+    # auto's other load rule (None: off): count the requests that started within this many seconds (this one
+    # included) instead of those computing, and split while the engine is below adaptive_min_active. The
+    # split's thin first buffer is at risk when first chunks coincide (a wave crowds the flow with them);
+    # streams that started earlier are past their first chunk. Under random arrivals most requests then get
+    # the split (the open-loop trace: 41-token first chunks at 3 requests/s, 3-4 active); bench --ab
+    # burst-start is its A/B
+    fast_start_burst_s: float | None = None
     # Adaptive hops (serving.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
     # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
     # fewer, larger flow calls under load. Exact for v3 (chunks end on the reference's boundaries; CPU test
@@ -91,6 +98,8 @@ class StreamConfig:
             raise ValueError(f"fast_start must be None (auto), True or False, got {self.fast_start!r}")
         if self.fast_start_max_active < 1:
             raise ValueError("fast_start_max_active must be >= 1")
+        if self.fast_start_burst_s is not None and not 0.0 < self.fast_start_burst_s <= 60.0:
+            raise ValueError(f"fast_start_burst_s must be in (0, 60] s or None: {self.fast_start_burst_s}")
         if not 5 <= self.min_first_hop < self.token_hop:
             raise ValueError("need 5 <= min_first_hop < token_hop (v3 holds back 4 tokens of each chunk)")
         if self.adaptive_hop not in (None, True, False):
@@ -102,12 +111,18 @@ class StreamConfig:
         if self.max_adaptive_hop < self.max_token_hop:
             raise ValueError("max_adaptive_hop must be >= max_token_hop (it merges whole reference chunks)")
 
-    def splits_first_chunk(self, family: str, active: int) -> bool:
+    def splits_first_chunk(self, family: str, active: int, recent: int | None = None) -> bool:
         """Whether a request that starts with ``active`` requests computing (itself included) gets the
-        split first chunk: as set, or in auto for v3 while the engine is lightly loaded."""
+        split first chunk: as set, or in auto for v3 while the engine is lightly loaded; with
+        ``fast_start_burst_s``, while at most ``fast_start_max_active`` requests started within it
+        (``recent``, itself included) and fewer than ``adaptive_min_active`` compute."""
         if self.fast_start is not None:
             return self.fast_start
-        return family == "cosyvoice3" and active <= self.fast_start_max_active
+        if family != "cosyvoice3":
+            return False
+        if self.fast_start_burst_s is None or recent is None:
+            return active <= self.fast_start_max_active
+        return recent <= self.fast_start_max_active and active < self.adaptive_min_active
 
     def adapts_hops(self, family: str, active: int) -> bool:
         """Whether a request that starts with ``active`` requests computing gets adaptive hops: as set, or
@@ -190,14 +205,16 @@ def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_overlap_flags(parser: argparse.ArgumentParser) -> None:
     """``--cuda-mps``, ``--mps-flow-percent`` -> ``args.cuda_mps``, ``.mps_flow_percent`` (EngineConfig)."""
-    parser.add_argument(
-        "--cuda-mps", action="store_true",
-        help="CUDA: run this process and vLLM's engine core under a CUDA MPS daemon the engine starts and "
-        "stops (pipe and log under the cache root; needs nvidia-cuda-mps-control on PATH)",
+    _add_auto_flags(
+        parser, "cuda-mps",
+        "CUDA: run this process and vLLM's engine core under a CUDA MPS daemon the engine starts and stops "
+        "(pipe and log under the cache root; needs nvidia-cuda-mps-control on PATH); default auto: on where "
+        "the LM runs on vLLM on CUDA and the daemon starts, else off",
+        "CUDA: no MPS daemon; this process and vLLM's engine core share the GPU in time slices",
     )  # fmt: skip
     parser.add_argument(
         "--mps-flow-percent", type=int, default=None, metavar="PERCENT",
-        help="with --cuda-mps: the share of SMs this process's flow and vocoder may fill (the LM: all)",
+        help="under MPS: the share of SMs this process's flow and vocoder may fill (the LM: all)",
     )  # fmt: skip
 
 
@@ -304,8 +321,11 @@ class EngineConfig:
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
     # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the
-    # GPU's settings (compute mode). Off until bench.overlap has measured it (BENCHMARKS.md).
-    cuda_mps: bool = False
+    # GPU's settings (compute mode). None (auto): on where the LM runs on vLLM (its own process), the device
+    # is CUDA and nvidia-cuda-mps-control is on PATH, else off, and a daemon that fails to start leaves it
+    # off with a warning; True: on, every failure an error. bench.overlap on an H200: TTFA -19 % at 1 stream
+    # and -26 % at 16, RTF -5 to -13 % (BENCHMARKS.md "The LM and the flow on one GPU").
+    cuda_mps: bool | None = None
     # with cuda_mps: the share of the GPU's SMs (percent) this process's kernels (flow, HiFT, prompt work)
     # may fill, so the LM's small kernels in vLLM's engine core (which keeps every SM) always find SMs free
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for this process's context only); None: every SM
@@ -373,10 +393,15 @@ class EngineConfig:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")
+        if self.cuda_mps not in (None, True, False):
+            raise ValueError(f"cuda_mps must be None (auto), True or False, got {self.cuda_mps!r}")
         if self.cuda_mps and self.device not in ("auto", "cuda"):
             raise ValueError(f"cuda_mps needs a CUDA device (device auto or cuda), got {self.device!r}")
-        if self.mps_flow_percent is not None and not (self.cuda_mps and 1 <= self.mps_flow_percent <= 100):
-            raise ValueError(f"mps_flow_percent needs cuda_mps and 1-100 %, got {self.mps_flow_percent}")
+        mps_may_run = self.cuda_mps is not False
+        if self.mps_flow_percent is not None and not (mps_may_run and 1 <= self.mps_flow_percent <= 100):
+            raise ValueError(
+                f"mps_flow_percent needs cuda_mps (on or auto) and 1-100 %, got {self.mps_flow_percent}"
+            )
 
     def compiles_flow(self, family: str) -> bool:
         """Whether the graphed flow solver compiles its estimator: as set, or in auto for v3 only."""

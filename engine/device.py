@@ -225,8 +225,9 @@ class CudaMps:
     Every failure to start raises with the reason.
     """
 
-    def __init__(self, root: Path, timeout_s: float = 30.0):
+    def __init__(self, root: Path, timeout_s: float = 30.0, required: bool = True):
         self.pipe, self.log_dir, self.timeout_s = root / "pipe", root / "log", timeout_s
+        self.required = required  # False (auto): no server after the start is a warning, not an error
         self.exe: str | None = None
         self.stopper: subprocess.Popen[bytes] | None = None
 
@@ -305,6 +306,9 @@ class CudaMps:
         """After CUDA's initialisation: raise unless an MPS server runs (else nobody became its client, as
         when CUDA initialised before the daemon started); returns the servers' ids."""
         found = self.servers()
+        if not found and not self.required:
+            log.warning("CUDA MPS (auto): the daemon runs but no MPS server does: the GPU is time-sliced")
+            return found
         if not found:
             raise RuntimeError(
                 "--cuda-mps: the MPS daemon runs but no MPS server does, so neither this process nor vLLM's "
@@ -390,6 +394,47 @@ class CudaMps:
             if path.is_file():
                 tails.append(f"({name}: " + " | ".join(path.read_text().splitlines()[-lines:]) + ")")
         return " ".join(tails)
+
+
+def mps_auto_skip(device: str, lm_in_own_process: bool) -> str | None:
+    """Why CUDA MPS in auto stays off here (None: start it), decided before this process initialises CUDA
+    (NVML counts the devices). MPS lets the LM's kernels in vLLM's engine core run beside the flow's here
+    instead of in time slices: it pays only with the LM in a process of its own."""
+    if device not in ("auto", "cuda"):
+        return f"the device is {device}"
+    if not lm_in_own_process:
+        return "the LM runs in this process (native backend)"
+    if torch.cuda.is_initialized():
+        return "CUDA is already initialised in this process"
+    if os.environ.get(MPS_PIPE):
+        return f"{MPS_PIPE} is set: an MPS daemon outside the engine is in charge"
+    if shutil.which(MPS_CONTROL) is None:
+        return f"{MPS_CONTROL} is not on PATH"
+    if torch.version.cuda is None or torch.cuda.device_count() == 0:
+        return "no CUDA device"
+    return None
+
+
+@contextlib.contextmanager
+def auto_mps(root: Path, device: str, lm_in_own_process: bool):
+    """``CudaMps`` where ``mps_auto_skip`` finds nothing against it, else None; a daemon that fails to start
+    is logged and the engine goes on time-sliced (``--cuda-mps`` makes each of these an error)."""
+    skip = mps_auto_skip(device, lm_in_own_process)
+    if skip is not None:
+        log.info("CUDA MPS (auto): off, %s", skip)
+        yield None
+        return
+    mps = CudaMps(root, required=False)
+    try:
+        mps.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        log.warning("CUDA MPS (auto): not started, the GPU is time-sliced: %s", err)
+        yield None
+        return
+    try:
+        yield mps
+    finally:
+        mps.close()
 
 
 @contextlib.contextmanager

@@ -60,7 +60,8 @@ def test_flags_reach_the_engine_config() -> None:
     with pytest.raises(SystemExit):
         cli.parse_args(["--flow-compile", "--no-flow-compile"])
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless
-    assert (cfg.cuda_mps, cfg.mps_flow_percent) == (False, None)
+    assert (cfg.cuda_mps, cfg.mps_flow_percent) == (None, None)  # auto
+    assert cli.engine_config(cli.parse_args(["--no-cuda-mps"])).cuda_mps is False
     mps = cli.engine_config(cli.parse_args(["--cuda-mps", "--mps-flow-percent", "70"]))
     assert (mps.cuda_mps, mps.mps_flow_percent) == (True, 70)
 

@@ -20,7 +20,9 @@
 #                                                 rate, chunk traces) of the defaults (before) against
 #                                                 token2wav calls of buffered chunks kept short (after:
 #                                                 --t2w-relaxed-cap). ARMS=ab (default): both arms in one load,
-#                                                 each rate twice (--ab-relaxed-cap), one call; ARMS=before or
+#                                                 each rate twice (--ab AB: relaxed-cap, the default, or
+#                                                 burst-start: the fast start by recent starts), one call
+#                                                 -> $OUT/FAMILY_capacity_ab-AB/; ARMS=before or
 #                                                 after: one arm a load and a call (each load waits for every
 #                                                 background graph, ~170 s warm, before it measures) ->
 #                                                 $OUT/FAMILY_capacity_ARM/ results.json + trace.jsonl.gz + .log;
@@ -38,12 +40,14 @@
 #                                                 flow call ms with the LM decoding), then the stream bench at
 #                                                 1 and 16 streams (8 requests) -> $OUT/overlap_FAMILY_ARM/
 #                                                 results.json + results.md + .log; an arm per load, one after
-#                                                 another: ARMS=default,mps (default), mps-share (MPS, this
-#                                                 process's kernels on SHARE=60 % of the SMs, the LM on all),
-#                                                 own-stream (token2wav on its own CUDA stream), batch4 (flow
-#                                                 calls of at most 4 rows); the MPS arms run under the engine's
-#                                                 own daemon (--cuda-mps: needs nvidia-cuda-mps-control, else
-#                                                 they are skipped); LIMIT_S is
+#                                                 another: ARMS=sliced,mps (default): the two processes
+#                                                 time-sliced (--no-cuda-mps) and under the engine's own MPS
+#                                                 daemon (--cuda-mps, the engine's auto default where it can
+#                                                 start); mps-share (MPS, this process's kernels on SHARE=60 %
+#                                                 of the SMs, the LM on all), own-stream (token2wav on its own
+#                                                 CUDA stream), batch4 (flow calls of at most 4 rows), both
+#                                                 with MPS auto; the MPS arms need nvidia-cuda-mps-control
+#                                                 (else they are skipped); LIMIT_S is
 #                                                 shared (a warm load ~2.5-4 min with its graphs, then ~70 s of
 #                                                 runs: two arms fit a call only warm); PROFILE=1 adds
 #                                                 bench.profile summaries at 1 and 16 streams
@@ -254,8 +258,9 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   [ ${#arms[@]} -eq 1 ] || echo "note: two arms rarely fit one call (each waits ~280 s for its graphs)"
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
+    [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-relaxed-cap}
     case "$arm" in
-      ab) flags=(--ab-relaxed-cap) ;;
+      ab) flags=(--ab "${AB:-relaxed-cap}") ;;
       after) flags=(--t2w-relaxed-cap) ;;
     esac
     [ "$arm" = before ] || [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
@@ -302,18 +307,18 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
   local fam=$1 arms arm flags name t0=$SECONDS left
   shift
   family_dir "$fam" > /dev/null
-  IFS=, read -r -a arms <<< "${ARMS:-default,mps}"
+  IFS=, read -r -a arms <<< "${ARMS:-sliced,mps}"
   for arm in "${arms[@]}"; do
     case "$arm" in
-      default | mps | mps-share | own-stream | batch4) ;;
-      *) die "ARMS: default, mps, mps-share, own-stream or batch4, got '$arm'" ;;
+      sliced | mps | mps-share | own-stream | batch4) ;;
+      *) die "ARMS: sliced, mps, mps-share, own-stream or batch4, got '$arm'" ;;
     esac
   done
   environment
   for i in "${!arms[@]}"; do
     arm=${arms[$i]} name=overlap_${fam}_${arms[$i]}
     case "$arm" in
-      default) flags=() ;; mps) flags=(--cuda-mps) ;;
+      sliced) flags=(--no-cuda-mps) ;; mps) flags=(--cuda-mps) ;;
       mps-share) flags=(--cuda-mps --mps-flow-percent "${SHARE:-60}") ;;
       own-stream) flags=(--t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
     esac

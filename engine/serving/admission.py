@@ -21,6 +21,7 @@ from collections.abc import Callable
 from engine.errors import Busy
 
 RETRY_MIN_S, RETRY_MAX_S = 1.0, 60.0
+RECENT_STARTS = 256  # slot takings remembered for ``started_within`` (more than any burst counts)
 HELD_PRIOR_S = 10.0  # a request's slot time before any has finished (a 10 s stream at real time)
 
 
@@ -44,6 +45,7 @@ class Admission:
         self.held_s = HELD_PRIOR_S  # running mean of the slot time of finished requests (s)
         self._finished = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
+        self._starts: deque[float] = deque(maxlen=RECENT_STARTS)  # when slots were taken (clock s)
         self._lock = threading.Lock()
 
     @property
@@ -92,6 +94,16 @@ class Admission:
                     "timed out waiting for a free stream slot", retry_after_s=self.retry_after_s()
                 ) from None
             raise
+
+    def started(self, now: float) -> None:
+        """A request took its slot at ``now`` (``time.perf_counter`` s): ``started_within`` counts it."""
+        with self._lock:
+            self._starts.append(now)
+
+    def started_within(self, window_s: float, now: float) -> int:
+        """The requests that took a slot within the last ``window_s`` seconds before ``now``."""
+        with self._lock:
+            return sum(1 for t in self._starts if now - t <= window_s)
 
     def _leave(self, fut: asyncio.Future[None]) -> None:
         """A waiter gave up: drop it from the line, or pass on the slot it was handed meanwhile."""

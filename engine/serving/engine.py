@@ -283,6 +283,7 @@ class TTSEngine:
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
             admitted = time.perf_counter()
+            self.admission.started(admitted)
             try:
                 if not active.cancelled.is_set():  # aborted while it waited in line: nothing to compute
                     # closed explicitly, down the chain to the LM request: a caller that leaves aborts
@@ -356,11 +357,10 @@ class TTSEngine:
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
     ) -> AsyncGenerator[np.ndarray, None]:
         stream = req.streams_audio
-        load = self.admission.active
         schedule = replace(
             self.cfg.stream,
-            fast_start=self.cfg.stream.splits_first_chunk(self.family, load),
-            adaptive_hop=self.cfg.stream.adapts_hops(self.family, load),
+            fast_start=self._splits_first_chunk(),
+            adaptive_hop=self.cfg.stream.adapts_hops(self.family, self.admission.active),
         )
         if plan.source_tokens is not None:
             utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
@@ -376,6 +376,14 @@ class TTSEngine:
                     yield pcm
             if active.cancelled.is_set():
                 return
+
+    def _splits_first_chunk(self) -> bool:
+        """StreamConfig.splits_first_chunk at the engine's load now (requests computing, and with
+        ``fast_start_burst_s`` those that started within it)."""
+        stream = self.cfg.stream
+        burst = stream.fast_start_burst_s
+        recent = None if burst is None else self.admission.started_within(burst, time.perf_counter())
+        return stream.splits_first_chunk(self.family, self.admission.active, recent)
 
     async def _segment(
         self,
@@ -415,9 +423,7 @@ class TTSEngine:
     ) -> AsyncGenerator[np.ndarray, None]:
         """Text-streaming input: one bistream decode over the pieces as they arrive (lm/bistream.py)."""
         stream = req.streams_audio
-        schedule = replace(
-            self.cfg.stream, fast_start=self.cfg.stream.splits_first_chunk(self.family, self.admission.active)
-        )
+        schedule = replace(self.cfg.stream, fast_start=self._splits_first_chunk())
         utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
         _, prompt_ids, speech_ids = plan.segments[0]
         interleaver = Interleaver(Layout.of(self.model.lm.config), prompt_ids, speech_ids)
@@ -519,10 +525,13 @@ def _ids(ids: list[int]) -> torch.Tensor:
 
 
 def _cuda_mps(cfg: EngineConfig) -> contextlib.AbstractContextManager[devices.CudaMps | None]:
-    """With ``cfg.cuda_mps``, the engine's MPS daemon (started on entry, told to quit on exit)."""
-    if not cfg.cuda_mps:
-        return contextlib.nullcontext()
-    return devices.CudaMps(cache_root(cfg.cache_dir) / "mps")
+    """The engine's MPS daemon (started on entry, told to quit on exit): with ``cfg.cuda_mps`` True, or in
+    auto (None) where the LM runs on vLLM in its own process and MPS can start (``devices.auto_mps``)."""
+    root = cache_root(cfg.cache_dir) / "mps"
+    if cfg.cuda_mps is None:
+        vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and devices.has_vllm())
+        return devices.auto_mps(root, cfg.device, vllm)
+    return devices.CudaMps(root) if cfg.cuda_mps else contextlib.nullcontext()
 
 
 def _prefix(lm: SpeechLM, text_ids: list[int], prompt_ids: list[int], speech_ids: list[int]) -> torch.Tensor:

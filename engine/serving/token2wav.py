@@ -116,8 +116,9 @@ class ChunkScheduler:
         self.relaxed: Relaxed | None = None
         if not batching.fifo:
             self.relaxed = Relaxed(batching.relaxed_s, batching.relaxed_call_s)
+        capped = self.relaxed if batching.relaxed else None
         self._queue: DeadlineQueue[_Job] = DeadlineQueue(
-            clock, batching.max_batch, batching.frame_bucket, urgent_s, self.relaxed if batching.relaxed else None
+            clock, batching.max_batch, batching.frame_bucket, urgent_s, capped
         )
         self.pending = 0  # jobs submitted and not yet taken
 

@@ -177,10 +177,10 @@ def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypa
 
 
 def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
-    monkeypatch.setenv("ARMS", "default,mps,priority")
+    monkeypatch.setenv("ARMS", "sliced,mps,priority")
     done = run_sh(checkout, "overlap", "v2")
     assert done.returncode == 2
-    assert "ARMS: default, mps, mps-share, own-stream or batch4, got 'priority'" in done.stderr
+    assert "ARMS: sliced, mps, mps-share, own-stream or batch4, got 'priority'" in done.stderr
     monkeypatch.setenv("ARMS", "mps,mps-share,own-stream,batch4")
     done = run_sh(checkout, "overlap", "v2")  # good arms get as far as the missing vLLM install
     assert done.returncode == 2 and "vLLM is not installed" in done.stderr

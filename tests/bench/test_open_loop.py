@@ -127,21 +127,25 @@ def test_ab_relaxed_cap_runs_both_arms_per_rate_in_one_load_alternating_the_orde
 
     switched: list[bool] = []
     rule = ChunkScheduler.relaxed_cap
-    monkeypatch.setattr(
-        ChunkScheduler, "relaxed_cap", property(rule.fget, lambda s, on: (switched.append(on), rule.fset(s, on)))
-    )
+
+    def switch(scheduler: ChunkScheduler, on: bool) -> None:
+        switched.append(on)
+        rule.fset(scheduler, on)
+
+    monkeypatch.setattr(ChunkScheduler, "relaxed_cap", property(rule.fget, switch))
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
     argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
-    argv += ["--min-requests", "3", "--slo-ttfa-ms", "1e9", "--tokens", "40", "--modes", "stream"]
-    paths = main([*argv, "--ab-relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
+    # offline: one chunk a request, so no underrun on a slow machine stops an arm's search (and no TTFA
+    # misses a 1e9 ms SLO): the test is about the switching, not the speed
+    argv += ["--min-requests", "3", "--slo-ttfa-ms", "1e9", "--tokens", "40", "--modes", "offline"]
+    paths = main([*argv, "--ab", "relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
     result = json.loads(paths["json"].read_text())
     arms = [(lv["rate"], lv["system"]) for lv in result["levels"]]
-    assert arms == [(2.0, "cosystream"), (2.0, "cosystream relaxed-cap")] + [
-        (4.0, "cosystream relaxed-cap"), (4.0, "cosystream")
-    ]
+    relaxed = "cosystream relaxed-cap"
+    assert arms == [(2.0, "cosystream"), (2.0, relaxed), (4.0, relaxed), (4.0, "cosystream")]
     assert switched == [False, True, True, False]
     found = result["meta"]["capacity"]
-    assert set(found) == {"stream open-loop cosystream", "stream open-loop cosystream relaxed-cap"}
+    assert set(found) == {"offline open-loop cosystream", "offline open-loop cosystream relaxed-cap"}
     assert all(arm["capacity_rate"] == 4.0 for arm in found.values())
     assert all(lv["failed"] == 0 for lv in result["levels"])
 
@@ -150,15 +154,47 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
     argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
     argv += ["--min-requests", "2", "--slo-ttfa-ms", "0.001", "--tokens", "30", "--modes", "stream"]
-    paths = main([*argv, "--ab-relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
+    paths = main([*argv, "--ab", "relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
     levels = json.loads(paths["json"].read_text())["levels"]
-    assert [(lv["rate"], lv["system"]) for lv in levels] == [(2.0, "cosystream"), (2.0, "cosystream relaxed-cap")]
+    arms = [(lv["rate"], lv["system"]) for lv in levels]
+    assert arms == [(2.0, "cosystream"), (2.0, "cosystream relaxed-cap")]
 
 
-@pytest.mark.parametrize("flags", [["--t2w-relaxed-cap"], ["--t2w-fifo"], ["--arrivals", "closed"]])
-def test_ab_relaxed_cap_refuses_what_it_cannot_switch(flags):
+@pytest.mark.parametrize(
+    ("ab", "flags"),
+    [
+        ("relaxed-cap", ["--t2w-relaxed-cap"]),
+        ("relaxed-cap", ["--t2w-fifo"]),
+        ("relaxed-cap", ["--arrivals", "closed"]),
+        ("burst-start", ["--fast-start", "on"]),
+        ("burst-start", ["--url", "http://127.0.0.1:9"]),
+    ],
+)
+def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
     with pytest.raises(SystemExit):
-        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab-relaxed-cap"])
+        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab", ab])
+    assert "--ab" in capsys.readouterr().err
+
+
+def test_ab_burst_start_switches_the_fast_start_rule_the_engine_reads_per_request(tmp_path, monkeypatch):
+    from engine.serving.engine import TTSEngine
+
+    seen: list[float | None] = []
+    rule = TTSEngine._splits_first_chunk
+
+    def splits(engine: TTSEngine) -> bool:
+        seen.append(engine.cfg.stream.fast_start_burst_s)
+        return rule(engine)
+
+    monkeypatch.setattr(TTSEngine, "_splits_first_chunk", splits)
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
+    argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
+    paths = main([*argv, "--ab", "burst-start", "--warmup", "0", "--out", str(tmp_path / "out")])
+    levels = json.loads(paths["json"].read_text())["levels"]
+    assert [lv["system"] for lv in levels] == ["cosystream", "cosystream burst-start"]
+    # the engine's warm-up request first, then two requests an arm, each reading the rule as switched
+    assert seen[-4:] == [None, None, 0.5, 0.5] and set(seen[:-4]) <= {None}
 
 
 def test_find_capacity_needs_open_loop_arrivals():

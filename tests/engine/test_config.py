@@ -42,7 +42,7 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),
         (lambda: EngineConfig(cuda_mps=True, device="cpu"), "cuda_mps needs a CUDA device"),
         (lambda: EngineConfig(cuda_mps=True, device="npu"), "cuda_mps needs a CUDA device"),
-        (lambda: EngineConfig(mps_flow_percent=60), "mps_flow_percent needs cuda_mps"),
+        (lambda: EngineConfig(cuda_mps=False, mps_flow_percent=60), "mps_flow_percent needs cuda_mps"),
         (lambda: EngineConfig(cuda_mps=True, mps_flow_percent=0), "1-100"),
         (lambda: EngineConfig(cuda_mps=True, mps_flow_percent=101), "1-100"),
         (lambda: StreamConfig(token_hop=0), "token_hop"),
@@ -75,6 +75,22 @@ def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices
             cfg.splits_first_chunk(f, a) is explicit for f in ("cosyvoice2", "cosyvoice3") for a in (1, 9)
         )
     assert [fast_start_choice(c) for c in ("auto", "on", "off")] == [None, True, False]
+    assert auto.splits_first_chunk("cosyvoice3", active=1, recent=9)  # recent starts count only with a burst
+
+
+def test_fast_start_burst_rule_counts_recent_starts_and_stops_under_load():
+    """With fast_start_burst_s, auto splits while few requests started within the window (a wave's first
+    chunks coincide; earlier streams are past theirs) and the engine is below adaptive_min_active."""
+    burst = StreamConfig(fast_start_burst_s=0.5)
+    assert burst.splits_first_chunk("cosyvoice3", active=5, recent=1)  # old rule: 5 active, no split
+    assert burst.splits_first_chunk("cosyvoice3", active=7, recent=2)
+    assert not burst.splits_first_chunk("cosyvoice3", active=5, recent=3)  # a wave
+    assert not burst.splits_first_chunk("cosyvoice3", active=8, recent=1)  # under load (adaptive hops)
+    assert not burst.splits_first_chunk("cosyvoice2", active=1, recent=1)
+    assert not burst.splits_first_chunk("cosyvoice3", active=3)  # without the count: the active rule
+    for bad in (0.0, -1.0, 61.0):
+        with pytest.raises(ValueError, match="fast_start_burst_s"):
+            StreamConfig(fast_start_burst_s=bad)
     assert [fast_start_flag(fast_start_choice(c)) for c in FAST_START_CHOICES] == list(FAST_START_CHOICES)
     with pytest.raises(ValueError, match="fast start"):
         fast_start_choice("always")
@@ -142,15 +158,19 @@ def test_the_shared_flags_parse_into_the_config_values() -> None:
     assert not hasattr(bare.parse_args([]), "llm_variant")
 
 
-def test_cuda_mps_is_off_by_default_and_its_flag_turns_it_on() -> None:
+def test_cuda_mps_is_auto_by_default_and_its_flags_turn_it_on_or_off() -> None:
     import argparse
 
     from engine.config import add_overlap_flags
 
     p = argparse.ArgumentParser()
     add_overlap_flags(p)
-    assert p.parse_args([]).cuda_mps is EngineConfig.cuda_mps is False
+    assert p.parse_args([]).cuda_mps is EngineConfig.cuda_mps is None
+    assert p.parse_args(["--no-cuda-mps"]).cuda_mps is False
+    with pytest.raises(SystemExit):
+        p.parse_args(["--cuda-mps", "--no-cuda-mps"])
     assert p.parse_args([]).mps_flow_percent is EngineConfig.mps_flow_percent is None
+    assert EngineConfig(mps_flow_percent=60).mps_flow_percent == 60  # auto: the share where MPS runs
     args = p.parse_args(["--cuda-mps", "--mps-flow-percent", "60"])
     assert args.cuda_mps is True and EngineConfig(cuda_mps=True, mps_flow_percent=60).mps_flow_percent == 60
     assert (

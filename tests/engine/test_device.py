@@ -179,3 +179,33 @@ def test_mps_connect_needs_cuda_and_leaves_no_sm_share_behind(mps_env: Path, mon
     with pytest.raises(RuntimeError, match="torch sees no CUDA"):
         mps.connect("cuda", 40)
     assert os.environ[device.MPS_THREADS] == "90"
+
+
+def test_mps_auto_says_why_it_stays_off(mps_env: Path, monkeypatch, tmp_path: Path):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a CUDA machine as NVML counts it
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert device.mps_auto_skip("auto", lm_in_own_process=True) is None  # the stand-in is on PATH
+    assert device.mps_auto_skip("cuda", lm_in_own_process=True) is None
+    assert "the device is cpu" in str(device.mps_auto_skip("cpu", True))
+    assert "native backend" in str(device.mps_auto_skip("cuda", lm_in_own_process=False))
+    monkeypatch.setenv(device.MPS_PIPE, "/tmp/operators-mps")
+    assert "outside the engine" in str(device.mps_auto_skip("cuda", True))
+    monkeypatch.delenv(device.MPS_PIPE)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert "no CUDA device" in str(device.mps_auto_skip("auto", True))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "not on PATH" in str(device.mps_auto_skip("cuda", True))
+
+
+def test_mps_auto_starts_where_it_can_and_goes_on_without_where_it_cannot(mps_env: Path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with device.auto_mps(mps_env, "auto", lm_in_own_process=True) as mps:
+        assert mps is not None and os.environ[device.MPS_PIPE] == str(mps_env / "pipe")
+        assert mps.check_serving() == []  # auto: no server yet is a warning, not an error
+    assert device.MPS_PIPE not in os.environ and calls(mps_env)[-1] == "quit"
+    monkeypatch.setenv("FAIL_START", "An MPS daemon needs a GPU")
+    with device.auto_mps(mps_env, "cuda", lm_in_own_process=True) as mps:
+        assert mps is None and device.MPS_PIPE not in os.environ  # time-sliced, serving all the same
+    with device.auto_mps(mps_env, "cpu", lm_in_own_process=True) as mps:
+        assert mps is None

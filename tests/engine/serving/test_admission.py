@@ -103,3 +103,13 @@ def test_admission_by_slo_refuses_before_any_admitted_stream_underruns_at_twice_
     light = WorkerSim(rate=2.0, per_row_s=0.004)
     adm = Admission(max_active=1000, max_queue=0, pressure=light.pressure, slack_guard_s=1.5)
     assert light.run(admit=lambda: adm.overloaded() is None).refused == 0
+
+
+def test_started_within_counts_the_slots_taken_in_the_window_only():
+    adm = Admission(max_active=4, max_queue=0)
+    assert adm.started_within(0.5, now=100.0) == 0
+    for t in (99.0, 99.6, 99.9, 100.0):
+        adm.started(t)
+    assert adm.started_within(0.5, now=100.0) == 3  # 99.0 is 1 s ago
+    assert adm.started_within(0.05, now=100.0) == 1 and adm.started_within(5.0, now=100.0) == 4
+    assert adm.started_within(0.5, now=100.3) == 2  # the window moves with the clock

@@ -469,6 +469,23 @@ async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(en
     assert seen[0] == (pad if engine.family == "cosyvoice3" else 25 + pad)
 
 
+async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(engine, monkeypatch):
+    """With fast_start_burst_s the engine counts its recent slot takings: a request alone gets the split
+    (v3), one that starts right after a burst of others does not, whatever the active count."""
+    from engine.serving.admission import Admission
+
+    burst = replace(engine.cfg.stream, fast_start=None, fast_start_burst_s=30.0)
+    monkeypatch.setattr(engine, "cfg", replace(engine.cfg, stream=burst))
+    monkeypatch.setattr(engine, "admission", Admission(max_active=4, max_queue=4))  # no earlier starts
+    assert engine._splits_first_chunk() is (engine.family == "cosyvoice3")
+    most = engine.cfg.stream.fast_start_max_active
+    for _ in range(most + 1):
+        engine.admission.started(time.perf_counter())
+    assert not engine._splits_first_chunk()  # a burst of starts: the reference's first chunk
+    await engine.synthesize(req(engine))  # the request's own start is counted too
+    assert engine.admission.started_within(30.0, time.perf_counter()) == most + 2
+
+
 async def test_final_metrics_split_the_ttfa_into_its_parts(engine):
     chunks = await collect(engine, req(engine, stream=True))
     m = chunks[-1].metrics

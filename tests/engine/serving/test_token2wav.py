@@ -409,7 +409,7 @@ def batches_around_a_first_chunk(tmp_path, relaxed_cap: bool, switched: bool = F
     """The worker's batches (token counts) when three streams with 6 s of audio buffered queue long chunks
     while it is busy, and a new stream's first chunk arrives while it runs the next batch. The measured
     speed (1 ms a padded row-frame) puts a 0.2 s call at 200 row-frames: less than one long row.
-    ``switched``: built with the other setting, then switched to ``relaxed_cap`` (``ChunkScheduler.relaxed_cap``)."""
+    ``switched``: built with the other setting, then switched (``ChunkScheduler.relaxed_cap``)."""
     from engine.demo.make_model import build_model_dir
 
     model = load_model(
