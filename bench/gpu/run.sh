@@ -183,9 +183,10 @@ step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
   [ $# -gt 0 ] || set -- "${GPU_TESTS[@]}"
   environment
   build_model v2 & build_model v3 & wait
-  timeout "$LIMIT_S" python3 -m pytest -v -m gpu -p no:cacheprovider -rf --tb=short "$@" \
+  # -s: the tests' own lines (e.g. the fault tests' recovery times) reach the log
+  timeout "$LIMIT_S" python3 -m pytest -v -s -m gpu -p no:cacheprovider -rf --tb=short "$@" \
     > "$OUT/pytest_gpu.log" 2>&1 && rc=0 || rc=$?
-  grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/pytest_gpu.log" | tail -30
+  grep -E "PASSED|FAILED|ERROR|passed|failed|engine core killed" "$OUT/pytest_gpu.log" | tail -30
   return "$rc"
 }
 
