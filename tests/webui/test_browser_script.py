@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +14,9 @@ from engine.text.script import sentences as script_sentences
 from server import web
 from tests.api.support import RecordingEngine, wait_until
 from tests.sounds import write_wav
-from tests.webui.support import WAIT_MS, serving, studio_page
+from tests.webui.support import OUT, WAIT_MS, serving, studio_page
 
 pytestmark = pytest.mark.browser
-SCREENS = Path("/work/notes/screens")
 VOICES_SET = "(() => { const v = document.querySelector('#cosy-sp-voice-1 input'); return v && v.value; })()"
 
 
@@ -41,9 +39,8 @@ def page(browser, server) -> Iterator[Any]:
 
 
 def shoot(page: Any, name: str) -> None:
-    if SCREENS.parent.is_dir():
-        SCREENS.mkdir(exist_ok=True)
-        page.screenshot(path=str(SCREENS / name))
+    OUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUT / name))  # docs/screens/ holds the committed set
 
 
 def test_a_two_speaker_script_streams_highlights_and_downloads_subtitles(page, server) -> None:

@@ -3,8 +3,7 @@
 - Every ordered pair of modes shows exactly the inputs the second one needs (the mode drives css; no
   listener toggles visibility, so no order of clicks can leave a needed input hidden).
 - Each mode's required inputs and Generate are on the first screen in en and zh, also with "Split
-  preview" and "Live text" open; screenshots go to ``test-output/`` and, when it exists,
-  ``/work/notes/screens/``.
+  preview" and "Live text" open; screenshots go to ``test-output/`` (the committed set: ``docs/screens/``).
 - A failure injected into the engine ends the request visibly: a translated status "failed" with Retry, a
   Generate that works again, and none of the engine's own words on the page.
 - With Stream off the finished audio plays by itself.
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +31,6 @@ from tests.webui.support import OUT, TRANSCRIBED, WAIT_MS, serving
 from webui.texts import Texts
 
 pytestmark = pytest.mark.browser
-SCREENS = Path("/work/notes/screens")
 VIEW = {"width": 1440, "height": 900}
 MODES = ("zero_shot", "cross_lingual", "instruct", "vc", "voice")
 # what each mode needs on the page (css selectors), and what it must not show
@@ -146,8 +143,7 @@ def test_each_mode_fits_one_screen_with_the_accordions_open(page_in, lang) -> No
                 assert in_view(page, selector), f"{lang} {mode}: {selector} is off the 1440x900 screen"
             if not accordions:
                 name = f"studio-{lang}-{mode}-1440x900.png"
-                for folder in (OUT, SCREENS) if SCREENS.is_dir() else (OUT,):
-                    page.screenshot(path=str(folder / name))
+                page.screenshot(path=str(OUT / name))  # docs/screens/ holds the committed set
 
 
 def fill_example(page: Any, text: str = "A short line to speak.") -> None:

@@ -5,7 +5,7 @@ page loads that throw no script error (issue 15).
 
 The app is ``server.web.create_app(ui_lang="auto")`` around the fake engine (its ASR answers "fake
 transcript") with the shipped example voices, on 127.0.0.1. Screenshots at 1440x900 in en and zh go to
-``test-output/`` and, when it exists, ``/work/notes/shots/``.
+``test-output/``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from tests.webui.support import OUT, TRANSCRIBED, WAIT_MS, serving, studio_page
 from webui.texts import EXAMPLES
 
 pytestmark = pytest.mark.browser
-SHOTS = Path("/work/notes/shots")
 VIEW = {"width": 1440, "height": 900}
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "assets" / "voices"
@@ -171,8 +170,7 @@ def test_one_screen_in_the_browsers_language(browser, server, locale, generate, 
             assert in_view(page, selector), f"{selector} is not on the first screen at 1440x900"
         assert page.locator("#cosy-transcript").is_visible()
         OUT.mkdir(exist_ok=True)
-        for folder in (OUT, SHOTS) if SHOTS.is_dir() else (OUT,):
-            page.screenshot(path=str(folder / f"studio-{locale[:2]}-1440x900.png"))
+        page.screenshot(path=str(OUT / f"studio-{locale[:2]}-1440x900.png"))
         label = "Cross-lingual" if locale == "en-US" else "跨语种"
         page.get_by_label(label, exact=True).first.check()
         page.locator("#cosy-transcript").wait_for(state="hidden", timeout=WAIT_MS)  # zero-shot only
