@@ -319,7 +319,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert plain.t2w_fifo is defaults.t2w_fifo is False
     assert (plain.t2w_relaxed_cap, knobs.t2w_relaxed_cap) == (defaults.t2w_relaxed_cap, True)
     assert defaults.t2w_relaxed_cap is False  # opt-in until the H200 open-loop A/B decides
-    assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is False
+    assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is None  # auto
     assert (plain.mps_flow_percent, knobs.mps_flow_percent) == (None, 60)
 
 
