@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -77,6 +78,7 @@ class Admission:
                 )
             if self.active < self.max_active and not self._waiting:
                 self.active += 1
+                self._starts.append(time.perf_counter())
                 return
             if len(self._waiting) >= self.max_queue:
                 raise Busy(
@@ -94,9 +96,11 @@ class Admission:
                     "timed out waiting for a free stream slot", retry_after_s=self.retry_after_s()
                 ) from None
             raise
+        self.started(time.perf_counter())
 
     def started(self, now: float) -> None:
-        """A request took its slot at ``now`` (``time.perf_counter`` s): ``started_within`` counts it."""
+        """A request took its slot at ``now`` (``time.perf_counter`` s; ``acquire`` calls it):
+        ``started_within`` counts it."""
         with self._lock:
             self._starts.append(now)
 

@@ -283,7 +283,6 @@ class TTSEngine:
         try:
             await self.admission.acquire(self.cfg.limits.request_timeout_s)
             admitted = time.perf_counter()
-            self.admission.started(admitted)
             try:
                 if not active.cancelled.is_set():  # aborted while it waited in line: nothing to compute
                     # closed explicitly, down the chain to the LM request: a caller that leaves aborts

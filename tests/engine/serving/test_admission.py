@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from engine.errors import Busy
 from engine.serving.admission import Admission
+from tests.conftest import WAIT_S
 from tests.engine.serving.worker_sim import WorkerSim
 
 
@@ -113,3 +115,14 @@ def test_started_within_counts_the_slots_taken_in_the_window_only():
     assert adm.started_within(0.5, now=100.0) == 3  # 99.0 is 1 s ago
     assert adm.started_within(0.05, now=100.0) == 1 and adm.started_within(5.0, now=100.0) == 4
     assert adm.started_within(0.5, now=100.3) == 2  # the window moves with the clock
+
+
+async def test_every_slot_taken_is_counted_as_a_start_at_once_or_after_waiting():
+    adm = Admission(max_active=1, max_queue=1)
+    await adm.acquire()  # at once
+    waiter = asyncio.ensure_future(adm.acquire())  # in line
+    await asyncio.sleep(0)
+    assert adm.started_within(60.0, time.perf_counter()) == 1
+    adm.release()
+    await asyncio.wait_for(waiter, WAIT_S)
+    assert adm.started_within(60.0, time.perf_counter()) == 2
