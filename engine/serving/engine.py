@@ -527,9 +527,8 @@ def _cuda_mps(cfg: EngineConfig) -> contextlib.AbstractContextManager[devices.Cu
     """The engine's MPS daemon (started on entry, told to quit on exit): with ``cfg.cuda_mps`` True, or in
     auto (None) where the LM runs on vLLM in its own process and MPS can start (``devices.auto_mps``)."""
     root = cache_root(cfg.cache_dir) / "mps"
-    if cfg.cuda_mps is None:
-        vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and devices.has_vllm())
-        return devices.auto_mps(root, cfg.device, vllm)
+    if cfg.cuda_mps is None:  # auto_mps goes on only for a CUDA device: ask as for an accelerator
+        return devices.auto_mps(root, cfg.device, _uses_vllm(cfg, accelerator=True))
     return devices.CudaMps(root) if cfg.cuda_mps else contextlib.nullcontext()
 
 
@@ -569,10 +568,7 @@ def _backend(
     """vLLM where it is installed and a GPU/NPU is present (or asked for), else the native loop. vLLM
     starts from llm.pt's export (read from the file, or from the cache when warm), not from the loaded
     model: ``weights`` (blocking until the load is done) is waited for only after its start."""
-    use_vllm = cfg.backend == "vllm" or (
-        cfg.backend == "auto" and devices.has_vllm() and devices.is_accelerator(dev)
-    )
-    if use_vllm:
+    if _uses_vllm(cfg, devices.is_accelerator(dev)):
         from engine.lm.vllm_backend import VLLMBackend
 
         backend = VLLMBackend(_hf_export(cfg, files), cfg.sampling, cfg.gpu_memory_utilization)
@@ -581,6 +577,11 @@ def _backend(
     from engine.lm.native import NativeLM
 
     return NativeLM(weights().lm, cfg.sampling)
+
+
+def _uses_vllm(cfg: EngineConfig, accelerator: bool) -> bool:
+    """vLLM serves the LM: asked for, or in auto where it is installed and the device is a GPU/NPU."""
+    return cfg.backend == "vllm" or (cfg.backend == "auto" and accelerator and devices.has_vllm())
 
 
 def _hf_export(cfg: EngineConfig, files: ModelDir) -> Path:
