@@ -390,7 +390,7 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
                     log.info("%s at %.2f requests/s misses the SLO (%s): its search stops here",
                              level.system, rate, "; ".join(misses))  # fmt: skip
                     missed.add(arm)
-            if missed and missed >= set(arms_at(args, 0)):
+            if missed >= set(arms_at(args, 0)):
                 break
     return out
 
@@ -552,8 +552,10 @@ def write_trace(path: Path, level: Level) -> None:
     with path.open("a") as f:
         for r in level.per_request:
             for row in r.trace:
-                head = {"mode": level.mode, "system": level.system, "rate": level.rate}
-                head["concurrency"] = level.concurrency
+                head = {
+                    "mode": level.mode, "system": level.system, "rate": level.rate,
+                    "concurrency": level.concurrency,
+                }  # fmt: skip
                 f.write(json.dumps(head | {"request": r.index} | row) + "\n")
 
 
