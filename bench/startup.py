@@ -6,7 +6,9 @@ left), the first requests' TTFA against the steady state's, and the server's own
 
 The command must serve on ``--port`` and honour ``forced_tokens`` (``--allow-forced-tokens``). Writes
 ``DIR/startup.json`` (``StartupRun``) and the server's output to ``DIR/server.log``; a start that runs past
-``--limit-s`` is written too, with what it reached (``error`` says where it stopped).
+``--limit-s`` is written too, with what it reached (``error`` says where it stopped). ``--stack-dumps-at``
+sends the server SIGUSR1 (``python app.py`` then writes every thread's stack to its log) that many seconds
+after ready while the first requests run: what a slow first request waits for, in server.log.
 """
 
 from __future__ import annotations
@@ -148,7 +150,11 @@ async def measure(args: argparse.Namespace) -> StartupRun:
             body = await server.until(client, "/ready", deadline)
             reached["launch_to_ready_s"] = server.since_launch()
             reached["pending_during_first"] = list((body.get("startup") or {}).get("pending", []))
-            reached["first_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 0)
+            dumps = asyncio.create_task(stack_dumps(server, args.stack_dumps_at))
+            try:
+                reached["first_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 0)
+            finally:
+                dumps.cancel()
             body = await server.until(client, "/ready", deadline, full_speed)
             reached["launch_to_full_speed_s"] = server.since_launch()
             reached["steady_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 100)
@@ -162,6 +168,16 @@ async def measure(args: argparse.Namespace) -> StartupRun:
         await target.aclose()
         server.stop()
     return record(args, reached)
+
+
+async def stack_dumps(server: Server, at_s: list[float]) -> None:
+    """SIGUSR1 to the server at each of ``at_s`` seconds from now (cancelled once the first requests end)."""
+    t0 = time.monotonic()
+    for at in sorted(at_s):
+        await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+        if server.proc.poll() is None:
+            log.info("stack dump %.0f s after ready", at)
+            server.proc.send_signal(signal.SIGUSR1)
 
 
 async def phases_so_far(server: Server) -> list[dict[str, Any]]:
@@ -204,6 +220,14 @@ def git_commit() -> str:
     return head.stdout.strip() or os.environ.get("COMMIT", "unknown")
 
 
+def seconds_list(text: str) -> list[float]:
+    """'3,12' -> [3.0, 12.0]; '' -> []."""
+    values = [float(v) for v in text.split(",") if v.strip()]
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"seconds must be >= 0, got {text!r}")
+    return values
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--family", choices=FAMILIES, required=True)
@@ -214,6 +238,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit-s", type=float, default=500.0, help="the whole run's bound")
     p.add_argument("--hardware", default="unknown")
     p.add_argument("--commit", default=None, help="default: git describe, or $COMMIT")
+    p.add_argument(
+        "--stack-dumps-at", type=seconds_list, default=[],
+        help="seconds after ready, e.g. 3,12: SIGUSR1 to the server (its thread stacks into server.log)",
+    )  # fmt: skip
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the server's command line")
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:

@@ -4,7 +4,9 @@ waits for. The launcher sits above both, so ``cluster/`` can reuse ``server.cli`
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 from collections.abc import Sequence
 
 from engine.config import DEMO_TINY
@@ -19,6 +21,8 @@ log = logging.getLogger("cosystream")
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to the log, the server serving on
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
         from cluster.application import run_local
 

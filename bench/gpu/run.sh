@@ -69,7 +69,9 @@
 #                                                 (230) for the warm one. The first 5 requests go out at ready,
 #                                                 beside the background work (pending_during_first: v3's flow
 #                                                 compile), 5 more at full speed; a v3 cold start's compile
-#                                                 and graphs outlast 300 s (recorded to where it got)
+#                                                 and graphs outlast 300 s (recorded to where it got);
+#                                                 DUMPS_AT=3,12: the server's thread stacks into its log
+#                                                 that many s after ready (empty: none)
 #   bench/gpu/run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: the open-loop soak (bench.soak
 #                                                 --arrivals poisson: RATE requests/s, the capacity the
 #                                                 capacity step found; 10 s +-50 % requests, 10 % leavers, 5 %
@@ -415,7 +417,7 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
     limit=$([ "$kind" = cold ] && echo "$cold_s" || echo $((LIMIT_S - cold_s - 10)))
     python3 -m bench.startup --family "$(family_dir "$fam")" --cache-kind "$kind" --limit-s "$limit" \
       --hardware "$HARDWARE" --commit "${COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}" \
-      --out "$OUT/startup_${fam}_$kind" -- python3 app.py --model "$model" --device cuda --backend vllm \
+      --stack-dumps-at "${DUMPS_AT-3,12}" --out "$OUT/startup_${fam}_$kind" -- python3 app.py --model "$model" --device cuda --backend vllm \
       --port 8000 --asr-model none --allow-forced-tokens --cache-dir "$root" "$@" \
       > "$OUT/startup_${fam}_$kind.log" 2>&1 && echo "$kind: done" || echo "$kind: stopped (rc $?)"
     tail -1 "$OUT/startup_${fam}_$kind.log" | cut -c1-400

@@ -16,9 +16,10 @@ from bench.startup import StartupRun, main, parse_args
 
 SERVER = textwrap.dedent(
     """
-    import json, sys, time
+    import faulthandler, json, signal, sys, time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     t0 = time.monotonic()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # as python app.py does
     READY_S, FULL_S = 0.5, float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
 
     class Handler(BaseHTTPRequestHandler):
@@ -111,3 +112,25 @@ def test_the_record_checks_its_kind_and_the_command_is_required() -> None:
         StartupRun("cosyvoice4", "cold", None, None, None, "x", "t", "c", [], 250)
     with pytest.raises(SystemExit):
         parse_args(["--family", "cosyvoice3", "--cache-kind", "cold", "--out", "x"])
+
+
+def test_stack_dumps_reach_the_servers_log_while_the_first_requests_run(tmp_path: Path) -> None:
+    """``--stack-dumps-at 0``: SIGUSR1 right after ready; the server (which dumps on it, as app.py does)
+    writes its threads' stacks into server.log and serves on."""
+    script, port, out = tmp_path / "server.py", free_port(), tmp_path / "run"
+    script.write_text(SERVER)
+    argv = ["--family", "cosyvoice2", "--cache-kind", "warm", "--out", str(out), "--port", str(port),
+            "--hardware", "test", "--commit", "abc1234", "--limit-s", "120", "--stack-dumps-at", "0",
+            "--", sys.executable, str(script), str(port)]  # fmt: skip
+    assert main(argv) == 0
+    run = json.loads((out / "startup.json").read_text())
+    assert len(run["first_ttfa_ms"]) == len(run["steady_ttfa_ms"]) == 5
+    assert "most recent call first" in (out / "server.log").read_text()
+
+
+def test_stack_dump_times_are_seconds_not_below_zero() -> None:
+    base = ["--family", "cosyvoice3", "--cache-kind", "cold", "--out", "x"]
+    assert parse_args([*base, "--stack-dumps-at", "3,12", "--", "app"]).stack_dumps_at == [3.0, 12.0]
+    assert parse_args([*base, "--stack-dumps-at", "", "--", "app"]).stack_dumps_at == []
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--stack-dumps-at", "-1", "--", "app"])

@@ -125,3 +125,20 @@ def test_queued_jobs_are_pending_from_load_until_each_has_run():
     builder.start()
     assert builder.wait(WAIT_S) and timeline.pending() == []
     assert seen == {"compile": ["flow compile", "flow solver graphs"], "graphs": ["flow solver graphs"]}
+
+
+def test_serving_threads_get_the_interpreter_sooner_while_the_jobs_run_and_as_before_after():
+    """The builder's jobs (Dynamo/Inductor: pure Python) share the GIL with the serving threads: while they
+    run, a waiting thread gets it after ``BACKGROUND_SWITCH_S``; after them, Python's own interval again."""
+    import sys
+
+    from engine.graph_builder import BACKGROUND_SWITCH_S
+
+    before = sys.getswitchinterval()
+    assert before > BACKGROUND_SWITCH_S  # Python's default 5 ms
+    builder = GraphBuilder(Timeline())
+    seen: list[float] = []
+    builder.add("flow compile", lambda stop: seen.append(sys.getswitchinterval()))
+    builder.start()
+    assert builder.wait(WAIT_S)
+    assert seen == [pytest.approx(BACKGROUND_SWITCH_S)] and sys.getswitchinterval() == before
