@@ -4,10 +4,13 @@ waits for. The launcher sits above both, so ``cluster/`` can reuse ``server.cli`
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import signal
+import sys
+import threading
+import traceback
 from collections.abc import Sequence
+from types import FrameType
 
 from engine.config import DEMO_TINY
 from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
@@ -18,11 +21,21 @@ from server.web import create_app, open_share_link, web_server
 log = logging.getLogger("cosystream")
 
 
+def log_stacks(signum: int, frame: FrameType | None) -> None:
+    """Every thread's Python stack to the log. Python runs this on the main thread between two bytecodes;
+    faulthandler's dump, which reads running threads' frames from the signal itself, crashed a serving
+    process on the H200 (a segfault in _Py_DumpTracebackThreads)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, top in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(top))
+        log.warning("stack of thread %s (signal %d):\n%s", names.get(ident, ident), signum, stack)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to the log, the server serving on
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        signal.signal(signal.SIGUSR1, log_stacks)
     if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
         from cluster.application import run_local
 

@@ -57,9 +57,6 @@ from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# transformers' lazy top-level module is not safe to import from two threads at once ("cannot import name
-# 'AutoTokenizer'"): the tokenizer's load and vLLM's import take turns on this lock
-_TRANSFORMERS_IMPORT = threading.Lock()
 
 
 @dataclass(eq=False)
@@ -145,17 +142,23 @@ class TTSEngine:
         cls, cfg: EngineConfig, files: ModelDir, dev: torch.device, timeline: Timeline
     ) -> TTSEngine:
         """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers.
-        The LM backend (vLLM's start: about a minute on a GPU, the longest phase) starts first, in a
-        thread, from llm.pt (or its cached export) while the weights, the tokenizer, the prompt frontend
-        and the voices load here; Whisper and the graphs come after it (it sizes its KV cache from the
-        memory free at its start), the first graph of each kind now and the rest behind a serving engine
-        (``graph_builder``, started by ``warmup``)."""
+        The LM backend (vLLM's start: about a minute on a GPU) starts in a thread right after the tokenizer,
+        from llm.pt (or its cached export) while the weights load here, then the prompt frontend and the
+        voices; Whisper and the graphs come after it (it sizes its KV cache from the memory free at its
+        start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
+        started by ``warmup``)."""
+        # (vLLM started first, beside the weights, with the tokenizer after them was measured slower on the
+        # H200: weights 13 -> 20-23 s and vLLM's start 38 -> 51-61 s warm, both processes' Python competing)
+        # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
+        # is not thread-safe: "cannot import name 'AutoTokenizer'"), and vLLM's start imports it too
+        with timeline.phase("tokenizer"):
+            text = TextFrontend(load_tokenizer(files.qwen, files.family))
         weights: Future[LoadedModel] = Future()
         with ThreadPoolExecutor(1, thread_name_prefix="lm-start") as starter:
             lm: tuple[object, ...] = (cfg, files, dev, weights.result)
             started = starter.submit(_timed, timeline, "LM backend", _backend, *lm)
             try:
-                model, vocoder, parts = _beside_the_lm(cfg, files, dev, timeline, weights)
+                model, vocoder, parts = _beside_the_lm(cfg, files, dev, timeline, text, weights)
             except BaseException as err:
                 if not weights.done():
                     weights.set_exception(err)  # the backend waiting for them stops too
@@ -542,16 +545,13 @@ def _beside_the_lm(
     files: ModelDir,
     dev: torch.device,
     timeline: Timeline,
+    text: TextFrontend,
     weights: Future[LoadedModel],
 ) -> tuple[LoadedModel, GraphedHiFT | None, _Parts]:
-    """What loads while the LM backend starts: the weights (set on ``weights`` for it), the tokenizer, the
-    flow and vocoder graph wrappers, the frontends."""
+    """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
+    vocoder graph wrappers, the frontends."""
     with timeline.phase("weights"):
         weights.set_result(load_model(files, dev))
-    # the tokenizer after the weights: by then the LM's thread has imported transformers (vLLM's start
-    # does), which two threads must not import at once
-    with timeline.phase("tokenizer"), _TRANSFORMERS_IMPORT:
-        text = TextFrontend(load_tokenizer(files.qwen, files.family))
     model, vocoder = weights.result(), None
     if cfg.flow_attention == "folded":
         model.flow.decoder.fold_attention()
@@ -571,10 +571,7 @@ def _backend(
     starts from llm.pt's export (read from the file, or from the cache when warm), not from the loaded
     model: ``weights`` (blocking until the load is done) is waited for only after its start."""
     if _uses_vllm(cfg, devices.is_accelerator(dev)):
-        with _TRANSFORMERS_IMPORT:  # vLLM imports transformers: not beside the tokenizer's import of it
-            import transformers  # noqa: F401  (whole, before vLLM's lazy use of it)
-
-            from engine.lm.vllm_backend import VLLMBackend
+        from engine.lm.vllm_backend import VLLMBackend
 
         backend = VLLMBackend(_hf_export(cfg, files), cfg.sampling, cfg.gpu_memory_utilization)
         backend.lm = weights().lm  # text streaming embeds its rounds with the loaded LM
