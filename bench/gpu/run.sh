@@ -78,7 +78,10 @@
 #                                                 bad requests, saved voices checked; MINUTES default 25) started
 #                                                 detached with setsid in SOAK_DIR (default /root/soak), so it
 #                                                 outlives this call (a call ends at 600 s); returns once the
-#                                                 engine is loaded and the first memory sample is logged
+#                                                 engine is loaded and the first memory sample is logged;
+#                                                 SOAK FLAGS --start-at-ready --drain-s 30: from ready on
+#                                                 (graphs built under the load), which lets 25 minutes fit
+#                                                 one 30-minute hold: unpack + soak-start in one call
 #   bench/gpu/run.sh soak-collect FAMILY RATE     H200, a later call of the same machine hold: waits (LIMIT_S at
 #                                                 most) for that soak to end, copies soak.json, soak.md and
 #                                                 soak.log to $OUT/soak_FAMILY_rateRATE/, prints soak.md and

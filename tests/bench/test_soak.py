@@ -152,3 +152,39 @@ def test_trim_option_is_recorded_and_objects_are_counted(tmp_path):
     assert all(s["py_objects"] > 1000 for s in data["samples"])
     assert data["summary"]["py_objects"]["first"] > 0
     assert "process RSS (after malloc_trim)" in (out / "soak.md").read_text()
+
+
+@pytest.mark.parametrize("at_ready", [True, False])
+def test_start_at_ready_sends_while_the_background_work_still_runs(tmp_path, monkeypatch, caplog, at_ready):
+    """``--start-at-ready``: the requests go out while a background job (a stand-in for the graphs still
+    being captured) has not finished, and the soak ends without waiting for it; without the flag the soak
+    waits for that job before its first request."""
+    import threading
+
+    model = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    release, first_request_pending = threading.Event(), []
+    real_load = soak.load_engine
+
+    def load_with_slow_graphs(args, slots, longest):
+        engine = real_load(args, slots, longest)
+        real_stream = engine.stream
+
+        def stream(req):
+            first_request_pending.append(engine.graph_builder.pending)
+            return real_stream(req)
+
+        engine.graph_builder.add("flow solver graphs", lambda stop: release.wait(5.0))
+        engine.stream = stream  # the warm-up's stream() runs before the builder starts: read after it
+        return engine
+
+    monkeypatch.setattr(soak, "load_engine", load_with_slow_graphs)
+    argv = ["--model", str(model), "--streams", "1", "--minutes", "0.03", "--tokens", "25", "--sample-s", "1"]
+    flags = ["--start-at-ready"] if at_ready else []
+    with caplog.at_level("INFO", "bench.soak"):
+        rc = soak.main([*argv, *flags, "--device", "cpu", "--backend", "native", "--out", str(tmp_path / "s")])
+    release.set()
+    assert rc == 0
+    # [the warm-up's request (the builder not started: 1 job), then the soak's]
+    assert first_request_pending[0] == 1 and len(first_request_pending) >= 2
+    assert first_request_pending[1] == (1 if at_ready else 0)
+    assert ("the soak starts at ready" in caplog.text) == at_ready
