@@ -179,9 +179,9 @@ def test_start_at_ready_sends_while_the_background_work_still_runs(tmp_path, mon
 
     monkeypatch.setattr(soak, "load_engine", load_with_slow_graphs)
     argv = ["--model", str(model), "--streams", "1", "--minutes", "0.03", "--tokens", "25", "--sample-s", "1"]
-    flags = ["--start-at-ready"] if at_ready else []
+    argv += ["--start-at-ready"] if at_ready else []
     with caplog.at_level("INFO", "bench.soak"):
-        rc = soak.main([*argv, *flags, "--device", "cpu", "--backend", "native", "--out", str(tmp_path / "s")])
+        rc = soak.main([*argv, "--device", "cpu", "--backend", "native", "--out", str(tmp_path / "s")])
     release.set()
     assert rc == 0
     # [the warm-up's request (the builder not started: 1 job), then the soak's]
