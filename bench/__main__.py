@@ -403,6 +403,10 @@ def _relaxed_cap(engine: Any, on: bool) -> None:
 
 
 def _burst_start(engine: Any, on: bool) -> None:
+    if on and engine.family != "cosyvoice3":  # StreamConfig.splits_first_chunk: auto never splits v2
+        log.warning(
+            "--ab burst-start on %s: the rule acts on v3 only, both arms are the same engine", engine.family
+        )
     stream = dataclasses.replace(engine.cfg.stream, fast_start_burst_s=BURST_S if on else None)
     engine.cfg = dataclasses.replace(engine.cfg, stream=stream)  # read per request: the next ones see it
 
