@@ -315,6 +315,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
         text_workers=None if args.text_workers < 0 else args.text_workers,
+        lm_profile_dir=getattr(args, "lm_profile_dir", None),  # bench.overlap --lm-profile
     )
 
 

@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import json
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -319,6 +320,24 @@ async def lm_alone(probe: Probe, levels: Sequence[int], tokens: int, rounds: int
     return out
 
 
+async def lm_profiles(backend: Any, probe: Probe, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One round of each LM level alone under vLLM's profiler -> its table per level, copied to
+    OUT/lm_profile_cN.txt, with the round's steps (the table's totals over them: per-step device time)."""
+    out = []
+    for c in args.lm_levels:
+        await backend.start_profile()
+        try:
+            run = await probe.lm_level(c, args.tokens, 1, seed=7)
+        finally:
+            table = await backend.stop_profile()
+        kept = Path(args.out) / f"lm_profile_c{c}.txt"
+        shutil.copyfile(table, kept)
+        steps = run.tokens // c  # engine steps: one token of every decode each
+        out.append({"decodes": c, "table": kept.name, "steps": steps, "step_ms": asdict(run.step_ms)})
+        log.info("LM profile, %d decodes: %s", c, kept)
+    return out
+
+
 async def flow_alone(probe: Probe, batches: Sequence[int], tokens: int, calls: int) -> list[FlowRun]:
     out = []
     for b in batches:
@@ -476,6 +495,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="LM rounds per level (each: all its decodes)")
     p.add_argument("--flow-calls", type=int, default=5, help="timed flow calls per batch size alone")
     p.add_argument("--no-e2e", action="store_true", help="leave out the end-to-end stream bench")
+    p.add_argument(
+        "--lm-profile", action="store_true",
+        help="vLLM's torch profiler over one round of each LM level alone: OUT/lm_profile_cN.txt (its engine "
+        "core's kernels and ops by device time; traces in OUT/lm_profile/)",
+    )  # fmt: skip
     ours, rest = p.parse_known_args(argv)
     args = bench.parse_args([*rest, "--modes", "stream"])
     for key, value in vars(ours).items():
@@ -489,6 +513,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not 1 <= args.flow_tokens <= 3000 or args.rounds < 1 or args.flow_calls < 1:
         p.error("--flow-tokens within [1, 3000], --rounds and --flow-calls >= 1")
     args.graph_warmup_s = max(bench.warmup_s(args), args.flow_tokens / 25 + bench.PROMPT_S + bench.MARGIN_S)
+    if args.lm_profile and args.backend != "vllm":
+        p.error("--lm-profile profiles vLLM's engine core: add --backend vllm")
+    args.lm_profile_dir = str(Path(args.out) / "lm_profile") if args.lm_profile else None
     return args
 
 
@@ -511,6 +538,8 @@ async def measure(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, An
         probe = await Probe.of(engine, args.tokens)
         lm = await lm_alone(probe, args.lm_levels, args.tokens, args.rounds)
         save(lm_alone=[asdict(r) for r in lm])
+        if args.lm_profile:
+            save(lm_profiles=await lm_profiles(engine.backend, probe, args))
         flow = await flow_alone(probe, args.flow_batches, args.flow_tokens, args.flow_calls)
         save(flow_alone=[asdict(r) for r in flow])
         pairs = [await both(probe, c, b, args) for c in args.lm_levels for b in args.flow_batches]

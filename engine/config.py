@@ -273,6 +273,9 @@ class EngineConfig:
     # or a local dir, "none" (the library default; app.py and the CLI default to "auto")
     asr_model: str = "none"
     gpu_memory_utilization: float = 0.3
+    # vLLM's torch profiler (its engine core's steps, kernels by device time: profiler_out_0.txt) writes
+    # here between the LM backend's start_profile and stop_profile (bench.overlap --lm-profile); None: off
+    lm_profile_dir: str | None = None
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     # also v3's non-final HiFT calls (with cuda_graphs): eager they are launch-bound, about as long whatever
     # the mel's length; replayed they lower TTFA, p95 and device memory (figures: BENCHMARKS.md).
@@ -393,6 +396,8 @@ class EngineConfig:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")
+        if self.lm_profile_dir is not None and not self.lm_profile_dir.strip():
+            raise ValueError("lm_profile_dir must name a directory, or be None")
         if self.cuda_mps not in (None, True, False):
             raise ValueError(f"cuda_mps must be None (auto), True or False, got {self.cuda_mps!r}")
         if self.cuda_mps and self.device not in ("auto", "cuda"):

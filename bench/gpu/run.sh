@@ -50,7 +50,9 @@
 #                                                 (else they are skipped); LIMIT_S is
 #                                                 shared (a warm load ~2.5-4 min with its graphs, then ~70 s of
 #                                                 runs: two arms fit a call only warm); PROFILE=1 adds
-#                                                 bench.profile summaries at 1 and 16 streams
+#                                                 bench.profile summaries at 1 and 16 streams; LM_PROFILE=1
+#                                                 vLLM's own profiler over one round of each LM level alone
+#                                                 (its engine core's kernels: lm_profile_c1.txt, _c16.txt)
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
 #                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
 #                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
@@ -333,6 +335,7 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
       continue
     fi
     [ -z "${PROFILE:-}" ] || flags+=(--profile-dir "$OUT/$name" --profile-at 1,16)
+    [ -z "${LM_PROFILE:-}" ] || flags+=(--lm-profile)
     left=$((LIMIT_S - (SECONDS - t0)))
     timeout $((left / (${#arms[@]} - i))) python3 -m bench.overlap --random-full "$fam" --cache-dir "$CACHE" \
       --device cuda --backend vllm --concurrency 1,16 --requests 8 --tokens 250 --hardware "$HARDWARE" \
@@ -340,6 +343,7 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
     echo "$name rc=$rc $(date +%T)"
     grep -E "MPS|Error" "$OUT/$name.log" | cut -c1-220 | tail -4 || true
     if [ -f "$OUT/$name/results.md" ]; then sed -n '/^| LM decodes/,/^$/p' "$OUT/$name/results.md"; fi
+    rm -rf "$OUT/$name/lm_profile"  # vLLM's traces (tens of MB): its tables came out as lm_profile_cN.txt
   done
 }
 

@@ -88,6 +88,26 @@ class RASLogitsProcessor(LogitsProcessor):
         return logits if self.ras is None else self.ras.step(logits)
 
 
+def _profiler(args: type, profile_dir: str | None) -> dict[str, Any]:
+    """vLLM's torch profiler into ``profile_dir`` (its engine core's steps only: no stacks, no front end,
+    whose Python the profiler would slow), or nothing when None."""
+    if profile_dir is None:
+        return {}
+    if "profiler_config" not in {f.name for f in dataclasses.fields(args)}:
+        raise RuntimeError("this vLLM has no profiler_config (0.26 has): the LM profiler needs it")
+    from vllm.config import ProfilerConfig
+
+    directory = Path(profile_dir).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    config = ProfilerConfig(
+        profiler="torch",
+        torch_profiler_dir=str(directory),
+        torch_profiler_with_stack=False,
+        ignore_frontend=True,
+    )
+    return {"profiler_config": config}
+
+
 def _capture_limit(args: type, max_num_seqs: int) -> dict[str, int]:
     """vLLM captures its CUDA graphs for batches of up to ``min(2 * max_num_seqs, 512)`` tokens by default
     (``CompilationConfig.max_cudagraph_capture_size``), one capture per size (1, 2, 4, then every 8); a
@@ -111,6 +131,7 @@ class VLLMBackend:
         max_num_seqs: int = 128,
         dtype: str = "bfloat16",
         lm: SpeechLM | None = None,
+        profile_dir: str | None = None,
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -135,15 +156,30 @@ class VLLMBackend:
             scheduling_policy="priority",  # LMRequest.priority: a waiting listener's segment goes first
             logits_processors=[f"{__name__}:RASLogitsProcessor"],
             **_capture_limit(AsyncEngineArgs, max_num_seqs),
+            **_profiler(AsyncEngineArgs, profile_dir),
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.sampling, self.dtype, self.lm = sampling, getattr(torch, dtype), lm
+        self.profile_dir = None if profile_dir is None else Path(profile_dir).resolve()
         self.vocab = int(json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"])
         self._active = 0
 
     @property
     def active(self) -> int:
         return self._active
+
+    async def start_profile(self) -> None:
+        """vLLM's torch profiler on, in its engine core (built with ``profile_dir``)."""
+        if self.profile_dir is None:
+            raise RuntimeError("the LM profiler needs the backend built with profile_dir")
+        await self.engine.start_profile()
+
+    async def stop_profile(self) -> Path:
+        """The profiler off -> its table of kernels and ops by device time (the traces lie beside it)."""
+        if self.profile_dir is None:
+            raise RuntimeError("the LM profiler needs the backend built with profile_dir")
+        await self.engine.stop_profile()
+        return self.profile_dir / "profiler_out_0.txt"
 
     @property
     def healthy(self) -> bool:

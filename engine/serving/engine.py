@@ -573,7 +573,10 @@ def _backend(
     if _uses_vllm(cfg, devices.is_accelerator(dev)):
         from engine.lm.vllm_backend import VLLMBackend
 
-        backend = VLLMBackend(_hf_export(cfg, files), cfg.sampling, cfg.gpu_memory_utilization)
+        export = _hf_export(cfg, files)
+        backend = VLLMBackend(
+            export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir
+        )
         backend.lm = weights().lm  # text streaming embeds its rounds with the loaded LM
         return backend
     from engine.lm.native import NativeLM

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import random_model
+from bench.__main__ import engine_config, random_model
 from bench.overlap import (
     Both,
     Call,
@@ -16,6 +16,7 @@ from bench.overlap import (
     Timing,
     calls_of,
     flow_run,
+    lm_profiles,
     lm_run,
     main,
     markdown,
@@ -121,3 +122,44 @@ def test_a_tiny_run_measures_every_phase_and_writes_the_report(tmp_path: Path):
     )
     text = (out / "results.md").read_text()
     assert text.count("\n| 1 | ") >= 3 and "stream bench: streams" in text  # pairs, LM, flow and e2e rows
+
+
+def test_lm_profile_needs_vllm_and_lands_beside_the_results(tmp_path: Path):
+    base = ["--random-tiny", "v2", "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit):
+        parse_args([*base, "--lm-profile"])  # the native LM has no engine core to profile
+    args = parse_args([*base, "--lm-profile", "--backend", "vllm"])
+    assert args.lm_profile_dir == str(tmp_path / "o" / "lm_profile")
+    assert engine_config(args).lm_profile_dir == args.lm_profile_dir
+    assert engine_config(parse_args(base)).lm_profile_dir is None
+
+
+async def test_each_lm_level_is_profiled_alone_and_its_table_kept(tmp_path: Path):
+    """Around one round of each level: the profiler on, the round, the profiler off; vLLM's table copied
+    to OUT/lm_profile_cN.txt with the round's engine steps beside it."""
+    events: list[str] = []
+
+    class Backend:  # stands in for VLLMBackend's profiler hooks
+        async def start_profile(self) -> None:
+            events.append("start")
+
+        async def stop_profile(self) -> Path:
+            events.append("stop")
+            table = tmp_path / "lm_profile" / "profiler_out_0.txt"
+            table.parent.mkdir(exist_ok=True)
+            table.write_text(f"kernels after {events.count('stop')} rounds")
+            return table
+
+    class Probe:
+        async def lm_level(self, sessions: int, tokens: int, rounds: int, seed: int) -> LmRun:
+            events.append(f"round {sessions}x{tokens}x{rounds}")
+            stamps = [[0.01 + 0.003 * i for i in range(tokens)] for _ in range(sessions)]
+            return lm_run(sessions, [(0.0, stamps)])
+
+    args = parse_args(["--random-tiny", "v2", "--tokens", "30", "--lm-levels", "1,2", "--out", str(tmp_path)])
+    got = await lm_profiles(Backend(), Probe(), args)
+    assert events == ["start", "round 1x30x1", "stop", "start", "round 2x30x1", "stop"]
+    assert [(p["decodes"], p["table"], p["steps"]) for p in got] == [
+        (1, "lm_profile_c1.txt", 30), (2, "lm_profile_c2.txt", 30)
+    ]  # fmt: skip
+    assert (tmp_path / "lm_profile_c2.txt").read_text() == "kernels after 2 rounds"

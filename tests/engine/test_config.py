@@ -176,3 +176,12 @@ def test_cuda_mps_is_auto_by_default_and_its_flags_turn_it_on_or_off() -> None:
     assert (
         EngineConfig(cuda_mps=True).device == "auto" and EngineConfig(cuda_mps=True, device="cuda").cuda_mps
     )
+
+
+def test_the_lm_profile_dir_is_off_by_default_and_names_a_directory_when_set():
+    from engine.config import EngineConfig
+
+    assert EngineConfig(model="demo-tiny").lm_profile_dir is None
+    assert EngineConfig(model="demo-tiny", lm_profile_dir="/tmp/lm").lm_profile_dir == "/tmp/lm"
+    with pytest.raises(ValueError, match="lm_profile_dir"):
+        EngineConfig(model="demo-tiny", lm_profile_dir="  ")

@@ -547,3 +547,28 @@ def test_a_load_that_fails_after_starting_mps_tells_its_daemon_to_quit(
             time.sleep(0.05)
         assert not control.exists() and log.read_text().split()[-1] == "quit"
     assert not {devices.MPS_PIPE, devices.MPS_LOG, devices.MPS_THREADS} & set(os.environ)
+
+
+def test_the_vllm_backend_gets_the_lm_profile_dir_from_the_config(tmp_path, monkeypatch):
+    """vLLM is not installed here: its backend module is a stand-in that keeps what the engine passes."""
+    import sys
+    import types
+
+    import engine.serving.engine as engine_module
+
+    made: list[dict[str, object]] = []
+
+    class Backend:
+        def __init__(self, export, sampling, utilization, **kwargs):
+            made.append({"export": export, "utilization": utilization, **kwargs})
+
+    stub = types.ModuleType("engine.lm.vllm_backend")
+    stub.VLLMBackend = Backend  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "engine.lm.vllm_backend", stub)
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    monkeypatch.setattr(engine_module, "_hf_export", lambda cfg, files: tmp_path / "export")
+    weights = types.SimpleNamespace(lm="the loaded LM")
+    cfg = EngineConfig(model="demo-tiny", device="cpu", lm_profile_dir=str(tmp_path / "lm"))
+    backend = engine_module._backend(cfg, None, torch.device("cpu"), lambda: weights)  # type: ignore[arg-type]
+    assert made == [{"export": tmp_path / "export", "utilization": 0.3, "profile_dir": str(tmp_path / "lm")}]
+    assert backend.lm == "the loaded LM"

@@ -1,6 +1,7 @@
-"""vLLM's CUDA graphs are captured up to max_num_seqs tokens where its engine arguments have the field, and
-nothing is passed where they do not. vLLM is not installed on CPU machines: its one imported module is a stub
-here, and the engine arguments are stand-in dataclasses with and without the field."""
+"""The engine arguments VLLMBackend gives vLLM: CUDA graphs captured up to max_num_seqs tokens where the
+arguments have the field (nothing passed where they do not), the engine core started by spawn, the torch
+profiler only when asked for. vLLM is not installed on CPU machines: its imported modules are stubs here,
+and the engine arguments are stand-in dataclasses with and without the fields."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import importlib
 import os
 import sys
 import types
+
+import pytest
 
 from engine.config import SamplingConfig
 
@@ -74,3 +77,58 @@ def test_vllm_starts_its_engine_core_by_spawn_unless_the_operator_chose(monkeypa
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "forkserver")
     module.VLLMBackend(tmp_path, SamplingConfig(), 0.5)
     assert seen == ["spawn", "forkserver"]
+
+
+def test_the_lm_profiler_is_configured_only_when_asked_for(monkeypatch, tmp_path):
+    module = backend_module(monkeypatch)
+
+    @dataclasses.dataclass
+    class ProfilerConfig:  # vllm.config.ProfilerConfig's fields that the backend sets
+        profiler: str | None = None
+        torch_profiler_dir: str = ""
+        torch_profiler_with_stack: bool = True
+        ignore_frontend: bool = False
+
+    config = types.ModuleType("vllm.config")
+    config.ProfilerConfig = ProfilerConfig  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
+
+    @dataclasses.dataclass
+    class WithField:
+        profiler_config: object = None
+
+    @dataclasses.dataclass
+    class Without:
+        max_num_seqs: int = 256
+
+    assert module._profiler(WithField, None) == {} and module._profiler(Without, None) == {}
+    got = module._profiler(WithField, str(tmp_path / "lm-profile"))["profiler_config"]
+    assert got == ProfilerConfig("torch", str((tmp_path / "lm-profile").resolve()), False, True)
+    assert (tmp_path / "lm-profile").is_dir()  # vLLM writes its traces and table there
+    try:
+        module._profiler(Without, str(tmp_path))
+    except RuntimeError as err:
+        assert "profiler_config" in str(err)
+    else:
+        raise AssertionError("a vLLM without profiler_config must be refused, not profiled silently")
+
+
+async def test_start_and_stop_profile_drive_vllm_and_name_its_table(monkeypatch, tmp_path):
+    module = backend_module(monkeypatch)
+    calls: list[str] = []
+
+    class Engine:
+        async def start_profile(self) -> None:
+            calls.append("start")
+
+        async def stop_profile(self) -> None:
+            calls.append("stop")
+
+    backend = object.__new__(module.VLLMBackend)  # no vLLM here: the engine is a stand-in
+    backend.engine, backend.profile_dir = Engine(), None
+    with pytest.raises(RuntimeError, match="profile_dir"):
+        await backend.start_profile()
+    backend.profile_dir = tmp_path
+    await backend.start_profile()
+    assert await backend.stop_profile() == tmp_path / "profiler_out_0.txt"
+    assert calls == ["start", "stop"]
