@@ -22,7 +22,8 @@ from engine import device as devices
 
 log = logging.getLogger(__name__)
 # a background builder's add(name, job): the job captures until done or until its event is set
-Later = Callable[[str, Callable[[threading.Event], None]], None]
+Job = Callable[[threading.Event], None]
+Later = Callable[[str, Job], None]
 K = TypeVar("K", bound=tuple)  # a bucket key: (batch, frames[, streaming])
 SLOW_CAPTURE_S = 5.0  # a capture this long held a compile (a warm capture of a flow bucket is ~1 s)
 
@@ -91,20 +92,32 @@ class GraphCache:
         capture: Callable[[K], object],
         dev: torch.device,
         later: Later | None = None,
+        between: tuple[str, Job] | None = None,
     ) -> int:
         """``capture(key)`` for every key, with room for all of them; returns how many. With ``later``
-        (a ``GraphBuilder.add``) only ``first_keys`` are captured now and the rest is handed to ``later``
-        as one job, which captures them in ``serving_order`` while requests run on what exists."""
+        (a ``GraphBuilder.add``) only ``first_keys`` are captured now and the rest is handed to ``later``,
+        captured in ``serving_order`` while requests run on what exists. With ``between`` (a named job) the
+        single-stream keys go first as a job of their own, then ``between``, then the rest."""
         self.max_graphs = max(self.max_graphs, len(keys))
         now = first_keys(keys) if later is not None else list(keys)
         self._capture_all(now, capture, dev, None)
         self.frozen = True
+        if later is None:
+            return len(keys)
         taken = set(now)
-        rest = [k for k in keys if k not in taken]
-        if later is not None and rest:
-            ordered = serving_order(rest)
-            later(f"{self.name} graphs", lambda stop: self._capture_all(ordered, capture, dev, stop))
+        rest = serving_order([k for k in keys if k not in taken])
+        if between is not None:  # serving_order puts the single-stream buckets first
+            soon = [k for k in rest if k[0] == 1]
+            rest = rest[len(soon) :]
+            if soon:
+                later(f"{self.name} graphs (1 stream)", self._capture_job(soon, capture, dev))
+            later(*between)
+        if rest:
+            later(f"{self.name} graphs", self._capture_job(rest, capture, dev))
         return len(keys)
+
+    def _capture_job(self, keys: list[K], capture: Callable[[K], object], dev: torch.device) -> Job:
+        return lambda stop: self._capture_all(keys, capture, dev, stop)
 
     def _capture_all(
         self,

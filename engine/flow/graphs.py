@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -32,11 +33,10 @@ from engine.flow.compiled_estimator import CompiledEstimator
 from engine.flow.dit_cache import ReuseBudget, gather_frames, place_windows
 from engine.flow.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.flow.unet import CausalConditionalDecoder
-from engine.graph_cache import GraphCache, Later, bucket, largest_first
+from engine.graph_cache import GraphCache, Job, Later, bucket, largest_first
 
 # a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
 WINDOW = "window"
-Job = Callable[[threading.Event], None]  # a background builder's job (engine.graph_builder)
 log = logging.getLogger(__name__)
 
 
@@ -156,27 +156,28 @@ class GraphedCFM(nn.Module):
 
     def _serve_eager_first(self, max_batch: int, max_frames: int, device: torch.device, later: Later) -> int:
         """Background graphs of a compiled estimator: the first graphs now of its eager twin (seconds; the
-        compile of the DiT takes minutes), then on ``later`` the "flow compile" job (the compiled programs
-        and their first graphs, swapped in at once), then the other graphs, captured of the solver then in
-        use (the compiled one; the eager one if the compile failed)."""
+        compile of the DiT takes minutes), then on ``later`` the eager twin's other single-stream graphs,
+        the "flow compile" job (the compiled programs and the graphs captured so far, swapped in at once),
+        then the other graphs, captured of the solver then in use (the compiled one; the eager one if the
+        compile failed). The single-stream graphs come before the compile because Dynamo's tracing is tens
+        of seconds of Python: an uncaptured call meanwhile runs the eager DiT op by op, each op waiting for
+        the interpreter (a first chunk took ~20 s on the H200), while a replay is one call."""
         compiled, estimator = self.solver, self.solver.estimator
         assert isinstance(estimator, CompiledEstimator)
         self.solver = self.cfm.with_estimator(estimator.twin(compiled=False))
-        rest: list[tuple[str, Job]] = []
-        n = self._precapture(max_batch, max_frames, device, lambda name, job: rest.append((name, job)))
-        later("flow compile", self._compile_job(self.graphs.keys(), compiled, device))
-        for name, job in rest:
-            later(name, job)
-        return n
+        between = ("flow compile", self._compile_job(compiled, device))
+        return self._precapture(max_batch, max_frames, device, later, between)
 
-    def _compile_job(self, keys: list, compiled: CausalCFM, device: torch.device) -> Job:
-        """Compile (inside the first captures) and capture ``keys`` of ``compiled``, then serve them: the
-        graphs and the uncaptured solver switch together; a stop or a failure leaves the eager ones."""
+    def _compile_job(self, compiled: CausalCFM, device: torch.device) -> Job:
+        """Compile (inside the first captures) and capture every key captured by then, of ``compiled``,
+        then serve them: the graphs and the uncaptured solver switch together; a stop or a failure leaves
+        the eager ones."""
 
         def recipe(key: tuple) -> tuple[Callable, Callable]:
             return self._recipe(key, compiled, device)
 
         def job(stop: threading.Event) -> None:
+            keys = cast("list[tuple]", self.graphs.keys())  # this cache's keys are tuples
             calls = self.graphs.record_all(keys, recipe, device, stop)
             if calls is None:
                 return
@@ -193,7 +194,14 @@ class GraphedCFM(nn.Module):
             return self._window_solver(solver), lambda: _window_statics(key[0], key[1], layout, key[3], dev)
         return self._solver(bool(key[2]), solver), lambda: _statics(key[0], key[1], dev)
 
-    def _precapture(self, max_batch: int, max_frames: int, device: torch.device, later: Later | None) -> int:
+    def _precapture(
+        self,
+        max_batch: int,
+        max_frames: int,
+        device: torch.device,
+        later: Later | None,
+        between: tuple[str, Job] | None = None,
+    ) -> int:
         max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
         top_batch, top_frames = self.bucket(max_batch, max(max_frames, 1))
         keys: list[tuple] = []
@@ -205,7 +213,7 @@ class GraphedCFM(nn.Module):
                 return self._window_graph(key[0], key[1], key[3], device)
             return self._graph(key[0], key[1], bool(key[2]), device)
 
-        return self.graphs.precapture(keys, capture, device, later)
+        return self.graphs.precapture(keys, capture, device, later, between)
 
     def _streaming_keys(self, batch: int, frames: int, top_frames: int) -> list[tuple]:
         """The streaming graphs of a bucket: one full solve, or with a pool the windows of every prefix

@@ -639,7 +639,9 @@ def _precapture(
     batch = min(cfg.limits.max_concurrency, cfg.flow_batch)
     frames = int(cfg.graph_warmup_s * MEL_FRAMES_PER_S)
     later = builder.add if cfg.background_graphs else None
-    for name, graphed in (("flow", flow), ("vocoder", hift)):
+    # the vocoder's first: its background graphs (seconds) then precede the flow's compile, whose tracing
+    # slows every uncaptured (op by op) call beside it
+    for name, graphed in (("vocoder", hift), ("flow", flow)):
         if isinstance(graphed, GraphedCFM | GraphedHiFT):
             t0 = time.perf_counter()
             n = graphed.precapture(batch, frames, dev, later)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import ClassVar
 
@@ -106,3 +107,42 @@ def test_precapture_logs_its_progress_and_each_capture_that_compiled(monkeypatch
         f"test graphs: {n} of 45 captured" for n in (20, 40, 45)
     ]
     assert [line for line in lines if "compiling" in line] == [lines[0]] and "(7,) took" in lines[0]
+
+
+def test_a_job_between_goes_after_the_single_stream_captures_and_before_the_rest(monkeypatch):
+    """``between`` (the flow's compile): the single-stream buckets not captured now become a job of their
+    own ahead of it, the other buckets one after it; each job captures its keys in serving order."""
+    emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    cache = GraphCache("test", max_graphs=1)
+    jobs: list[tuple[str, object]] = []
+    captured: list[tuple] = []
+
+    def capture(key: tuple) -> object:
+        captured.append(key)
+        return cache.get(key, lambda x: x, lambda: (torch.zeros(key[0], key[1]),))
+
+    def compile_job(stop: threading.Event) -> None:
+        captured.append(("compile",))
+
+    keys = [(b, t) for b in (4, 2, 1) for t in (300, 200, 100)]
+    later = lambda name, job: jobs.append((name, job))  # noqa: E731
+    assert cache.precapture(keys, capture, torch.device("cpu"), later, ("compile", compile_job)) == 9
+    assert captured == [(2, 100), (1, 100)]  # now: the shortest bucket at batch 1 and at batch 2
+    assert [name for name, _ in jobs] == ["test graphs (1 stream)", "compile", "test graphs"]
+    for _, job in jobs:
+        job(threading.Event())  # type: ignore[operator]
+    assert captured[2:] == [
+        (1, 200),
+        (1, 300),
+        ("compile",),
+        (2, 200),
+        (2, 300),
+        (4, 300),
+        (4, 200),
+        (4, 100),
+    ]
+    assert len(cache) == 9
+    cache2, jobs = GraphCache("plain", max_graphs=1), []
+    cache2.precapture(keys, lambda k: None, torch.device("cpu"), later)
+    assert [name for name, _ in jobs] == ["plain graphs"]  # without a job between: one job, as before

@@ -276,9 +276,10 @@ def test_a_folded_estimator_recomputes_streaming_calls_as_the_masked_one(family)
 
 def test_a_background_compile_swaps_the_window_graphs_and_the_streams_stay_exact(monkeypatch):
     """Serve first: with a background builder the compiled estimator's first graphs (full solves and page
-    windows) are the eager twin's, the "flow compile" job captures the compiled ones (the compile held
-    here by a fake until released) and swaps them in, and the other graphs are captured of it. A stream
-    before, during and after the compile emits what recomputing emits."""
+    windows) are the eager twin's, then its other single-stream graphs, then the "flow compile" job
+    captures the compiled ones of every key captured by then (the compile held here by a fake until
+    released) and swaps them in, and the other graphs are captured of it. A stream before, during and
+    after the compile emits what recomputing emits."""
     import threading
 
     from engine.flow import compiled_estimator
@@ -310,6 +311,10 @@ def test_a_background_compile_swaps_the_window_graphs_and_the_streams_stay_exact
     assert {k[2] for k in first} == {WINDOW, False}  # windows and final solves, batch 1 and 2
     builder.start()
     assert held.wait(wait_s)  # the compile job is inside its first capture
+    # before it, the eager twin's single-stream graphs: a call during the tracing replays, not op by op
+    keys_now = graphed.graphs.keys()
+    singles = {k for k in keys_now if k[0] == 1}
+    assert len(singles) == 7 and len(graphed.graphs) == 6 + 4 and calls == []
     v = voice(13, seed=6)
     stream(flow, v, [41, 90], graphed.frame_cache(None))  # type: ignore[arg-type]
     assert calls == [] and not graphed.compiled
@@ -320,4 +325,5 @@ def test_a_background_compile_swaps_the_window_graphs_and_the_streams_stay_exact
     captured = len(calls)
     stream(flow, v, [41, 90, 120], graphed.frame_cache(None))  # type: ignore[arg-type]
     assert len(calls) > captured  # the replays run the compiled windows
-    assert [p.name for p in timeline.phases] == ["flow compile", "flow solver graphs"]
+    names = ["flow solver graphs (1 stream)", "flow compile", "flow solver graphs"]
+    assert [p.name for p in timeline.phases] == names

@@ -190,7 +190,8 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
         assert compiling.wait(wait_s)
         assert eng.ready and eng.startup.ready_s is not None
         assert eng.startup.pending() == ["flow compile", "flow solver graphs"]  # ready before both
-        assert not graphed.compiled and len(graphed.graphs) == 4  # batch 1 and 2 x 100 frames x streaming
+        # batch 1 and 2 x 100 frames x streaming, then the single-stream 200-frame ones, all eager
+        assert not graphed.compiled and len(graphed.graphs) == 6
         during, _ = await eng.synthesize(req)
         assert compiled_calls == []  # served on the eager graphs, the compile still held
         release.set()
@@ -203,6 +204,6 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
     assert set(compiled_calls[before:]) == {"token2wav"}  # replayed by the worker, nothing compiled there
     np.testing.assert_allclose(after, during, atol=1e-6, rtol=0)
     background = [p.name for p in eng.startup.phases if p.background]
-    assert background == ["flow compile", "flow solver graphs"]
+    assert background == ["flow solver graphs (1 stream)", "flow compile", "flow solver graphs"]
     compile_end = next(p.start_s + p.seconds for p in eng.startup.phases if p.name == "flow compile")
     assert eng.startup.ready_s < compile_end
