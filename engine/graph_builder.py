@@ -16,10 +16,27 @@ from engine.serving.startup import Timeline
 
 log = logging.getLogger(__name__)
 Job = Callable[[threading.Event], None]  # runs to the end, or returns early once the event is set
+# Between two captures a job waits this long at most for the engine to be idle: a capture is Python-heavy
+# (~0.5-1 s of eager warm-up and recording), and a request's uncaptured calls beside it run op by op, each
+# waiting for the interpreter; under steady load the captures still go on, one per wait
+IDLE_WAIT_S = 1.0
 STOP_WAIT_S = 10.0  # close() waits this long for a capture in flight (a warm one takes ~1 s)
 # While the jobs run (tens of seconds of Dynamo/Inductor Python), a serving thread that wants the interpreter
 # gets it after this long instead of Python's 5 ms: a request's path hands the GIL over hundreds of times
 BACKGROUND_SWITCH_S = 0.0005
+
+
+class Pace(threading.Event):
+    """The stop event handed to every job; ``between()``, called between two of its captures, also waits
+    (``IDLE_WAIT_S`` at most) until ``idle`` says no request is running, once ``yield_to`` has set it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle: Callable[[float], bool] | None = None
+
+    def between(self) -> None:
+        if self.idle is not None and not self.is_set():
+            self.idle(IDLE_WAIT_S)
 
 
 class GraphBuilder:
@@ -28,7 +45,7 @@ class GraphBuilder:
     def __init__(self, timeline: Timeline):
         self.timeline = timeline
         self._jobs: list[tuple[str, Job]] = []
-        self._stop, self._done = threading.Event(), threading.Event()
+        self._stop, self._done = Pace(), threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, name: str, job: Job) -> None:
@@ -41,6 +58,11 @@ class GraphBuilder:
     def pending(self) -> int:
         """Jobs not yet finished (0 once all ran, or when there were none)."""
         return 0 if self._done.is_set() else len(self._jobs)
+
+    def yield_to(self, idle: Callable[[float], bool]) -> None:
+        """``idle(timeout_s) -> bool`` (the engine's admission: no request holds a slot) paces the jobs'
+        captures from now on."""
+        self._stop.idle = idle
 
     def start(self) -> None:
         """Run the jobs on a background thread (once; later calls do nothing)."""

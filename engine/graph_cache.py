@@ -19,6 +19,7 @@ from typing import TypeVar
 import torch
 
 from engine import device as devices
+from engine.graph_builder import Pace
 
 log = logging.getLogger(__name__)
 # a background builder's add(name, job): the job captures until done or until its event is set
@@ -143,6 +144,8 @@ class GraphCache:
             # (the H200 filled up after ~70 flow captures)
             with torch.inference_mode():
                 for done, key in enumerate(keys, 1):
+                    if isinstance(stop, Pace):
+                        stop.between()  # the engine idle, or a bounded wait for it
                     if stop is not None and stop.is_set():
                         return False
                     began = time.monotonic()

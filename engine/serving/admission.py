@@ -48,6 +48,7 @@ class Admission:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._starts: deque[float] = deque(maxlen=RECENT_STARTS)  # when slots were taken (clock s)
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when the last slot frees
 
     @property
     def queued(self) -> int:
@@ -104,6 +105,12 @@ class Admission:
         with self._lock:
             self._starts.append(now)
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block (a worker thread, not the event loop) until no request holds a slot, at most ``timeout_s``
+        -> whether none does."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self.active == 0, timeout_s)
+
     def started_within(self, window_s: float, now: float) -> int:
         """The requests that took a slot within the last ``window_s`` seconds before ``now``."""
         with self._lock:
@@ -129,6 +136,8 @@ class Admission:
                     fut.get_loop().call_soon_threadsafe(_grant, fut)
                     return
             self.active -= 1
+            if self.active == 0:
+                self._idle.notify_all()
 
 
 def _grant(fut: asyncio.Future[None]) -> None:

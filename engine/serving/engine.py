@@ -190,6 +190,7 @@ class TTSEngine:
             async for _ in self.stream(req):
                 pass
         self.startup.mark_ready()
+        self.graph_builder.yield_to(self.admission.wait_idle)  # captured in the gaps between requests
         self.graph_builder.start()  # the remaining graphs, behind the requests that now run
 
     def close(self) -> None:

@@ -126,3 +126,27 @@ async def test_every_slot_taken_is_counted_as_a_start_at_once_or_after_waiting()
     adm.release()
     await asyncio.wait_for(waiter, WAIT_S)
     assert adm.started_within(60.0, time.perf_counter()) == 2
+
+
+async def test_wait_idle_returns_once_the_last_slot_frees_or_at_its_bound():
+    """The graph builder's pace: a worker thread waits until no request holds a slot (the engine idle),
+    at most its timeout; a slot handed to a waiter keeps the engine busy."""
+    import threading
+
+    adm = Admission(max_active=1, max_queue=1)
+    assert adm.wait_idle(0.0)  # idle: at once
+    await adm.acquire()
+    t0 = time.monotonic()
+    assert not adm.wait_idle(0.05) and time.monotonic() - t0 >= 0.05  # busy: the bound
+    waiter = asyncio.create_task(adm.acquire())
+    await asyncio.sleep(0.01)
+    seen: list[bool] = []
+    watcher = threading.Thread(target=lambda: seen.append(adm.wait_idle(WAIT_S)))
+    watcher.start()
+    adm.release()  # handed to the waiter: still one request running
+    await waiter
+    await asyncio.sleep(0.05)
+    assert seen == [] and adm.active == 1
+    adm.release()  # the last one: idle now
+    await asyncio.to_thread(watcher.join, WAIT_S)
+    assert seen == [True]

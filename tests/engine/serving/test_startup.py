@@ -207,3 +207,32 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
     assert background == ["flow solver graphs (1 stream)", "flow compile", "flow solver graphs"]
     compile_end = next(p.start_s + p.seconds for p in eng.startup.phases if p.name == "flow compile")
     assert eng.startup.ready_s < compile_end
+
+
+async def test_the_background_graphs_are_paced_by_this_engines_requests(tmp_path, monkeypatch):
+    """At ready the graph builder is told to capture in the gaps: its idle check is this engine's
+    admission (idle with no request, busy while one holds a slot)."""
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig
+    from engine.demo.make_model import build_model_dir
+    from engine.graph_builder import GraphBuilder
+    from engine.serving.engine import TTSEngine
+
+    for name in COMPILE_DIRS:
+        monkeypatch.setenv(name, str(tmp_path / name))
+    paced: list = []
+    monkeypatch.setattr(GraphBuilder, "yield_to", lambda self, idle: paced.append(idle))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    eng = TTSEngine.load(cfg)
+    try:
+        assert paced == []  # nothing paces the load itself
+        await eng.warmup()
+        [idle] = paced
+        assert idle(0.0)
+        await eng.admission.acquire()
+        assert not idle(0.01)
+        eng.admission.release()
+        assert idle(0.0)
+    finally:
+        eng.close()
