@@ -19,11 +19,10 @@ from typing import TypeVar
 import torch
 
 from engine import device as devices
-from engine.graph_builder import Pace
+from engine.graph_builder import Job, Pace
 
 log = logging.getLogger(__name__)
 # a background builder's add(name, job): the job captures until done or until its event is set
-Job = Callable[[threading.Event], None]
 Later = Callable[[str, Job], None]
 K = TypeVar("K", bound=tuple)  # a bucket key: (batch, frames[, streaming])
 SLOW_CAPTURE_S = 5.0  # a capture this long held a compile (a warm capture of a flow bucket is ~1 s)
