@@ -53,6 +53,9 @@
 #                                                 bench.profile summaries at 1 and 16 streams; LM_PROFILE=1
 #                                                 vLLM's own profiler over one round of each LM level alone
 #                                                 (its engine core's kernels: lm_profile_c1.txt, _c16.txt)
+#   bench/gpu/run.sh aot-check FAMILY             H200: the flow estimator exported and AOTInductor-compiled
+#                                                 (bench.aot_check, bf16): export / compile / load seconds,
+#                                                 parity and ms per call against eager -> $OUT/aot_FAMILY/
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
 #                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
 #                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
@@ -366,6 +369,17 @@ step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) an
   echo "compile caches in $parts part(s): $(du -ch "$OUT"/compile-cache.tgz.* | tail -1 | cut -f1)"
 }
 
+step_aot_check() {  # FAMILY: the DiT/U-Net exported and AOTInductor-compiled (bench.aot_check), bf16
+  [ $# -eq 1 ] || die "usage: run.sh aot-check FAMILY"
+  family_dir "$1" > /dev/null
+  environment
+  timeout "$LIMIT_S" python3 -m bench.aot_check --family "$1" --size full --device cuda --dtype bfloat16 \
+    --cache-dir "$CACHE" --out "$OUT/aot_$1" > "$OUT/aot_$1.log" 2>&1 && rc=0 || rc=$?
+  rm -f "$OUT/aot_$1/estimator.pt2"  # hundreds of MB: the json has what was measured
+  tail -30 "$OUT/aot_$1.log"
+  return "$rc"
+}
+
 step_cache_in() {  # the parts cache-out wrote, carried in .cc/, back where the engine and vLLM look
   ls .cc/compile-cache.tgz.* > /dev/null 2>&1 || die "carry .cc/ with the compile-cache.tgz.* parts"
   cat .cc/compile-cache.tgz.* | tar -xzf - -P
@@ -493,7 +507,7 @@ step_soak() {  # FAMILY RATE [MINUTES [SOAK FLAGS]]: start and collect in one ca
 }
 
 STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
-STEPS="$STEPS|soak-start|soak-collect|soak"
+STEPS="$STEPS|soak-start|soak-collect|soak|aot-check"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -516,5 +530,6 @@ case "$step" in
   soak-start) step_soak_start "$@" ;;
   soak-collect) step_soak_collect "$@" ;;
   soak) step_soak "$@" ;;
+  aot-check) step_aot_check "$@" ;;
   *) die "unknown step '$step' ($STEPS)" ;;
 esac

@@ -85,7 +85,7 @@ def test_unpack_installs_once_the_last_part_arrives(checkout: Path) -> None:
 def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
     steps = (
         ("gpu-tests",), ("check", "v3"), ("bench", "v3", "stream", "1,16"), ("speed", "v3", "after"),
-        ("kernels", "v2"), ("startup", "v3"), ("capacity", "v3"), ("overlap", "v3"),
+        ("kernels", "v2"), ("startup", "v3"), ("capacity", "v3"), ("overlap", "v3"), ("aot-check", "v3"),
     )  # fmt: skip
     for args in steps:
         done = run_sh(checkout, *args)
@@ -109,6 +109,8 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
         (("kernels", "v4"), "FAMILY must be v2 or v3"),
         (("startup",), "usage: run.sh startup"),
         (("startup", "v4"), "FAMILY must be v2 or v3"),
+        (("aot-check",), "usage: run.sh aot-check"),
+        (("aot-check", "v4"), "FAMILY must be v2 or v3"),
         (("overlap",), "usage: run.sh overlap"),
         (("overlap", "v4"), "FAMILY must be v2 or v3"),
     ],
