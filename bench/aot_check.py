@@ -1,8 +1,9 @@
 """``python -m bench.aot_check``: can the flow estimator be served from an AOTInductor package instead of
 ``torch.compile`` in the serving process? (Dynamo's tracing there stalls the first requests: BENCHMARKS.md,
-"Start-up".) For one family's estimator it times ``torch.export`` with dynamic batch and frames, the
-AOTInductor compile into a package, the package's load, and checks the package against the eager estimator
-at shapes other than the exported one, with each one's ms per call.
+"Start-up".) For one family's estimator (random weights at the released or a tiny size) it times
+``torch.export`` with dynamic batch and frames, the AOTInductor compile into a package, the package's load,
+and checks the package against the eager estimator at shapes other than the exported one, with each one's
+ms per call.
 
     python -m bench.aot_check --family v3 --size tiny --device cpu --out /tmp/aot      # CPU (needs g++)
     python -m bench.aot_check --family v3 --size full --device cuda --out $OUT/aot_v3  # the H200
@@ -24,7 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bench.__main__ import FAMILIES, random_model
+from bench.__main__ import FAMILIES
+from bench.flow_kernels import build_cfm
+from engine import device as devices
 
 log = logging.getLogger("bench.aot_check")
 SHAPES = ((2, 100), (1, 300), (16, 400))  # (batch, frames): exported at the first, checked at all
@@ -62,24 +65,18 @@ def inputs(batch: int, frames: int, device: torch.device, dtype: torch.dtype) ->
 
 def ms_per_call(fn: Any, args: tuple[Tensor, ...], device: torch.device, calls: int = 5) -> float:
     fn(*args)  # warm
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    devices.synchronize(device)
     t0 = time.perf_counter()
     for _ in range(calls):
         fn(*args)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    devices.synchronize(device)
     return (time.perf_counter() - t0) / calls * 1e3
 
 
 def check(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.checkpoint import load_model
-    from engine.hub import resolve_model
-
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    model_dir = random_model(FAMILIES[args.family], args.size, args.cache_dir)
-    flow = load_model(resolve_model(str(model_dir), None, "base"), device).flow
-    solve = FullSolve(flow.decoder.estimator.to(dtype)).eval()
+    # the estimator alone, randomly initialised at the family's size: no model directory to write and load
+    solve = FullSolve(build_cfm(args.family, args.size, device).estimator.to(dtype)).eval()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
@@ -125,7 +122,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", choices=("tiny", "full"), default="tiny")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "cosystream"))
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 

@@ -374,7 +374,7 @@ step_aot_check() {  # FAMILY: the DiT/U-Net exported and AOTInductor-compiled (b
   family_dir "$1" > /dev/null
   environment
   timeout "$LIMIT_S" python3 -m bench.aot_check --family "$1" --size full --device cuda --dtype bfloat16 \
-    --cache-dir "$CACHE" --out "$OUT/aot_$1" > "$OUT/aot_$1.log" 2>&1 && rc=0 || rc=$?
+    --out "$OUT/aot_$1" > "$OUT/aot_$1.log" 2>&1 && rc=0 || rc=$?
   rm -f "$OUT/aot_$1/estimator.pt2"  # hundreds of MB: the json has what was measured
   tail -30 "$OUT/aot_$1.log"
   return "$rc"
