@@ -402,6 +402,10 @@ def add_open_flags(p: argparse.ArgumentParser) -> None:
         "--window-s", type=float, default=300.0, help="open loop: TTFA percentiles per this window"
     )
     p.add_argument("--drain-s", type=float, default=120.0, help="open loop: wait after the last arrival")
+    p.add_argument(
+        "--checkpoint-s", type=float, default=60.0,
+        help="open loop: write the run so far to soak.partial.json this often (s)",
+    )  # fmt: skip
     p.add_argument("--admit-slack-s", type=float, help="open loop: admission by SLO (as python -m bench)")
     p.add_argument("--seed", type=int, default=0, help="open loop: the schedule's seed")
 
@@ -414,7 +418,9 @@ def open_config(args: argparse.Namespace) -> Any:
         args.rate, args.minutes, args.tokens, args.spread, args.leave_fraction, args.bad_fraction,
         args.voice_fraction, args.seed, Mode(args.mode),
     )  # fmt: skip
-    return OpenSoakConfig(mix, args.slots, args.voices, args.window_s, args.sample_s, args.drain_s, args.trim)
+    return OpenSoakConfig(
+        mix, args.slots, args.voices, args.window_s, args.sample_s, args.drain_s, args.trim, args.checkpoint_s
+    )
 
 
 def load_engine(args: argparse.Namespace, slots: int, longest_tokens: int) -> Any:
@@ -466,7 +472,11 @@ async def run_cli(args: argparse.Namespace) -> dict[str, Any]:
             return write_report(await soak(engine, cfg), out, device, str(args.model))
         from bench import soak_open
 
-        return soak_open.write_report(await soak_open.open_soak(engine, opened), out, device, str(args.model))
+        def checkpoint(run: Any) -> None:
+            soak_open.write_partial(run, out, device, str(args.model))
+
+        opened_run = await soak_open.open_soak(engine, opened, checkpoint)
+        return soak_open.write_report(opened_run, out, device, str(args.model))
     finally:
         engine.close()
 

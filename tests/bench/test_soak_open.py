@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -24,8 +25,11 @@ def test_cli_open_loop_soak_serves_the_good_refuses_the_bad_and_frees_the_leaver
     argv = ["--model", str(model), "--device", "cpu", "--backend", "native", "--arrivals", "poisson"]
     argv += ["--rate", "3", "--minutes", "0.1", "--tokens", "50", "--leave-fraction", "0.3"]
     argv += ["--bad-fraction", "0.3", "--voice-fraction", "0.3", "--seed", "5", "--slots", "8"]
-    rc = soak.main([*argv, "--sample-s", "1", "--window-s", "3", "--out", str(out)])
+    rc = soak.main([*argv, "--sample-s", "1", "--window-s", "3", "--checkpoint-s", "2", "--out", str(out)])
     data = json.loads((out / "soak.json").read_text())
+    partial = json.loads((out / "soak.partial.json").read_text())  # the last checkpoint, before the end
+    assert partial["summary"]["partial"] and partial["voices"] is None
+    assert 0 < len(partial["outcomes"]) <= len(data["outcomes"]) and partial["samples"]
     s = data["summary"]
     sent = schedule(MixConfig(**MIX, voice_fraction=0.3))
     kinds = Counter(a.kind for a in sent)
@@ -131,12 +135,31 @@ async def test_drain_cancels_and_counts_what_is_still_running():
     assert await soak_open.drain(set(), ceiling_s=0.5) == 0
 
 
+async def test_checkpoints_hand_over_the_run_so_far_until_stopped():
+    run, stop, seen = clean_run(), asyncio.Event(), []
+
+    def save(r: soak_open.OpenSoakRun) -> None:
+        seen.append(r.duration_s)
+        if len(seen) == 3:
+            stop.set()
+
+    t0 = time.monotonic()
+    await asyncio.wait_for(soak_open.checkpoints(run, t0 - 100.0, 0.01, stop, save), 5.0)
+    assert len(seen) == 3 and all(d > 0 for d in seen)  # duration so far, set before each save
+    stop_early = asyncio.Event()
+    stop_early.set()
+    await soak_open.checkpoints(run, t0, 0.01, stop_early, save)
+    assert len(seen) == 3  # nothing saved once stopped
+
+
 def test_open_config_is_checked():
     mix = MixConfig(rate=1.0, minutes=1.0)
     with pytest.raises(ValueError, match="slots and voices"):
         soak_open.OpenSoakConfig(mix, slots=0)
     with pytest.raises(ValueError, match="must be > 0"):
         soak_open.OpenSoakConfig(mix, window_s=0)
+    with pytest.raises(ValueError, match="checkpoint_s must be > 0"):
+        soak_open.OpenSoakConfig(mix, checkpoint_s=0)
 
 
 def test_poisson_needs_a_rate():
