@@ -16,10 +16,12 @@ from engine.serving.startup import Timeline
 
 log = logging.getLogger(__name__)
 Job = Callable[[threading.Event], None]  # runs to the end, or returns early once the event is set
-# Between two captures a job waits this long at most for the engine to be idle: a capture is Python-heavy
-# (~0.5-1 s of eager warm-up and recording), and a request's uncaptured calls beside it run op by op, each
-# waiting for the interpreter; under steady load the captures still go on, one per wait
-IDLE_WAIT_S = 1.0
+# Between two captures a job waits this long at most for the engine's pace (``yield_to``): a capture is
+# Python-heavy (an uncaptured solve run twice, then recorded: ~1.7 s for v2 on the H200 under load), and a
+# request's uncaptured calls beside it run op by op, each waiting for the interpreter. With 1 s here the
+# captures came every second during a burst right after ready and streams underran (soak, 2026-12-02);
+# the bound only keeps a load that never leaves room from holding the engine off full speed for ever
+CAPTURE_WAIT_S = 30.0
 STOP_WAIT_S = 10.0  # close() waits this long for a capture in flight (a warm one takes ~1 s)
 # While the jobs run (tens of seconds of Dynamo/Inductor Python), a serving thread that wants the interpreter
 # gets it after this long instead of Python's 5 ms: a request's path hands the GIL over hundreds of times
@@ -28,15 +30,16 @@ BACKGROUND_SWITCH_S = 0.0005
 
 class Pace(threading.Event):
     """The stop event handed to every job; ``between()``, called between two of its captures, also waits
-    (``IDLE_WAIT_S`` at most) until ``idle`` says no request is running, once ``yield_to`` has set it."""
+    (``CAPTURE_WAIT_S`` at most) until ``clear`` says a capture would harm no request, once ``yield_to``
+    has set it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.idle: Callable[[float], bool] | None = None
+        self.clear_for_capture: Callable[[float], bool] | None = None
 
     def between(self) -> None:
-        if self.idle is not None and not self.is_set():
-            self.idle(IDLE_WAIT_S)
+        if self.clear_for_capture is not None and not self.is_set():
+            self.clear_for_capture(CAPTURE_WAIT_S)
 
 
 class GraphBuilder:
@@ -59,10 +62,10 @@ class GraphBuilder:
         """Jobs not yet finished (0 once all ran, or when there were none)."""
         return 0 if self._done.is_set() else len(self._jobs)
 
-    def yield_to(self, idle: Callable[[float], bool]) -> None:
-        """``idle(timeout_s) -> bool`` (the engine's admission: no request holds a slot) paces the jobs'
-        captures from now on."""
-        self._stop.idle = idle
+    def yield_to(self, clear: Callable[[float], bool]) -> None:
+        """``clear(timeout_s) -> bool`` (the engine: waits, at most ``timeout_s``, until a capture can
+        delay no stream into a stall -> whether it can't) paces the jobs' captures from now on."""
+        self._stop.clear_for_capture = clear
 
     def start(self) -> None:
         """Run the jobs on a background thread (once; later calls do nothing)."""

@@ -144,7 +144,7 @@ class GraphCache:
             with torch.inference_mode():
                 for done, key in enumerate(keys, 1):
                     if isinstance(stop, Pace):
-                        stop.between()  # the engine idle, or a bounded wait for it
+                        stop.between()  # no stream can stall for it, or a bounded wait
                     if stop is not None and stop.is_set():
                         return False
                     began = time.monotonic()

@@ -57,6 +57,11 @@ from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A background capture (``GraphBuilder``: ~1.7 s of the interpreter beside the serving threads, v2 on the
+# H200) goes ahead with the engine idle, or with every stream in it holding this much audio in its
+# client's buffer (s): then the capture can slow its next chunks, not make it stall
+CAPTURE_SLACK_S = 3.0
+CAPTURE_RECHECK_S = 0.25  # a waiting capture looks at the buffers again this often (they grow on delivery)
 
 
 @dataclass(eq=False)
@@ -190,7 +195,7 @@ class TTSEngine:
             async for _ in self.stream(req):
                 pass
         self.startup.mark_ready()
-        self.graph_builder.yield_to(self.admission.wait_idle)  # captured in the gaps between requests
+        self.graph_builder.yield_to(self._capture_clear)  # captured where no stream can stall for it
         self.graph_builder.start()  # the remaining graphs, behind the requests that now run
 
     def close(self) -> None:
@@ -252,6 +257,26 @@ class TTSEngine:
             last = chunk
         assert last is not None
         return np.concatenate(parts), last
+
+    def _capture_clear(self, timeout_s: float) -> bool:
+        """The graph builder's pace: wait, ``timeout_s`` at most, until a background capture can make no
+        stream stall (the engine idle, or every stream's buffer at ``CAPTURE_SLACK_S``) -> whether it
+        can't (False: the bound passed, and the capture goes ahead anyway)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._streams_buffered():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.admission.wait_idle(min(left, CAPTURE_RECHECK_S)):  # wakes at once when the last ends
+                return True
+        return True
+
+    def _streams_buffered(self) -> bool:
+        """Every stream in the engine (waiting, computing or playing) has ``CAPTURE_SLACK_S`` of audio
+        buffered at its client, or all of its audio delivered; True with none."""
+        return all(
+            a.playback.finished or a.playback.buffered_s() >= CAPTURE_SLACK_S for a in list(self._active)
+        )
 
     def _least_slack_s(self) -> float | None:
         """Admission's load signal: how close the admitted streams are to running dry (s): the least slack

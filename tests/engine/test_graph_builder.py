@@ -144,10 +144,10 @@ def test_serving_threads_get_the_interpreter_sooner_while_the_jobs_run_and_as_be
     assert seen == [pytest.approx(BACKGROUND_SWITCH_S)] and sys.getswitchinterval() == before
 
 
-def test_captures_wait_for_the_engine_to_be_idle_between_each_other_up_to_a_bound(monkeypatch):
-    """Polish in the gaps: before each background capture the job asks ``idle`` (the engine's admission)
-    to wait, at most ``IDLE_WAIT_S``, for no request to run; before ``yield_to`` nothing waits."""
-    from engine.graph_builder import IDLE_WAIT_S
+def test_captures_wait_for_the_engines_pace_between_each_other_up_to_a_bound(monkeypatch):
+    """Polish where it harms nobody: before each background capture the job asks the engine's pace to
+    wait, at most ``CAPTURE_WAIT_S``, until no stream can stall for it; before ``yield_to`` nothing waits."""
+    from engine.graph_builder import CAPTURE_WAIT_S
 
     emulate_capture(monkeypatch)
     monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
@@ -159,14 +159,14 @@ def test_captures_wait_for_the_engine_to_be_idle_between_each_other_up_to_a_boun
         events.append(key)
         return cache.get(key, lambda x: x, lambda: (torch.zeros(key[0], key[1]),))
 
-    def idle(timeout_s: float) -> bool:
+    def clear(timeout_s: float) -> bool:
         events.append(timeout_s)
         return True
 
     keys = [(b, t) for b in (2, 1) for t in (200, 100)]
     assert cache.precapture(keys, capture, CPU, builder.add) == 4
     assert events == [(2, 100), (1, 100)]  # now: no pacing before serving
-    builder.yield_to(idle)
+    builder.yield_to(clear)
     builder.start()
     assert builder.wait(WAIT_S)
-    assert events[2:] == [IDLE_WAIT_S, (1, 200), IDLE_WAIT_S, (2, 200)]  # a wait before each capture
+    assert events[2:] == [CAPTURE_WAIT_S, (1, 200), CAPTURE_WAIT_S, (2, 200)]  # a wait before each capture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -209,30 +210,45 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
     assert eng.startup.ready_s < compile_end
 
 
-async def test_the_background_graphs_are_paced_by_this_engines_requests(tmp_path, monkeypatch):
-    """At ready the graph builder is told to capture in the gaps: its idle check is this engine's
-    admission (idle with no request, busy while one holds a slot)."""
+async def test_the_background_graphs_are_paced_by_this_engines_streams(tmp_path, monkeypatch):
+    """At ready the graph builder is told to capture only where no stream can stall for it: with the
+    engine idle, or with every stream in it holding ``CAPTURE_SLACK_S`` of audio at its client; else it
+    waits (its bound, then it goes ahead: False), and wakes at once when the last request ends."""
     from engine.cache_root import COMPILE_DIRS
     from engine.config import EngineConfig
     from engine.demo.make_model import build_model_dir
     from engine.graph_builder import GraphBuilder
-    from engine.serving.engine import TTSEngine
+    from engine.serving.engine import CAPTURE_SLACK_S, TTSEngine, _Active
 
     for name in COMPILE_DIRS:
         monkeypatch.setenv(name, str(tmp_path / name))
     paced: list = []
-    monkeypatch.setattr(GraphBuilder, "yield_to", lambda self, idle: paced.append(idle))
+    monkeypatch.setattr(GraphBuilder, "yield_to", lambda self, clear: paced.append(clear))
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
     eng = TTSEngine.load(cfg)
     try:
         assert paced == []  # nothing paces the load itself
         await eng.warmup()
-        [idle] = paced
-        assert idle(0.0)
+        [clear] = paced
+        assert clear(0.0)  # idle
         await eng.admission.acquire()
-        assert not idle(0.01)
-        eng.admission.release()
-        assert idle(0.0)
+        stream = _Active("r1")  # admitted, no audio yet (its first chunk is still coming)
+        eng._active.add(stream)
+        t0 = time.monotonic()
+        assert not clear(0.05) and time.monotonic() - t0 >= 0.05  # waited its bound
+        stream.playback.delivered(CAPTURE_SLACK_S - 1.0)  # playing, too little buffered
+        assert not clear(0.0)
+        stream.playback.delivered(2.0)  # now CAPTURE_SLACK_S + 1 s ahead of its player
+        assert clear(0.0)  # busy, yet no stream can stall
+        stream.playback.runs_out_at = time.perf_counter() + 0.5
+        stream.playback.finished = True  # all its audio delivered: nothing more to wait for
+        assert clear(0.0)
+        stream.playback.finished = False
+        ended = threading.Timer(0.1, lambda: (eng._active.discard(stream), eng.admission.release()))
+        ended.start()
+        t0 = time.monotonic()
+        assert clear(30.0) and time.monotonic() - t0 < 5.0  # woken by the end of the last request
+        ended.join()
     finally:
         eng.close()
