@@ -62,6 +62,11 @@ def model_choice(choice: str, device: torch.device) -> str | None:
     return choice
 
 
+def display_name(name: str) -> str:
+    """How the API names an ASR model (``/v1/models``): a local folder by its own name, an id as it is."""
+    return Path(name).name if Path(name).is_dir() else name
+
+
 class Transcriber:
     def __init__(self, model: Any, processor: Any, device: torch.device, name: str):
         self.model, self.processor, self.device, self.name = model, processor, device, name
@@ -90,7 +95,7 @@ class Transcriber:
             raise ModelError(message) from err
         model.to(device).eval()
         log.info("loaded ASR model %s on %s (%s)", name, device, dtype)
-        return cls(model, processor, device, Path(name).name if Path(name).is_dir() else name)
+        return cls(model, processor, device, display_name(name))
 
     def transcribe(self, audio: AudioInput, language: str | None = None) -> Transcript:
         """Text of up to 30 s of speech; ``language`` None or "auto" detects it."""

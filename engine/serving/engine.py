@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from engine import device as devices
-from engine.asr import Transcriber, Transcript, model_choice
+from engine.asr import Transcriber, Transcript, display_name, model_choice
 from engine.audio import AudioInput, AudioLimits
 from engine.cache_root import cache_root, configured_root, use_cache_root
 from engine.checkpoint import LoadedModel, load_model
@@ -86,7 +86,7 @@ class TTSEngine:
         voices: VoiceLibrary,
         hift_graphs: GraphedHiFT | None = None,
         text_pool: TextPool | None = None,
-        asr: Transcriber | None = None,
+        asr: LoadingAsr | None = None,
     ):
         self.cfg, self.model, self.frontend, self.text = cfg, model, frontend, text
         self.text_pool = text_pool or TextPool(text, 0)
@@ -172,7 +172,10 @@ class TTSEngine:
                 raise
             backend = started.result()
         asr_name = model_choice(cfg.asr_model, dev)
-        asr = _timed(timeline, "whisper", Transcriber.load, asr_name, dev) if asr_name else None
+        # Whisper loads beside the first graphs and the warm-up, not before ready: only a prompt without its
+        # transcript needs it, and such a request waits for it (after vLLM's start, which sizes its KV cache
+        # from the device memory free then)
+        asr = LoadingAsr.start(asr_name, dev, timeline) if asr_name else None
         # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
         # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
         _enable_reuse(model.flow.decoder, model.family, cfg, dev)
@@ -534,14 +537,16 @@ class TTSEngine:
 
     @property
     def asr_model(self) -> str | None:
-        """The loaded Whisper's name, None when transcription is off."""
+        """The Whisper's name (loaded, or loading: a transcription waits for it), None when it is off."""
         return self.asr.name if self.asr is not None else None
 
     async def transcribe(self, audio: AudioInput, language: str | None = None) -> Transcript:
-        """The prompt's text and language, computed in a worker thread (synthesis keeps running)."""
+        """The prompt's text and language, computed in a worker thread (synthesis keeps running); the
+        first ones after the start wait for Whisper's load."""
         if self.asr is None:
             raise InvalidInput("transcription is off on this server (--asr-model none): type the transcript")
-        return await asyncio.to_thread(self.asr.transcribe, audio, language)
+        transcriber = await self.asr.ready()
+        return await asyncio.to_thread(transcriber.transcribe, audio, language)
 
     def example_voices(self) -> list[ExampleVoice]:
         return list(self.voices.examples.values())
@@ -706,6 +711,39 @@ def _frontends(
     with timeline.phase("text workers"):
         pool.start()
     return _Parts(frontend, text, voices, pool)
+
+
+class LoadingAsr:
+    """Whisper, loading on a thread of its own from ``start`` on (a background phase "whisper" on the
+    start-up timeline): the engine serves speech meanwhile, and a transcription waits for it. A load that
+    fails is logged, and every transcription then raises its error (the speech keeps being served)."""
+
+    def __init__(self, name: str, loaded: Future[Transcriber]):
+        self.name, self._loaded = name, loaded
+
+    @classmethod
+    def start(cls, name: str, dev: torch.device, timeline: Timeline) -> LoadingAsr:
+        loaded: Future[Transcriber] = Future()
+        timeline.queue("whisper")  # pending on /ready until it has loaded
+
+        def load() -> None:
+            try:
+                with timeline.phase("whisper", background=True):
+                    loaded.set_result(Transcriber.load(name, dev))
+            except Exception as err:  # handed to every transcription; the load's thread ends here
+                log.exception("the ASR model %s did not load: transcription is off", name)
+                loaded.set_exception(err)
+
+        threading.Thread(target=load, name="whisper-load", daemon=True).start()
+        return cls(display_name(name), loaded)
+
+    async def ready(self) -> Transcriber:
+        """The loaded Whisper (its load's error if it failed)."""
+        return await asyncio.wrap_future(self._loaded)
+
+    def wait(self, timeout_s: float | None = None) -> Transcriber:
+        """The loaded Whisper, from a thread (a bench or CLI that must not go on without it)."""
+        return self._loaded.result(timeout_s)
 
 
 def _timed(timeline: Timeline, name: str, fn: Callable[..., T], *args: object) -> T:

@@ -252,3 +252,72 @@ async def test_the_background_graphs_are_paced_by_this_engines_streams(tmp_path,
         ended.join()
     finally:
         eng.close()
+
+
+class _HeldTranscriber:
+    """Stands in for Whisper: ``transcribe`` answers at once; its load blocks until ``release``."""
+
+    name = "held-whisper"
+
+    def transcribe(self, audio: object, language: str | None = None) -> str:
+        return f"heard ({language})"
+
+
+async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it(tmp_path, monkeypatch):
+    """Only a prompt without its transcript needs Whisper: the engine is ready while it still loads (a
+    background phase, pending on /ready), speech is served meanwhile, a transcription waits for the load;
+    a load that fails leaves speech served and every transcription raising its error."""
+    import asyncio
+    import dataclasses
+
+    from engine.asr import Transcriber
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig
+    from engine.demo.make_model import build_model_dir
+    from engine.errors import ModelError
+    from engine.request import Mode, SynthesisRequest
+    from engine.serving.engine import TTSEngine
+    from tests.sounds import speech_like
+
+    for name in COMPILE_DIRS:
+        monkeypatch.setenv(name, str(tmp_path / name))
+    release, outcome = threading.Event(), {"fail": False}
+
+    def held_load(name: str, device: object) -> object:
+        assert release.wait(30.0), "the test never released the load"
+        if outcome["fail"]:
+            raise ModelError(f"could not load the ASR model {name!r}")
+        return _HeldTranscriber()
+
+    monkeypatch.setattr(Transcriber, "load", staticmethod(held_load))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    base = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    req = SynthesisRequest(
+        text="Hello.", mode=Mode.CROSS_LINGUAL, prompt_audio=(speech_like(2.0, 24000), 24000), seed=1
+    )
+    (tmp_path / "my-whisper").mkdir()  # a local folder: named by its own name
+    for fail in (False, True):
+        outcome["fail"] = fail
+        release.clear()
+        eng = TTSEngine.load(dataclasses.replace(base, asr_model=str(tmp_path / "my-whisper")))
+        try:
+            await eng.warmup()  # ready with Whisper still loading
+            assert eng.startup.ready_s is not None and "whisper" in eng.startup.pending()
+            assert eng.asr_model == "my-whisper"  # named before it has loaded
+            heard = asyncio.ensure_future(eng.transcribe((speech_like(2.0, 16000), 16000), "en"))
+            await asyncio.sleep(0.2)
+            assert not heard.done()  # waiting for the load
+            audio, _ = await eng.synthesize(req)  # speech is served meanwhile
+            assert audio.size > 0
+            release.set()
+            if fail:
+                with pytest.raises(ModelError, match="my-whisper"):
+                    await asyncio.wait_for(heard, 30.0)
+                assert (await eng.synthesize(req))[0].size > 0  # and still after the failure
+            else:
+                assert await asyncio.wait_for(heard, 30.0) == "heard (en)"
+                assert "whisper" not in eng.startup.pending()
+                assert [p.background for p in eng.startup.phases if p.name == "whisper"] == [True]
+        finally:
+            release.set()
+            eng.close()
