@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from engine.serving.startup import Timeline
@@ -22,6 +23,7 @@ Job = Callable[[threading.Event], None]  # runs to the end, or returns early onc
 # captures came every second during a burst right after ready and streams underran (soak, 2026-12-02);
 # the bound only keeps a load that never leaves room from holding the engine off full speed for ever
 CAPTURE_WAIT_S = 30.0
+PACE_SLICE_S = 1.0  # asked in slices this long, so that a stop (the engine closing) ends the wait at once
 STOP_WAIT_S = 10.0  # close() waits this long for a capture in flight (a warm one takes ~1 s)
 # While the jobs run (tens of seconds of Dynamo/Inductor Python), a serving thread that wants the interpreter
 # gets it after this long instead of Python's 5 ms: a request's path hands the GIL over hundreds of times
@@ -38,8 +40,12 @@ class Pace(threading.Event):
         self.clear_for_capture: Callable[[float], bool] | None = None
 
     def between(self) -> None:
-        if self.clear_for_capture is not None and not self.is_set():
-            self.clear_for_capture(CAPTURE_WAIT_S)
+        if self.clear_for_capture is None:
+            return
+        deadline = time.monotonic() + CAPTURE_WAIT_S
+        while not self.is_set() and (left := deadline - time.monotonic()) > 0:
+            if self.clear_for_capture(min(left, PACE_SLICE_S)):
+                return
 
 
 class GraphBuilder:

@@ -7,6 +7,7 @@ event holds the builder mid-capture while a call of that very bucket is served."
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -147,7 +148,7 @@ def test_serving_threads_get_the_interpreter_sooner_while_the_jobs_run_and_as_be
 def test_captures_wait_for_the_engines_pace_between_each_other_up_to_a_bound(monkeypatch):
     """Polish where it harms nobody: before each background capture the job asks the engine's pace to
     wait, at most ``CAPTURE_WAIT_S``, until no stream can stall for it; before ``yield_to`` nothing waits."""
-    from engine.graph_builder import CAPTURE_WAIT_S
+    from engine.graph_builder import CAPTURE_WAIT_S, PACE_SLICE_S
 
     emulate_capture(monkeypatch)
     monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
@@ -169,4 +170,44 @@ def test_captures_wait_for_the_engines_pace_between_each_other_up_to_a_bound(mon
     builder.yield_to(clear)
     builder.start()
     assert builder.wait(WAIT_S)
-    assert events[2:] == [CAPTURE_WAIT_S, (1, 200), CAPTURE_WAIT_S, (2, 200)]  # a wait before each capture
+    assert events[2:] == [PACE_SLICE_S, (1, 200), PACE_SLICE_S, (2, 200)]  # a wait before each capture
+    assert PACE_SLICE_S < CAPTURE_WAIT_S
+
+
+def test_a_capture_waiting_for_its_pace_goes_ahead_at_the_bound_or_stops_with_the_engine(monkeypatch):
+    """The pace is asked in slices until it says clear or ``CAPTURE_WAIT_S`` has passed (then the capture
+    goes ahead: the engine reaches full speed under any load); ``stop`` ends the wait within a slice."""
+    import engine.graph_builder as gb
+
+    emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    monkeypatch.setattr(gb, "CAPTURE_WAIT_S", 0.3)
+    monkeypatch.setattr(gb, "PACE_SLICE_S", 0.05)
+    cache = GraphCache("test", max_graphs=1)
+    builder = GraphBuilder(Timeline())
+    asked: list[float] = []
+
+    def never_clear(timeout_s: float) -> bool:
+        asked.append(timeout_s)
+        time.sleep(timeout_s)  # a busy engine: the slice passes
+        return False
+
+    def capture(key: tuple) -> object:
+        return cache.get(key, lambda x: x, lambda: (torch.zeros(key[0], key[1]),))
+
+    assert cache.precapture([(1, 100), (1, 200)], capture, CPU, builder.add) == 2
+    builder.yield_to(never_clear)
+    t0 = time.monotonic()
+    builder.start()
+    assert builder.wait(WAIT_S) and (1, 200) in cache._graphs  # captured after the bound
+    assert 0.3 <= time.monotonic() - t0 < 5.0 and len(asked) >= 5 and max(asked) <= 0.05 + 1e-9
+
+    monkeypatch.setattr(gb, "CAPTURE_WAIT_S", 60.0)
+    cache, builder = GraphCache("test", max_graphs=1), GraphBuilder(Timeline())
+    assert cache.precapture([(1, 100), (1, 200)], capture, CPU, builder.add) == 2
+    builder.yield_to(never_clear)
+    builder.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    builder.stop()  # the engine closing while a capture waits for its pace
+    assert builder.wait(1.0) and time.monotonic() - t0 < 1.0 and (1, 200) not in cache._graphs
