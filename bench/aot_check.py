@@ -8,8 +8,14 @@ ms per call.
     python -m bench.aot_check --family v3 --size tiny --device cpu --out /tmp/aot      # CPU (needs g++)
     python -m bench.aot_check --family v3 --size full --device cuda --out $OUT/aot_v3  # the H200
 
-Writes OUT/aot_check.json. The page-window program (``forward_paged``) is not covered here; on the tiny v3
-model on a CPU it exported with dynamic batch, frames and page widths and matched to 1e-6 (2026-12-02).
+Then the same for the page-window program (``forward_paged``: a streaming call that reuses a stream's
+finished frames, the serving path of v3's streams): its inputs are recorded from two real calls of one
+stream through ``GraphedCFM.forward_cached`` (a first call, and a later one with a wider prefix), exported
+at the first with every size left to ``torch.export`` (``Dim.AUTO``: rows, frames, page-table width and the
+pool's pages dynamic where the program allows), compiled, loaded, and checked against eager at the second.
+
+Writes OUT/aot_check.json (``paged`` holds the page-window program's part; null for an estimator without
+page windows).
 """
 
 from __future__ import annotations
@@ -18,16 +24,20 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from bench.__main__ import FAMILIES
-from bench.flow_kernels import build_cfm
+from bench.flow_kernels import build_cfm, stream_call_inputs
 from engine import device as devices
+from engine.flow.cfm import CausalCFM
+from engine.flow.compiled_estimator import CompiledEstimator
+from engine.flow.graphs import GraphedCFM
 
 log = logging.getLogger("bench.aot_check")
 SHAPES = ((2, 100), (1, 300), (16, 400))  # (batch, frames): exported at the first, checked at all
@@ -42,6 +52,22 @@ class FullSolve(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
         return self.estimator(x, mask, mu, t, spks, cond, True)
+
+
+class PagedWindow(nn.Module):
+    """The estimator's ``forward_paged`` (one solver step of a batch of page windows) with its inputs
+    named, as export takes them -> (velocity, the keys/values it keeps, the states it keeps)."""
+
+    def __init__(self, estimator: nn.Module):
+        super().__init__()
+        self.estimator = estimator
+        self.paged: Callable[..., tuple[Tensor, ...]] = estimator.forward_paged  # type: ignore[assignment]
+
+    def forward(
+        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, kv: Tensor, states: Tensor,
+        prefix: Tensor, start: Tensor, total: Tensor, lead: Tensor, cfg: Tensor,
+    ) -> tuple[Tensor, ...]:  # fmt: skip
+        return self.paged(x, mu, t, spks, cond, kv, states, prefix, start, total, lead, cfg)
 
 
 @dataclass(frozen=True)
@@ -85,6 +111,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     result = {"family": FAMILIES[args.family], "size": args.size, "device": str(device), "dtype": args.dtype}
     result |= {"torch": torch.__version__, **{k: round(v, 3) for k, v in timings.items()}}
     result["shapes"] = [asdict(c) for c in checks]
+    result["paged"] = paged_check(build_cfm(args.family, args.size, device), dtype, out / "paged.pt2")
     (out / "aot_check.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -104,6 +131,58 @@ def export_and_load(
     runner = torch._inductor.aoti_load_package(path)
     timings["load_s"] = time.perf_counter() - t0
     return runner, timings
+
+
+def paged_calls(cfm: CausalCFM, dtype: torch.dtype) -> list[tuple[Tensor, ...]] | None:
+    """The estimator's ``forward_paged`` inputs, every solver step's, as the eager solver passes them: a
+    stream's first streaming call (250 frames), then two streams' first two (250, then 350 frames: the
+    second reads the first's pages, through a wider page table); None for an estimator without windows."""
+    dev = next(cfm.parameters()).device
+    graphed = GraphedCFM(cfm, dtype, compiled=False)
+    if not graphed.enable_reuse(16 * 100e6, 800, dev):
+        return None
+    graphed.graphs.frozen = True  # uncaptured: the eager calls are what is recorded
+    estimator, calls = cast(CompiledEstimator, graphed.solver.estimator), []
+    paged = estimator.run_paged
+    assert paged is not None  # a pool exists only for an estimator with page windows
+
+    def record(*args: Tensor) -> Any:
+        calls.append(tuple(a.clone() for a in args))
+        return paged(*args)
+
+    estimator.run_paged = record
+    with torch.inference_mode():
+        for streams, frames in ((1, (250,)), (2, (250, 350))):
+            caches = [graphed.frame_cache(None) for _ in range(streams)]  # type: ignore[arg-type]
+            for n in frames:
+                graphed.forward_cached(stream_call_inputs(streams, n, dev), caches)
+    return calls
+
+
+def paged_check(cfm: CausalCFM, dtype: torch.dtype, package: Path) -> dict[str, Any] | None:
+    """Export the page-window program at the first call's inputs (every size ``Dim.AUTO``), compile,
+    load, and compare it with eager at the last call's (twice the rows, a wider prefix, other frames)."""
+    calls = paged_calls(cfm, dtype)
+    if calls is None:
+        return None
+    window = PagedWindow(cfm.estimator.to(dtype)).eval()
+    first, last = calls[0], calls[-1]
+    dims = tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} for a in first)
+    timings, t0 = {}, time.perf_counter()
+    with torch.inference_mode():
+        program = torch.export.export(window, first, dynamic_shapes=dims)
+        timings["export_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(package))
+        timings["aoti_compile_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+        runner = torch._inductor.aoti_load_package(path)
+        timings["load_s"] = time.perf_counter() - t0
+        got, want = runner(*last), window(*last)
+        diff = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want) if w.numel())
+        dev = first[0].device
+        eager_ms, package_ms = ms_per_call(window, last, dev), ms_per_call(runner, last, dev)
+    shapes = {"exported_at": [list(a.shape) for a in first], "checked_at": [list(a.shape) for a in last]}
+    return {**{k: round(v, 3) for k, v in timings.items()}, "max_abs_diff": diff, "eager_ms": eager_ms,
+            "package_ms": package_ms, **shapes}  # fmt: skip
 
 
 def shape_check(

@@ -183,7 +183,7 @@ def time_stream_calls(cfm: CausalCFM, batch: int, calls: list[int], repeats: int
     reuse.enable_reuse(batch * (max(calls) // 50 + 1) * 100e6, 800, dev)
     if not devices.graphs_supported(dev):  # CPU: the same calls uncaptured
         full.graphs.frozen = reuse.graphs.frozen = True
-    steps = [_call_inputs(batch, frames, dev) for frames in calls]
+    steps = [stream_call_inputs(batch, frames, dev) for frames in calls]
 
     def stream(graphed: GraphedCFM, reusing: bool) -> list[Tensor]:
         caches = [reuse.frame_cache(None) for _ in range(batch)] if reusing else []  # type: ignore[arg-type]
@@ -207,7 +207,7 @@ def time_stream_calls(cfm: CausalCFM, batch: int, calls: list[int], repeats: int
     return StreamCalls(batch, tuple(calls), round(ms[0], 2), round(ms[1], 2), float(f"{rel:.3g}"))
 
 
-def _call_inputs(batch: int, frames: int, dev: torch.device) -> CfmInputs:
+def stream_call_inputs(batch: int, frames: int, dev: torch.device) -> CfmInputs:
     """A non-final call of ``frames`` frames for every stream: the first 200 frames are the prompt; the
     same mu, cond and speaker per frame in every call (as a request's calls see them)."""
     g = torch.Generator().manual_seed(2)

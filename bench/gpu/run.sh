@@ -56,8 +56,9 @@
 #                                                 vLLM's own profiler over one round of each LM level alone
 #                                                 (its engine core's kernels: lm_profile_c1.txt, _c16.txt)
 #   bench/gpu/run.sh aot-check FAMILY             H200: the flow estimator exported and AOTInductor-compiled
-#                                                 (bench.aot_check, bf16): export / compile / load seconds,
-#                                                 parity and ms per call against eager -> $OUT/aot_FAMILY/
+#                                                 (bench.aot_check, bf16), its full solve and its page-window
+#                                                 program: export / compile / load seconds, parity and ms per
+#                                                 call against eager -> $OUT/aot_FAMILY/
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
 #                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
 #                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
@@ -378,7 +379,7 @@ step_aot_check() {  # FAMILY: the DiT/U-Net exported and AOTInductor-compiled (b
   environment
   timeout "$LIMIT_S" python3 -m bench.aot_check --family "$1" --size full --device cuda --dtype bfloat16 \
     --out "$OUT/aot_$1" > "$OUT/aot_$1.log" 2>&1 && rc=0 || rc=$?
-  rm -f "$OUT/aot_$1/estimator.pt2"  # hundreds of MB: the json has what was measured
+  rm -f "$OUT/aot_$1/estimator.pt2" "$OUT/aot_$1/paged.pt2"  # hundreds of MB: the json has what was measured
   tail -30 "$OUT/aot_$1.log"
   return "$rc"
 }
