@@ -176,3 +176,12 @@ def test_ttfa_windows_reach_the_last_arrival():
         (30.0, 0, None),
         (60.0, 1, 400.0),
     ]
+
+
+def test_each_window_counts_the_streams_that_underran():
+    """Where the underruns were (a bad start after ready, or a drift) shows in the window they were sent."""
+    outs = [outcome(start_s=1.0, underruns=3), outcome(start_s=2.0), outcome(start_s=40.0, underruns=1)]
+    rows = soak_open.ttfa_windows(outs, 30.0, 60.0)
+    assert [w["underrun"] for w in rows] == [1, 1]
+    table = soak_open._windows({"ttfa_windows": rows})
+    assert table[2].endswith("| 1 |") and "underrun streams" in table[0]
