@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
@@ -187,21 +187,26 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
-def build_engine(cfg: EngineConfig, timeline: Timeline | None = None) -> Any:
+def build_engine(
+    cfg: EngineConfig,
+    timeline: Timeline | None = None,
+    idle_work: Sequence[tuple[str, Callable[[], object]]] = (),
+) -> Any:
     """Load the checkpoint (downloading it on first use) and return the resident engine.
 
     ``demo-tiny`` writes a tiny random-weight model in the released layout first (offline, seconds), so the
     whole stack runs on a fresh CPU machine; its audio is noise and the UI says so. With ``--asr-model auto``
     it gets a tiny random-weight Whisper too (its transcripts are noise, and the UI says so as well).
+    ``idle_work`` runs while the engine waits for its LM backend's start (``TTSEngine.load``).
     """
     timeline = timeline or Timeline()
     with timeline.phase("engine import"):
         from engine.serving.engine import TTSEngine  # torch and the models load here, not at import
 
     if cfg.model != DEMO_TINY:
-        return TTSEngine.load(cfg, timeline=timeline)
+        return TTSEngine.load(cfg, timeline=timeline, idle_work=idle_work)
     from engine.demo.make_model import demo_tiny
 
     with timeline.phase("demo model"):  # built on the first start, reused after (under the cache root)
         cfg, model_dir = demo_tiny(cfg)
-    return TTSEngine.load(cfg, model_dir=model_dir, timeline=timeline)
+    return TTSEngine.load(cfg, model_dir=model_dir, timeline=timeline, idle_work=idle_work)

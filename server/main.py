@@ -16,7 +16,7 @@ from engine.config import DEMO_TINY
 from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
 from server.cli import build_engine, engine_config, parse_args
 from server.pending_engine import PendingEngine
-from server.web import create_app, open_share_link, web_server
+from server.web import create_app, import_studio, open_share_link, web_server
 
 log = logging.getLogger("cosystream")
 
@@ -45,7 +45,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
     timeline = Timeline()  # the engine's phases, timed from this process's launch
     # the server listens first (/health answers at once, /ready once warm); the engine loads behind it
-    engine = PendingEngine(cfg.model, lambda: build_engine(cfg, timeline), timeline)
+    # Gradio imported while the engine waits for vLLM's start (where it waits), not beside the first requests
+    studio = (("studio import", import_studio),)
+    engine = PendingEngine(cfg.model, lambda: build_engine(cfg, timeline, studio), timeline)
     app = create_app(
         engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
         random_weights=cfg.model == DEMO_TINY, studio_later=True,

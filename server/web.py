@@ -106,6 +106,15 @@ def create_app(
     return studio.mount(app)
 
 
+def import_studio() -> None:
+    """Gradio's import (~2.6 s of the interpreter on a CPU, most of the studio's build), done ahead: the
+    engine runs it while it waits for the LM backend's start (``TTSEngine.load``'s ``idle_work``), so the
+    build after ready is short and the first requests do not share the interpreter with it for long."""
+    import gradio  # noqa: F401
+
+    import webui.layout  # noqa: F401
+
+
 class StudioMount:
     """The Gradio UI over the engine, mounted at "/" now (``mount``) or once built (``mount_later``)."""
 

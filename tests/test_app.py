@@ -111,8 +111,8 @@ class FakeTTSEngine:
     loads: ClassVar[list[tuple]] = []
 
     @classmethod
-    def load(cls, cfg, model_dir=None, timeline=None):
-        cls.loads.append((cfg.model, model_dir))
+    def load(cls, cfg, model_dir=None, timeline=None, idle_work=()):
+        cls.loads.append((cfg.model, model_dir, [name for name, _ in idle_work]))
         return cls()
 
 
@@ -125,9 +125,12 @@ def test_demo_tiny_builds_a_random_model_offline(monkeypatch, tmp_path) -> None:
     )
     FakeTTSEngine.loads.clear()
     cli.build_engine(EngineConfig(model="demo-tiny", cache_dir=str(tmp_path)))
-    cli.build_engine(EngineConfig(model="/models/cv3"))
+    cli.build_engine(EngineConfig(model="/models/cv3"), idle_work=(("studio import", web.import_studio),))
     assert built == [(tmp_path / "demo-tiny", "cosyvoice3", "tiny")]
-    assert FakeTTSEngine.loads == [("demo-tiny", tmp_path / "demo-tiny"), ("/models/cv3", None)]
+    assert FakeTTSEngine.loads == [
+        ("demo-tiny", tmp_path / "demo-tiny", []),
+        ("/models/cv3", None, ["studio import"]),  # handed on to the engine's load
+    ]
 
 
 def test_mount_api_is_optional(monkeypatch, caplog) -> None:

@@ -14,7 +14,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -117,10 +117,17 @@ class TTSEngine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def load(
-        cls, cfg: EngineConfig, model_dir: str | Path | None = None, timeline: Timeline | None = None
+        cls,
+        cfg: EngineConfig,
+        model_dir: str | Path | None = None,
+        timeline: Timeline | None = None,
+        idle_work: Sequence[tuple[str, Callable[[], object]]] = (),
     ) -> TTSEngine:
         """Resolve/download the checkpoint, load it strictly onto the device, start the workers; each
-        phase goes on ``timeline`` (a fresh one from this process's launch if None)."""
+        phase goes on ``timeline`` (a fresh one from this process's launch if None). ``idle_work``: named
+        jobs of the caller's (the server's studio import) run on the loading thread while it would only
+        wait for the LM backend's start (vLLM: tens of seconds), each a phase; those left when the backend
+        is up are skipped (the caller then does them later)."""
         timeline = timeline or Timeline()
         use_cache_root(cache_root(cfg.cache_dir))  # before anything compiles or vLLM reads its variables
         with timeline.phase("model files"):
@@ -136,7 +143,7 @@ class TTSEngine:
             devices.configure(dev)
             if cfg.flow_attention == "cudnn":  # before the flow compiles and captures: they fix the kernel
                 settings.enter_context(devices.cudnn_attention(dev))
-            engine = cls._assemble(cfg, files, dev, timeline)
+            engine = cls._assemble(cfg, files, dev, timeline, idle_work)
             if mps is not None:  # this process and vLLM's engine core have initialised CUDA by now
                 mps.check_serving()
             engine._settings = settings.pop_all()
@@ -144,7 +151,12 @@ class TTSEngine:
 
     @classmethod
     def _assemble(
-        cls, cfg: EngineConfig, files: ModelDir, dev: torch.device, timeline: Timeline
+        cls,
+        cfg: EngineConfig,
+        files: ModelDir,
+        dev: torch.device,
+        timeline: Timeline,
+        idle_work: Sequence[tuple[str, Callable[[], object]]] = (),
     ) -> TTSEngine:
         """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers.
         The LM backend (vLLM's start: about a minute on a GPU) starts in a thread right after the tokenizer,
@@ -170,6 +182,10 @@ class TTSEngine:
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
                 raise
+            for name, work in idle_work:
+                if started.done():
+                    break
+                _timed(timeline, name, work)
             backend = started.result()
         asr_name = model_choice(cfg.asr_model, dev)
         # Whisper loads beside the first graphs and the warm-up, not before ready: only a prompt without its

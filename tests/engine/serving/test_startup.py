@@ -321,3 +321,49 @@ async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it
         finally:
             release.set()
             eng.close()
+
+
+async def test_idle_work_runs_while_the_lm_starts_and_is_skipped_once_it_is_up(tmp_path, monkeypatch):
+    """The server's studio import runs on the loading thread while it would only wait for the LM backend
+    (vLLM's start), each job a phase ending before the backend's; with the backend already up, the jobs
+    are left to the caller (nothing waits for them)."""
+    import time as clock
+
+    import engine.serving.engine as engine_module
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig
+    from engine.demo.make_model import build_model_dir
+
+    for name in COMPILE_DIRS:
+        monkeypatch.setenv(name, str(tmp_path / name))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    real_backend, ran = engine_module._backend, []
+
+    def slow_backend(*args: object) -> object:
+        clock.sleep(2.0)  # a start that takes a while, as vLLM's does
+        return real_backend(*args)
+
+    monkeypatch.setattr(engine_module, "_backend", slow_backend)
+    jobs = (("studio import", lambda: ran.append("studio")), ("more", lambda: ran.append("more")))
+    timeline = Timeline()
+    eng = engine_module.TTSEngine.load(cfg, timeline=timeline, idle_work=jobs)
+    eng.close()
+    phases = {p.name: p for p in timeline.phases}
+    assert ran == ["studio", "more"]
+    lm_end = phases["LM backend"].start_s + phases["LM backend"].seconds
+    assert phases["frontends"].start_s <= phases["studio import"].start_s <= lm_end
+
+    monkeypatch.setattr(engine_module, "_backend", real_backend)
+    real_beside = engine_module._beside_the_lm
+
+    def slow_beside(*args: object) -> object:
+        done = real_beside(*args)
+        clock.sleep(2.0)  # the native loop (up ~0.2 s after the weights) is surely up by now
+        return done
+
+    monkeypatch.setattr(engine_module, "_beside_the_lm", slow_beside)
+    ran.clear()
+    eng = engine_module.TTSEngine.load(cfg, timeline=Timeline(), idle_work=jobs)
+    eng.close()
+    assert ran == []  # nothing to wait for: left to the caller
