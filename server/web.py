@@ -109,10 +109,15 @@ def create_app(
 def import_studio() -> None:
     """Gradio's import (~2.6 s of the interpreter on a CPU, most of the studio's build), done ahead: the
     engine runs it while it waits for the LM backend's start (``TTSEngine.load``'s ``idle_work``), so the
-    build after ready is short and the first requests do not share the interpreter with it for long."""
-    import gradio  # noqa: F401
+    build after ready is short and the first requests do not share the interpreter with it for long. An
+    import that fails here (another thread importing a shared module at that moment) is logged and left to
+    the build, which imports again: it must not fail the engine's load."""
+    try:
+        import gradio  # noqa: F401
 
-    import webui.layout  # noqa: F401
+        import webui.layout  # noqa: F401
+    except ImportError:
+        log.warning("importing the studio ahead failed; its build imports it again", exc_info=True)
 
 
 class StudioMount:

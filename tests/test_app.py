@@ -133,6 +133,17 @@ def test_demo_tiny_builds_a_random_model_offline(monkeypatch, tmp_path) -> None:
     ]
 
 
+def test_the_studio_import_ahead_loads_gradio_and_never_fails_the_load(monkeypatch, caplog) -> None:
+    """``import_studio`` runs inside the engine's load: it imports Gradio, and an import that fails there
+    is a warning (the build after ready imports again), not an error that would stop the load."""
+    web.import_studio()
+    assert "gradio" in sys.modules
+    monkeypatch.setitem(sys.modules, "gradio", None)  # `import gradio` now raises ImportError
+    with caplog.at_level(logging.WARNING, "cosystream"):
+        web.import_studio()
+    assert "importing the studio ahead failed" in caplog.text
+
+
 def test_mount_api_is_optional(monkeypatch, caplog) -> None:
     from fastapi import FastAPI
 
