@@ -7,7 +7,7 @@ import base64
 import io
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -163,7 +163,10 @@ def test_a_refused_session_event_gets_an_error_and_a_fixed_one_is_served(
 def test_an_unknown_voice_ends_the_session_with_one_error(url: str) -> None:
     with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         send(ws, "session.update", session={"voice": "nobody"})
-        got = [e for e in speak_to_the_end(ws) if e["type"] == "error"]
+        send(ws, "input_text_buffer.append", text="Hello there.")
+        with suppress(ConnectionClosed):  # the first text may already have ended the session
+            send(ws, "input_text_buffer.commit")
+        got = [e for e in events(ws) if e["type"] == "error"]
     assert (
         len(got) == 1 and got[0]["error"]["code"] == "voice_not_found" and got[0]["error"]["param"] == "voice"
     )
