@@ -32,8 +32,8 @@ BACKGROUND_SWITCH_S = 0.0005
 
 class Pace(threading.Event):
     """The stop event handed to every job; ``between()``, called between two of its captures, also waits
-    (``CAPTURE_WAIT_S`` at most) until ``clear`` says a capture would harm no request, once ``yield_to``
-    has set it."""
+    (``CAPTURE_WAIT_S`` at most) until ``clear_for_capture`` says a capture would harm no request, once
+    ``yield_to`` has set it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,7 +70,7 @@ class GraphBuilder:
 
     def yield_to(self, clear: Callable[[float], bool]) -> None:
         """``clear(timeout_s) -> bool`` (the engine: waits, at most ``timeout_s``, until a capture can
-        delay no stream into a stall -> whether it can't) paces the jobs' captures from now on."""
+        delay no stream into a stall -> True then, False at the bound) paces the captures from now on."""
         self._stop.clear_for_capture = clear
 
     def start(self) -> None:

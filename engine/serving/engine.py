@@ -279,8 +279,8 @@ class TTSEngine:
 
     def _capture_clear(self, timeout_s: float) -> bool:
         """The graph builder's pace: wait, ``timeout_s`` at most, until a background capture can make no
-        stream stall (the engine idle, or every stream's buffer at ``CAPTURE_SLACK_S``) -> whether it
-        can't (False: the bound passed, and the capture goes ahead anyway)."""
+        stream stall (the engine idle, or every stream's buffer at ``CAPTURE_SLACK_S``) -> True then,
+        False when the bound passed first."""
         deadline = time.monotonic() + timeout_s
         while not self._streams_buffered():
             left = deadline - time.monotonic()
