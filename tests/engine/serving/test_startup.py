@@ -367,3 +367,51 @@ async def test_idle_work_runs_while_the_lm_starts_and_is_skipped_once_it_is_up(t
     eng = engine_module.TTSEngine.load(cfg, timeline=Timeline(), idle_work=jobs)
     eng.close()
     assert ran == []  # nothing to wait for: left to the caller
+
+
+async def test_background_captures_wait_while_a_stream_has_little_audio_buffered(tmp_path, monkeypatch):
+    """The real engine's pace with a stream running (tiny v3 on the CPU, a stand-in job of five
+    "captures" queued at load): no capture starts while the stream is in the engine with less than
+    ``CAPTURE_SLACK_S`` of audio at its client, the first waits for it, and all five run by the end."""
+    import asyncio
+
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig
+    from engine.demo.make_model import build_model_dir
+    from engine.request import Mode, SynthesisRequest
+    from engine.serving.engine import CAPTURE_SLACK_S, TTSEngine
+    from tests.sounds import speech_like
+
+    for name in COMPILE_DIRS:
+        monkeypatch.setenv(name, str(tmp_path / name))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    eng = TTSEngine.load(cfg)
+    seen: list[tuple[float, list[float]]] = []  # (when, buffered s of each unfinished stream) at each start
+    streaming = threading.Event()
+
+    def captures(stop: threading.Event) -> None:
+        assert streaming.wait(30.0)  # the first capture is asked for with the stream already running
+        for _ in range(5):
+            t0 = time.monotonic()
+            stop.between()  # type: ignore[attr-defined]  # the builder hands its jobs a Pace
+            buffered = [a.playback.buffered_s() for a in list(eng._active) if not a.playback.finished]
+            seen.append((time.monotonic() - t0, buffered))
+
+    eng.graph_builder.add("stand-in captures", captures)
+    prompt = (speech_like(2.0, 24000), 24000)
+    req = SynthesisRequest(
+        text="Hello there.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=3, forced_tokens=300
+    )
+    try:
+        await eng.warmup()  # starts the builder: its job waits for the stream below
+        chunks = 0
+        async for _ in eng.stream(req):
+            chunks += 1
+            streaming.set()
+        assert await asyncio.to_thread(eng.graph_builder.wait, 60.0)
+    finally:
+        eng.close()
+    assert chunks > 2 and len(seen) == 5
+    assert all(all(b >= CAPTURE_SLACK_S - 0.1 for b in buffered) for _, buffered in seen), seen
+    assert seen[0][0] > 0.05  # the first capture waited for the stream's buffer (or its end)
