@@ -10,8 +10,10 @@ has its own audio limits (``AUDIO_LIMITS``), not a voice prompt's: any rate from
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import torch
 from engine import device as devices
 from engine.audio import AudioInput, AudioLimits, as_audio
 from engine.errors import InvalidInput, ModelError
+from engine.serving.startup import Timeline
 from engine.serving.subtitles import Word
 
 log = logging.getLogger(__name__)
@@ -174,3 +177,32 @@ def no_speech_token(tokenizer: Any) -> int | None:
         if token is not None and token != tokenizer.unk_token_id:
             return int(token)
     return None
+
+
+class LoadingAsr:
+    """Whisper, loading on a thread of its own from ``start`` on (a background phase "whisper" on the
+    start-up timeline): the engine serves speech meanwhile, and a transcription waits for it. A load that
+    fails is logged, and every transcription then raises its error (the speech keeps being served)."""
+
+    def __init__(self, name: str, loaded: Future[Transcriber]):
+        self.name, self._loaded = name, loaded
+
+    @classmethod
+    def start(cls, name: str, dev: torch.device, timeline: Timeline) -> LoadingAsr:
+        loaded: Future[Transcriber] = Future()
+        timeline.queue("whisper")  # pending on /ready until it has loaded
+
+        def load() -> None:
+            try:
+                with timeline.phase("whisper", background=True):
+                    loaded.set_result(Transcriber.load(name, dev))
+            except Exception as err:  # handed to every transcription; the load's thread ends here
+                log.exception("the ASR model %s did not load: transcription is off", name)
+                loaded.set_exception(err)
+
+        threading.Thread(target=load, name="whisper-load", daemon=True).start()
+        return cls(display_name(name), loaded)
+
+    async def ready(self) -> Transcriber:
+        """The loaded Whisper (its load's error if it failed)."""
+        return await asyncio.wrap_future(self._loaded)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from engine import device as devices
-from engine.asr import Transcriber, Transcript, display_name, model_choice
+from engine.asr import LoadingAsr, Transcript, model_choice
 from engine.audio import AudioInput, AudioLimits
 from engine.cache_root import cache_root, configured_root, use_cache_root
 from engine.checkpoint import LoadedModel, load_model
@@ -727,39 +727,6 @@ def _frontends(
     with timeline.phase("text workers"):
         pool.start()
     return _Parts(frontend, text, voices, pool)
-
-
-class LoadingAsr:
-    """Whisper, loading on a thread of its own from ``start`` on (a background phase "whisper" on the
-    start-up timeline): the engine serves speech meanwhile, and a transcription waits for it. A load that
-    fails is logged, and every transcription then raises its error (the speech keeps being served)."""
-
-    def __init__(self, name: str, loaded: Future[Transcriber]):
-        self.name, self._loaded = name, loaded
-
-    @classmethod
-    def start(cls, name: str, dev: torch.device, timeline: Timeline) -> LoadingAsr:
-        loaded: Future[Transcriber] = Future()
-        timeline.queue("whisper")  # pending on /ready until it has loaded
-
-        def load() -> None:
-            try:
-                with timeline.phase("whisper", background=True):
-                    loaded.set_result(Transcriber.load(name, dev))
-            except Exception as err:  # handed to every transcription; the load's thread ends here
-                log.exception("the ASR model %s did not load: transcription is off", name)
-                loaded.set_exception(err)
-
-        threading.Thread(target=load, name="whisper-load", daemon=True).start()
-        return cls(display_name(name), loaded)
-
-    async def ready(self) -> Transcriber:
-        """The loaded Whisper (its load's error if it failed)."""
-        return await asyncio.wrap_future(self._loaded)
-
-    def wait(self, timeout_s: float | None = None) -> Transcriber:
-        """The loaded Whisper, from a thread (a bench or CLI that must not go on without it)."""
-        return self._loaded.result(timeout_s)
 
 
 def _timed(timeline: Timeline, name: str, fn: Callable[..., T], *args: object) -> T:
