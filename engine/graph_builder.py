@@ -18,10 +18,10 @@ from engine.serving.startup import Timeline
 log = logging.getLogger(__name__)
 Job = Callable[[threading.Event], None]  # runs to the end, or returns early once the event is set
 # Between two captures a job waits this long at most for the engine's pace (``yield_to``): a capture is
-# Python-heavy (an uncaptured solve run twice, then recorded: ~1.7 s for v2 on the H200 under load), and a
-# request's uncaptured calls beside it run op by op, each waiting for the interpreter. With 1 s here the
-# captures came every second during a burst right after ready and streams underran (soak, 2026-12-02);
-# the bound only keeps a load that never leaves room from holding the engine off full speed for ever
+# Python-heavy (an uncaptured solve run twice, then recorded), and a request's uncaptured calls beside it
+# run op by op, each waiting for the interpreter. A short bound lets captures go on through a burst of
+# arrivals and starve streams (BENCHMARKS.md, "Soak"); the bound only keeps a load that never leaves room
+# from holding the engine off full speed for ever
 CAPTURE_WAIT_S = 30.0
 PACE_SLICE_S = 1.0  # asked in slices this long, so that a stop (the engine closing) ends the wait at once
 STOP_WAIT_S = 10.0  # close() waits this long for a capture in flight (a warm one takes ~1 s)

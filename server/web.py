@@ -107,7 +107,7 @@ def create_app(
 
 
 def import_studio() -> None:
-    """Gradio's import (~2.6 s of the interpreter on a CPU, most of the studio's build), done ahead: the
+    """Gradio's import (most of the studio's build, seconds of the interpreter), done ahead: the
     engine runs it while it waits for the LM backend's start (``TTSEngine.load``'s ``idle_work``), so the
     build after ready is short and the first requests do not share the interpreter with it for long. An
     import that fails here (another thread importing a shared module at that moment) is logged and left to

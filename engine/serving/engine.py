@@ -57,9 +57,9 @@ from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# A background capture (``GraphBuilder``: ~1.7 s of the interpreter beside the serving threads, v2 on the
-# H200) goes ahead with the engine idle, or with every stream in it holding this much audio in its
-# client's buffer (s): then the capture can slow its next chunks, not make it stall
+# A background capture (``GraphBuilder``: seconds of the interpreter beside the serving threads) goes
+# ahead with the engine idle, or with every stream in it holding this much audio in its client's buffer
+# (s), longer than a capture takes: then the capture can slow its next chunks, not make it stall
 CAPTURE_SLACK_S = 3.0
 CAPTURE_RECHECK_S = 0.25  # a waiting capture looks at the buffers again this often (they grow on delivery)
 
@@ -164,8 +164,8 @@ class TTSEngine:
         voices; Whisper and the graphs come after it (it sizes its KV cache from the memory free at its
         start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
         started by ``warmup``)."""
-        # (vLLM started first, beside the weights, with the tokenizer after them was measured slower on the
-        # H200: weights 13 -> 20-23 s and vLLM's start 38 -> 51-61 s warm, both processes' Python competing)
+        # (vLLM started first, beside the weights, with the tokenizer after them made ready later: both
+        # loads' Python competed; BENCHMARKS.md, "Start-up")
         # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
         # is not thread-safe: "cannot import name 'AutoTokenizer'"), and vLLM's start imports it too
         with timeline.phase("tokenizer"):
