@@ -161,7 +161,7 @@ class GraphedCFM(nn.Module):
         then the other graphs, captured of the solver then in use (the compiled one; the eager one if the
         compile failed). The single-stream graphs come before the compile because Dynamo's tracing is tens
         of seconds of Python: an uncaptured call meanwhile runs the eager DiT op by op, each op waiting for
-        the interpreter (a first chunk took ~20 s on the H200), while a replay is one call."""
+        the interpreter (first chunks took seconds: BENCHMARKS.md, "Start-up"), while a replay is one call."""
         compiled, estimator = self.solver, self.solver.estimator
         assert isinstance(estimator, CompiledEstimator)
         self.solver = self.cfm.with_estimator(estimator.twin(compiled=False))
