@@ -102,35 +102,42 @@ def ms_per_call(fn: Any, args: tuple[Tensor, ...], device: torch.device, calls: 
 def check(args: argparse.Namespace) -> dict[str, Any]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     # the estimator alone, randomly initialised at the family's size: no model directory to write and load
-    solve = FullSolve(build_cfm(args.family, args.size, device).estimator.to(dtype)).eval()
+    cfm = build_cfm(args.family, args.size, device)
+    solve = FullSolve(cfm.estimator.to(dtype)).eval()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
-        runner, timings = export_and_load(solve, device, dtype, out / "estimator.pt2")
+        example = inputs(*SHAPES[0], device, dtype)
+        runner, timings = export_and_load(solve, example, full_solve_dims(), out / "estimator.pt2")
         checks = [shape_check(solve, runner, b, f, device, dtype) for b, f in SHAPES]
     result = {"family": FAMILIES[args.family], "size": args.size, "device": str(device), "dtype": args.dtype}
-    result |= {"torch": torch.__version__, **{k: round(v, 3) for k, v in timings.items()}}
+    result |= {"torch": torch.__version__, **timings}
     result["shapes"] = [asdict(c) for c in checks]
-    result["paged"] = paged_check(build_cfm(args.family, args.size, device), dtype, out / "paged.pt2")
+    result["paged"] = paged_check(cfm, dtype, out / "paged.pt2")
     (out / "aot_check.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-def export_and_load(
-    solve: nn.Module, device: torch.device, dtype: torch.dtype, package: Path
-) -> tuple[Any, dict[str, float]]:
-    """Export with dynamic batch and frames, compile into ``package``, load it -> (runner, seconds each)."""
+def full_solve_dims() -> dict[str, dict[int, Any]]:
+    """``FullSolve``'s dynamic sizes: batch and frames, shared by every input that has them."""
     batch, frames = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("frames", min=2, max=4096)
     mel = {0: batch, 2: frames}
-    dims = {"x": mel, "mask": mel, "mu": mel, "t": {0: batch}, "spks": {0: batch}, "cond": mel}
+    return {"x": mel, "mask": mel, "mu": mel, "t": {0: batch}, "spks": {0: batch}, "cond": mel}
+
+
+def export_and_load(
+    module: nn.Module, example: tuple[Tensor, ...], dims: Any, package: Path
+) -> tuple[Any, dict[str, float]]:
+    """Export ``module`` at ``example`` with ``dims`` dynamic, compile it into ``package``, load it ->
+    (runner, seconds of each step)."""
     timings, t0 = {}, time.perf_counter()
-    program = torch.export.export(solve, inputs(*SHAPES[0], device, dtype), dynamic_shapes=dims)
+    program = torch.export.export(module, example, dynamic_shapes=dims)
     timings["export_s"], t0 = time.perf_counter() - t0, time.perf_counter()
     path = torch._inductor.aoti_compile_and_package(program, package_path=str(package))
     timings["aoti_compile_s"], t0 = time.perf_counter() - t0, time.perf_counter()
     runner = torch._inductor.aoti_load_package(path)
     timings["load_s"] = time.perf_counter() - t0
-    return runner, timings
+    return runner, {k: round(v, 3) for k, v in timings.items()}
 
 
 def paged_calls(cfm: CausalCFM, dtype: torch.dtype) -> list[tuple[Tensor, ...]] | None:
@@ -168,21 +175,14 @@ def paged_check(cfm: CausalCFM, dtype: torch.dtype, package: Path) -> dict[str, 
     window = PagedWindow(cfm.estimator.to(dtype)).eval()
     first, last = calls[0], calls[-1]
     dims = tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} for a in first)
-    timings, t0 = {}, time.perf_counter()
     with torch.inference_mode():
-        program = torch.export.export(window, first, dynamic_shapes=dims)
-        timings["export_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-        path = torch._inductor.aoti_compile_and_package(program, package_path=str(package))
-        timings["aoti_compile_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-        runner = torch._inductor.aoti_load_package(path)
-        timings["load_s"] = time.perf_counter() - t0
+        runner, timings = export_and_load(window, first, dims, package)
         got, want = runner(*last), window(*last)
         diff = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want) if w.numel())
         dev = first[0].device
         eager_ms, package_ms = ms_per_call(window, last, dev), ms_per_call(runner, last, dev)
     shapes = {"exported_at": [list(a.shape) for a in first], "checked_at": [list(a.shape) for a in last]}
-    return {**{k: round(v, 3) for k, v in timings.items()}, "max_abs_diff": diff, "eager_ms": eager_ms,
-            "package_ms": package_ms, **shapes}  # fmt: skip
+    return {**timings, "max_abs_diff": diff, "eager_ms": eager_ms, "package_ms": package_ms, **shapes}
 
 
 def shape_check(
