@@ -10,6 +10,20 @@ import pytest
 from engine.serving.startup import Phase, Timeline
 
 
+@pytest.fixture
+def tiny_cfg(tmp_path, monkeypatch):
+    """The tiny v3 model on the CPU (native LM), its caches under ``tmp_path``: the compile-cache variables
+    the load points under its cache root are undone after the test."""
+    from engine.cache_root import COMPILE_DIRS
+    from engine.config import EngineConfig
+    from engine.demo.make_model import build_model_dir
+
+    for name in COMPILE_DIRS:
+        monkeypatch.setenv(name, str(tmp_path / name))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    return EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+
+
 class Clock:
     """A clock the test moves by hand (seconds)."""
 
@@ -76,21 +90,15 @@ def test_a_phase_needs_a_name_and_no_negative_seconds():
         Phase("weights", 0.0, -1.0)
 
 
-async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tmp_path, monkeypatch):
+async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tiny_cfg, monkeypatch):
     """The real load on the tiny model: every phase once, ordered by when it ended, the LM backend beside
     the weights and the frontends (after the tokenizer: transformers is imported by one thread at a time),
     the first graphs after both, the warm-up last and ready at its end."""
     import json
 
-    from engine.cache_root import COMPILE_DIRS
-    from engine.config import EngineConfig
-    from engine.demo.make_model import build_model_dir
     from engine.serving.engine import TTSEngine
 
-    for name in COMPILE_DIRS:  # the load points them under its cache root: undone after the test
-        monkeypatch.setenv(name, str(tmp_path / name))
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    cfg = tiny_cfg
     timeline = Timeline()
     eng = TTSEngine.load(cfg, timeline=timeline)
     try:
@@ -210,23 +218,16 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
     assert eng.startup.ready_s < compile_end
 
 
-async def test_the_background_graphs_are_paced_by_this_engines_streams(tmp_path, monkeypatch):
+async def test_the_background_graphs_are_paced_by_this_engines_streams(tiny_cfg, monkeypatch):
     """At ready the graph builder is told to capture only where no stream can stall for it: with the
     engine idle, or with every stream in it holding ``CAPTURE_SLACK_S`` of audio at its client; else it
     waits (its bound, then it goes ahead: False), and wakes at once when the last request ends."""
-    from engine.cache_root import COMPILE_DIRS
-    from engine.config import EngineConfig
-    from engine.demo.make_model import build_model_dir
     from engine.graph_builder import GraphBuilder
     from engine.serving.engine import CAPTURE_SLACK_S, TTSEngine, _Active
 
-    for name in COMPILE_DIRS:
-        monkeypatch.setenv(name, str(tmp_path / name))
     paced: list = []
     monkeypatch.setattr(GraphBuilder, "yield_to", lambda self, clear: paced.append(clear))
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
-    eng = TTSEngine.load(cfg)
+    eng = TTSEngine.load(tiny_cfg)
     try:
         assert paced == []  # nothing paces the load itself
         await eng.warmup()
@@ -263,7 +264,9 @@ class _HeldTranscriber:
         return f"heard ({language})"
 
 
-async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it(tmp_path, monkeypatch):
+async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it(
+    tiny_cfg, tmp_path, monkeypatch
+):
     """Only a prompt without its transcript needs Whisper: the engine is ready while it still loads (a
     background phase, pending on /ready), speech is served meanwhile, a transcription waits for the load;
     a load that fails leaves speech served and every transcription raising its error."""
@@ -271,16 +274,11 @@ async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it
     import dataclasses
 
     from engine.asr import Transcriber
-    from engine.cache_root import COMPILE_DIRS
-    from engine.config import EngineConfig
-    from engine.demo.make_model import build_model_dir
     from engine.errors import ModelError
     from engine.request import Mode, SynthesisRequest
     from engine.serving.engine import TTSEngine
     from tests.sounds import speech_like
 
-    for name in COMPILE_DIRS:
-        monkeypatch.setenv(name, str(tmp_path / name))
     release, outcome = threading.Event(), {"fail": False}
 
     def held_load(name: str, device: object) -> object:
@@ -290,8 +288,6 @@ async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it
         return _HeldTranscriber()
 
     monkeypatch.setattr(Transcriber, "load", staticmethod(held_load))
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    base = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
     req = SynthesisRequest(
         text="Hello.", mode=Mode.CROSS_LINGUAL, prompt_audio=(speech_like(2.0, 24000), 24000), seed=1
     )
@@ -299,7 +295,7 @@ async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it
     for fail in (False, True):
         outcome["fail"] = fail
         release.clear()
-        eng = TTSEngine.load(dataclasses.replace(base, asr_model=str(tmp_path / "my-whisper")))
+        eng = TTSEngine.load(dataclasses.replace(tiny_cfg, asr_model=str(tmp_path / "my-whisper")))
         try:
             await eng.warmup()  # ready with Whisper still loading
             assert eng.startup.ready_s is not None and "whisper" in eng.startup.pending()
@@ -323,21 +319,15 @@ async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it
             eng.close()
 
 
-async def test_idle_work_runs_while_the_lm_starts_and_is_skipped_once_it_is_up(tmp_path, monkeypatch):
+async def test_idle_work_runs_while_the_lm_starts_and_is_skipped_once_it_is_up(tiny_cfg, monkeypatch):
     """The server's studio import runs on the loading thread while it would only wait for the LM backend
     (vLLM's start), each job a phase ending before the backend's; with the backend already up, the jobs
     are left to the caller (nothing waits for them)."""
     import time as clock
 
     import engine.serving.engine as engine_module
-    from engine.cache_root import COMPILE_DIRS
-    from engine.config import EngineConfig
-    from engine.demo.make_model import build_model_dir
 
-    for name in COMPILE_DIRS:
-        monkeypatch.setenv(name, str(tmp_path / name))
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    cfg = tiny_cfg
     real_backend, ran = engine_module._backend, []
 
     def slow_backend(*args: object) -> object:
@@ -369,23 +359,17 @@ async def test_idle_work_runs_while_the_lm_starts_and_is_skipped_once_it_is_up(t
     assert ran == []  # nothing to wait for: left to the caller
 
 
-async def test_background_captures_wait_while_a_stream_has_little_audio_buffered(tmp_path, monkeypatch):
+async def test_background_captures_wait_while_a_stream_has_little_audio_buffered(tiny_cfg, monkeypatch):
     """The real engine's pace with a stream running (tiny v3 on the CPU, a stand-in job of five
     "captures" queued at load): no capture starts while the stream is in the engine with less than
     ``CAPTURE_SLACK_S`` of audio at its client, the first waits for it, and all five run by the end."""
     import asyncio
 
-    from engine.cache_root import COMPILE_DIRS
-    from engine.config import EngineConfig
-    from engine.demo.make_model import build_model_dir
     from engine.request import Mode, SynthesisRequest
     from engine.serving.engine import CAPTURE_SLACK_S, TTSEngine
     from tests.sounds import speech_like
 
-    for name in COMPILE_DIRS:
-        monkeypatch.setenv(name, str(tmp_path / name))
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"))
+    cfg = tiny_cfg
     eng = TTSEngine.load(cfg)
     seen: list[tuple[float, list[float]]] = []  # (when, buffered s of each unfinished stream) at each start
     streaming = threading.Event()
