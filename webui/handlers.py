@@ -358,11 +358,13 @@ class Studio:
             ttfa_ms=m.ttfa_ms, rtf=m.rtf, audio_s=m.audio_s, stopped=stopped,
         )  # fmt: skip
 
-    def stop(self, rid: str) -> str:
+    def stop(self, rid: str) -> None:
         """Abort the engine request: its stream ends, and ``generate`` keeps the audio made so far.
 
         Not Gradio's ``cancels``, which would only drop the listener (and the partial audio); a request still
-        waiting in Gradio's queue is remembered and ends as soon as it starts.
+        waiting in Gradio's queue is remembered and ends as soon as it starts. It writes no status: its reply
+        and Generate's last update race over two connections, and a "stop sent" landing second would hide
+        "stopped" (the live player shows "stopped" at the click).
         """
         if RID.match(rid or ""):
             self._stopped[rid] = None
@@ -370,7 +372,6 @@ class Studio:
                 self._stopped.popitem(last=False)
             self.engine.abort(rid)
             self.hub.close(rid)
-        return self.status("stop_sent")
 
     def status(self, state: str, **fields: Any) -> str:
         text = html.escape(self.t(f"status_{state}", **fields))

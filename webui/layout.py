@@ -305,7 +305,7 @@ def _listen(
         show_progress="minimal", show_progress_on=b["status"], **gpu,
     )  # fmt: skip
     generated.then(None, None, None, js=player.FINISHED_JS, **light)
-    a["stop"].click(on("stop"), rid, b["status"], js=player.STOP_JS, **light)
+    a["stop"].click(on("stop"), rid, None, js=player.STOP_JS, **light)
     # always_last: .input's default ("once") drops keystrokes while one is being handled, so the box's
     # final words could never reach a live-text request
     keys = {**light, "trigger_mode": "always_last"}

@@ -105,7 +105,7 @@ async def test_ui_stop_frees_everything_and_keeps_the_audio(engine, tmp_path):
     async for out in studio.generate(Form(**values)):
         outputs.append(out)
         if len(outputs) == 1:  # the first chunk is in: the user presses Stop
-            assert 'data-state="stop_sent"' in studio.stop(rid)
+            studio.stop(rid)
             t0 = time.monotonic()
     log.info("the studio's stream ended %.3f s after Stop", time.monotonic() - t0)
     await freed_after(engine, t0)
