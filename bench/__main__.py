@@ -38,6 +38,7 @@ from engine.config import (
     StreamConfig,
     add_device_flags,
     add_fast_start_flag,
+    add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
@@ -143,6 +144,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
+    add_flow_aot_flag(p)
     add_flow_reuse_flags(p)
     add_overlap_flags(p)
     p.add_argument(
@@ -302,6 +304,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cuda_graphs=not args.no_cuda_graphs,
         hift_graphs=not args.no_hift_graphs,
         flow_compile=args.flow_compile,
+        flow_aot=args.flow_aot,
         flow_reuse=args.flow_reuse,
         graph_warmup_s=warmup_s(args),
         flow_batch=args.flow_batch,

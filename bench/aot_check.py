@@ -24,7 +24,6 @@ import argparse
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -35,6 +34,7 @@ from torch import Tensor, nn
 from bench.__main__ import FAMILIES
 from bench.flow_kernels import build_cfm, stream_call_inputs
 from engine import device as devices
+from engine.flow.aot_package import PagedWindow, export_and_load
 from engine.flow.cfm import CausalCFM
 from engine.flow.compiled_estimator import CompiledEstimator
 from engine.flow.graphs import GraphedCFM
@@ -52,22 +52,6 @@ class FullSolve(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
         return self.estimator(x, mask, mu, t, spks, cond, True)
-
-
-class PagedWindow(nn.Module):
-    """The estimator's ``forward_paged`` (one solver step of a batch of page windows) with its inputs
-    named, as export takes them -> (velocity, the keys/values it keeps, the states it keeps)."""
-
-    def __init__(self, estimator: nn.Module):
-        super().__init__()
-        self.estimator = estimator
-        self.paged: Callable[..., tuple[Tensor, ...]] = estimator.forward_paged  # type: ignore[assignment]
-
-    def forward(
-        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, kv: Tensor, states: Tensor,
-        prefix: Tensor, start: Tensor, total: Tensor, lead: Tensor, cfg: Tensor,
-    ) -> tuple[Tensor, ...]:  # fmt: skip
-        return self.paged(x, mu, t, spks, cond, kv, states, prefix, start, total, lead, cfg)
 
 
 @dataclass(frozen=True)
@@ -123,21 +107,6 @@ def full_solve_dims() -> dict[str, dict[int, Any]]:
     batch, frames = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("frames", min=2, max=4096)
     mel = {0: batch, 2: frames}
     return {"x": mel, "mask": mel, "mu": mel, "t": {0: batch}, "spks": {0: batch}, "cond": mel}
-
-
-def export_and_load(
-    module: nn.Module, example: tuple[Tensor, ...], dims: Any, package: Path
-) -> tuple[Any, dict[str, float]]:
-    """Export ``module`` at ``example`` with ``dims`` dynamic, compile it into ``package``, load it ->
-    (runner, seconds of each step)."""
-    timings, t0 = {}, time.perf_counter()
-    program = torch.export.export(module, example, dynamic_shapes=dims)
-    timings["export_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-    path = torch._inductor.aoti_compile_and_package(program, package_path=str(package))
-    timings["aoti_compile_s"], t0 = time.perf_counter() - t0, time.perf_counter()
-    runner = torch._inductor.aoti_load_package(path)
-    timings["load_s"] = time.perf_counter() - t0
-    return runner, {k: round(v, 3) for k, v in timings.items()}
 
 
 def paged_calls(cfm: CausalCFM, dtype: torch.dtype) -> list[tuple[Tensor, ...]] | None:

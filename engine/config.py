@@ -186,6 +186,15 @@ def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_flow_aot_flag(parser: argparse.ArgumentParser) -> None:
+    """``--flow-aot`` -> ``args.flow_aot`` (``EngineConfig.flow_aot``)."""
+    parser.add_argument(
+        "--flow-aot", action="store_true",
+        help="GPU, with the flow compile: build its programs ahead of time in a child process (AOTInductor) "
+        "and load them from the cache root, instead of torch.compile in the serving process",
+    )  # fmt: skip
+
+
 def add_flow_attention_flag(parser: argparse.ArgumentParser) -> None:
     """``--flow-attention`` -> ``args.flow_attention`` (``EngineConfig.flow_attention``)."""
     parser.add_argument(
@@ -299,6 +308,10 @@ class EngineConfig:
     # s/s at 16-64 streams there, but 1 stream slower (TTFA 249 -> 280 ms) and a 376 s cold start (118 s
     # eager): worth it for serving many v2 streams (--flow-compile), not for a demo's fresh machine.
     flow_compile: bool | None = None
+    # With flow_compile: the compiled programs built ahead of time by AOTInductor in a child process and
+    # kept under cache_dir/compile/aot (engine.flow.aot_package), so the serving process traces nothing: a
+    # warm start loads them from disk in milliseconds. Off by default: not yet measured on a GPU.
+    flow_aot: bool = False
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
@@ -386,6 +399,8 @@ class EngineConfig:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
         if self.text_workers is not None and not 0 <= self.text_workers <= 64:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
+        if not isinstance(self.flow_aot, bool):
+            raise ValueError(f"flow_aot must be True or False, got {self.flow_aot!r}")
         if self.flow_compile not in (None, True, False):
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse not in (None, True, False):

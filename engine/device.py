@@ -70,6 +70,14 @@ def cudnn_attention(device: torch.device) -> contextlib.AbstractContextManager[A
     return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, *kernels], set_priority=True)
 
 
+def describe(device: torch.device) -> str:
+    """The device's kind as compiled code depends on it: "cpu", or the accelerator's name and capability."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"cuda {torch.cuda.get_device_name(device)} sm_{major}{minor}"
+    return device.type
+
+
 def _runtime(device: torch.device) -> Any:
     """torch.cuda or torch.npu (torch_npu's mirror of it) for an accelerator; None on CPU."""
     if device.type == "cuda":

@@ -19,6 +19,7 @@ from engine.config import (
     StreamConfig,
     add_device_flags,
     add_fast_start_flag,
+    add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
@@ -52,6 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
+    add_flow_aot_flag(p)
     add_flow_reuse_flags(p)
     add_overlap_flags(p)
     p.add_argument(
@@ -173,6 +175,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_dtype=args.flow_dtype,
         flow_attention=args.flow_attention,
         flow_compile=args.flow_compile,
+        flow_aot=args.flow_aot,
         flow_reuse=args.flow_reuse,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,

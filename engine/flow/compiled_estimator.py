@@ -21,13 +21,16 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.fx.experimental import _config as shape_config
 
 from engine.cache_root import set_by_cache_root
+
+if TYPE_CHECKING:
+    from engine.flow.aot_package import AotPrograms
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +39,36 @@ class CompiledEstimator(nn.Module):
     """Drop-in for a CFM's estimator: ``forward(x, mask, mu, t, spks, cond, streaming) -> [B,80,T]``
     float32, computed in ``dtype`` (a cast copy of the weights; float32 shares the original module)."""
 
-    def __init__(self, estimator: nn.Module, dtype: torch.dtype, compiled: bool, cast: bool = True) -> None:
+    def __init__(
+        self,
+        estimator: nn.Module,
+        dtype: torch.dtype,
+        compiled: bool,
+        cast: bool = True,
+        programs: AotPrograms | None = None,
+    ) -> None:
         super().__init__()
-        self.dtype, self.compiled = dtype, compiled
+        self.dtype, self.compiled = dtype, compiled or programs is not None
         keep = dtype == torch.float32 or not cast  # not cast: ``estimator`` already holds ``dtype`` weights
         self.inner = estimator if keep else cast_parameters(estimator, dtype)
-        self.run = _compiled(self.inner) if compiled else self.inner
         # page windows (engine.flow.dit_pages, unet_pages), compiled alike on first use
         paged = getattr(self.inner, "forward_paged", None)
-        self.run_paged = _compiled(paged) if compiled and paged is not None else paged
+        self.run: Callable[..., Tensor] = self.inner.__call__  # a callable, not a second name of the module
+        self.run_paged: Callable[..., tuple[Tensor, ...]] | None = paged
+        if programs is not None:  # compiled ahead of time (engine.flow.aot_package), bound to ``inner``
+            self.run, self.run_paged = programs.whole(self.inner), programs.windows(paged)
+        elif compiled:
+            self.run = _compiled(self.inner)
+            self.run_paged = _compiled(paged) if paged is not None else None
 
     def twin(self, compiled: bool) -> CompiledEstimator:
         """The same weights (shared, not copied), run eager or by TorchInductor: the engine serves on the
         eager twin while the compiled one is built in the background."""
         return CompiledEstimator(self.inner, self.dtype, compiled, cast=False)
+
+    def with_programs(self, programs: AotPrograms) -> CompiledEstimator:
+        """The same weights run by ``programs`` (built ahead of time and bound to them)."""
+        return CompiledEstimator(self.inner, self.dtype, compiled=False, cast=False, programs=programs)
 
     def forward(
         self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, streaming: bool

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 import torch
@@ -40,6 +42,15 @@ WINDOW = "window"
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class AotRoot:
+    """Where the flow's ahead-of-time programs live (the cache root's ``compile/aot``), and whether they
+    are traced with cuDNN's attention first (``flow_attention`` "cudnn": a program of its own)."""
+
+    root: Path
+    cudnn: bool = False
+
+
 class GraphedCFM(nn.Module):
     """Drop-in for ``flow.decoder``: same ``forward(inputs, streaming) -> mel [B, 80, T] float32``.
 
@@ -54,10 +65,16 @@ class GraphedCFM(nn.Module):
         frame_bucket: int = 100,
         max_graphs: int = 128,  # > the 80 buckets of batch 1-16 x 100-800 frames x streaming: no re-captures
         compiled: bool = False,
+        aot: AotRoot | None = None,
     ):
         super().__init__()
         self.cfm, self.frame_bucket, self.dtype = cfm, frame_bucket, dtype
-        self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled))
+        # with ``aot`` the compiled programs come from packages built in a child process (aot_package)
+        self.aot = aot if compiled else None
+        eager_first = self.aot is not None  # the packages' programs replace it (precapture)
+        self.solver = cfm.with_estimator(
+            CompiledEstimator(cfm.estimator, dtype, compiled and not eager_first)
+        )
         self.graphs = GraphCache("flow solver", max_graphs)
         self.pool: PagePool | None = None  # enable_reuse
         # the pages a request may keep, and the prefix widths (pages) of the window graphs: a window reads
@@ -143,6 +160,8 @@ class GraphedCFM(nn.Module):
         frame reuse is an optimisation, and a load that fails for it would take the service down."""
         from torch._dynamo.exc import BackendCompilerFailed  # Dynamo: seconds to import, only for graphs
 
+        if self.aot is not None:
+            return self._serve_programs(max_batch, max_frames, device, later)
         if later is not None and self.compiled:
             return self._serve_eager_first(max_batch, max_frames, device, later)
         try:
@@ -165,20 +184,48 @@ class GraphedCFM(nn.Module):
         compiled, estimator = self.solver, self.solver.estimator
         assert isinstance(estimator, CompiledEstimator)
         self.solver = self.cfm.with_estimator(estimator.twin(compiled=False))
-        between = ("flow compile", self._compile_job(compiled, device))
+        between = ("flow compile", self._swap_job(lambda stop: compiled, device))
         return self._precapture(max_batch, max_frames, device, later, between)
 
-    def _compile_job(self, compiled: CausalCFM, device: torch.device) -> Job:
-        """Compile (inside the first captures) and capture every key captured by then, of ``compiled``,
-        then serve them: the graphs and the uncaptured solver switch together; a stop or a failure leaves
-        the eager ones."""
+    def _serve_programs(
+        self, max_batch: int, max_frames: int, device: torch.device, later: Later | None
+    ) -> int:
+        """The programs compiled ahead of time: as the compile in ``_serve_eager_first`` (eager graphs
+        first, then the "flow compile" job swaps them), the job waiting for the child process that builds
+        them (not for the interpreter) or loading them from disk; without ``later``, before any capture."""
+        if later is None:
+            self.solver = self._programs_solver(device, None) or self.solver
+            return self._precapture(max_batch, max_frames, device, None)
+        between = ("flow compile", self._swap_job(lambda stop: self._programs_solver(device, stop), device))
+        return self._precapture(max_batch, max_frames, device, later, between)
 
-        def recipe(key: tuple) -> tuple[Callable, Callable]:
-            return self._recipe(key, compiled, device)
+    def _programs_solver(self, device: torch.device, stop: threading.Event | None) -> CausalCFM | None:
+        """The solver running the ahead-of-time programs (built now if the cache root lacks them), bound
+        to the serving estimator's weights; None when ``stop`` came first."""
+        from engine.flow.aot_package import AotBuild, AotPrograms, AotSpec
+
+        assert self.aot is not None
+        estimator = cast(CompiledEstimator, self.solver.estimator)
+        spec = AotSpec.of(self.cfm, self.dtype, device, self.aot.cudnn, paged=self.pool is not None)
+        build = AotBuild(spec, self.aot.root).start()
+        if not build.wait(stop):
+            return None
+        programs = AotPrograms.load(build.path, estimator.inner)
+        return self.cfm.with_estimator(estimator.with_programs(programs))
+
+    def _swap_job(self, solver: Callable[[threading.Event], CausalCFM | None], device: torch.device) -> Job:
+        """Get the compiled ``solver`` (None: stopped), capture every key captured by then of it, then
+        serve them: the graphs and the uncaptured solver switch together; a stop or a failure leaves the
+        eager ones."""
 
         def job(stop: threading.Event) -> None:
+            compiled = solver(stop)
+            if compiled is None:
+                return
             keys = cast("list[tuple]", self.graphs.keys())  # this cache's keys are tuples
-            calls = self.graphs.record_all(keys, recipe, device, stop)
+            calls = self.graphs.record_all(
+                keys, lambda key: self._recipe(key, compiled, device), device, stop
+            )
             if calls is None:
                 return
             self.graphs.replace(calls)

@@ -32,7 +32,7 @@ from engine.config import AUTO_POOL_SHARE, EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
 from engine.flow.cfm import CausalCFM
 from engine.flow.compiled_estimator import use_compile_cache
-from engine.flow.graphs import GraphedCFM
+from engine.flow.graphs import AotRoot, GraphedCFM
 from engine.frontend import Frontend
 from engine.graph_builder import GraphBuilder
 from engine.hub import ModelDir, resolve_model
@@ -651,13 +651,13 @@ def _hf_export(cfg: EngineConfig, files: ModelDir) -> Path:
 
 def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -> GraphedCFM:
     """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
-    compiled = cfg.compiles_flow(family)
+    compiled, cudnn = cfg.compiles_flow(family), cfg.flow_attention == "cudnn"
     if compiled:
         # cuDNN's order changes which attention op a traced graph calls, not the graph Dynamo sees, which
         # is what a cache entry may be found by: its programs get a cache of their own
-        cudnn = cfg.flow_attention == "cudnn"
         use_compile_cache(cache / "compile" / "attention-cudnn" if cudnn else cache / "compile")
-    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled)
+    aot = AotRoot(cache / "compile" / "aot", cudnn) if cfg.flow_aot else None
+    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled, aot=aot)
 
 
 def _enable_reuse(flow: object, family: str, cfg: EngineConfig, dev: torch.device) -> None:

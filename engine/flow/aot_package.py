@@ -1,0 +1,407 @@
+"""The flow estimator's serving programs compiled ahead of time by AOTInductor in a process of their own,
+kept under the cache root and loaded from there (``EngineConfig.flow_aot``).
+
+Why: ``torch.compile`` in the serving process traces the estimator with Dynamo, tens of seconds of Python
+during which every request beside it waits for the interpreter (BENCHMARKS.md, "Start-up"). Here a child
+process exports and compiles; the server only waits for a process (not for the GIL), then loads the
+packages in milliseconds. A warm start finds them on disk and starts no child.
+
+The packages hold no weights (``package_constants_in_so`` off): the child builds the estimator at its
+architecture with random values, and the server hands each loaded program its own (cast) parameters and
+buffers by name, shared, not copied. A package set is found by the hash of everything that changes the
+traced code (``AotSpec.key``): the estimator's class and config, the solver's, the compute dtype, the
+attention rule, the device, torch's version and the flow code's source.
+
+Programs: "final" (the estimator's whole-sequence call with full attention: every final call),
+"streaming" (the same with the chunk rule: streaming calls where there is no page pool) and "paged" (one
+solver step of page windows, ``forward_paged``: streaming calls with a pool). Each is exported at one
+recorded call with every size left to ``torch.export`` (``Dim.AUTO``) and checked against the eager
+estimator at another recorded call of other sizes before it is kept.
+
+    python -m engine.flow.aot_package SPEC.json OUT_DIR     # the child: what AotBuild runs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from engine import device as devices
+from engine.flow.cfm import CausalCFM, CfmConfig, CfmInputs
+from engine.flow.dit import DiT, DiTConfig
+from engine.flow.unet import CausalConditionalDecoder, UNetConfig
+
+log = logging.getLogger(__name__)
+FLOW_SOURCES = Path(__file__).parent  # the traced code: a change to it is a new package set
+MANIFEST = "programs.json"  # written last: a folder with it is complete
+WAIT_SLICE_S = 1.0  # AotBuild.wait looks at its stop event this often
+ESTIMATORS: dict[str, tuple[type[nn.Module], type]] = {
+    "dit": (DiT, DiTConfig),
+    "unet": (CausalConditionalDecoder, UNetConfig),
+}
+# a program is kept if it matches eager to this share of the output's largest magnitude (bf16 keeps 8
+# bits of mantissa; the package and eager round at different places)
+TOLERANCE = {"float32": 1e-3, "bfloat16": 3e-2}
+
+
+@dataclass(frozen=True)
+class AotSpec:
+    """What a package set is built for (everything but the weights). ``config`` and ``cfm`` are the
+    estimator's and the solver's config dataclasses as JSON."""
+
+    estimator: str  # a key of ESTIMATORS
+    config: str
+    cfm: str
+    dtype: str  # the compute dtype (CompiledEstimator's)
+    device: str  # "cuda", "cpu"
+    folded: bool  # the attention rules folded into q/k dims (CausalCFM.fold_attention)
+    cudnn: bool  # traced with cuDNN's attention first (devices.cudnn_attention)
+    programs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {self.estimator!r}")
+        if self.dtype not in TOLERANCE:
+            raise ValueError(f"dtype must be one of {sorted(TOLERANCE)}, got {self.dtype!r}")
+        unknown = set(self.programs) - {"final", "streaming", "paged"}
+        if unknown or not self.programs:
+            raise ValueError(f"programs must be some of final, streaming, paged; got {self.programs}")
+
+    @classmethod
+    def of(
+        cls, cfm: CausalCFM, dtype: torch.dtype, device: torch.device, cudnn: bool, paged: bool
+    ) -> AotSpec:
+        """The spec of ``cfm``'s estimator served in ``dtype`` on ``device``, with a page pool or not."""
+        est = cfm.estimator
+        kind = next((k for k, (c, _) in ESTIMATORS.items() if isinstance(est, c)), None)
+        if kind is None:
+            raise TypeError(f"no ahead-of-time programs for a {type(est).__name__} estimator")
+        config = json.dumps(dataclasses.asdict(est.cfg), sort_keys=True)  # type: ignore[call-overload]
+        solver = json.dumps(dataclasses.asdict(cfm.cfg), sort_keys=True)
+        programs = ("final", "paged" if paged else "streaming")
+        folded = bool(getattr(est, "fold_masks", False))
+        return cls(
+            kind, config, solver, str(dtype).removeprefix("torch."), device.type, folded, cudnn, programs
+        )
+
+    def key(self) -> str:
+        """The package set's folder name: a hash of this spec, the device's kind, torch and the flow code."""
+        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode())
+        digest.update(f"{torch.__version__} {devices.describe(torch.device(self.device))}".encode())
+        for source in sorted(FLOW_SOURCES.glob("*.py")):
+            digest.update(source.read_bytes())
+        return digest.hexdigest()[:20]
+
+    def build_cfm(self) -> CausalCFM:
+        """The solver around a randomly initialised estimator of this architecture, weights in ``dtype``."""
+        module, config = ESTIMATORS[self.estimator]
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(self.config).items()}
+        dev, dtype = torch.device(self.device), getattr(torch, self.dtype)
+        with dev:
+            estimator = module(config(**fields))
+        for param in estimator.parameters():
+            param.data = param.data.to(dtype)
+        cfm = CausalCFM(CfmConfig(**json.loads(self.cfm)), estimator).to(dev).eval()
+        if self.folded:
+            cfm.fold_attention()
+        return cfm
+
+
+class WholeCall(nn.Module):
+    """The estimator's whole-sequence call (streaming rule or not) with positional tensors, as export
+    takes them."""
+
+    def __init__(self, estimator: nn.Module, streaming: bool):
+        super().__init__()
+        self.estimator, self.streaming = estimator, streaming
+
+    def forward(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
+        return self.estimator(x, mask, mu, t, spks, cond, self.streaming)
+
+
+class PagedWindow(nn.Module):
+    """The estimator's ``forward_paged`` (one solver step of a batch of page windows) with its inputs
+    named, as export takes them -> (velocity, the keys/values it keeps, the states it keeps)."""
+
+    def __init__(self, estimator: nn.Module):
+        super().__init__()
+        self.estimator = estimator
+        self.paged: Callable[..., tuple[Tensor, ...]] = estimator.forward_paged  # type: ignore[assignment]
+
+    def forward(
+        self, x: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor, kv: Tensor, states: Tensor,
+        prefix: Tensor, start: Tensor, total: Tensor, lead: Tensor, cfg: Tensor,
+    ) -> tuple[Tensor, ...]:  # fmt: skip
+        return self.paged(x, mu, t, spks, cond, kv, states, prefix, start, total, lead, cfg)
+
+
+def export_and_load(
+    module: nn.Module, example: tuple[Tensor, ...], dims: Any, package: Path, weights: bool = True
+) -> tuple[Any, dict[str, float]]:
+    """Export ``module`` at ``example`` with ``dims`` dynamic, compile it into ``package`` (without its
+    weights unless ``weights``: then ``bind`` gives them), load it -> (runner, seconds of each step)."""
+    timings, t0 = {}, time.perf_counter()
+    program = torch.export.export(module, example, dynamic_shapes=dims)
+    timings["export_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+    configs = {} if weights else {"aot_inductor.package_constants_in_so": False}
+    path = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
+        program, package_path=str(package), inductor_configs=configs
+    )
+    timings["aoti_compile_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+    runner = torch._inductor.aoti_load_package(path)  # type: ignore[attr-defined]
+    if not weights:
+        bind(runner, module)
+    timings["load_s"] = time.perf_counter() - t0
+    return runner, {k: round(v, 3) for k, v in timings.items()}
+
+
+def bind(runner: Any, module: nn.Module) -> None:
+    """Hand a weightless package ``module``'s parameters and buffers by name (shared: the package reads
+    them where they are); a name the package needs and the module lacks is an error."""
+    named = dict(module.named_parameters()) | dict(module.named_buffers())
+    wanted = runner.get_constant_fqns()
+    missing = [name for name in wanted if name not in named]
+    if missing:
+        raise KeyError(f"the flow program needs tensors the estimator lacks: {missing[:5]}")
+    runner.load_constants({name: named[name] for name in wanted}, check_full_update=True, user_managed=True)
+
+
+# ---------------------------------------------------------------------------------------------- the child
+def build(spec: AotSpec, out: Path) -> dict[str, Any]:
+    """Record the estimator's calls, export, compile and check each of ``spec.programs`` into ``out``
+    (built in a folder beside it and renamed, so ``out`` is complete or absent) -> the manifest."""
+    cfm = spec.build_cfm()
+    dev, dtype = torch.device(spec.device), getattr(torch, spec.dtype)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    manifest: dict[str, Any] = {"spec": dataclasses.asdict(spec), "torch": torch.__version__}
+    with _attention(spec, dev), torch.inference_mode():
+        calls = record_calls(cfm, dtype, spec.programs)
+        for name in spec.programs:
+            manifest[name] = _program(name, cfm.estimator, calls[name], tmp / f"{name}.pt2", spec.dtype)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return manifest
+
+
+def _attention(spec: AotSpec, dev: torch.device) -> Any:
+    import contextlib
+
+    return devices.cudnn_attention(dev) if spec.cudnn else contextlib.nullcontext()
+
+
+def _program(
+    name: str, estimator: nn.Module, calls: list[tuple[Tensor, ...]], package: Path, dtype: str
+) -> dict[str, Any]:
+    """Export ``name`` at its first recorded call, compile, load and compare with eager at its last."""
+    module = (PagedWindow(estimator) if name == "paged" else WholeCall(estimator, name == "streaming")).eval()
+    first, last = calls[0], calls[-1]
+    dims = tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} for a in first)  # type: ignore[attr-defined]
+    runner, timings = export_and_load(module, first, dims, package, weights=False)
+    got, want = _outputs(runner(*last)), _outputs(module(*last))
+    scale = max(w.float().abs().max().item() for w in want if w.numel()) or 1.0
+    diff = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want) if w.numel())
+    if diff > TOLERANCE[dtype] * scale:
+        raise ValueError(f"the {name} program differs from eager by {diff:.3g} (outputs up to {scale:.3g})")
+    shapes = {"exported_at": [list(a.shape) for a in first], "checked_at": [list(a.shape) for a in last]}
+    log.info("flow program %s: %s, differs from eager by %.2g of %.2g", name, timings, diff, scale)
+    return {**timings, "max_abs_diff": diff, "output_scale": scale, **shapes}
+
+
+def _outputs(out: Tensor | tuple[Tensor, ...] | list[Tensor]) -> tuple[Tensor, ...]:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def record_calls(cfm: CausalCFM, dtype: torch.dtype, programs: tuple[str, ...]) -> dict[str, list[tuple]]:
+    """Each program's estimator calls as the engine's solver makes them (every solver step's inputs,
+    cloned contiguous): a stream's first call, then calls of two streams with other sizes. The page
+    windows through a pool of their own, as ``GraphedCFM.forward_cached`` runs them."""
+    from engine.flow.compiled_estimator import CompiledEstimator
+    from engine.flow.graphs import GraphedCFM, _page_sizes
+
+    dev = next(cfm.parameters()).device
+    graphed = GraphedCFM(cfm, dtype, compiled=False)
+    estimator = cast(CompiledEstimator, graphed.solver.estimator)
+    calls: dict[str, list[tuple]] = {name: [] for name in programs}
+    whole, paged = estimator.run, estimator.run_paged
+
+    def record_whole(*args: Any) -> Tensor:
+        calls["streaming" if args[-1] else "final"].append(tuple(a.contiguous().clone() for a in args[:-1]))
+        return whole(*args)
+
+    def record_paged(*args: Tensor) -> Any:
+        calls["paged"].append(tuple(a.contiguous().clone() for a in args))
+        assert paged is not None
+        return paged(*args)
+
+    estimator.run, estimator.run_paged = record_whole, record_paged
+    for streams, frames in ((1, 250), (2, 350)):
+        inputs = _example_inputs(streams, frames, dev)
+        if "final" in programs:
+            graphed.solver(inputs, False)
+        if "streaming" in programs:
+            graphed.solver(inputs, True)
+    if "paged" in programs:
+        sizes = _page_sizes(cfm)
+        if sizes is None:
+            raise TypeError(f"{type(cfm.estimator).__name__} has no page windows")
+        _stream_windows(graphed, sizes, dev)
+    return {name: calls[name] for name in programs}
+
+
+def _stream_windows(graphed: Any, sizes: tuple[int, ...], dev: torch.device) -> None:
+    """A stream's first streaming call, then two streams' first two (the second reads the first's pages
+    through a wider page table), through a pool of 64 pages."""
+    from engine.flow.dit_pages import PageLayout
+
+    steps, depth, heads, dim_head, mel, chunk, _, states = sizes
+    page = PageLayout.page_bytes(steps, depth, heads, dim_head, mel, chunk, states)
+    if not graphed.enable_reuse(63 * page, 800, dev):
+        raise ValueError("no page pool for the window programs")
+    graphed.graphs.frozen = True  # uncaptured: the eager calls are what is recorded
+    for streams, frames in ((1, (250,)), (2, (250, 350))):
+        caches = [graphed.frame_cache(None) for _ in range(streams)]
+        for n in frames:
+            graphed.forward_cached(_example_inputs(streams, n, dev), caches)
+
+
+def _example_inputs(batch: int, frames: int, dev: torch.device) -> CfmInputs:
+    """A call of ``frames`` frames for every row, the first 100 of them the prompt's (random values: the
+    programs depend on shapes, not values)."""
+    g = torch.Generator().manual_seed(batch * 1000 + frames)
+    mu, cond = torch.randn(batch, 80, frames, generator=g), torch.zeros(batch, 80, frames)
+    cond[:, :, :100] = torch.randn(batch, 80, 100, generator=g)
+    spks, mask = torch.randn(batch, 80, generator=g), torch.ones(batch, 1, frames)
+    prompt, total = torch.full((batch,), 100), torch.full((batch,), frames)
+    return CfmInputs(*(t.to(dev) for t in (mu, mask, spks, cond, prompt, total)))
+
+
+# --------------------------------------------------------------------------------------------- the server
+@dataclass(frozen=True)
+class AotPrograms:
+    """The loaded programs (None: not built; that call runs the eager estimator), bound to the
+    estimator's weights."""
+
+    final: Any
+    streaming: Any
+    paged: Any
+
+    @classmethod
+    def load(cls, folder: Path, estimator: nn.Module) -> AotPrograms:
+        """The packages in ``folder`` bound to ``estimator`` (the serving one, in the compute dtype)."""
+        built = json.loads((folder / MANIFEST).read_text())
+        runners = {}
+        for name in ("final", "streaming", "paged"):
+            if name in built:
+                runners[name] = torch._inductor.aoti_load_package(str(folder / f"{name}.pt2"))  # type: ignore[attr-defined]
+                bind(
+                    runners[name], PagedWindow(estimator) if name == "paged" else WholeCall(estimator, False)
+                )
+        return cls(runners.get("final"), runners.get("streaming"), runners.get("paged"))
+
+    def whole(self, eager: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        """``estimator(x, mask, mu, t, spks, cond, streaming)`` through the program built for it."""
+
+        def run(*args: Any) -> Tensor:
+            program = self.streaming if args[-1] else self.final
+            if program is None:
+                return eager(*args)
+            return program(*_contiguous(args[:-1]))
+
+        return run
+
+    def windows(
+        self, eager: Callable[..., tuple[Tensor, ...]] | None
+    ) -> Callable[..., tuple[Tensor, ...]] | None:
+        """``forward_paged`` through its program (the eager one where it was not built)."""
+        program = self.paged
+        if program is None:
+            return eager
+        return lambda *args: tuple(program(*_contiguous(args)))
+
+
+def _contiguous(args: tuple[Tensor, ...]) -> Iterator[Tensor]:
+    """The programs were compiled for dense inputs (the solver passes ``t`` expanded, stride 0)."""
+    return (a.contiguous() for a in args)
+
+
+class AotBuild:
+    """The package set of one spec under ``root``: found there, or being built by a child process."""
+
+    def __init__(self, spec: AotSpec, root: Path):
+        self.spec, self.path = spec, root / spec.key()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def done(self) -> bool:
+        return (self.path / MANIFEST).is_file()
+
+    def start(self) -> AotBuild:
+        """Start the child unless the set is on disk already; its output goes to ``build.log`` beside it."""
+        if self.done or self.process is not None:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        spec_file = self.path.with_name(f"{self.path.name}.json")
+        spec_file.write_text(json.dumps(dataclasses.asdict(self.spec), indent=2) + "\n")
+        log_file = self.path.with_name(f"{self.path.name}.log").open("wb")
+        repo = str(Path(__file__).resolve().parents[2])
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+        }
+        command = [sys.executable, "-m", "engine.flow.aot_package", str(spec_file), str(self.path)]
+        with log_file:
+            self.process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        log.info(
+            "building the flow programs in a child process (pid %d) into %s", self.process.pid, self.path
+        )
+        return self
+
+    def wait(self, stop: threading.Event | None = None) -> bool:
+        """Block (in the child's wait, not holding the interpreter) until the set is built -> True, or
+        ``stop`` was set -> False (the child is then killed). A failed build raises with its log's end."""
+        while self.process is not None and self.process.poll() is None:
+            if stop is not None and stop.is_set():
+                self.process.kill()
+                self.process.wait()
+                return False
+            try:
+                self.process.wait(WAIT_SLICE_S)
+            except subprocess.TimeoutExpired:
+                continue
+        if not self.done:
+            tail = self.path.with_name(f"{self.path.name}.log")
+            text = tail.read_text(errors="replace")[-2000:] if tail.is_file() else "(no log)"
+            raise RuntimeError(f"the flow programs were not built ({self.path}):\n{text}")
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: ``SPEC.json OUT_DIR`` -> builds the set into OUT_DIR (exit 0), or fails (exit 1)."""
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    fields = json.loads(Path(args[0]).read_text())
+    spec = AotSpec(**{**fields, "programs": tuple(fields["programs"])})
+    build(spec, Path(args[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
