@@ -88,7 +88,8 @@ async def perform_script(ctx: ApiContext, body: ScriptRequest, request: Request,
         cast = await build_cast(ctx.engine, body, owner)
     except EngineError as err:
         raise from_engine(err, PARAMS) from err
-    timer: WordTimer | None = getattr(ctx.engine, "asr", None)  # a local engine's Whisper; remote: none
+    # a local engine's Whisper; a remote engine has none
+    timer: WordTimer | None = getattr(ctx.engine, "word_timer", None)
     gen = perform(ctx.engine, parts, cast, timer, timings=body.timestamps)
     first = await open_performance(gen)
     if not body.streams():

@@ -206,3 +206,12 @@ class LoadingAsr:
     async def ready(self) -> Transcriber:
         """The loaded Whisper (its load's error if it failed)."""
         return await asyncio.wrap_future(self._loaded)
+
+    def words(self, pcm: np.ndarray, sample_rate: int, language: str | None = None) -> list[Word]:
+        """The subtitles' word timer (``Transcriber.words``), blocking until the load ends: called in a
+        worker thread. A failed load raises RuntimeError, on which the words are spread by letters."""
+        try:
+            transcriber = self._loaded.result()
+        except Exception as err:  # the load's own error, logged where it failed
+            raise RuntimeError(f"the ASR model {self.name} did not load: {err}") from err
+        return transcriber.words(pcm, sample_rate, language)

@@ -199,7 +199,7 @@ class ScriptDesk:
         pcm: list[np.ndarray] = []
         done: list[PartDone] = []
         t0 = time.monotonic()
-        timer = getattr(engine, "asr", None)
+        timer = getattr(engine, "word_timer", None)
         total = sum(1 for p in parts if isinstance(p, Speech))
         yield progress_html(0, total, 0.0, 0.0, self.t), gr.skip(), gr.skip()
         gen = perform(engine, parts, cast, timer, timings=True)
@@ -215,6 +215,9 @@ class ScriptDesk:
                     hub.publish(rid, views.pcm16_bytes(item))
         except EngineError as err:
             raise user_error(self.studio.engine_message(err)) from err
+        except Exception as err:  # a bug: its text and traceback go to the log, not to the visitor
+            log.exception("the script failed")
+            raise user_error(self.t("err_internal")) from err
         finally:
             await gen.aclose()
             if rid:

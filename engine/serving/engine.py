@@ -47,6 +47,7 @@ from engine.serving.plan import Plan, Planner
 from engine.serving.playback import Playback
 from engine.serving.startup import Timeline
 from engine.serving.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
+from engine.serving.subtitles import WordTimer
 from engine.serving.token2wav import Token2Wav, Utterance
 from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
 from engine.text.pool import TextPool, text_job
@@ -555,6 +556,11 @@ class TTSEngine:
     def asr_model(self) -> str | None:
         """The Whisper's name (loaded, or loading: a transcription waits for it), None when it is off."""
         return self.asr.name if self.asr is not None else None
+
+    @property
+    def word_timer(self) -> WordTimer | None:
+        """What times a script's words for its subtitles (Whisper, waiting for its load), None when off."""
+        return self.asr
 
     async def transcribe(self, audio: AudioInput, language: str | None = None) -> Transcript:
         """The prompt's text and language, computed in a worker thread (synthesis keeps running); the

@@ -129,3 +129,27 @@ async def test_a_20000_character_text_streams_from_its_first_sentence(tmp_path):
     assert total > 60 and asked_at_first_byte is not None and asked_at_first_byte <= 3  # look-ahead 1
     assert len(engine.requests) == total and received // 2 == total * expected_samples(engine)
     assert all(q.voice_id == voice and len(q.text) <= 230 for q in engine.requests)
+
+
+async def test_word_times_come_from_the_engines_word_timer(tmp_path):
+    """The route asks the engine's ``word_timer`` (a local engine's Whisper): its times, not the spread."""
+    from engine.serving.subtitles import Word
+
+    class Timer:
+        def words(self, pcm, sample_rate, language=None):
+            return [Word("Hello", 0.1, 0.2), Word("Bob.", 0.3, 0.4)]
+
+    engine = RecordingEngine()
+    engine.word_timer = Timer()  # type: ignore[attr-defined]
+    wav = tmp_path / "v.wav"
+    wav.write_bytes(wav_bytes(3.0))
+    voice = engine.add_voice("Alice", str(wav), "A prompt.", None).id
+    script = {"script": "Alice: Hello Bob.", "voices": {"Alice": voice}, "timestamps": True}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=build_api(engine, Limits(), api_key="")), base_url="http://t"
+    ) as client:
+        r = await client.post("/v1/audio/script", json=script)
+    assert r.status_code == 200, r.text
+    assert [(w["text"], w["start_s"], w["end_s"]) for w in r.json()["words"]] == [
+        ("Hello", 0.1, 0.2), ("Bob.", 0.3, 0.4),
+    ]  # fmt: skip

@@ -122,3 +122,30 @@ def test_random_weights_say_the_timings_are_noise():
     note = en("script_noise")
     assert note in noisy and note not in clean
     assert '<span class="cosy-w" data-s="0.400" data-e="0.900">there</span>' in clean
+
+
+async def test_the_take_is_timed_by_the_engines_word_timer_and_a_bug_is_not_shown(desk):
+    """The desk asks the engine's ``word_timer`` (the server's Whisper) for the words' times; a timer that
+    fails with an unexpected error ends the take with the page's "could not finish" message, not the
+    exception's text (which goes to the log)."""
+    from engine.serving.subtitles import Word
+
+    class Timer:
+        def __init__(self, fail: Exception | None = None) -> None:
+            self.fail = fail
+
+        def words(self, pcm, sample_rate, language=None):
+            if self.fail is not None:
+                raise self.fail
+            return [Word("One.", 0.05, 0.15)]
+
+    engine = desk.studio.engine
+    engine.word_timer = Timer()
+    updates = [u async for u in desk.perform(*inputs(desk, "Alice: One."))]
+    srt = Path(updates[-1][2][1]).read_text()
+    assert "00:00:00,050 --> 00:00:00,150\nOne." in srt
+    engine.word_timer = Timer(KeyError("a private detail"))
+    with pytest.raises(gr.Error) as err:
+        async for _ in desk.perform(*inputs(desk, "Alice: One.")):
+            pass
+    assert err.value.message == Texts("en")("err_internal") and "private" not in err.value.message

@@ -263,13 +263,19 @@ class _HeldTranscriber:
     def transcribe(self, audio: object, language: str | None = None) -> str:
         return f"heard ({language})"
 
+    def words(self, pcm: object, sample_rate: int, language: str | None = None) -> list:
+        from engine.serving.subtitles import Word
+
+        return [Word("Hello.", 0.25, 0.75)]
+
 
 async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it(
     tiny_cfg, tmp_path, monkeypatch
 ):
     """Only a prompt without its transcript needs Whisper: the engine is ready while it still loads (a
     background phase, pending on /ready), speech is served meanwhile, a transcription waits for the load;
-    a load that fails leaves speech served and every transcription raising its error."""
+    a load that fails leaves speech served and every transcription raising its error. The subtitles'
+    word timer is the same loading Whisper."""
     import asyncio
     import dataclasses
 
@@ -277,6 +283,7 @@ async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it
     from engine.errors import ModelError
     from engine.request import Mode, SynthesisRequest
     from engine.serving.engine import TTSEngine
+    from engine.serving.subtitles import Word, align_words
     from tests.sounds import speech_like
 
     release, outcome = threading.Event(), {"fail": False}
@@ -306,12 +313,17 @@ async def test_whisper_loads_beside_the_warm_up_and_a_transcription_waits_for_it
             audio, _ = await eng.synthesize(req)  # speech is served meanwhile
             assert audio.size > 0
             release.set()
+            timer, pcm = eng.word_timer, speech_like(1.0, 24000)
+            assert timer is not None  # the subtitles' word timer: the same loading Whisper
             if fail:
                 with pytest.raises(ModelError, match="my-whisper"):
                     await asyncio.wait_for(heard, 30.0)
+                with pytest.raises(RuntimeError, match="did not load"):  # words then spread by letters
+                    timer.words(pcm, 24000, "en")
                 assert (await eng.synthesize(req))[0].size > 0  # and still after the failure
             else:
                 assert await asyncio.wait_for(heard, 30.0) == "heard (en)"
+                assert align_words("Hello.", pcm, 24000, timer) == [Word("Hello.", 0.25, 0.75)]
                 assert "whisper" not in eng.startup.pending()
                 assert [p.background for p in eng.startup.phases if p.name == "whisper"] == [True]
         finally:
