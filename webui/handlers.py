@@ -261,9 +261,10 @@ class Studio:
         form = replace(form, rid=rid, live=bool(form.live) and form.mode != "vc")
         try:  # the browser's player is waiting on rid: a bad input must close it too
             req = self.build_request(form)
-        except gr.Error:
+        except gr.Error as err:
             self.hub.close(rid)
-            raise
+            yield self.refused(str(err.message))
+            return
         if form.live:
             feed = self.live.open(rid, form.text, max(1.0, float(form.wps or 4.0)))
             req = replace(req, text="", text_stream=feed.pieces())
@@ -315,6 +316,13 @@ class Studio:
                 self.engine.abort(rid)  # closed mid-stream (tab closed, event cancelled): free the engine
             await chunks.aclose()
         yield self.failed(failure, last) if failure else self.finish(req, parts, last, history)
+
+    def refused(self, message: str) -> tuple[Any, ...]:
+        """The update for a request its own inputs stop before it starts: the status says why, in red beside
+        the result (as an error the event would leave the last take's "Done" under Gradio's error badge,
+        and a toast would be headed "Warning" in every language)."""
+        metrics = views.metrics_html(None, self.t)
+        return gr.skip(), metrics, self.status("refused", message=message), gr.skip(), gr.skip()
 
     def failed(self, message: str, last: AudioChunk | None) -> tuple[Any, ...]:
         """The update that ends a failed request: a toast, and the status says so (with its Retry button,
@@ -434,6 +442,16 @@ class Studio:
     async def save_voice(
         self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str = ""
     ) -> tuple[Any, str]:
+        """Save the prompt as a voice -> (the voice dropdown, a note); a refusal is the note's, in red
+        (as an error the event would cover the dropdown with Gradio's error badge)."""
+        try:
+            return await self._save_voice(name, prompt_wav, prompt_text, browser_id)
+        except gr.Error as err:
+            return gr.skip(), views.note_html(str(err.message), "bad")
+
+    async def _save_voice(
+        self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str
+    ) -> tuple[Any, str]:
         owner = self.browser_owner(browser_id)
         name = (name or "").strip()
         if not name:
@@ -449,6 +467,14 @@ class Studio:
         return gr.Dropdown(choices=choices, value=str(voice.id)), note
 
     async def delete_voice(self, voice_id: str | None, browser_id: str = "") -> tuple[Any, str]:
+        """Delete the picked voice -> (the voice dropdown, a note); a refusal is the note's, in red (the
+        listener skips the queue, where an error would show nowhere)."""
+        try:
+            return await self._delete_voice(voice_id, browser_id)
+        except gr.Error as err:
+            return gr.skip(), views.note_html(str(err.message), "bad")
+
+    async def _delete_voice(self, voice_id: str | None, browser_id: str) -> tuple[Any, str]:
         owner = self.browser_owner(browser_id)
         if not voice_id:
             raise user_error(self.t("err_no_voice"))

@@ -154,12 +154,14 @@ def _voice_column(
             with gr.Row(equal_height=True):
                 c["save_name"] = gr.Textbox(label=lbl("save_name"), placeholder=lbl("save_name_ph"), scale=3)
                 c["save"] = gr.Button(lbl("save_btn"), scale=1, size="md", elem_id="cosy-save")
-            c["save_note"] = gr.HTML("", js_on_load=None)
+            c["save_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-save-note")
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["voice_box"])) as c["voice_box"]:
             with gr.Row(equal_height=True):
                 c["voice"] = gr.Dropdown([], label=lbl("saved_voice"), scale=4, elem_id="cosy-voice")
-                c["delete"] = gr.Button(lbl("delete_btn"), variant="stop", size="md", scale=1)
-            c["voice_note"] = gr.HTML("", js_on_load=None)
+                c["delete"] = gr.Button(
+                    lbl("delete_btn"), variant="stop", size="md", scale=1, elem_id="cosy-delete"
+                )
+            c["voice_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-voice-note")
     return c
 
 

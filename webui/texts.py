@@ -168,6 +168,7 @@ EN: dict[str, str] = {
     "voice_example": "example",
     # the request's end when it fails, kept transcripts, unknown languages, unreadable files
     "status_failed": "Failed: {message}",
+    "status_refused": "Not started: {message}",
     "retry": "Retry",
     "err_internal": "The server could not finish this request (the details are in its log). "
     "Press Retry, or change the text or the voice.",
@@ -354,6 +355,7 @@ ZH: dict[str, str] = {
     "voice_example": "示例",
     # the request's end when it fails, kept transcripts, unknown languages, unreadable files
     "status_failed": "失败：{message}",
+    "status_refused": "未开始：{message}",
     "retry": "重试",
     "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",
     "transcript_kept": "保留了你输入的参考文本；识别结果为“{text}”。",

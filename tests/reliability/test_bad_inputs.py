@@ -565,17 +565,25 @@ def studio(engine, tmp_path) -> Studio:
 
 
 class PageFailed(Exception):
-    """The request ended with the page's "failed" status (the engine refused it); the message is the
-    status text the visitor reads."""
+    """The request ended with the page's "failed" status (the engine refused it) or "refused" (its inputs
+    did), or a voice listener's red note; the message is the text the visitor reads."""
 
 
 async def ui_generate(studio: Studio, values: dict[str, Any]) -> np.ndarray:
     outputs = [out async for out in studio.generate(Form(**values))]
     audio, status = outputs[-1][0], outputs[-1][2]
-    if 'data-state="failed"' in status:
+    if 'data-state="failed"' in status or 'data-state="refused"' in status:
         raise PageFailed(html.unescape(status))
     assert outputs[-1][2].count('data-state="done"') == 1, outputs[-1][2]
     return sf.read(audio["value"], dtype="float32")[0]
+
+
+def voice_outcome(outputs: tuple[Any, str]) -> Any:
+    """A voice listener's dropdown; its refusal (a red note beside the button) raised as PageFailed."""
+    dropdown, note = outputs
+    if "cosy-bad" in note:
+        raise PageFailed(html.unescape(note))
+    return dropdown
 
 
 async def ui_action(studio: Studio, case: UiCase, prompt: Path, bad_dir: Path) -> None:
@@ -583,11 +591,12 @@ async def ui_action(studio: Studio, case: UiCase, prompt: Path, bad_dir: Path) -
     if case.action == "save":
         root = studio.engine.voices.root
         with stays_inside(root):
-            dropdown, _ = await studio.save_voice(values["name"], str(prompt), "A transcript.", BROWSER)
+            saved = await studio.save_voice(values["name"], str(prompt), "A transcript.", BROWSER)
+        dropdown = voice_outcome(saved)
         assert_voice_entry(root / OWNERS / owner_dir_name(STUDIO_OWNER + BROWSER), dropdown.value)
-        await studio.delete_voice(dropdown.value, BROWSER)
+        voice_outcome(await studio.delete_voice(dropdown.value, BROWSER))
     elif case.action == "delete":
-        await studio.delete_voice(values["voice_id"], BROWSER)
+        voice_outcome(await studio.delete_voice(values["voice_id"], BROWSER))
     else:
         if values.get("prompt_wav") in UI_AUDIO:
             values["prompt_wav"] = str(write_bad(bad_dir, values["prompt_wav"]))

@@ -94,6 +94,13 @@ def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -
         a.locator("#cosy-save").click()
         a.get_by_text("Saved voice “Alice private”").first.wait_for(timeout=WAIT_MS)
         assert ("studio:" + id_a, "alice private") in engine.voices
+        a.locator("#cosy-save").click()  # the same name again: refused beside the button
+        a.locator("#cosy-save-note .cosy-bad").get_by_text("already named").wait_for(timeout=WAIT_MS)
+        b.get_by_label("Saved voice", exact=True).first.check()
+        b.locator("#cosy-delete").click()  # nothing picked (a listener outside the queue): said as well
+        b.locator("#cosy-voice-note .cosy-bad").get_by_text("Pick a saved voice first").wait_for(
+            timeout=WAIT_MS
+        )
         a.reload()
         a.wait_for_function("window.cosyPlayer", timeout=WAIT_MS)
         assert browser_id(a) == id_a  # the id lives in the browser, across reloads

@@ -138,11 +138,20 @@ BAD_INPUTS = [
 ]
 
 
+def refusal(outs: list[tuple]) -> str:
+    """The one update of a request its inputs stopped: the status "refused" (its message, unescaped),
+    nothing else changed but the metrics, cleared."""
+    assert len(outs) == 1
+    audio, metrics, status, history, view = outs[0]
+    assert all(isinstance(u, dict) and u == {"__type__": "update"} for u in (audio, history, view))
+    assert 'data-state="refused"' in status and "—" in metrics
+    return html.unescape(status)
+
+
 @pytest.mark.parametrize(("over", "message"), BAD_INPUTS)
-async def test_bad_inputs_raise_helpful_errors(studio, engine, prompt, over, message) -> None:
+async def test_bad_inputs_say_why_in_the_status(studio, engine, prompt, over, message) -> None:
     values = {"prompt_wav": prompt, **over}
-    with pytest.raises(gr.Error, match=message):
-        await run(studio, **values)
+    assert message in refusal(await run(studio, **values))
     if await studio.hub.wait_open(RID, 1.0):  # the browser's player is released at once
         assert [b async for b in studio.hub.read(RID)] == []  # (engine errors: opened, then ended)
     assert not engine.active
@@ -151,16 +160,14 @@ async def test_bad_inputs_raise_helpful_errors(studio, engine, prompt, over, mes
 @pytest.mark.parametrize(("seconds", "message"), [(1.0, "too short"), (31.0, "too long")])
 async def test_prompt_duration_is_checked(studio, tmp_path, seconds, message) -> None:
     path = str(write_wav(tmp_path / "p.wav", seconds=seconds, sr=16000))
-    with pytest.raises(gr.Error, match=message):
-        await run(studio, prompt_wav=path)
+    assert message in refusal(await run(studio, prompt_wav=path))
 
 
 async def test_unreadable_prompt(studio, tmp_path) -> None:
     path = tmp_path / "junk.wav"
     path.write_bytes(b"not audio at all" * 10)
-    with pytest.raises(gr.Error, match="could not be read") as raised:
-        await run(studio, prompt_wav=str(path))
-    assert "Error" not in str(raised.value)  # the decoder's exception class stays in the log
+    said = refusal(await run(studio, prompt_wav=str(path)))
+    assert "could not be read" in said and "Error" not in said  # the decoder's exception stays in the log
     assert "Error" not in studio.prompt_info(str(path))
 
 
@@ -220,18 +227,26 @@ async def test_history_accumulates_with_settings(studio, prompt) -> None:
 BROWSER_A, BROWSER_B = "a1" * 16, "b2" * 16
 
 
+def refused(outputs: tuple, match: str) -> None:
+    """A voice listener's refusal: the dropdown left as it is, the message in the note, in red."""
+    dropdown, note = outputs
+    assert (
+        isinstance(dropdown, dict)
+        and dropdown.get("__type__") == "update"
+        and not dropdown.keys() - {"__type__"}
+    )
+    assert 'class="cosy-note cosy-bad"' in note and match in html.unescape(note), note
+
+
 async def test_save_and_delete_voice(studio, engine, prompt) -> None:
     dropdown, note = await studio.save_voice("  alice ", prompt, "hello there", BROWSER_A)
     assert ("alice", "alice") in dropdown.choices and dropdown.value == "alice" and "alice" in note
     assert engine.voices[("studio:" + BROWSER_A, "alice")].prompt_text == "hello there"
-    with pytest.raises(gr.Error, match="name"):
-        await studio.save_voice(" ", prompt, "x", BROWSER_A)
-    with pytest.raises(gr.Error, match="upload or record"):
-        await studio.save_voice("bob", None, "x", BROWSER_A)
+    refused(await studio.save_voice(" ", prompt, "x", BROWSER_A), "name")
+    refused(await studio.save_voice("bob", None, "x", BROWSER_A), "upload or record")
     dropdown, _ = await studio.delete_voice("alice", BROWSER_A)
     assert dropdown.choices == [] and engine.voices == {}
-    with pytest.raises(gr.Error, match="gone or not yours"):
-        await studio.delete_voice("alice", BROWSER_A)
+    refused(await studio.delete_voice("alice", BROWSER_A), "gone or not yours")
 
 
 async def test_voices_belong_to_their_browser(studio, engine, prompt) -> None:
@@ -240,23 +255,19 @@ async def test_voices_belong_to_their_browser(studio, engine, prompt) -> None:
     await studio.save_voice("Alice", prompt, "hello", BROWSER_A)
     assert await studio.voice_choices(BROWSER_A) == [("Alice", "alice"), ("Shared · public", "shared")]
     assert await studio.voice_choices(BROWSER_B) == [("Shared · public", "shared")]
-    with pytest.raises(gr.Error, match="gone or not yours"):
-        await studio.delete_voice("alice", BROWSER_B)
-    with pytest.raises(gr.Error, match="only the server's operator"):
-        await studio.delete_voice("shared", BROWSER_A)
+    refused(await studio.delete_voice("alice", BROWSER_B), "gone or not yours")
+    refused(await studio.delete_voice("shared", BROWSER_A), "only the server's operator")
     used = await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_B)
     assert 'data-state="failed"' in used[-1][2] and "gone or not yours" in used[-1][2]
     assert (await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_A))[-1][0] is not None
     for bad in ("", "not-a-browser-id", "A1" * 16):  # only ids drawn by the page's script are owners
-        with pytest.raises(gr.Error, match="browser id"):
-            await studio.save_voice("Eve", prompt, "t", bad)
+        refused(await studio.save_voice("Eve", prompt, "t", bad), "browser id")
 
 
 async def test_a_name_already_shown_is_refused(studio, engine, prompt) -> None:
     """Names are unique among the voices a browser sees: a clash says which voice has the name."""
     engine.add_voice("Alice", prompt, "t", None)
-    with pytest.raises(gr.Error, match="already named 'Alice'"):
-        await studio.save_voice("alice", prompt, "t", BROWSER_A)
+    refused(await studio.save_voice("alice", prompt, "t", BROWSER_A), "already named 'Alice'")
     await studio.save_voice("Alice 2", prompt, "t", BROWSER_A)
     assert await studio.voice_choices(BROWSER_A) == [
         ("Alice · public", "alice"), ("Alice 2", "alice 2")
@@ -326,17 +337,20 @@ async def test_a_login_session_saves_lists_and_uses_its_own_namespace(studio, en
     args = [getattr(form, k) for k in FORM_FIELDS]  # the page's values, in its order
     assert [u async for u in generate(SignedIn("alice~fp1"), *args)][-1][0] is not None
     assert engine.requests[-1].voice_owner == "api:key:k1"
-    with pytest.raises(gr.Error, match="browser id"):  # a session no key signed has no namespace
-        await save(SignedIn("mallory"), "Eve", prompt, "t", BROWSER_A)
+    # a session no key signed has no namespace
+    refused(await save(SignedIn("mallory"), "Eve", prompt, "t", BROWSER_A), "browser id")
     assert await studio.voice_choices("api:key:k1") == []  # the page's plain string is no namespace
     assert Account("api:key:k1") == "api:key:k1"
 
 
-async def test_toasts_are_titled_in_the_page_language(studio, prompt) -> None:
+async def test_refusals_are_in_the_page_language(studio, prompt) -> None:
     studios = Studios(studio, "auto")
-    with pytest.raises(gr.Error) as raised:
-        await studios.listener("save_voice")(SignedIn(None, "zh-CN"), "", prompt, "t", BROWSER_A)
-    assert raised.value.title == "出错了" and "名字" in raised.value.message
+    form = Form(**ui(prompt_wav=None))
+    generate = studios.listener("generate", Form.from_ui)
+    outs = [u async for u in generate(SignedIn(None, "zh-CN"), *[getattr(form, k) for k in FORM_FIELDS])]
+    assert Texts("zh")("status_refused", message=Texts("zh")("err_no_prompt")) in refusal(outs)
+    save = studios.listener("save_voice")
+    refused(await save(SignedIn(None, "zh-CN"), "", prompt, "t", BROWSER_A), Texts("zh")("err_no_voice_name"))
 
 
 def test_detected_languages_are_named_never_coded() -> None:
