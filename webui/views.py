@@ -277,7 +277,8 @@ def _history_row(e: HistoryEntry, mode_label: dict[str, str], t: Texts) -> str:
     voice = t("h_upload") if e.voice == "upload" else e.voice
     language = language_name(e.language, t)
     settings = f"{language} · {voice} · ×{e.speed:g} · {t('h_seed')} {e.seed} · {stream}"
-    flag = " ⏹" if e.stopped else ""
+    # a word, not a symbol: "⏹" is missing from common fonts and rendered as an empty box
+    flag = f" · {t('live_stopped')}" if e.stopped else ""
     metrics = f"{t('h_ttfa')} {fmt_ms(e.ttfa_ms)} ms · RTF {fmt_num(e.rtf, 3)} · {e.audio_s:.1f} s{flag}"
     base = f"webui/audio/{e.request_id}"
     links = f'<a href="{base}.wav" download>wav</a> · <a href="{base}.mp3" download>mp3</a>'
