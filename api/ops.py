@@ -49,7 +49,7 @@ def check_model(name: str | None, engine: EngineLike) -> None:
     """One model per server: any of its names (or an OpenAI TTS alias) is fine; anything else is a 404."""
     if not name or name in model_ids(engine) or name in MODEL_ALIASES:
         return
-    known = ", ".join([*model_ids(engine), "cosyvoice"])
+    known = ", ".join(dict.fromkeys([*model_ids(engine), *MODEL_ALIASES]))  # OpenAI's names too
     raise ApiError(
         404, f"model {name!r} is not served here; use {known}", param="model", code="model_not_found"
     )

@@ -353,7 +353,13 @@ HTTP_CASES = [
         422,
         "control characters",
     ),
-    HttpCase("unknown_model", speech(model="gpt-9"), 404, "model 'gpt-9' is not served here", param="model"),
+    HttpCase(
+        "unknown_model",
+        speech(model="gpt-9"),
+        404,
+        r"model 'gpt-9' is not served here; use .*tts-1, tts-1-hd, gpt-4o-mini-tts",
+        param="model",
+    ),
     HttpCase(
         "unknown_language", speech(language="klingon"), 422, "unknown language 'klingon'", param="language"
     ),
