@@ -151,9 +151,12 @@ def _voice_column(
                     elem_id="cosy-instruct",
                 )
             # last: saving is optional, the inputs above are what Generate needs
-            with gr.Row(equal_height=True):
-                c["save_name"] = gr.Textbox(label=lbl("save_name"), placeholder=lbl("save_name_ph"), scale=3)
-                c["save"] = gr.Button(lbl("save_btn"), scale=1, size="md", elem_id="cosy-save")
+            # the button as high as the box, not as the box and its label, and no wider than its words
+            with gr.Row(equal_height=False, elem_classes=["cosy-save-row"]):
+                c["save_name"] = gr.Textbox(
+                    label=lbl("save_name"), placeholder=lbl("save_name_ph"), scale=3, max_lines=1
+                )
+                c["save"] = gr.Button(lbl("save_btn"), scale=0, min_width=124, size="md", elem_id="cosy-save")
             c["save_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-save-note")
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["voice_box"])) as c["voice_box"]:
             with gr.Row(equal_height=True):
