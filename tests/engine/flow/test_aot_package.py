@@ -131,3 +131,21 @@ def test_the_key_follows_what_changes_the_traced_code():
         dataclasses.replace(spec, programs=("everything",))
     with pytest.raises(TypeError, match="Identity"):
         AotSpec.of(cfm.with_estimator(torch.nn.Identity()), torch.float32, CPU, cudnn=False, paged=False)
+
+
+def test_a_stop_ends_the_wait_and_the_child(tmp_path):
+    """The engine closing (the builder's stop) while the child compiles: the wait returns False within a
+    slice and the child is gone."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    spec = AotSpec.of(tiny_flow("cosyvoice3").decoder, torch.float32, CPU, cudnn=False, paged=True)
+    build = AotBuild(spec, tmp_path)
+    build.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()
+    assert build.wait(stop) is False
+    assert time.monotonic() - t0 < 5.0 and build.process.poll() is not None and not build.done
