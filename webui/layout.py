@@ -206,9 +206,11 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             with gr.Accordion(lbl("live_text"), open=False, elem_id="cosy-live-text"):
                 c["live_text"] = gr.Checkbox(False, label=lbl("live_text"), info=lbl("live_text_info"))
                 c["live_wps"] = gr.Slider(1, 20, value=4, step=1, label=lbl("live_wps"))
-    with gr.Column(elem_classes=[*CARD, "cosy-actions"]):
+    with gr.Column(elem_classes=CARD):
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
-            c["stream"] = gr.Checkbox(True, label=lbl("streaming"), info=lbl("streaming_info"), scale=1)
+            c["stream"] = gr.Checkbox(
+                True, label=lbl("streaming"), info=lbl("streaming_info"), scale=1, elem_id="cosy-stream"
+            )
             c["speed"] = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=lbl("speed"), scale=2)
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
             c["seed"] = gr.Number(
@@ -217,12 +219,14 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             # an SVG die, not an emoji: it draws without an emoji font (the label is for screen readers)
             die = str(player.STATIC / "dice.svg")
             c["dice"] = gr.Button(lbl("dice"), icon=die, elem_classes="cosy-dice", scale=0, min_width=52)
-        with gr.Row():
-            go = "cosy-go"
-            c["generate"] = gr.Button(
-                lbl("generate"), variant="primary", scale=3, elem_id="cosy-generate", elem_classes=go
-            )
-            c["stop"] = gr.Button(lbl("stop"), variant="stop", scale=1, elem_id="cosy-stop", elem_classes=go)
+    # only the buttons stay in view at the window's bottom: a taller sticky card hid what was above it
+    # (the split preview and live-text controls on the first screen)
+    with gr.Column(elem_classes=[*CARD, "cosy-actions"]), gr.Row():
+        go = "cosy-go"
+        c["generate"] = gr.Button(
+            lbl("generate"), variant="primary", scale=3, elem_id="cosy-generate", elem_classes=go
+        )
+        c["stop"] = gr.Button(lbl("stop"), variant="stop", scale=1, elem_id="cosy-stop", elem_classes=go)
     return c
 
 

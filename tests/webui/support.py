@@ -57,6 +57,16 @@ def studio_page(browser: Any, url: str, errors: list[str] | None = None) -> Any:
     return page
 
 
+def on_top(page: Any, selector: str) -> bool:
+    """What the window shows near the element's top centre is the element (the sticky Generate card may
+    cover what lies above it in the column)."""
+    js = (
+        "(e) => { const r = e.getBoundingClientRect(), y = r.y + Math.min(r.height / 2, 12);"
+        " return e.contains(document.elementFromPoint(r.x + r.width / 2, y)); }"
+    )
+    return bool(page.locator(selector).first.evaluate(js))
+
+
 TRANSCRIBED = "document.querySelector('#cosy-transcript textarea').value !== ''"
 
 

@@ -21,7 +21,7 @@ from engine.serving.metrics import ServerStats
 from server import web
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from tests.webui.support import OUT, WAIT_MS, fill_request, metric, player, serving, studio_page
+from tests.webui.support import OUT, WAIT_MS, fill_request, metric, on_top, player, serving, studio_page
 
 pytestmark = pytest.mark.browser
 
@@ -118,3 +118,16 @@ def test_stop_aborts_the_engine_mid_stream(page, server, prompt_wav) -> None:
     assert live["state"] == "stopped" and 0 < live["samples"] < engine.n_chunks * 4800
     time.sleep(0.3)
     assert player(page)["samples"] == live["samples"]  # nothing more arrives
+
+
+def test_the_demos_first_screen_shows_the_live_text_controls_and_generate(browser, server) -> None:
+    """At 1440x900 with the demo's banner, the sticky Generate card covers nothing a visitor needs first:
+    the text box, the split-preview and live-text controls, Generate and Stop are all seen at once."""
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        page.goto(server[0])
+        page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=WAIT_MS)
+        for selector in ("#cosy-text", "#cosy-live-text", "#cosy-generate", "#cosy-stop"):
+            assert on_top(page, selector), f"{selector} is covered on the first screen"
+    finally:
+        page.close()

@@ -27,7 +27,7 @@ from engine.voices import load_examples
 from server import web
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
-from tests.webui.support import OUT, TRANSCRIBED, WAIT_MS, serving
+from tests.webui.support import OUT, TRANSCRIBED, WAIT_MS, on_top, serving
 from webui.texts import Texts
 
 pytestmark = pytest.mark.browser
@@ -141,6 +141,9 @@ def test_each_mode_fits_one_screen_with_the_accordions_open(page_in, lang) -> No
             shows_exactly(page, mode)
             for selector in (*NEEDS[mode], "#cosy-generate", "#cosy-stop"):
                 assert in_view(page, selector), f"{lang} {mode}: {selector} is off the 1440x900 screen"
+                assert on_top(page, selector), f"{lang} {mode}: {selector} is covered"
+            if "#cosy-text" in NEEDS[mode]:  # closed, the live-text controls are seen on the first screen
+                assert accordions or on_top(page, "#cosy-live-text"), f"{lang} {mode}: live text covered"
             if not accordions:
                 name = f"studio-{lang}-{mode}-1440x900.png"
                 page.screenshot(path=str(OUT / name))  # docs/screens/ holds the committed set
@@ -179,7 +182,7 @@ def test_an_engine_failure_ends_the_request_visibly(page_in, server, lang) -> No
 def test_stream_off_plays_the_finished_audio(page_in) -> None:
     page = page_in("en")
     fill_example(page)
-    page.locator(".cosy-actions input[type=checkbox]").first.uncheck()
+    page.locator("#cosy-stream input[type=checkbox]").uncheck()
     page.locator("#cosy-generate").click()
     page.locator('.cosy-status[data-state="done"]').wait_for(timeout=WAIT_MS)
     # the page's player plays the finished file by itself (no streamed PCM was read: no stream)
