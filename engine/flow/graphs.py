@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,9 @@ from engine.flow.dit_cache import ReuseBudget, gather_frames, place_windows
 from engine.flow.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.flow.unet import CausalConditionalDecoder
 from engine.graph_cache import GraphCache, Job, Later, bucket, largest_first
+
+if TYPE_CHECKING:
+    from engine.flow.aot_package import AotBuild
 
 # a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
 WINDOW = "window"
@@ -190,24 +193,31 @@ class GraphedCFM(nn.Module):
     def _serve_programs(
         self, max_batch: int, max_frames: int, device: torch.device, later: Later | None
     ) -> int:
-        """The programs compiled ahead of time: as the compile in ``_serve_eager_first`` (eager graphs
-        first, then the "flow compile" job swaps them), the job waiting for the child process that builds
-        them (not for the interpreter) or loading them from disk; without ``later``, before any capture."""
-        if later is None:
+        """The programs compiled ahead of time. On disk (a warm start) or without ``later``: loaded (or
+        built) now and every graph captured of them. Else as the compile in ``_serve_eager_first``: eager
+        graphs first, then the "flow compile" job, waiting for the child process that builds them (a
+        process, not the interpreter), swaps them in."""
+        if later is None or self._programs_build(device).done:
             self.solver = self._programs_solver(device, None) or self.solver
-            return self._precapture(max_batch, max_frames, device, None)
+            return self._precapture(max_batch, max_frames, device, later)
         between = ("flow compile", self._swap_job(lambda stop: self._programs_solver(device, stop), device))
         return self._precapture(max_batch, max_frames, device, later, between)
+
+    def _programs_build(self, device: torch.device) -> AotBuild:
+        """The package set for this solver (its estimator, dtype, attention, page pool or not)."""
+        from engine.flow.aot_package import AotBuild, AotSpec
+
+        assert self.aot is not None
+        spec = AotSpec.of(self.cfm, self.dtype, device, self.aot.cudnn, paged=self.pool is not None)
+        return AotBuild(spec, self.aot.root)
 
     def _programs_solver(self, device: torch.device, stop: threading.Event | None) -> CausalCFM | None:
         """The solver running the ahead-of-time programs (built now if the cache root lacks them), bound
         to the serving estimator's weights; None when ``stop`` came first."""
-        from engine.flow.aot_package import AotBuild, AotPrograms, AotSpec
+        from engine.flow.aot_package import AotPrograms
 
-        assert self.aot is not None
         estimator = cast(CompiledEstimator, self.solver.estimator)
-        spec = AotSpec.of(self.cfm, self.dtype, device, self.aot.cudnn, paged=self.pool is not None)
-        build = AotBuild(spec, self.aot.root).start()
+        build = self._programs_build(device).start()
         if not build.wait(stop):
             return None
         programs = AotPrograms.load(build.path, estimator.inner)

@@ -49,7 +49,8 @@ def graphed_flow(monkeypatch, root, family: str = "cosyvoice3"):
 def test_a_child_process_builds_the_programs_and_the_compile_job_swaps_them_in(monkeypatch, tmp_path):
     """Serve first on the eager twin; the "flow compile" job waits for the child that builds the final and
     page-window programs, loads them bound to the serving weights, captures them and swaps; a stream after
-    it emits what recomputing emits. A second start finds the packages and starts no child."""
+    it emits what recomputing emits. A second start finds the packages, starts no child, and serves them
+    from its first graphs on."""
     from engine.flow import aot_package
 
     ran = []  # every call of a loaded program passes its inputs through _contiguous
@@ -73,6 +74,17 @@ def test_a_child_process_builds_the_programs_and_the_compile_job_swaps_them_in(m
     again = AotBuild(spec, tmp_path).start()
     assert again.done and again.process is None and again.wait()
     assert sorted(p.name for p in again.path.iterdir()) == ["final.pt2", "paged.pt2", "programs.json"]
+    # a warm start: the programs load at once, before the first graphs, and there is nothing to swap
+    flow, warm = graphed_flow(monkeypatch, tmp_path)
+    timeline = Timeline()
+    builder = GraphBuilder(timeline)
+    assert warm.precapture(2, 300, CPU, builder.add) == 14
+    assert warm.compiled and "flow compile" not in timeline.pending()
+    ran.clear()
+    stream(flow, voice(13, seed=8), [41, 90], warm.frame_cache(None))  # type: ignore[arg-type]
+    assert set(ran) == {12}
+    builder.start()
+    assert builder.wait(WAIT_S) and len(warm.graphs) == 14
 
 
 def test_programs_hold_no_weights_and_run_whichever_they_are_bound_to(tmp_path):
