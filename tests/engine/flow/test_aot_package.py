@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from engine.flow.aot_package import AotBuild, AotPrograms, AotSpec, build
+from engine.flow.aot_package import AotBuild, AotSpec
 from engine.flow.compiled_estimator import CompiledEstimator
 from engine.flow.graphs import WINDOW, AotRoot, GraphedCFM, _page_sizes
 from engine.graph_builder import GraphBuilder
@@ -85,29 +85,6 @@ def test_a_child_process_builds_the_programs_and_the_compile_job_swaps_them_in(m
     assert set(ran) == {12}
     builder.start()
     assert builder.wait(WAIT_S) and len(warm.graphs) == 14
-
-
-def test_programs_hold_no_weights_and_run_whichever_they_are_bound_to(tmp_path):
-    """v2's final and streaming programs built from random weights, bound to another estimator's: its
-    eager output at sizes other than the recorded ones."""
-    cfm = tiny_flow("cosyvoice2").decoder
-    spec = AotSpec.of(cfm, torch.float32, CPU, cudnn=False, paged=False)
-    manifest = build(spec, tmp_path / "set")
-    assert manifest["streaming"]["max_abs_diff"] <= 1e-3 * manifest["streaming"]["output_scale"]
-    programs = AotPrograms.load(tmp_path / "set", cfm.estimator)
-    assert programs.paged is None and programs.windows(None) is None
-    run = programs.whole(cfm.estimator)
-    g = torch.Generator().manual_seed(3)
-    x, mu, cond = (torch.randn(6, 80, 170, generator=g) for _ in range(3))
-    mask, t, spks = (
-        torch.ones(6, 1, 170),
-        torch.rand(1, generator=g).expand(6),
-        torch.randn(6, 80, generator=g),
-    )
-    with torch.inference_mode():
-        for streaming in (False, True):
-            want = cfm.estimator(x, mask, mu, t, spks, cond, streaming)
-            torch.testing.assert_close(run(x, mask, mu, t, spks, cond, streaming), want, atol=1e-4, rtol=1e-4)
 
 
 def test_a_failed_build_says_why_and_the_eager_twin_keeps_serving(monkeypatch, tmp_path):
