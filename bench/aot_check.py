@@ -26,32 +26,21 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from bench.__main__ import FAMILIES
-from bench.flow_kernels import build_cfm, stream_call_inputs
+from bench.flow_kernels import build_cfm
 from engine import device as devices
-from engine.flow.aot_package import PagedWindow, export_and_load
+from engine.flow.aot_build import record_calls
+from engine.flow.aot_package import PagedWindow, WholeCall, export_and_load
 from engine.flow.cfm import CausalCFM
-from engine.flow.compiled_estimator import CompiledEstimator
-from engine.flow.graphs import GraphedCFM
+from engine.flow.graphs import _page_sizes
 
 log = logging.getLogger("bench.aot_check")
 SHAPES = ((2, 100), (1, 300), (16, 400))  # (batch, frames): exported at the first, checked at all
-
-
-class FullSolve(nn.Module):
-    """The estimator's streaming forward with positional tensors only, as export takes them."""
-
-    def __init__(self, estimator: nn.Module):
-        super().__init__()
-        self.estimator = estimator
-
-    def forward(self, x: Tensor, mask: Tensor, mu: Tensor, t: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
-        return self.estimator(x, mask, mu, t, spks, cond, True)
 
 
 @dataclass(frozen=True)
@@ -87,7 +76,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     # the estimator alone, randomly initialised at the family's size: no model directory to write and load
     cfm = build_cfm(args.family, args.size, device)
-    solve = FullSolve(cfm.estimator.to(dtype)).eval()
+    solve = WholeCall(cfm.estimator.to(dtype), streaming=True).eval()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
@@ -103,36 +92,20 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def full_solve_dims() -> dict[str, dict[int, Any]]:
-    """``FullSolve``'s dynamic sizes: batch and frames, shared by every input that has them."""
+    """The streaming ``WholeCall``'s dynamic sizes: batch and frames, shared by every input that has them."""
     batch, frames = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("frames", min=2, max=4096)
     mel = {0: batch, 2: frames}
     return {"x": mel, "mask": mel, "mu": mel, "t": {0: batch}, "spks": {0: batch}, "cond": mel}
 
 
 def paged_calls(cfm: CausalCFM, dtype: torch.dtype) -> list[tuple[Tensor, ...]] | None:
-    """The estimator's ``forward_paged`` inputs, every solver step's, as the eager solver passes them: a
-    stream's first streaming call (250 frames), then two streams' first two (250, then 350 frames: the
-    second reads the first's pages, through a wider page table); None for an estimator without windows."""
-    dev = next(cfm.parameters()).device
-    graphed = GraphedCFM(cfm, dtype, compiled=False)
-    if not graphed.enable_reuse(16 * 100e6, 800, dev):
+    """The estimator's ``forward_paged`` inputs, every solver step's, as the engine's solver passes them
+    (``aot_build.record_calls``: a stream's first streaming call, then two streams' first two, the second
+    reading the first's pages through a wider page table); None for an estimator without windows."""
+    if _page_sizes(cfm) is None:
         return None
-    graphed.graphs.frozen = True  # uncaptured: the eager calls are what is recorded
-    estimator, calls = cast(CompiledEstimator, graphed.solver.estimator), []
-    paged = estimator.run_paged
-    assert paged is not None  # a pool exists only for an estimator with page windows
-
-    def record(*args: Tensor) -> Any:
-        calls.append(tuple(a.clone() for a in args))
-        return paged(*args)
-
-    estimator.run_paged = record
     with torch.inference_mode():
-        for streams, frames in ((1, (250,)), (2, (250, 350))):
-            caches = [graphed.frame_cache(None) for _ in range(streams)]  # type: ignore[arg-type]
-            for n in frames:
-                graphed.forward_cached(stream_call_inputs(streams, n, dev), caches)
-    return calls
+        return record_calls(cfm, dtype, ("paged",))["paged"]
 
 
 def paged_check(cfm: CausalCFM, dtype: torch.dtype, package: Path) -> dict[str, Any] | None:

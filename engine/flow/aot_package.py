@@ -242,7 +242,8 @@ class AotBuild:
         return (self.path / MANIFEST).is_file()
 
     def start(self) -> AotBuild:
-        """Start the child unless the set is on disk already; its output goes to ``build.log`` beside it."""
+        """Start the child unless the set is on disk already; its spec and its output go beside the set's
+        folder (``<key>.json``, ``<key>.log``)."""
         if self.done or self.process is not None:
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -74,10 +74,8 @@ class GraphedCFM(nn.Module):
         self.cfm, self.frame_bucket, self.dtype = cfm, frame_bucket, dtype
         # with ``aot`` the compiled programs come from packages built in a child process (aot_package)
         self.aot = aot if compiled else None
-        eager_first = self.aot is not None  # the packages' programs replace it (precapture)
-        self.solver = cfm.with_estimator(
-            CompiledEstimator(cfm.estimator, dtype, compiled and not eager_first)
-        )
+        # eager until the packages' programs replace it (precapture), not torch.compile's
+        self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled and aot is None))
         self.graphs = GraphCache("flow solver", max_graphs)
         self.pool: PagePool | None = None  # enable_reuse
         # the pages a request may keep, and the prefix widths (pages) of the window graphs: a window reads
@@ -197,10 +195,11 @@ class GraphedCFM(nn.Module):
         built) now and every graph captured of them. Else as the compile in ``_serve_eager_first``: eager
         graphs first, then the "flow compile" job, waiting for the child process that builds them (a
         process, not the interpreter), swaps them in."""
-        if later is None or self._programs_build(device).done:
-            self.solver = self._programs_solver(device, None) or self.solver
+        build = self._programs_build(device)
+        if later is None or build.done:
+            self.solver = self._programs_solver(build, None) or self.solver
             return self._precapture(max_batch, max_frames, device, later)
-        between = ("flow compile", self._swap_job(lambda stop: self._programs_solver(device, stop), device))
+        between = ("flow compile", self._swap_job(lambda stop: self._programs_solver(build, stop), device))
         return self._precapture(max_batch, max_frames, device, later, between)
 
     def _programs_build(self, device: torch.device) -> AotBuild:
@@ -211,14 +210,13 @@ class GraphedCFM(nn.Module):
         spec = AotSpec.of(self.cfm, self.dtype, device, self.aot.cudnn, paged=self.pool is not None)
         return AotBuild(spec, self.aot.root)
 
-    def _programs_solver(self, device: torch.device, stop: threading.Event | None) -> CausalCFM | None:
-        """The solver running the ahead-of-time programs (built now if the cache root lacks them), bound
-        to the serving estimator's weights; None when ``stop`` came first."""
+    def _programs_solver(self, build: AotBuild, stop: threading.Event | None) -> CausalCFM | None:
+        """The solver running ``build``'s programs (built now if the cache root lacks them), bound to the
+        serving estimator's weights; None when ``stop`` came first."""
         from engine.flow.aot_package import AotPrograms
 
         estimator = cast(CompiledEstimator, self.solver.estimator)
-        build = self._programs_build(device).start()
-        if not build.wait(stop):
+        if not build.start().wait(stop):
             return None
         programs = AotPrograms.load(build.path, estimator.inner)
         return self.cfm.with_estimator(estimator.with_programs(programs))
