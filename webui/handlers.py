@@ -25,7 +25,7 @@ import random
 import re
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
@@ -120,6 +120,15 @@ FORM_FIELDS = tuple(f.name for f in fields(Form))
 
 def user_error(message: str) -> gr.Error:
     return gr.Error(message, print_exception=False)
+
+
+async def _noted(work: Awaitable[tuple[Any, str]]) -> tuple[Any, str]:
+    """A voice listener's (dropdown, note), its refusal (a ``gr.Error``) turned into a red note with the
+    dropdown left as it is."""
+    try:
+        return await work
+    except gr.Error as err:
+        return gr.skip(), views.note_html(str(err.message), "bad")
 
 
 def audio_seconds(path: str) -> tuple[float, int]:
@@ -444,10 +453,7 @@ class Studio:
     ) -> tuple[Any, str]:
         """Save the prompt as a voice -> (the voice dropdown, a note); a refusal is the note's, in red
         (as an error the event would cover the dropdown with Gradio's error badge)."""
-        try:
-            return await self._save_voice(name, prompt_wav, prompt_text, browser_id)
-        except gr.Error as err:
-            return gr.skip(), views.note_html(str(err.message), "bad")
+        return await _noted(self._save_voice(name, prompt_wav, prompt_text, browser_id))
 
     async def _save_voice(
         self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str
@@ -469,10 +475,7 @@ class Studio:
     async def delete_voice(self, voice_id: str | None, browser_id: str = "") -> tuple[Any, str]:
         """Delete the picked voice -> (the voice dropdown, a note); a refusal is the note's, in red (the
         listener skips the queue, where an error would show nowhere)."""
-        try:
-            return await self._delete_voice(voice_id, browser_id)
-        except gr.Error as err:
-            return gr.skip(), views.note_html(str(err.message), "bad")
+        return await _noted(self._delete_voice(voice_id, browser_id))
 
     async def _delete_voice(self, voice_id: str | None, browser_id: str) -> tuple[Any, str]:
         owner = self.browser_owner(browser_id)
