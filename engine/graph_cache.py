@@ -14,7 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 
@@ -40,18 +40,26 @@ def largest_first(top_batch: int, top_frames: int, frame_bucket: int) -> list[tu
     return [(b, t) for b in batches for t in range(top_frames, 0, -frame_bucket)]
 
 
-def first_keys(keys: Sequence[K]) -> list[K]:
-    """The keys captured before serving when the rest is built in the background: per kind of graph
-    (the key past batch and frames, e.g. streaming or a window's prefix) its shortest bucket at batch 1
-    and at the smallest batch above 1. They hold the compiles (Inductor specialises a size of 1, so batch
-    1 has a program of its own and every larger batch shares one), so no uncaptured request compiles."""
+def first_keys(keys: Sequence[K], covers: bool = False) -> list[K]:
+    """The keys captured before serving when the rest is built in the background, per kind of graph (the
+    key past batch and frames, e.g. streaming or a window's prefix). Where graphs may run smaller calls
+    padded (``covers``), each kind's widest bucket at batch 1 and at the largest batch: from the first
+    request on, every call replays a graph (``GraphCache.covering``) instead of running op by op.
+    Otherwise its shortest bucket at batch 1 and at the smallest batch above 1. Either way batch 1
+    and a larger batch hold the compiles (Inductor specialises a size of 1, so batch 1 has a program of its
+    own and every larger batch shares one), so no uncaptured request compiles."""
     chosen: dict[tuple, K] = {}
     for key in keys:
-        slot = (key[2:], min(key[0], 2))
-        if slot not in chosen or (key[0], key[1]) < (chosen[slot][0], chosen[slot][1]):
+        slot = (key[2:], key[0] == 1)
+        if slot not in chosen or _rank(key, covers) < _rank(chosen[slot], covers):
             chosen[slot] = key
     picked = set(chosen.values())
     return [k for k in keys if k in picked]
+
+
+def _rank(key: tuple, wide: bool) -> tuple[int, int]:
+    """The lowest wins its slot: the widest (largest batch, then frames) or the shortest key."""
+    return (-key[0], -key[1]) if wide else (key[0], key[1])
 
 
 def serving_order(keys: Sequence[K]) -> list[K]:
@@ -68,8 +76,10 @@ class GraphCache:
     and the caller runs uncaptured), so no request ever waits for a capture (~1 s for a large flow bucket).
     """
 
-    def __init__(self, name: str, max_graphs: int):
-        self.name, self.max_graphs = name, max_graphs
+    def __init__(self, name: str, max_graphs: int, covers: bool = False):
+        """``covers``: a graph may run a call of its kind with a smaller batch and fewer frames, padded
+        (the caller pads exactly, as into its own bucket): see ``covering``."""
+        self.name, self.max_graphs, self.covers = name, max_graphs, covers
         self._graphs: OrderedDict[Hashable, devices.CapturedCall] = OrderedDict()
         self._pool = self._stream = None  # created on the first capture (CUDA only)
         self.frozen = False  # no capture on a request's path: set by precapture
@@ -99,7 +109,7 @@ class GraphCache:
         captured in ``serving_order`` while requests run on what exists. With ``between`` (a named job) the
         single-stream keys go first as a job of their own, then ``between``, then the rest."""
         self.max_graphs = max(self.max_graphs, len(keys))
-        now = first_keys(keys) if later is not None else list(keys)
+        now = first_keys(keys, self.covers) if later is not None else list(keys)
         self._capture_all(now, capture, dev, None)
         self.frozen = True
         if later is None:
@@ -175,7 +185,9 @@ class GraphCache:
         if call is None and self.frozen and threading.get_ident() != self._builder:
             if key not in self._missed:
                 self._missed.add(key)
-                log.info("no %s graph was captured for %s: such calls run uncaptured", self.name, key)
+                wider = self.covering(cast(tuple, key))
+                how = "uncaptured" if wider is None else f"padded into the wider graph {wider} for now"
+                log.info("no %s graph was captured for %s: such calls run %s", self.name, key, how)
             return None
         if call is None:
             call = self._record(fn, statics)
@@ -187,6 +199,18 @@ class GraphCache:
         with self._lock:
             self._graphs.move_to_end(key)
         return call
+
+    def covering(self, key: K) -> K | None:
+        """The captured key of ``key``'s kind whose graph is the cheapest to run ``key``'s call padded
+        (batch and frames at least ``key``'s, fewest rows x frames); None when none is, or when this
+        cache does not cover. Until the background captures reach a bucket its calls replay a wider graph
+        (more padded compute, a single launch) rather than the solver op by op."""
+        if not self.covers:
+            return None
+        with self._lock:
+            captured = cast("list[K]", list(self._graphs))  # a covering cache's keys are bucket tuples
+        wider = [k for k in captured if k[2:] == key[2:] and k[0] >= key[0] and k[1] >= key[1]]
+        return min(wider, key=lambda k: (k[0] * k[1], k[0]), default=None)
 
     def keys(self) -> list[Hashable]:
         """The captured keys, least recently used first."""

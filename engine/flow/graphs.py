@@ -76,7 +76,9 @@ class GraphedCFM(nn.Module):
         self.aot = aot if compiled else None
         # eager until the packages' programs replace it (precapture), not torch.compile's
         self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled and aot is None))
-        self.graphs = GraphCache("flow solver", max_graphs)
+        # every flow graph runs a smaller call of its kind exactly: a full solve over masked frames and zero
+        # rows (_padded), a page window over queries past each row's total (their pages: the scratch page)
+        self.graphs = GraphCache("flow solver", max_graphs, covers=True)
         self.pool: PagePool | None = None  # enable_reuse
         # the pages a request may keep, and the prefix widths (pages) of the window graphs: a window reads
         # the smallest that holds every row's cache (reading 800 frames for 250 cached cost the H200 a third
@@ -126,8 +128,11 @@ class GraphedCFM(nn.Module):
         starts, totals = [c.frames for c in caches], inputs.total_frames.tolist()
         bb, qq = self.bucket(b, max(t - s for s, t in zip(starts, totals)))
         slots = self._prefix(max(starts) // layout.chunk)
-        batch = PagedBatch.plan(caches, totals, qq, slots, self.prefix_pages)
         call = self._window_graph(bb, qq, slots, inputs.mu.device)
+        if call is None and (wider := self.graphs.covering((bb, qq, WINDOW, slots))) is not None:
+            bb, qq = wider[0], wider[1]  # as in forward; the extra queries write the scratch page
+            call = self._window_graph(bb, qq, slots, inputs.mu.device)
+        batch = PagedBatch.plan(caches, totals, qq, slots, self.prefix_pages)
         with record_function("t2w.flow.solver"):
             noise = self.cfm.initial_noise(max(totals), inputs.mu.device, inputs.mu.dtype)
             padded = _window_inputs(inputs, noise, batch, bb, qq, layout)
@@ -145,6 +150,9 @@ class GraphedCFM(nn.Module):
             return self.solver(inputs, streaming)  # near the noise buffer's end: no padding room
         bb, tt = self.bucket(b, frames)
         call = self._graph(bb, tt, streaming, inputs.mu.device)
+        if call is None and (wider := self.graphs.covering((bb, tt, streaming))) is not None:
+            bb, tt = wider[0], wider[1]  # not captured yet: a wider graph, padded as for its own bucket
+            call = self._graph(bb, tt, streaming, inputs.mu.device)
         with record_function("t2w.flow.solver"):
             padded = _padded(inputs, bb, tt)
             # precaptured, and not this bucket: no capture on a request's path, but the bucket's shape (the
@@ -171,7 +179,7 @@ class GraphedCFM(nn.Module):
             if self.pool is None:
                 raise
             log.exception("the flow's page windows did not compile; streaming flow calls will recompute")
-            self.pool, self.graphs = None, GraphCache("flow solver", self.graphs.max_graphs)
+            self.pool, self.graphs = None, GraphCache("flow solver", self.graphs.max_graphs, covers=True)
             return self._precapture(max_batch, max_frames, device, later)
 
     def _serve_eager_first(self, max_batch: int, max_frames: int, device: torch.device, later: Later) -> int:

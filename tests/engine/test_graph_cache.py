@@ -146,3 +146,28 @@ def test_a_job_between_goes_after_the_single_stream_captures_and_before_the_rest
     cache2, jobs = GraphCache("plain", max_graphs=1), []
     cache2.precapture(keys, lambda k: None, torch.device("cpu"), later)
     assert [name for name, _ in jobs] == ["plain graphs"]  # without a job between: one job, as before
+
+
+def test_a_covering_cache_starts_with_its_widest_buckets_and_lends_them_to_smaller_calls(monkeypatch):
+    """A cache that ``covers`` captures first each kind's widest bucket at batch 1 and at the largest
+    batch; a key not captured yet is lent the cheapest captured key of its kind at least as large in
+    both; a cache that does not cover lends none."""
+    emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    cache = GraphCache("test", max_graphs=1, covers=True)
+    keys = [(b, t, kind) for b in (4, 2, 1) for t in (300, 200, 100) for kind in ("whole", "window")]
+
+    def capture(key: tuple) -> object:
+        return cache.get(key, lambda x: x, lambda: (torch.zeros(key[0], key[1]),))
+
+    jobs: list[tuple[str, object]] = []
+    cache.precapture(keys, capture, torch.device("cpu"), lambda name, job: jobs.append((name, job)))
+    assert sorted(cache.keys()) == [
+        (1, 300, "whole"), (1, 300, "window"), (4, 300, "whole"), (4, 300, "window")
+    ]  # fmt: skip
+    assert cache.covering((1, 100, "whole")) == (1, 300, "whole")
+    assert cache.covering((2, 200, "window")) == (4, 300, "window")  # of its own kind only
+    for _, job in jobs:
+        job(threading.Event())  # type: ignore[operator]
+    assert cache.covering((2, 100, "whole")) == (2, 100, "whole")  # its own bucket, once captured
+    assert GraphCache("plain", max_graphs=1).covering((1, 100, "whole")) is None

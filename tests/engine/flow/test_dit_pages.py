@@ -136,6 +136,32 @@ def test_precapture_records_window_graphs_and_calls_replay_them(monkeypatch):
     assert len(made) == 14 and cache.frames == 250  # every call replayed a pre-captured window graph
 
 
+@families
+def test_before_its_window_is_captured_a_stream_replays_the_widest_window_graph(monkeypatch, family):
+    """With only the first graphs captured (the rest left to the background builder), every streaming
+    call replays the widest window graph of its prefix width (more queries, their pages the scratch
+    page) instead of running op by op, and emits what recomputing emits."""
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
+    flow, graphed = paged(monkeypatch, family=family)
+    made = emulate_capture(monkeypatch)
+    replayed: list[tuple[int, ...]] = []
+    replay = Recorded.replay
+
+    def counted(self, *values):
+        replayed.append(tuple(self.inputs[0].shape))  # the window's noise [B,80,Q]
+        return replay(self, *values)
+
+    monkeypatch.setattr(Recorded, "replay", counted)
+    graphed.precapture(2, 300, torch.device("cpu"), lambda name, job: None)
+    first = set(graphed.graphs._graphs)
+    assert {(k[0], k[1]) for k in first if k[2] == WINDOW and k[3] == 2} == {(1, 300), (2, 300)}
+    v, cache = voice(13, seed=6), graphed.frame_cache(None)  # type: ignore[arg-type]
+    assert stream(flow, v, [41, 90, 120], cache) == [0, 100, 200]
+    assert len(made) == len(first) and set(graphed.graphs._graphs) == first  # nothing captured on the way
+    assert len(replayed) == 3 and all(shape[0] == 1 for shape in replayed)
+    assert replayed[0] == (1, 80, 300)  # a 102-frame first window in the widest one
+
+
 def test_windows_that_fail_to_compile_leave_the_full_streaming_graphs(monkeypatch, caplog):
     """A compiler failure on the page windows at load drops the pool (logged) and captures the streaming
     full-solve graphs instead: the service loads and its streams recompute."""

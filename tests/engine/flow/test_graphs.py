@@ -191,3 +191,34 @@ def test_after_precapture_a_longer_call_runs_uncaptured(flow, monkeypatch):
     assert len(made) == 4
     valid = x.mask.bool().expand_as(eager)
     torch.testing.assert_close(got[valid], eager[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_before_its_bucket_is_captured_a_call_replays_the_widest_graph_exactly(flow, monkeypatch):
+    """Served from the first request on: with the other buckets left to the background builder, a call of
+    any batch and length up to the top replays the widest graph of its kind (padded) instead of running
+    the solver op by op, and its real frames equal the eager solve."""
+    from tests.engine.test_graph_cache import Recorded, emulate_capture
+
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
+    replayed: list[tuple[int, ...]] = []
+    replay = Recorded.replay
+
+    def counted(self, *values):
+        replayed.append(tuple(self.inputs[0].shape))  # mu [B,80,T] of the graph replayed
+        return replay(self, *values)
+
+    monkeypatch.setattr(Recorded, "replay", counted)
+    graphed, queued = GraphedCFM(flow.decoder, frame_bucket=100), []
+    assert graphed.precapture(4, 250, torch.device("cpu"), lambda name, job: queued.append(name)) == 18
+    assert sorted(m[0] for m in made) == [(1, 80, 300)] * 2 + [(4, 80, 300)] * 2 and queued
+    one = inputs(flow, [(9, 40)], finalize=False, streaming=True)
+    three = inputs(flow, [(9, 40), (13, 52), (20, 31)], finalize=True, streaming=False)
+    assert one.mu.size(2) <= 100 and 100 < three.mu.size(2) <= 200
+    with torch.inference_mode():
+        got = [graphed(one, True), graphed(three, False)]
+        eager = [flow.decoder(one, True), flow.decoder(three, False)]
+    assert replayed == [(1, 80, 300), (4, 80, 300)] and len(made) == 4  # no capture on the way
+    for x, g, e in zip((one, three), got, eager):
+        valid = x.mask.bool().expand_as(e)
+        torch.testing.assert_close(g[valid], e[valid], atol=1e-4, rtol=1e-4)
