@@ -21,6 +21,7 @@ page windows).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import time
@@ -148,6 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    faulthandler.enable()  # a native crash prints every thread's Python stack (aot_package logs each step)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     result = check(parse_args(argv))
     print(json.dumps(result, indent=2))

@@ -111,4 +111,4 @@ class GraphBuilder:
             with self.timeline.phase(name, background=True):
                 job(self._stop)
         except Exception:
-            log.exception("%s failed in the background; those shapes keep running uncaptured", name)
+            log.exception("%s failed in the background; the engine serves on what it has", name)

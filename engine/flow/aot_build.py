@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -138,6 +139,7 @@ def _example_inputs(batch: int, frames: int, dev: torch.device) -> CfmInputs:
 def main(argv: list[str] | None = None) -> int:
     """The child: ``SPEC.json OUT_DIR`` -> builds the set into OUT_DIR (exit 0), or fails (exit 1)."""
     args = sys.argv[1:] if argv is None else argv
+    faulthandler.enable()  # a native crash (export, compile, load) prints every thread's Python stack
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     fields = json.loads(Path(args[0]).read_text())
     spec = AotSpec(**{**fields, "programs": tuple(fields["programs"])})

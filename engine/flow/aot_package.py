@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -158,13 +159,17 @@ def export_and_load(
     timings, t0 = {}, time.perf_counter()
     program = torch.export.export(module, example, dynamic_shapes=dims)
     timings["export_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+    # each step logged as it ends: a native crash in the next one (none is caught) is placed by the log
+    log.info("%s: exported in %.1f s; compiling", package.name, timings["export_s"])
     configs = {} if weights else {"aot_inductor.package_constants_in_so": False}
     path = torch._inductor.aoti_compile_and_package(  # type: ignore[attr-defined]
         program, package_path=str(package), inductor_configs=configs
     )
     timings["aoti_compile_s"], t0 = time.perf_counter() - t0, time.perf_counter()
+    log.info("%s: compiled in %.1f s; loading", package.name, timings["aoti_compile_s"])
     runner = torch._inductor.aoti_load_package(path)  # type: ignore[attr-defined]
     if not weights:
+        log.info("%s: loaded; binding its weights", package.name)
         bind(runner, module)
     timings["load_s"] = time.perf_counter() - t0
     return runner, {k: round(v, 3) for k, v in timings.items()}
@@ -278,5 +283,12 @@ class AotBuild:
         if not self.done:
             tail = self.path.with_name(f"{self.path.name}.log")
             text = tail.read_text(errors="replace")[-2000:] if tail.is_file() else "(no log)"
-            raise RuntimeError(f"the flow programs were not built ({self.path}):\n{text}")
+            raise RuntimeError(f"the flow programs were not built ({self.path}; {self._status()}):\n{text}")
         return True
+
+    def _status(self) -> str:
+        """How the child ended, in words: a native crash shows as the signal that ended it."""
+        code = None if self.process is None else self.process.returncode
+        if code is None:
+            return "no child ran"
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"

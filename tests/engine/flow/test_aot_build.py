@@ -3,6 +3,7 @@ built from random weights run whichever weights they are bound to."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import pytest
@@ -16,12 +17,18 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="AOTInductor
 CPU = torch.device("cpu")
 
 
-def test_programs_hold_no_weights_and_run_whichever_they_are_bound_to(tmp_path):
+def test_programs_hold_no_weights_and_run_whichever_they_are_bound_to(tmp_path, caplog):
     """v2's final and streaming programs built from random weights, bound to another estimator's: its
-    eager output at sizes other than the recorded ones."""
+    eager output at sizes other than the recorded ones. Each step is logged as it ends (a native crash
+    in the next is placed by the log)."""
     cfm = tiny_flow("cosyvoice2").decoder
     spec = AotSpec.of(cfm, torch.float32, CPU, cudnn=False, paged=False)
-    manifest = build(spec, tmp_path / "set")
+    with caplog.at_level(logging.INFO, "engine.flow.aot_package"):
+        manifest = build(spec, tmp_path / "set")
+    ours = [r.getMessage() for r in caplog.records if r.name == "engine.flow.aot_package"]
+    steps = [m.split(" in ")[0].split(";")[0] for m in ours]
+    want = [f"{n}.pt2: {s}" for n in ("final", "streaming") for s in ("exported", "compiled", "loaded")]
+    assert steps == want
     assert manifest["streaming"]["max_abs_diff"] <= 1e-3 * manifest["streaming"]["output_scale"]
     programs = AotPrograms.load(tmp_path / "set", cfm.estimator)
     assert programs.paged is None and programs.windows(None) is None

@@ -92,7 +92,7 @@ def test_a_failed_build_says_why_and_the_eager_twin_keeps_serving(monkeypatch, t
     real = AotSpec.of(graphed.cfm, torch.float32, CPU, cudnn=False, paged=True)
     config = real.config.replace('"dim": 64', '"dim": 0')
     broken = dataclasses.replace(real, config=config)
-    with pytest.raises(RuntimeError, match=r"DiTConfig.dim must be >= 1"):
+    with pytest.raises(RuntimeError, match=r"(?s)exit status 1.*DiTConfig.dim must be >= 1"):
         AotBuild(broken, tmp_path).start().wait()
     monkeypatch.setattr(AotSpec, "of", classmethod(lambda cls, *args, **kw: broken))
     builder = GraphBuilder(Timeline())
@@ -138,3 +138,20 @@ def test_a_stop_ends_the_wait_and_the_child(tmp_path):
     t0 = time.monotonic()
     assert build.wait(stop) is False
     assert time.monotonic() - t0 < 5.0 and build.process.poll() is not None and not build.done
+
+
+def test_a_child_that_crashes_is_reported_by_its_signal(tmp_path):
+    """A native crash in the child (a segfault in a compile or a load) leaves no Python error: the wait
+    says which signal ended it, with the log's end (the child's faulthandler writes its stacks there)."""
+    import subprocess
+    import sys
+
+    spec = AotSpec.of(tiny_flow("cosyvoice2").decoder, torch.float32, CPU, cudnn=False, paged=False)
+    build = AotBuild(spec, tmp_path)
+    log_file = build.path.with_name(f"{build.path.name}.log")
+    log_file.write_text("compiling\n")
+    crash = "import faulthandler, os, signal; faulthandler.enable(); os.kill(os.getpid(), signal.SIGSEGV)"
+    with log_file.open("ab") as out:
+        build.process = subprocess.Popen([sys.executable, "-c", crash], stderr=out)
+    with pytest.raises(RuntimeError, match=r"(?s)killed by SIGSEGV.*compiling.*Fatal Python error"):
+        build.wait()
