@@ -5,7 +5,12 @@
 #                                                 (PART_MB=50; CLUSTER=0: without Ray Serve, one part fewer;
 #                                                 SERVER=0 also without Gradio and uvicorn, for runs that start
 #                                                 no server (bench, soak, GPU tests): with PART_MB=52, 4 parts)
+#                                                 (PART_MB is a part's most: the parts come out equal in size)
+#   bench/gpu/run.sh server-wheels                HERE (network): the server's wheels (Gradio, uvicorn, ...) in
+#                                                 .whl/, for a SERVER=0 bundle: carry .whl to an unpack call
+#                                                 after the parts (app.py's steps: startup, serve)
 #   bench/gpu/run.sh unpack                       H200: keep the carried part; once all are in, install everything
+#                                                 (and any carried .whl/ wheels)
 #   bench/gpu/run.sh gpu-tests [PYTEST ARGS]      H200: the full-size random models, then pytest -m gpu
 #   bench/gpu/run.sh check FAMILY                 H200: vLLM vs native LM (greedy parity, RAS, tokens/s)
 #   bench/gpu/run.sh bench FAMILY MODE LEVELS [BENCH FLAGS]    H200: one bench run -> $OUT/NAME/results.json + NAME.log
@@ -149,14 +154,33 @@ step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into
     "${BENCH_WHEELS[@]}" $([ "$SERVER" = 0 ] || echo "${SERVER_WHEELS[@]}") \
     $([ "$CLUSTER" = 0 ] || echo "${CLUSTER_WHEELS[@]}")
   rm -rf .vb && mkdir -p .vb
-  tar -C "$work/all" -cf - . | split -b "${PART_MB}000000" - .vb/bundle.part.
+  tar -C "$work/all" -cf "$work/bundle.tar" .
+  # equal parts of at most PART_MB: the smallest part count, and each part as small as that count allows
+  # (a call carries the checkout too: 16 MB on disk, so 4 x 50.7 MB fit where 52 + 52 + 52 + 47 did not)
+  local size parts
+  size=$(stat -c %s "$work/bundle.tar")
+  parts=$(((size + PART_MB * 1000000 - 1) / (PART_MB * 1000000)))
+  split -n "$parts" -d "$work/bundle.tar" .vb/bundle.part.
   (cd .vb && ls bundle.part.* > PARTS)
   rm -rf "$work"
   echo "parts: $(tr '\n' ' ' < .vb/PARTS)($(du -sh .vb | cut -f1))"
 }
 
+step_server_wheels() {  # here: the server's wheels (app.py) as .whl/, for a bundle made with SERVER=0
+  rm -rf .whl && mkdir -p .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${SERVER_WHEELS[@]}"
+  grep -qx '/.whl/' .git/info/exclude 2> /dev/null || { mkdir -p .git/info && echo /.whl/ >> .git/info/exclude; }
+  echo "server wheels: $(du -sh .whl | cut -f1) in .whl/ (carry .whl with a call after the unpack ones)"
+}
+
 step_unpack() {  # H200: this call's part joins the earlier ones; the call that completes the set installs
   mkdir -p "$VB" "$SITE"
+  if compgen -G ".whl/*.whl" > /dev/null; then  # carried server wheels (server-wheels): into the same site
+    install_wheels --upgrade .whl/*.whl && echo "installed $(ls .whl | wc -l) carried wheels"
+    [ -f .vb/PARTS ] || return 0
+  fi
   [ -f .vb/PARTS ] || die "carry .vb/PARTS with every part (bench/gpu/run.sh bundle writes it)"
   cp .vb/PARTS .vb/bundle.part.* "$VB/" 2>/dev/null || true
   local missing
@@ -511,7 +535,7 @@ step_soak() {  # FAMILY RATE [MINUTES [SOAK FLAGS]]: start and collect in one ca
 }
 
 STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
-STEPS="$STEPS|soak-start|soak-collect|soak|aot-check"
+STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|server-wheels"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -535,5 +559,6 @@ case "$step" in
   soak-collect) step_soak_collect "$@" ;;
   soak) step_soak "$@" ;;
   aot-check) step_aot_check "$@" ;;
+  server-wheels) step_server_wheels ;;
   *) die "unknown step '$step' ($STEPS)" ;;
 esac

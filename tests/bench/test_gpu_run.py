@@ -242,3 +242,37 @@ def test_soak_collect_reports_a_soak_that_died_without_a_status(checkout: Path, 
     (soak / "soak.log").write_text("Killed\n")
     done = run_sh(checkout, "soak-collect", "v2", "2.5")
     assert done.returncode == 2 and "ended without an exit status" in done.stderr and "Killed" in done.stdout
+
+
+def wheel(folder: Path, name: str, body: bytes) -> Path:
+    """A minimal pure-Python wheel ``name``-0.1 whose package's __init__ holds ``body``."""
+    import zipfile
+
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    info = f"{name}-0.1.dist-info"
+    files = {
+        f"{name}/__init__.py": body,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"]).encode()
+    with zipfile.ZipFile(path, "w") as z:
+        for n, data in files.items():
+            z.writestr(n, data)
+    return path
+
+
+def test_carried_server_wheels_install_into_the_same_site(checkout: Path) -> None:
+    """A SERVER=0 bundle's machine gets app.py's wheels from a later call carrying .whl/ alone."""
+    for part in ("bundle.part.aa", "bundle.part.ab"):
+        carry_only(checkout, part)
+        assert run_sh(checkout, "unpack").returncode == 0
+    shutil.rmtree(checkout / ".vb")  # the wheels' call carries .whl only
+    (checkout / ".whl").mkdir()
+    wheel(checkout / ".whl", "multipart_standin", b"VERSION = 1\n")
+    done = run_sh(checkout, "unpack")
+    assert done.returncode == 0, done.stderr
+    assert "installed 1 carried wheels" in done.stdout
+    site = checkout.parent / "site"
+    assert (site / "multipart_standin" / "__init__.py").read_text() == "VERSION = 1\n"
+    assert (site / "vllm" / "__init__.py").exists() and (site / ".vllm-done").exists()
