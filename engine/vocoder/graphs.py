@@ -35,7 +35,7 @@ class GraphedHiFT:
         if frame_bucket < hift.config.withheld_frames:  # a non-final call's minimum mel
             raise ValueError(f"frame_bucket must be >= {hift.config.withheld_frames}")
         self.hift, self.frame_bucket, self.max_frames = hift, frame_bucket, max_frames
-        self.graphs = GraphCache("vocoder", max_graphs)
+        self.graphs = GraphCache("vocoder", max_graphs, covers=True)  # padding is exact (the docstring)
 
     def __call__(self, mel: Tensor, finalize: bool) -> tuple[Tensor, Tensor]:
         b, frames = mel.shape[0], mel.shape[2]
@@ -43,7 +43,10 @@ class GraphedHiFT:
         if finalize or tt > self.max_frames or not self._fits_noise(tt):
             return self.hift.inference(mel, finalize)
         call = self._graph(bb, tt, mel.device)
-        if call is None:  # precaptured, and not this bucket: no capture on a request's path
+        if call is None and (wider := self.graphs.covering((bb, tt))) is not None:
+            bb, tt = wider  # its own bucket not captured yet: a wider graph, padded alike
+            call = self._graph(bb, tt, mel.device)
+        if call is None:  # precaptured, and nothing covers it: no capture on a request's path
             return self.hift.inference(mel, finalize)
         with record_function("t2w.hift.graph"):
             speech, source = call.replay(_padded(mel, bb, tt))

@@ -100,3 +100,31 @@ def test_after_precapture_an_uncaptured_bucket_runs_eager(hift, monkeypatch):
         want = hift.inference(mel, False)[0]
         torch.testing.assert_close(graphed(mel, False)[0], want, atol=0, rtol=0)
     assert made == [((1, 80, 100),)]
+
+
+def test_before_its_bucket_is_captured_a_call_replays_the_widest_graph_exactly(hift, monkeypatch):
+    """With the rest left to the background builder, the first graphs are the widest at batch 1 and at
+    the largest batch, and a smaller non-final call replays the cheapest of them that holds it."""
+    from tests.engine.test_graph_cache import Recorded
+
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.vocoder.graphs.devices.empty_cache", lambda dev: None)
+    replayed: list[tuple[int, ...]] = []
+    replay = Recorded.replay
+
+    def counted(self, *values):
+        replayed.append(tuple(self.inputs[0].shape))
+        return replay(self, *values)
+
+    monkeypatch.setattr(Recorded, "replay", counted)
+    graphed = GraphedHiFT(hift, frame_bucket=100, max_frames=200)
+    assert graphed.precapture(4, 200, torch.device("cpu"), lambda name, job: None) == 6
+    assert sorted(m[0] for m in made) == [(1, 80, 200), (4, 80, 200)]
+    with torch.inference_mode():
+        for batch, frames in ((2, 57), (1, 91)):
+            mel = mels(batch, frames, seed=batch)
+            want_speech, want_source = hift.inference(mel, False)
+            speech, source = graphed(mel, False)
+            torch.testing.assert_close(speech, want_speech, atol=1e-5, rtol=0)
+            torch.testing.assert_close(source, want_source, atol=1e-5, rtol=0)
+    assert replayed == [(4, 80, 200), (1, 80, 200)] and len(made) == 2
