@@ -83,6 +83,27 @@ def test_graphed_solver_matches_eager_and_keeps_each_result_on_cuda(flow, monkey
     torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_a_call_replays_the_widest_captured_graph_on_cuda_exactly(flow, monkeypatch):
+    """The cover on real CUDA graphs: with only the first graphs captured, a 2-row call of ~130 frames
+    replays the (4, 300) graph and equals the eager solve."""
+    dev = torch.device("cuda")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # as above: exact kernels both ways
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    with torch.inference_mode():
+        x = on_device(inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True), dev)
+    gpu = copy.deepcopy(flow).to(dev)
+    graphed = GraphedCFM(gpu.decoder, frame_bucket=100)
+    assert graphed.precapture(4, 250, dev, lambda name, job: None) == 18
+    assert sorted(graphed.graphs.keys()) == [(1, 300, False), (1, 300, True), (4, 300, False), (4, 300, True)]
+    with torch.inference_mode():
+        got, eager = graphed(x, True), gpu.decoder(x, True)
+    assert len(graphed.graphs) == 4 and graphed.graphs.covering((2, 200, True)) == (4, 300, True)
+    valid = x.mask.bool().expand_as(eager)
+    torch.testing.assert_close(got[valid], eager[valid], atol=1e-4, rtol=1e-4)
+
+
 def on_device(x: CfmInputs, dev: torch.device) -> CfmInputs:
     return CfmInputs(*(getattr(x, f.name).to(dev) for f in dataclasses.fields(x)))
 
