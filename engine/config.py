@@ -317,9 +317,10 @@ class EngineConfig:
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
     # 16 = 80 flow + 40 HiFT buckets (load time in BENCHMARKS.md). 0 = capture each bucket on first use.
     graph_warmup_s: float = 16.0
-    # of those graphs, load captures the first of each kind (the compiles: batch 1 and 2, shortest mel)
-    # and the engine serves; the rest are captured on a background thread in serving order (engine.
-    # graph_builder) while requests run uncaptured at the bucket's shape, the computation a graph replays.
+    # of those graphs, load captures the first of each kind (the compiles: the widest mel at batch 1 and at
+    # the largest batch) and the engine serves; the rest are captured on a background thread in serving
+    # order (engine.graph_builder) while requests replay the smallest captured graph that holds them,
+    # padded (engine.graph_cache.GraphCache.covering): the computation their own graph will replay.
     # With flow_compile the first graphs are the eager estimator's and the compile runs first on that thread
     # ("flow compile": > 155 s for the DiT on a fresh H200), its graphs then replacing the eager ones.
     # False = every graph before serving (the load of before: ~2-4 min on a fresh H200)

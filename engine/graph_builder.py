@@ -1,8 +1,9 @@
 """Work that makes a serving engine faster but is not needed to serve correctly (the CUDA graphs beyond
 the first of each kind), queued at load and run on one background thread once the engine is ready.
 
-Requests never wait for it: a shape whose graph is not captured yet runs uncaptured on its padded bucket
-shape, the same computation the graph records. Each job is a phase on the start-up timeline.
+Requests never wait for it: a shape whose graph is not captured yet replays a wider captured graph of its
+kind (``GraphCache.covering``), or runs uncaptured on its padded bucket shape: the same computation.
+Each job is a phase on the start-up timeline.
 """
 
 from __future__ import annotations

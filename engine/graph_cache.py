@@ -73,7 +73,8 @@ class GraphCache:
     """``key -> CapturedCall``, captured on first use, least recently used dropped past ``max_graphs``.
 
     After ``precapture`` the cache is frozen: a key it did not capture gets no graph (``get`` returns None
-    and the caller runs uncaptured), so no request ever waits for a capture (~1 s for a large flow bucket).
+    and the caller replays a wider one, ``covering``, or runs uncaptured), so no request ever waits for a
+    capture (~1 s for a large flow bucket).
     """
 
     def __init__(self, name: str, max_graphs: int, covers: bool = False):

@@ -685,7 +685,7 @@ def _precapture(
 ) -> None:
     """The flow (and vocoder) graphs a request can meet (batch up to the token2wav batch, mel up to
     ``graph_warmup_s``): with ``background_graphs`` the first of each kind now and the rest queued on
-    ``builder`` (requests meanwhile run uncaptured at the bucket's shape), else all now, while nothing
+    ``builder`` (requests meanwhile replay a wider graph of their kind, padded), else all now, while nothing
     runs. Either way no request waits for a capture."""
     if cfg.graph_warmup_s <= 0:
         return
