@@ -325,6 +325,12 @@ class EngineConfig:
     # ("flow compile": > 155 s for the DiT on a fresh H200), its graphs then replacing the eager ones.
     # False = every graph before serving (the load of before: ~2-4 min on a fresh H200)
     background_graphs: bool = True
+    # the first graphs captured while vLLM starts in its engine core process (after the weights, beside the
+    # core's imports: ~8 s off a warm start's path) instead of after it; the pool for frame reuse is then
+    # sized from the memory vLLM will leave, and the captures' cached memory is kept until vLLM is up, so
+    # nothing is freed while vLLM measures the device memory (which it reads device-wide). Off by default:
+    # not yet measured on a GPU (BENCHMARKS.md "Start-up")
+    first_graphs_early: bool = False
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16

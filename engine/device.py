@@ -120,6 +120,12 @@ def free_memory_bytes(device: torch.device) -> int:
     return 0 if rt is None else int(rt.mem_get_info(device)[0])
 
 
+def total_memory_bytes(device: torch.device) -> int:
+    """The device's whole memory, by the driver; 0 on CPU."""
+    rt = _runtime(device)
+    return 0 if rt is None else int(rt.mem_get_info(device)[1])
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak for ``peak_memory_mb`` (per benchmark level)."""
     if (rt := _runtime(device)) is not None:

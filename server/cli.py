@@ -107,6 +107,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "background while requests run uncaptured)",
     )  # fmt: skip
     p.add_argument(
+        "--first-graphs-early", action="store_true",
+        help="capture the first CUDA graphs while vLLM's engine core starts, not after it (start-up)",
+    )  # fmt: skip
+    p.add_argument(
         "--voices-dir", default=None,
         help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
     )  # fmt: skip
@@ -182,6 +186,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,
         background_graphs=args.background_graphs,
+        first_graphs_early=args.first_graphs_early,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,

@@ -85,7 +85,10 @@
 #                                                 compile), 5 more at full speed; a v3 cold start's compile
 #                                                 and graphs outlast 300 s (recorded to where it got);
 #                                                 DUMPS_AT=3,12: the server's thread stacks into its log
-#                                                 that many s after ready (empty: none)
+#                                                 that many s after ready (empty: none); B_FLAGS="--first-
+#                                                 graphs-early": a third launch, warm, with these flags too
+#                                                 -> startup_FAMILY_warm-b/ (the two warm starts share what
+#                                                 is left after COLD_S)
 #   bench/gpu/run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: the open-loop soak (bench.soak
 #                                                 --arrivals poisson: RATE requests/s, the capacity the
 #                                                 capacity step found; 10 s +-50 % requests, 10 % leavers, 5 %
@@ -471,16 +474,20 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   model=$(build_model "$fam" | tail -1)  # outside the root: a cold start is a fresh machine with the weights
   root=${STARTUP_ROOT:-/root/startup-cache-$fam}
   rm -rf "$root"
-  local cold_s=${COLD_S:-300}
-  for kind in cold warm; do
-    limit=$([ "$kind" = cold ] && echo "$cold_s" || echo $((LIMIT_S - cold_s - 10)))
+  local cold_s=${COLD_S:-300} runs=(cold warm) arm extra
+  [ -z "${B_FLAGS:-}" ] || runs+=(warm-b)  # B_FLAGS: a second warm start with these flags added (an A/B)
+  local warm_s=$(((LIMIT_S - cold_s - 10) / (${#runs[@]} - 1)))
+  for arm in "${runs[@]}"; do
+    kind=${arm%-b} extra=()
+    [ "$arm" != warm-b ] || read -r -a extra <<< "$B_FLAGS"
+    limit=$([ "$kind" = cold ] && echo "$cold_s" || echo "$warm_s")
     python3 -m bench.startup --family "$(family_dir "$fam")" --cache-kind "$kind" --limit-s "$limit" \
       --hardware "$HARDWARE" --commit "${COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}" \
-      --stack-dumps-at "${DUMPS_AT-3,12}" --out "$OUT/startup_${fam}_$kind" -- python3 app.py --model "$model" --device cuda --backend vllm \
-      --port 8000 --asr-model none --allow-forced-tokens --cache-dir "$root" "$@" \
-      > "$OUT/startup_${fam}_$kind.log" 2>&1 && echo "$kind: done" || echo "$kind: stopped (rc $?)"
-    tail -1 "$OUT/startup_${fam}_$kind.log" | cut -c1-400
-    grep -E "start-up: .* took|ready .* after launch" "$OUT/startup_${fam}_$kind/server.log" | cut -c1-160 | tail -14 || true
+      --stack-dumps-at "${DUMPS_AT-3,12}" --out "$OUT/startup_${fam}_$arm" -- python3 app.py --model "$model" --device cuda --backend vllm \
+      --port 8000 --asr-model none --allow-forced-tokens --cache-dir "$root" "$@" "${extra[@]}" \
+      > "$OUT/startup_${fam}_$arm.log" 2>&1 && echo "$arm: done" || echo "$arm: stopped (rc $?)"
+    tail -1 "$OUT/startup_${fam}_$arm.log" | cut -c1-400
+    grep -E "start-up: .* took|ready .* after launch" "$OUT/startup_${fam}_$arm/server.log" | cut -c1-160 | tail -14 || true
   done
 }
 

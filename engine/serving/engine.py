@@ -175,8 +175,9 @@ class TTSEngine:
         with ThreadPoolExecutor(1, thread_name_prefix="lm-start") as starter:
             lm: tuple[object, ...] = (cfg, files, dev, weights.result)
             started = starter.submit(_timed, timeline, "LM backend", _backend, *lm)
+            builder = GraphBuilder(timeline)
             try:
-                model, vocoder, parts = _beside_the_lm(cfg, files, dev, timeline, text, weights)
+                model, vocoder, parts = _beside_the_lm(cfg, files, dev, timeline, text, weights, builder)
             except BaseException as err:
                 if not weights.done():
                     weights.set_exception(err)  # the backend waiting for them stops too
@@ -193,12 +194,10 @@ class TTSEngine:
         # transcript needs it, and such a request waits for it (after vLLM's start, which sizes its KV cache
         # from the device memory free then)
         asr = LoadingAsr.start(asr_name, dev, timeline) if asr_name else None
-        # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at its
-        # start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
-        _enable_reuse(model.flow.decoder, model.family, cfg, dev)
-        builder = GraphBuilder(timeline)
-        with timeline.phase("first graphs"):
-            _precapture(model.flow.decoder, vocoder, cfg, dev, builder)
+        if not cfg.first_graphs_early:
+            # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at
+            # its start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
+            _first_graphs(model, vocoder, cfg, dev, builder, lm_share=0.0)
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
         p = parts
         engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
@@ -600,9 +599,10 @@ def _beside_the_lm(
     timeline: Timeline,
     text: TextFrontend,
     weights: Future[LoadedModel],
+    builder: GraphBuilder,
 ) -> tuple[LoadedModel, GraphedHiFT | None, _Parts]:
     """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
-    vocoder graph wrappers, the frontends."""
+    vocoder graph wrappers (with ``first_graphs_early``, their first graphs), the frontends."""
     with timeline.phase("weights"):
         weights.set_result(load_model(files, dev))
     model, vocoder = weights.result(), None
@@ -614,6 +614,11 @@ def _beside_the_lm(
         model.flow.decoder = _graphed_flow(model.flow.decoder, model.family, cfg, cache)  # type: ignore[assignment]
     if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
         vocoder = GraphedHiFT(model.hift)
+    if cfg.first_graphs_early:
+        # vLLM's engine core is still importing (~20 s from its spawn): these captures run before it
+        # measures the device's free memory; the reuse pool leaves it the share it will take
+        share = cfg.gpu_memory_utilization if _uses_vllm(cfg, devices.is_accelerator(dev)) else 0.0
+        _first_graphs(model, vocoder, cfg, dev, builder, lm_share=share)
     return model, vocoder, _frontends(cfg, files, model.family, dev, cache, timeline, text)
 
 
@@ -666,14 +671,30 @@ def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -
     return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled, aot=aot)
 
 
-def _enable_reuse(flow: object, family: str, cfg: EngineConfig, dev: torch.device) -> None:
+def _first_graphs(
+    model: LoadedModel,
+    hift: GraphedHiFT | None,
+    cfg: EngineConfig,
+    dev: torch.device,
+    builder: GraphBuilder,
+    lm_share: float,
+) -> None:
+    """The reuse pool, then the first graphs (the rest queued on ``builder``), as one phase."""
+    _enable_reuse(model.flow.decoder, model.family, cfg, dev, lm_share)
+    with builder.timeline.phase("first graphs"):
+        _precapture(model.flow.decoder, hift, cfg, dev, builder)
+
+
+def _enable_reuse(flow: object, family: str, cfg: EngineConfig, dev: torch.device, lm_share: float) -> None:
     """The CUDA-graph solver's page pool for frame reuse (v3 and v2), sized by ``flow_reuse_gb`` or from the
-    memory vLLM left; before the captures, which record its address. Requests keep up to ``graph_warmup_s``
-    (at least 16 s) of finished frames: the window graphs' prefix."""
+    memory vLLM left (``lm_share``: the fraction of the device vLLM is still to take, when it has not yet);
+    before the captures, which record its address. Requests keep up to ``graph_warmup_s`` (at least 16 s)
+    of finished frames: the window graphs' prefix."""
     if not (isinstance(flow, GraphedCFM) and cfg.reuses_flow(family, graphed=True)):
         return
     gb = cfg.flow_reuse_gb
-    nbytes = AUTO_POOL_SHARE * devices.free_memory_bytes(dev) if gb is None else gb * 2**30
+    left = devices.free_memory_bytes(dev) - lm_share * devices.total_memory_bytes(dev)
+    nbytes = AUTO_POOL_SHARE * max(0.0, left) if gb is None else gb * 2**30
     frames = int(max(cfg.graph_warmup_s, 16.0) * MEL_FRAMES_PER_S)
     pages = flow.enable_reuse(nbytes, frames, dev)
     if pages:

@@ -252,6 +252,50 @@ def test_the_graphed_solvers_page_pool_is_sized_from_the_memory_vllm_left(tmp_pa
     assert pools == [int(0.4 * 2 * 2**30 // page) + 1, int(0.25 * 2**30 // page) + 1, None]
 
 
+def test_early_first_graphs_are_captured_while_the_lm_starts_with_vllms_share_left(tmp_path, monkeypatch):
+    """first_graphs_early: the first graphs are captured while the LM backend is still starting (its start
+    here waits for them: the old order would wait for ever), and v3's reuse pool is sized from the memory
+    vLLM will leave: 40 % of (free - gpu_memory_utilization x total)."""
+    import threading
+
+    import engine.serving.engine as engine_module
+    from engine.flow.dit_pages import PageLayout
+    from engine.flow.graphs import GraphedCFM
+    from engine.lm.native import NativeLM
+
+    captured = threading.Event()
+
+    def precapture(self, b, t, dev, later=None):
+        captured.set()
+        return 0
+
+    def backend(cfg, files, dev, weights):  # the LM's start, as vLLM's would, outlasting the captures
+        assert captured.wait(WAIT_S), "the first graphs waited for the LM backend's start"
+        return NativeLM(weights().lm, cfg.sampling)
+
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(engine_module.devices, "free_memory_bytes", lambda dev: 2 * 2**30)
+    monkeypatch.setattr(engine_module.devices, "total_memory_bytes", lambda dev: 4 * 2**30)
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    monkeypatch.setattr(engine_module, "_backend", backend)
+    monkeypatch.setattr(GraphedCFM, "precapture", precapture)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(
+        model=str(model_dir), device="cpu", backend="native", hift_graphs=False, flow_reuse=True,
+        first_graphs_early=True, gpu_memory_utilization=0.3,
+    )  # fmt: skip
+    eng = TTSEngine.load(cfg)
+    eng.close()
+    graphed = eng.model.flow.decoder
+    assert isinstance(graphed, GraphedCFM) and graphed.pool is not None and captured.is_set()
+    est = graphed.cfm.estimator.cfg
+    page = PageLayout.page_bytes(10, est.depth, est.heads, est.dim_head, est.mel_dim, 50)
+    assert graphed.pool.layout.pages == int(0.4 * (2 - 0.3 * 4) * 2**30 // page) + 1
+    phases = {p.name: p for p in eng.startup.phases}
+    weights, first = phases["weights"], phases["first graphs"]
+    assert weights.start_s + weights.seconds <= first.start_s <= phases["frontends"].start_s
+
+
 def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch):
     """flow_reuse auto: v2's CUDA-graph solver gets no page pool and recomputes (its windows measured slower
     on the H200); --flow-reuse gives it one; v2's eager solver reuses in auto."""
