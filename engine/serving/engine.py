@@ -189,6 +189,8 @@ class TTSEngine:
                     break
                 _timed(timeline, name, work)
             backend = started.result()
+        with timeline.phase("text workers"):  # what is left of their start (seconds) once the LM is up
+            _or_close(parts.pool.wait_started, parts.pool.close, backend.close)
         asr_name = model_choice(cfg.asr_model, dev)
         # Whisper loads beside the first graphs and the warm-up, not before ready: only a prompt without its
         # transcript needs it, and such a request waits for it (after vLLM's start, which sizes its KV cache
@@ -751,9 +753,18 @@ def _frontends(
     if workers is None:
         workers = 4 if devices.is_accelerator(dev) else 0
     pool = TextPool(text, workers, files.qwen)
-    with timeline.phase("text workers"):
-        pool.start()
+    pool.start()  # their imports run beside the LM backend's start; load waits for them after it
     return _Parts(frontend, text, voices, pool)
+
+
+def _or_close(fn: Callable[[], object], *closers: Callable[[], object]) -> None:
+    """``fn()``; if it fails, ``closers`` run first (the text workers, vLLM's engine core process)."""
+    try:
+        fn()
+    except BaseException:
+        for close in closers:
+            close()
+        raise
 
 
 def _timed(timeline: Timeline, name: str, fn: Callable[..., T], *args: object) -> T:

@@ -19,7 +19,7 @@ import logging
 import multiprocessing
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -96,6 +96,7 @@ class TextPool:
         self.text, self.workers, self.tokenizer_dir = text, workers, tokenizer_dir
         self._lock = threading.Lock()
         self._pool = self._new_pool()
+        self._pings: list[Future[bool]] = []  # one per worker, done once it has started (``start``)
 
     def _new_pool(self) -> ProcessPoolExecutor | None:
         if self.workers == 0:
@@ -106,10 +107,17 @@ class TextPool:
         return ProcessPoolExecutor(self.workers, ctx, initializer=_start_worker, initargs=args)
 
     def start(self) -> None:
-        """Start every worker now (a pool starts them on demand: the first requests would wait)."""
-        if self._pool is not None:
-            for future in [self._pool.submit(_ping) for _ in range(self.workers)]:
-                future.result(timeout=120)
+        """Start every worker now, without waiting for them (each imports and loads for seconds: at load
+        this runs beside the LM backend's start); a pool would start them on demand, under the first
+        requests. ``wait_started`` waits."""
+        if self._pool is not None and not self._pings:
+            self._pings = [self._pool.submit(_ping) for _ in range(self.workers)]
+
+    def wait_started(self, timeout_s: float = 120.0) -> None:
+        """Block until every worker has started (its tokenizer and normalisers loaded)."""
+        self.start()
+        for ping in self._pings:
+            ping.result(timeout=timeout_s)
 
     async def run(self, job: TextJob) -> TextIds:
         pool = self._pool

@@ -129,6 +129,8 @@ async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tiny_cfg, 
     # the LM starts from llm.pt beside the weights' load, not after it; the frontends after the weights
     assert end("tokenizer") <= phases["LM backend"].start_s <= end("weights") <= phases["frontends"].start_s
     assert phases["first graphs"].start_s >= max(end("LM backend"), end("frontends"))
+    # the text workers start beside the LM's start; load waits for what is left of it once the LM is up
+    assert phases["text workers"].start_s >= end("LM backend")
     assert timeline.ready_s is not None and timeline.ready_s >= end("warm-up") >= end("first graphs")
     assert not any(p.background for p in timeline.phases) and eng.graph_builder.pending == 0
     assert json.loads(json.dumps(timeline.as_dict()))["ready_s"] == round(timeline.ready_s, 3)
@@ -411,3 +413,31 @@ async def test_background_captures_wait_while_a_stream_has_little_audio_buffered
     assert chunks > 2 and len(seen) == 5
     assert all(all(b >= CAPTURE_SLACK_S - 0.1 for b in buffered) for _, buffered in seen), seen
     assert seen[0][0] > 0.05  # the first capture waited for the stream's buffer (or its end)
+
+
+def test_text_workers_that_fail_to_start_fail_the_load_and_close_what_started(tiny_cfg, monkeypatch):
+    """A worker that cannot start (its tokenizer unreadable, say) fails the load with its error after the
+    LM is up, and the LM backend and the pool are closed: nothing is left running."""
+    import dataclasses
+
+    import engine.serving.engine as engine_module
+    from engine.serving.engine import TTSEngine
+    from engine.text.pool import TextPool
+
+    closed: list[str] = []
+
+    def broken(self, timeout_s: float = 120.0) -> None:
+        raise RuntimeError("a text worker could not start")
+
+    def backend(cfg, files, dev, weights):
+        lm = original(cfg, files, dev, weights)
+        monkeypatch.setattr(lm, "close", lambda: closed.append("LM"), raising=False)
+        return lm
+
+    original = engine_module._backend
+    monkeypatch.setattr(engine_module, "_backend", backend)
+    monkeypatch.setattr(TextPool, "wait_started", broken)
+    monkeypatch.setattr(TextPool, "close", lambda self: closed.append("pool"))
+    with pytest.raises(RuntimeError, match="could not start"):
+        TTSEngine.load(dataclasses.replace(tiny_cfg, text_workers=1))
+    assert sorted(closed) == ["LM", "pool"]

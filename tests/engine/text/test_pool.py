@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def text(tokenizer_dir) -> TextFrontend:
 @pytest.fixture(scope="module")
 def pool(text, tokenizer_dir):
     pool = TextPool(text, 1, tokenizer_dir)
-    pool.start()
+    pool.wait_started()
     yield pool
     pool.close()
 
@@ -61,7 +62,7 @@ def test_errors_come_back_from_the_worker_as_raised(pool):
 def test_a_dead_worker_fails_one_request_and_the_pool_comes_back(text, tokenizer_dir):
     pool = TextPool(text, 1, tokenizer_dir)
     try:
-        pool.start()
+        pool.wait_started()
         for pid in list(pool._pool._processes):  # type: ignore[union-attr]
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(SynthesisFailed, match="try again"):
@@ -91,8 +92,41 @@ def test_a_worker_loads_its_normalizers_before_its_first_job(text, tokenizer_dir
     """A fresh worker builds both wetext normalisers as it starts, so no request waits for them."""
     fresh = TextPool(text, 1, tokenizer_dir)
     try:
-        fresh.start()
+        fresh.wait_started()
         assert fresh._pool is not None
         assert fresh._pool.submit(loaded_normalizers).result(timeout=60) == 2
     finally:
         fresh.close()
+
+
+class HeldPings:
+    """A stand-in process pool whose workers start only when the test says (``release``)."""
+
+    def __init__(self) -> None:
+        self.pings: list[Future[bool]] = []
+
+    def submit(self, fn, *args):
+        self.pings.append(Future())
+        return self.pings[-1]
+
+    def release(self) -> None:
+        for ping in self.pings:
+            ping.set_result(True)
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def test_start_returns_at_once_and_wait_started_waits_for_every_worker(text, tokenizer_dir, monkeypatch):
+    """At load the workers start beside the LM backend's start: ``start`` only sends each its first job,
+    ``wait_started`` returns once all have answered (a timeout while one has not)."""
+    held = HeldPings()
+    monkeypatch.setattr(TextPool, "_new_pool", lambda self: held)
+    pool = TextPool(text, 3, tokenizer_dir)
+    pool.start()
+    pool.start()  # once: the same three first jobs
+    assert len(held.pings) == 3 and not any(p.done() for p in held.pings)
+    with pytest.raises(TimeoutError):
+        pool.wait_started(timeout_s=0.05)
+    held.release()
+    pool.wait_started(timeout_s=0.05)
