@@ -418,6 +418,9 @@ class EngineConfig:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")
+        if self.first_graphs_early and not self.background_graphs:
+            # every graph before serving (minutes) would still be capturing while vLLM measures the memory
+            raise ValueError("first_graphs_early captures the first graphs only: it needs background_graphs")
         if self.lm_profile_dir is not None and not self.lm_profile_dir.strip():
             raise ValueError("lm_profile_dir must name a directory, or be None")
         if self.cuda_mps not in (None, True, False):
