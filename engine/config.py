@@ -327,9 +327,10 @@ class EngineConfig:
     background_graphs: bool = True
     # the first graphs captured while vLLM starts in its engine core process (after the weights, beside the
     # core's imports: ~8 s off a warm start's path) instead of after it; the pool for frame reuse is then
-    # sized from the memory vLLM will leave, and the captures' cached memory is kept until vLLM is up, so
-    # nothing is freed while vLLM measures the device memory (which it reads device-wide). Off by default:
-    # not yet measured on a GPU (BENCHMARKS.md "Start-up")
+    # sized from the memory vLLM will leave. The captures allocate and free device memory (each capture
+    # empties torch's cache), and vLLM reads the device's memory device-wide while it profiles, so they
+    # must end before it does: the core's imports last ~20 s, the first graphs ~6-8 s after the weights.
+    # Off by default: not yet measured on a GPU (BENCHMARKS.md "Start-up")
     first_graphs_early: bool = False
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)

@@ -695,8 +695,11 @@ def _enable_reuse(flow: object, family: str, cfg: EngineConfig, dev: torch.devic
     if not (isinstance(flow, GraphedCFM) and cfg.reuses_flow(family, graphed=True)):
         return
     gb = cfg.flow_reuse_gb
-    left = devices.free_memory_bytes(dev) - lm_share * devices.total_memory_bytes(dev)
-    nbytes = AUTO_POOL_SHARE * max(0.0, left) if gb is None else gb * 2**30
+    if gb is None:
+        left = devices.free_memory_bytes(dev) - lm_share * devices.total_memory_bytes(dev)
+        nbytes = AUTO_POOL_SHARE * max(0.0, left)
+    else:
+        nbytes = gb * 2**30
     frames = int(max(cfg.graph_warmup_s, 16.0) * MEL_FRAMES_PER_S)
     pages = flow.enable_reuse(nbytes, frames, dev)
     if pages:
