@@ -284,6 +284,10 @@ def bundle_checkout(tmp_path: Path, slim_bytes: int) -> Path:
     root = tmp_path / "repo"
     (root / "bench" / "gpu").mkdir(parents=True)
     shutil.copy(REPO / "bench" / "gpu" / "run.sh", root / "bench" / "gpu" / "run.sh")
+    notes = root / "bench" / "notes"  # small files: on disk each takes a whole block, far more than its size
+    notes.mkdir()
+    for i in range(40):
+        (notes / f"n{i}.txt").write_text(f"{i}\n")
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     subprocess.run(["git", "-C", str(root), "add", "bench"], check=True)
     tools, bin_dir = tmp_path / "shared" / "tools", tmp_path / "bin"
@@ -301,7 +305,8 @@ def bundle_checkout(tmp_path: Path, slim_bytes: int) -> Path:
 
 def tree_bytes(root: Path) -> int:
     listed = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True, check=True)
-    return sum((root / name).stat().st_size for name in listed.stdout.split())
+    # what the files take on disk in whole blocks (st_blocks counts 512-byte units), as the device tool counts
+    return sum((root / name).stat().st_blocks * 512 for name in listed.stdout.split())
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git")
