@@ -62,11 +62,22 @@ def _rank(key: tuple, wide: bool) -> tuple[int, int]:
     return (-key[0], -key[1]) if wide else (key[0], key[1])
 
 
-def serving_order(keys: Sequence[K]) -> list[K]:
+def serving_order(keys: Sequence[K], covers: bool = False) -> list[K]:
     """Background captures: a single stream's and a pair's buckets first, shortest first (what a demo's
-    first visitors meet), then the rest in the given order (largest first keeps the shared pool small)."""
+    first visitors meet), then the rest in the given order (largest first keeps the shared pool small).
+    Where graphs may run smaller calls padded (``covers``), each batch's widest bucket of each kind comes
+    before all that: until its batch has a graph, a call of 2-8 rows pads into the largest batch's graph
+    (16 rows: 2-8x its compute, enough for a burst of streams to underrun), whereas each batch's widest
+    graph bounds the padding to the call's frames."""
     small = sorted((k for k in keys if k[0] <= 2), key=lambda k: (k[0], k[1]))
-    return small + [k for k in keys if k[0] > 2]
+    order = small + [k for k in keys if k[0] > 2]
+    if not covers:
+        return order
+    most: dict[tuple, int] = {}  # per kind, the most frames of a key still to capture
+    for key in keys:
+        most[key[2:]] = max(most.get(key[2:], 0), key[1])
+    cover = [k for k in keys if k[1] == most[k[2:]]]  # the batches whose widest graph is still to capture
+    return cover + [k for k in order if k not in cover]
 
 
 class GraphCache:
@@ -116,10 +127,10 @@ class GraphCache:
         if later is None:
             return len(keys)
         taken = set(now)
-        rest = serving_order([k for k in keys if k not in taken])
-        if between is not None:  # serving_order puts the single-stream buckets first
+        rest = serving_order([k for k in keys if k not in taken], self.covers)
+        if between is not None:  # the single-stream buckets first, in their serving order
             soon = [k for k in rest if k[0] == 1]
-            rest = rest[len(soon) :]
+            rest = [k for k in rest if k[0] != 1]
             if soon:
                 later(f"{self.name} graphs (1 stream)", self._capture_job(soon, capture, dev))
             later(*between)

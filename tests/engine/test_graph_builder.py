@@ -32,6 +32,21 @@ def test_first_keys_hold_each_kinds_batch_1_and_batch_2_programs_and_the_rest_go
     assert order[-6:] == [k for k in keys if k[0] == 4] and sorted(order) == sorted(rest)
 
 
+def test_where_graphs_cover_each_batchs_widest_bucket_comes_before_the_small_first_order():
+    """v2's flow: batches 1-16, 100-1000 frames, streaming or not; the widest of batch 1 and 16 of each kind
+    are captured before serving. A burst of 2-8 streams must not pad into the 16-row graph for minutes."""
+    keys = [(b, t, s) for b in (16, 8, 4, 2, 1) for t in range(1000, 0, -100) for s in (True, False)]
+    first = first_keys(keys, covers=True)
+    assert first == [(16, 1000, True), (16, 1000, False), (1, 1000, True), (1, 1000, False)]
+    rest = [k for k in keys if k not in first]
+    order = serving_order(rest, covers=True)
+    cover = [(b, 1000, s) for b in (8, 4, 2) for s in (True, False)]
+    assert order[:6] == cover
+    assert order[6:8] == [(1, 100, True), (1, 100, False)]  # then a single stream's, shortest first
+    assert sorted(order) == sorted(rest) and len(order) == len(set(order))
+    assert serving_order(rest)[:2] == [(1, 100, True), (1, 100, False)]  # no graph covers: no cover pass
+
+
 def test_a_call_during_a_background_capture_is_served_exactly_and_the_same_after(hift, monkeypatch):  # noqa: F811
     made = emulate_capture(monkeypatch)
     monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
@@ -67,7 +82,8 @@ def test_a_call_during_a_background_capture_is_served_exactly_and_the_same_after
         after = graphed(mel, False)  # replays its own graph now
     for got, exact in zip(after, want):
         torch.testing.assert_close(got, exact, atol=1e-5, rtol=0)
-    assert made[2:] == [((1, 80, 100),), ((2, 80, 100),), ((2, 80, 200),), ((4, 80, 100),)]  # small first
+    # the widest bucket of batch 2 first (a cover: until then a pair pads into batch 4), then small first
+    assert made[2:] == [((2, 80, 200),), ((1, 80, 100),), ((2, 80, 100),), ((4, 80, 100),)]
     (phase,) = timeline.phases
     assert phase.name == "vocoder graphs" and phase.background
 
