@@ -156,8 +156,13 @@ def test_a_covering_cache_starts_with_its_widest_buckets_and_lends_them_to_small
     monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
     cache = GraphCache("test", max_graphs=1, covers=True)
     keys = [(b, t, kind) for b in (4, 2, 1) for t in (300, 200, 100) for kind in ("whole", "window")]
+    stop, background = threading.Event(), []
 
     def capture(key: tuple) -> object:
+        if cache.frozen:  # a background capture: the test stops the job after its first two
+            background.append(key)
+            if len(background) == 2:
+                stop.set()
         return cache.get(key, lambda x: x, lambda: (torch.zeros(key[0], key[1]),))
 
     jobs: list[tuple[str, object]] = []
@@ -167,7 +172,11 @@ def test_a_covering_cache_starts_with_its_widest_buckets_and_lends_them_to_small
     ]  # fmt: skip
     assert cache.covering((1, 100, "whole")) == (1, 300, "whole")
     assert cache.covering((2, 200, "window")) == (4, 300, "window")  # of its own kind only
-    for _, job in jobs:
-        job(threading.Event())  # type: ignore[operator]
+    ((_, job),) = jobs
+    job(stop)  # type: ignore[operator]
+    # the background began with batch 2's widest bucket of each kind: a pair no longer pads into batch 4
+    assert background == [(2, 300, "whole"), (2, 300, "window")]
+    assert cache.covering((2, 100, "window")) == (2, 300, "window")
+    job(threading.Event())  # type: ignore[operator]  # the rest
     assert cache.covering((2, 100, "whole")) == (2, 100, "whole")  # its own bucket, once captured
     assert GraphCache("plain", max_graphs=1).covering((1, 100, "whole")) is None
