@@ -149,13 +149,14 @@ family_dir() {  # v2 | v3 -> the bench's family name
 
 part_bytes() {  # the most one bundle part may hold: PART_MB, else what a call leaves beside the checkout
   if [ -n "$PART_MB" ]; then echo $((PART_MB * 1000000)) && return; fi
-  local tree
+  local tree room
   # the space the files take on disk (whole blocks), as the device tool counts them: their sizes alone
   # undercount a checkout of ~600 small files by ~1.4 MB, and a part sized from them was refused
   tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c '%b %B' 2> /dev/null |
     awk '{s += $1 * $2} END {print s + 0}')
-  [ $((CALL_BYTES - CALL_SPARE - tree)) -gt 0 ] || die "the checkout ($tree B) leaves no room for a bundle part"
-  echo $((CALL_BYTES - CALL_SPARE - tree))
+  room=$((CALL_BYTES - CALL_SPARE - tree))
+  [ "$room" -gt 0 ] || die "the checkout ($tree B) leaves no room for a bundle part"
+  echo "$room"
 }
 step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into parts (one per device call)
   [ -d ../shared/tools ] || die "needs ../shared/tools/vllm-bundle.sh beside the checkout"
