@@ -142,6 +142,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the flow solver eagerly on CUDA")
     p.add_argument("--no-hift-graphs", action="store_true", help="v3: run the HiFT vocoder eagerly on CUDA")
+    p.add_argument(
+        "--no-ras-graphs", action="store_true", help="vLLM: run the LM's per-step RAS op by op, not replayed"
+    )
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
     add_flow_aot_flag(p)
@@ -319,6 +322,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         ),
         text_workers=None if args.text_workers < 0 else args.text_workers,
         lm_profile_dir=getattr(args, "lm_profile_dir", None),  # bench.overlap --lm-profile
+        lm_ras_graphs=not args.no_ras_graphs,
     )
 
 

@@ -1,12 +1,17 @@
 """GPU check of the vLLM backend against the native one (run on a CUDA machine with vLLM installed).
 
-    python -m bench.vllm_check --model DIR [--dtype float32|bfloat16] [--steps 50] --out result.json
+    python -m bench.vllm_check --model DIR [--dtype float32|bfloat16] [--steps 50] [--ras-arms graphs,eager]
+        --out result.json
 
 1. greedy parity: the native LM (float32) and vLLM decode ``steps`` argmax tokens from the same prefix
    embeddings with stop ids masked; reports the common prefix length and, where they part, the native
    log-prob gap between the two picks (a near-tie is a precision effect, a large gap a bug);
 2. RAS parity: both backends sample with the same seed through the shared sampler; reports agreement;
-3. LM throughput on vLLM: tokens/s at batch 1 and at batch 64 (forced lengths).
+3. LM throughput on vLLM: tokens/s at batch 1, 16 and 64 (forced lengths).
+
+``--ras-arms graphs,eager`` does 1-3 once per arm (a vLLM start each): the per-step RAS replayed from graphs
+against launched op by op, and the two arms' ids at the same seed; ``--lm-profile DIR`` adds vLLM's profiler
+over one round of 1 and of 16 decodes per arm (its engine core's ops and kernels: where a step goes).
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import argparse
 import asyncio
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -93,32 +100,85 @@ async def throughput(
 
 
 async def run(args: argparse.Namespace) -> dict:
-    from engine.lm.vllm_backend import VLLMBackend, export_hf
+    from engine.lm.vllm_backend import export_hf
 
     files = validate_model_dir(args.model)
     model = load_model(files, torch.device("cuda"))
     prefix, stop = prefix_of(model), tuple(sorted(model.lm.config.stop_ids))
     native, rows = native_greedy(model, prefix, args.steps)
+    nat = NativeLM(model.lm, SamplingConfig())
+    try:
+        native_ras = await sampled(nat, prefix, args.steps, 7, stop)
+    finally:
+        nat.close()
     hf_dir = export_hf(model.lm, model.qwen_config, files.llm, Path(args.cache), args.dtype)
-    vllm = VLLMBackend(hf_dir, SamplingConfig(), 0.3, dtype=args.dtype)
-    result: dict = {"family": model.family, "dtype": args.dtype}
+    result: dict = {"family": model.family, "dtype": args.dtype, "arms": {}}
+    for arm in args.ras_arms:  # one vLLM start each, one after another
+        result["arms"][arm] = await check_arm(args, hf_dir, arm, prefix, stop, (native, rows, native_ras))
+        log.info("vllm check, arm %s: %s", arm, json.dumps(result["arms"][arm]))
+        if args.out:  # kept if a later arm's start fails
+            Path(args.out).write_text(json.dumps(result, indent=2))
+    first, *others = result["arms"].values()
+    for arm, other in zip(args.ras_arms[1:], others):  # the same seed through each arm's RAS step
+        same = common_prefix(first.pop("ras_ids", []), other.pop("ras_ids", []))
+        result[f"ras_same_seed_{args.ras_arms[0]}_vs_{arm}"] = {"common_prefix": same}
+    for arm in result["arms"].values():
+        arm.pop("ras_ids", None)
+    return result
+
+
+async def check_arm(
+    args: argparse.Namespace, hf_dir: Path, arm: str, prefix: torch.Tensor, stop: tuple[int, ...],
+    native: tuple[list[int], list[torch.Tensor], list[int]],
+) -> dict:  # fmt: skip
+    """One vLLM start with the arm's RAS step (``graphs``: replayed; ``eager``: op by op): greedy parity
+    with the native LM, RAS agreement with it at one seed, tokens/s at batch 1, 16 and 64."""
+    from engine.lm.vllm_backend import VLLMBackend
+
+    greedy_ids, rows, native_ras = native
+    profile_dir = str(Path(args.lm_profile) / f"traces_{arm}") if args.lm_profile else None
+    vllm = VLLMBackend(
+        hf_dir, SamplingConfig(), 0.3, dtype=args.dtype, ras_graphs=arm == "graphs", profile_dir=profile_dir
+    )
+    out: dict = {}
     try:
         greedy = await vllm.greedy(LMRequest("greedy", prefix, 0, args.steps, args.steps, stop))
         tie = BF16_TIE_NATS if args.dtype == "bfloat16" else FP32_TIE_NATS
-        result["greedy"] = parity(native, rows, greedy, tie) | {"tie_nats": tie}
-        nat = NativeLM(model.lm, SamplingConfig())
-        a, b = (
-            await sampled(nat, prefix, args.steps, 7, stop),
-            await sampled(vllm, prefix, args.steps, 7, stop),
-        )
-        nat.close()
-        result["ras_same_seed"] = {"common_prefix": common_prefix(a, b)}
+        out["greedy"] = parity(greedy_ids, rows, greedy, tie) | {"tie_nats": tie}
+        out["ras_ids"] = await sampled(vllm, prefix, args.steps, 7, stop)
+        out["ras_same_seed_as_native"] = {"common_prefix": common_prefix(native_ras, out["ras_ids"])}
         await throughput(vllm, prefix, 4, 50, stop)  # warm up CUDA graphs
         for batch in (1, 16, 64):
-            result[f"vllm_tokens_per_s_batch{batch}"] = await throughput(vllm, prefix, batch, 250, stop)
+            out[f"vllm_tokens_per_s_batch{batch}"] = await throughput(vllm, prefix, batch, 250, stop)
+        if args.lm_profile:
+            out["lm_profiles"] = [
+                await profiled(vllm, prefix, b, stop, Path(args.lm_profile), arm) for b in (1, 16)
+            ]
     finally:
         vllm.close()
-    return result
+    return out
+
+
+async def profiled(
+    vllm: Any, prefix: torch.Tensor, batch: int, stop: tuple[int, ...], out: Path, arm: str
+) -> dict:  # fmt: skip
+    """One round of ``batch`` decodes of 250 tokens under vLLM's profiler -> its kernel table, copied to
+    OUT/lm_profile_ARM_cBATCH.txt (its totals over the round's 250 steps), and the round's tokens/s."""
+    await vllm.start_profile()
+    try:
+        rate = await throughput(vllm, prefix, batch, 250, stop)
+    finally:
+        table = await vllm.stop_profile()
+    kept = out / f"lm_profile_{arm}_c{batch}.txt"
+    shutil.copyfile(table, kept)
+    return {"decodes": batch, "steps": 250, "table": kept.name, "tokens_per_s_profiled": rate}
+
+
+def arm_list(text: str) -> list[str]:
+    arms = [a for a in text.split(",") if a]
+    if not arms or any(a not in ("graphs", "eager") for a in arms) or len(set(arms)) != len(arms):
+        raise argparse.ArgumentTypeError(f"arms: graphs and/or eager, each once, got {text!r}")
+    return arms
 
 
 def main() -> None:
@@ -128,6 +188,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--cache", default="/tmp/cosystream-vllm")
     parser.add_argument("--out")
+    parser.add_argument(
+        "--lm-profile", metavar="DIR",
+        help="each arm: vLLM's profiler over a round of 1 and of 16 decodes -> DIR/lm_profile_ARM_cN.txt",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ras-arms", type=arm_list, default=["graphs"],
+        help="the LM's per-step RAS: graphs (replayed, the default), eager (op by op), or both: graphs,eager",
+    )  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     result = asyncio.run(run(args))

@@ -285,6 +285,9 @@ class EngineConfig:
     # vLLM's torch profiler (its engine core's steps, kernels by device time: profiler_out_0.txt) writes
     # here between the LM backend's start_profile and stop_profile (bench.overlap --lm-profile); None: off
     lm_profile_dir: str | None = None
+    # vLLM's per-step RAS (our logits processor) replayed from a graph per batch bucket (CUDA), not ~40
+    # kernels launched one by one after every forward (engine.lm.ras_graphs); False: the eager A/B arm
+    lm_ras_graphs: bool = True
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     # also v3's non-final HiFT calls (with cuda_graphs): eager they are launch-bound, about as long whatever
     # the mel's length; replayed they lower TTFA, p95 and device memory (figures: BENCHMARKS.md).

@@ -13,7 +13,10 @@
 #   bench/gpu/run.sh unpack                       H200: keep the carried part; once all are in, install everything
 #                                                 (and any carried .whl/ wheels)
 #   bench/gpu/run.sh gpu-tests [PYTEST ARGS]      H200: the full-size random models, then pytest -m gpu
-#   bench/gpu/run.sh check FAMILY                 H200: vLLM vs native LM (greedy parity, RAS, tokens/s)
+#   bench/gpu/run.sh check FAMILY [CHECK FLAGS]   H200: vLLM vs native LM (greedy parity, RAS, tokens/s);
+#                                                 --ras-arms graphs,eager: the LM's per-step RAS replayed
+#                                                 against op by op, a vLLM start each; LM_PROFILE=1 adds
+#                                                 vLLM's profiler over a round of 1 and 16 decodes per arm
 #   bench/gpu/run.sh bench FAMILY MODE LEVELS [BENCH FLAGS]    H200: one bench run -> $OUT/NAME/results.json + NAME.log
 #   bench/gpu/run.sh compare BEFORE.json AFTER.json            anywhere: the before/after table
 #   bench/gpu/run.sh profile FAMILY LEVELS [BENCH FLAGS]       H200: a streaming run with torch.profiler summaries
@@ -53,8 +56,10 @@
 #                                                 daemon (--cuda-mps, the engine's auto default where it can
 #                                                 start); mps-share (MPS, this process's kernels on SHARE=60 %
 #                                                 of the SMs, the LM on all), own-stream (token2wav on its own
-#                                                 CUDA stream), batch4 (flow calls of at most 4 rows), both
-#                                                 with MPS auto; the MPS arms need nvidia-cuda-mps-control
+#                                                 CUDA stream), batch4 (flow calls of at most 4 rows),
+#                                                 ras-eager (the LM's per-step RAS launched op by op, not
+#                                                 replayed from graphs), all with MPS auto; the MPS arms
+#                                                 need nvidia-cuda-mps-control
 #                                                 (else they are skipped); LIMIT_S is
 #                                                 shared (a warm load ~2.5-4 min with its graphs, then ~70 s of
 #                                                 runs: two arms fit a call only warm); PROFILE=1 adds
@@ -231,7 +236,7 @@ build_model() {  # the bench's full-size random model in the released layout, bu
 
 # The files that hold gpu-marked tests; the rest import the UI (Gradio is not on the device).
 GPU_TESTS=(tests/engine/lm/test_vllm_backend.py tests/engine/flow/test_graphs.py tests/engine/vocoder/test_graphs.py
-  tests/engine/serving/test_token2wav.py tests/engine/flow/test_dit_pages.py)
+  tests/engine/serving/test_token2wav.py tests/engine/flow/test_dit_pages.py tests/engine/lm/test_ras_graphs.py)
 
 step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
   [ $# -gt 0 ] || set -- "${GPU_TESTS[@]}"
@@ -245,13 +250,18 @@ step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
 }
 
 step_check() {
-  [ $# -eq 1 ] || die "usage: run.sh check FAMILY"
+  [ $# -ge 1 ] || die "usage: run.sh check FAMILY [CHECK FLAGS]"
+  local model fam=$1
+  shift
+  family_dir "$fam" > /dev/null
   environment
-  local model
-  model=$(build_model "$1" | tail -1)
-  timeout "$LIMIT_S" python3 -m bench.vllm_check --model "$model" --dtype bfloat16 --cache "$CACHE" \
-    --out "$OUT/vllm_check_$1.json" > "$OUT/vllm_check_$1.log" 2>&1 && rc=0 || rc=$?
-  tail -30 "$OUT/vllm_check_$1.log"
+  model=$(build_model "$fam" | tail -1)
+  [ -z "${LM_PROFILE:-}" ] || set -- "$@" --lm-profile "$OUT"
+  timeout "$LIMIT_S" python3 -m bench.vllm_check --model "$model" --dtype bfloat16 --cache "$CACHE" "$@" \
+    --out "$OUT/vllm_check_$fam.json" > "$OUT/vllm_check_$fam.log" 2>&1 && rc=0 || rc=$?
+  rm -rf "$OUT"/traces_*  # vLLM's traces (tens of MB): their tables came out as lm_profile_ARM_cN.txt
+  grep -E "arm |Error" "$OUT/vllm_check_$fam.log" | cut -c1-400 | tail -6 || true
+  tail -30 "$OUT/vllm_check_$fam.log"
   return "$rc"
 }
 
@@ -365,8 +375,8 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
   IFS=, read -r -a arms <<< "${ARMS:-sliced,mps}"
   for arm in "${arms[@]}"; do
     case "$arm" in
-      sliced | mps | mps-share | own-stream | batch4) ;;
-      *) die "ARMS: sliced, mps, mps-share, own-stream or batch4, got '$arm'" ;;
+      sliced | mps | mps-share | own-stream | batch4 | ras-eager) ;;
+      *) die "ARMS: sliced, mps, mps-share, own-stream, batch4 or ras-eager, got '$arm'" ;;
     esac
   done
   environment
@@ -376,6 +386,7 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
       sliced) flags=(--no-cuda-mps) ;; mps) flags=(--cuda-mps) ;;
       mps-share) flags=(--cuda-mps --mps-flow-percent "${SHARE:-60}") ;;
       own-stream) flags=(--t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
+      ras-eager) flags=(--no-ras-graphs) ;;
     esac
     if [ "${arm%-share}" = mps ] && ! command -v nvidia-cuda-mps-control > /dev/null; then
       echo "$name: skipped (nvidia-cuda-mps-control is not on PATH here)"

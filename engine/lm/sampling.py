@@ -178,10 +178,16 @@ class DeviceRAS:
         if not swap:
             self.active[src] = False
 
-    def step(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [B, V] of batch rows 0..B-1 -> logits whose active rows allow exactly the sampled id."""
+    def step(self, logits: torch.Tensor, rows_in_use: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [B, V] of batch rows 0..B-1 -> logits whose active rows allow exactly the sampled id.
+
+        ``rows_in_use``: a 0-d long tensor on the device; only rows below it take part, the others are
+        padding (a replayed graph's batch is a fixed bucket: ``engine.lm.ras_graphs``); at 0 the step
+        changes no state. None: every row of ``logits``."""
         b = logits.shape[0]
         act, count = self.active[:b], self.count[:b]
+        if rows_in_use is not None:
+            act = act & (torch.arange(b, device=logits.device) < rows_in_use)
         early = (count < self.min_len[:b]).unsqueeze(1) & self.stops[:b]
         logp = logits.float().masked_fill(early, -math.inf)
         u = self.uniforms[:b].gather(1, count.clamp(max=self.steps - 1).view(b, 1, 1).expand(b, 1, 2))[:, 0]

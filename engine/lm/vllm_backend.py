@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from engine.config import SamplingConfig
 from engine.lm.backend import LMRequest
 from engine.lm.bistream import Feed, Layout, Round, Table, embed
 from engine.lm.hf_export import BIAS_FILE, export_hf  # noqa: F401  (export_hf: the backend's input)
+from engine.lm.ras_graphs import ras_stepper
 from engine.lm.sampling import DeviceRAS
 from engine.lm.speech_lm import SpeechLM
 
@@ -44,13 +45,17 @@ _ARGS = "cosystream"  # key of our per-request data in SamplingParams.extra_args
 
 
 class RASLogitsProcessor(LogitsProcessor):
-    """Per-request RAS in vLLM's persistent batch, its state on the GPU (``DeviceRAS``: no host sync)."""
+    """Per-request RAS in vLLM's persistent batch, its state on the GPU (``DeviceRAS``: no host sync), each
+    step replayed from a graph of its batch's bucket where the device has graphs (``GraphedRAS``)."""
+
+    graphs = True
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
         self.device = device
         self.rows = vllm_config.scheduler_config.max_num_seqs
         self.steps = vllm_config.model_config.max_model_len
         self.ras: DeviceRAS | None = None  # built on the first request (it carries the sampling config)
+        self._step: Callable[[torch.Tensor], torch.Tensor] | None = None
         bias = Path(vllm_config.model_config.model) / BIAS_FILE
         self.bias = torch.load(bias, weights_only=True).float().to(device) if bias.is_file() else None
 
@@ -79,13 +84,25 @@ class RASLogitsProcessor(LogitsProcessor):
             self.ras = DeviceRAS(
                 vocab, self.device, SamplingConfig(**args["sampling"]), self.rows, self.steps
             )
+            self._step = ras_stepper(self.ras, self.device, self.graphs)
         history = [*args.get("history", ()), *output_ids]  # bistream: the earlier rounds' tokens
         self.ras.add(index, args["seed"], args["min_len"], args["stop_ids"], bool(args["greedy"]), history)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.bias is not None:
             logits += self.bias  # [B, V] fp32: the v2 decoder bias vLLM's Qwen2 head lacks
-        return logits if self.ras is None else self.ras.step(logits)
+        return logits if self._step is None else self._step(logits)
+
+
+class EagerRASLogitsProcessor(RASLogitsProcessor):
+    """The same RAS, each step's ops launched one by one (``VLLMBackend(ras_graphs=False)``: the A/B arm)."""
+
+    graphs = False
+
+
+def _processor(ras_graphs: bool) -> str:
+    """The logits processor's class name for vLLM's engine arguments (it builds one in its engine core)."""
+    return (RASLogitsProcessor if ras_graphs else EagerRASLogitsProcessor).__name__
 
 
 def _profiler(args: type, profile_dir: str | None) -> dict[str, Any]:
@@ -132,6 +149,7 @@ class VLLMBackend:
         dtype: str = "bfloat16",
         lm: SpeechLM | None = None,
         profile_dir: str | None = None,
+        ras_graphs: bool = True,
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -154,7 +172,7 @@ class VLLMBackend:
             max_model_len=4096,
             enable_prefix_caching=True,  # bistream rounds re-submit their grown prompt
             scheduling_policy="priority",  # LMRequest.priority: a waiting listener's segment goes first
-            logits_processors=[f"{__name__}:RASLogitsProcessor"],
+            logits_processors=[f"{__name__}:{_processor(ras_graphs)}"],
             **_capture_limit(AsyncEngineArgs, max_num_seqs),
             **_profiler(AsyncEngineArgs, profile_dir),
         )

@@ -635,8 +635,9 @@ def _backend(
 
         export = _hf_export(cfg, files)
         backend = VLLMBackend(
-            export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir
-        )
+            export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir,
+            ras_graphs=cfg.lm_ras_graphs,
+        )  # fmt: skip
         backend.lm = weights().lm  # text streaming embeds its rounds with the loaded LM
         return backend
     from engine.lm.native import NativeLM

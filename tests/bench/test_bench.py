@@ -298,7 +298,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
     flags += ["--no-flow-compile", "--no-flow-reuse"]
     flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--t2w-relaxed-cap"]
-    flags += ["--cuda-mps", "--mps-flow-percent", "60"]
+    flags += ["--cuda-mps", "--mps-flow-percent", "60", "--no-ras-graphs"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
@@ -321,6 +321,10 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert defaults.t2w_relaxed_cap is False  # opt-in until the H200 open-loop A/B decides
     assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is None  # auto
     assert (plain.mps_flow_percent, knobs.mps_flow_percent) == (None, 60)
+    assert (plain.lm_ras_graphs, knobs.lm_ras_graphs) == (
+        defaults.lm_ras_graphs,
+        False,
+    ) and defaults.lm_ras_graphs
 
 
 def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):

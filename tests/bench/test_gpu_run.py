@@ -113,6 +113,8 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
         (("aot-check", "v4"), "FAMILY must be v2 or v3"),
         (("overlap",), "usage: run.sh overlap"),
         (("overlap", "v4"), "FAMILY must be v2 or v3"),
+        (("check",), "usage: run.sh check"),
+        (("check", "v4"), "FAMILY must be v2 or v3"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_usage(checkout: Path, args: tuple[str, ...], message: str):
@@ -182,8 +184,8 @@ def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypat
     monkeypatch.setenv("ARMS", "sliced,mps,priority")
     done = run_sh(checkout, "overlap", "v2")
     assert done.returncode == 2
-    assert "ARMS: sliced, mps, mps-share, own-stream or batch4, got 'priority'" in done.stderr
-    monkeypatch.setenv("ARMS", "mps,mps-share,own-stream,batch4")
+    assert "ARMS: sliced, mps, mps-share, own-stream, batch4 or ras-eager, got 'priority'" in done.stderr
+    monkeypatch.setenv("ARMS", "mps,mps-share,own-stream,batch4,ras-eager")
     done = run_sh(checkout, "overlap", "v2")  # good arms get as far as the missing vLLM install
     assert done.returncode == 2 and "vLLM is not installed" in done.stderr
 

@@ -3,9 +3,12 @@ sequences part, the reference's log-prob gap decides between a precision near-ti
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
 import torch
 
-from bench.vllm_check import BF16_TIE_NATS, common_prefix, parity
+from bench.vllm_check import BF16_TIE_NATS, arm_list, common_prefix, parity
 
 
 def rows_with_gap(steps: int, at: int, pick: int, other: int, gap: float) -> list[torch.Tensor]:
@@ -35,3 +38,10 @@ def test_a_split_at_a_clear_winner_fails_and_fp32_is_stricter():
 def test_common_prefix_stops_at_the_first_difference_or_the_shorter_end():
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_ras_arms_are_graphs_and_or_eager_each_once():
+    assert arm_list("graphs,eager") == ["graphs", "eager"] and arm_list("eager") == ["eager"]
+    for bad in ("", "graphs,graphs", "fast", "graphs,,x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            arm_list(bad)

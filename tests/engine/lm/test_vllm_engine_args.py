@@ -1,7 +1,8 @@
 """The engine arguments VLLMBackend gives vLLM: CUDA graphs captured up to max_num_seqs tokens where the
 arguments have the field (nothing passed where they do not), the engine core started by spawn, the torch
-profiler only when asked for. vLLM is not installed on CPU machines: its imported modules are stubs here,
-and the engine arguments are stand-in dataclasses with and without the fields."""
+profiler only when asked for, the logits processor whose RAS step replays graphs unless the eager arm is
+asked for. vLLM is not installed on CPU machines: its imported modules are stubs here, and the engine
+arguments are stand-in dataclasses with and without the fields."""
 
 from __future__ import annotations
 
@@ -48,10 +49,8 @@ def test_the_capture_limit_is_max_num_seqs_where_the_engine_arguments_have_it(mo
     assert module._capture_limit(Without, 128) == {}
 
 
-def test_vllm_starts_its_engine_core_by_spawn_unless_the_operator_chose(monkeypatch, tmp_path):
-    """The weights load onto the GPU beside vLLM's start: a fork after CUDA came up fails in the child."""
-    module = backend_module(monkeypatch)
-    seen: list[str | None] = []
+def stub_vllm_engine(monkeypatch, module, on_start) -> None:
+    """vLLM's engine arguments and AsyncLLM as stand-ins: ``on_start(kwargs)`` runs as the engine starts."""
 
     class Args:
         def __init__(self, **kwargs: object):
@@ -60,7 +59,7 @@ def test_vllm_starts_its_engine_core_by_spawn_unless_the_operator_chose(monkeypa
     class Engine:
         @staticmethod
         def from_engine_args(args: Args) -> Engine:
-            seen.append(os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
+            on_start(args.kwargs)
             return Engine()
 
     for name, attr, value in (
@@ -71,6 +70,15 @@ def test_vllm_starts_its_engine_core_by_spawn_unless_the_operator_chose(monkeypa
         setattr(stub, attr, value)
         monkeypatch.setitem(sys.modules, name, stub)
     monkeypatch.setattr(module, "_capture_limit", lambda args, n: {})  # the stand-in is no dataclass
+
+
+def test_vllm_starts_its_engine_core_by_spawn_unless_the_operator_chose(monkeypatch, tmp_path):
+    """The weights load onto the GPU beside vLLM's start: a fork after CUDA came up fails in the child."""
+    module = backend_module(monkeypatch)
+    seen: list[str | None] = []
+    stub_vllm_engine(
+        monkeypatch, module, lambda kwargs: seen.append(os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
+    )
     (tmp_path / "config.json").write_text('{"vocab_size": 10}')
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     module.VLLMBackend(tmp_path, SamplingConfig(), 0.5)
@@ -132,3 +140,17 @@ async def test_start_and_stop_profile_drive_vllm_and_name_its_table(monkeypatch,
     await backend.start_profile()
     assert await backend.stop_profile() == tmp_path / "profiler_out_0.txt"
     assert calls == ["start", "stop"]
+
+
+def test_the_logits_processor_replays_its_ras_step_unless_the_eager_arm_is_asked_for(monkeypatch, tmp_path):
+    module = backend_module(monkeypatch)
+    seen: list[object] = []
+    stub_vllm_engine(monkeypatch, module, lambda kwargs: seen.append(kwargs["logits_processors"]))
+    (tmp_path / "config.json").write_text('{"vocab_size": 10}')
+    module.VLLMBackend(tmp_path, SamplingConfig(), 0.5)
+    module.VLLMBackend(tmp_path, SamplingConfig(), 0.5, ras_graphs=False)
+    assert seen == [
+        ["engine.lm.vllm_backend:RASLogitsProcessor"],
+        ["engine.lm.vllm_backend:EagerRASLogitsProcessor"],
+    ]
+    assert module.RASLogitsProcessor.graphs and not module.EagerRASLogitsProcessor.graphs
