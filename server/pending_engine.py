@@ -36,12 +36,16 @@ class PendingEngine:
         self._loaded: Any = None  # the engine once built (maybe still warming up)
         self._engine: Any = None  # the engine once warm: every use goes to it
         self._failed = False
+        self._built = asyncio.Event()  # set once the load has ended, built or failed
 
     async def start(self) -> None:
         """Build the engine off the event loop, then warm it on this loop; a failure is logged and leaves
         this engine unhealthy (the server then exits for its supervisor)."""
         try:
-            self._loaded = await in_daemon_thread(self._load, "engine-load")
+            try:
+                self._loaded = await in_daemon_thread(self._load, "engine-load")
+            finally:
+                self._built.set()
             await self._loaded.warmup()
         except Exception:
             self._failed = True
@@ -57,13 +61,25 @@ class PendingEngine:
     def healthy(self) -> bool:
         return not self._failed and (self._engine is None or bool(self._engine.healthy))
 
+    async def built(self) -> bool:
+        """Wait for the load's end -> whether the engine was built (it may be warming up still): what the
+        model is (its name, family, presets, example voices) is known from then on."""
+        await self._built.wait()
+        return self._loaded is not None
+
     @property
     def model_name(self) -> str:
-        return self._model if self._engine is None else str(self._engine.model_name)
+        return self._model if self._loaded is None else str(self._loaded.model_name)
 
     @property
     def family(self) -> str:
-        return "" if self._engine is None else str(self._engine.family)
+        return "" if self._loaded is None else str(self._loaded.family)
+
+    def instruct_presets(self) -> Any:
+        return self._model_facts().instruct_presets()
+
+    def example_voices(self) -> Any:
+        return self._model_facts().example_voices()
 
     @property
     def asr_model(self) -> str | None:
@@ -94,6 +110,12 @@ class PendingEngine:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._served(), name)
+
+    def _model_facts(self) -> Any:
+        """The built engine, for what does not need it warm (the studio's build reads it then)."""
+        if self._loaded is None:
+            raise NotReady(LOADING, retry_after_s=RETRY_S)
+        return self._loaded
 
     def _served(self) -> Any:
         if self._engine is None:

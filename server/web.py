@@ -8,6 +8,7 @@ import contextlib
 import logging
 import secrets
 import socket
+import sys
 import threading
 import warnings
 from collections.abc import AsyncIterator, Sequence
@@ -69,11 +70,21 @@ def create_app(
     studio = StudioMount(engine, ui_lang, limits, login, random_weights, hub, store)
 
     async def start_later(later: contextlib.AsyncExitStack) -> None:
-        if isinstance(engine, PendingEngine):
-            await engine.start()
-            if not engine.ready:  # the load failed (logged): the server exits for its supervisor
-                return
-        if studio_later:
+        if not isinstance(engine, PendingEngine):
+            if studio_later:
+                await studio.mount_later(app, later)
+            return
+        starting = asyncio.create_task(engine.start())
+        later.callback(starting.cancel)  # the server's end stops a load still running
+        # Where Gradio's import ran while the engine waited for vLLM, the studio is built during the
+        # warm-up: built after ready, its 0.7-1.2 s of Python were the first request's extra TTFA on the
+        # H200 (BENCHMARKS.md "Start-up"). Where it did not (a CPU load has no such wait), the import's
+        # seconds would delay ready instead: the build waits for ready. A failed load builds nothing.
+        early = studio_later and await engine.built() and studio_imported()
+        if early:
+            await studio.mount_later(app, later)
+        await starting
+        if studio_later and not early and engine.ready:
             await studio.mount_later(app, later)
 
     @contextlib.asynccontextmanager
@@ -118,6 +129,12 @@ def import_studio() -> None:
         import webui.layout  # noqa: F401
     except ImportError:
         log.warning("importing the studio ahead failed; its build imports it again", exc_info=True)
+
+
+def studio_imported() -> bool:
+    """Gradio and the studio's modules are imported already (``import_studio`` ran): a build is then
+    about a second of Python, not the import's seconds more."""
+    return "gradio" in sys.modules and "webui.layout" in sys.modules
 
 
 class StudioMount:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import subprocess
@@ -353,6 +354,91 @@ def test_a_pending_live_reader_does_not_hold_the_shutdown() -> None:
     reader.join(60)
     assert not thread.is_alive() and answers == [204]
     assert time.monotonic() - started < 60  # far below the 300 s the reader would otherwise hold it
+
+
+def test_the_studio_is_built_while_the_engine_warms_up_not_beside_the_first_requests(monkeypatch) -> None:
+    """Behind a PendingEngine whose load imported Gradio ahead, the UI is built once the engine is built,
+    during its warm-up: built after ready, its Python held the interpreter while the first request ran (its
+    extra TTFA on the H200). The build reads the model's facts (family, presets, example voices) from the
+    engine that is not warm yet."""
+    from engine.serving.startup import Timeline
+    from server.pending_engine import PendingEngine
+
+    warming, release, seen = threading.Event(), threading.Event(), []
+    real_mount = web.StudioMount.mount
+
+    class Warming(FakeEngine):
+        async def warmup(self) -> None:
+            warming.set()
+            assert await asyncio.to_thread(release.wait, 60)
+            self.ready = True
+
+    def watched_mount(self, fastapi_app):
+        seen.append(self.engine.ready)  # the engine the studio is built over: the server's PendingEngine
+        out = real_mount(self, fastapi_app)
+        release.set()
+        return out
+
+    monkeypatch.setattr(web.StudioMount, "mount", watched_mount)
+    monkeypatch.setattr(web, "studio_imported", lambda: True)  # as after import_studio, on a GPU's load
+    built = Warming()
+    built.ready = False
+    pending = PendingEngine("fake", lambda: built, Timeline())
+    fastapi_app = web.create_app(pending, ui_lang="en", random_weights=True, studio_later=True)
+    server = web.web_server(fastapi_app, "127.0.0.1", 0, "fake")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        assert warming.wait(120) and release.wait(90), "the studio was not built during the warm-up"
+        deadline = time.monotonic() + 120
+        while not pending.ready and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen == [False] and pending.ready
+        port = server.servers[0].sockets[0].getsockname()[1]
+        page = httpx.get(f"http://127.0.0.1:{port}/", timeout=30)
+        while page.status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            page = httpx.get(f"http://127.0.0.1:{port}/", timeout=30)
+        assert page.status_code == 200 and "CosyStream" in page.text
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_without_gradio_imported_ahead_the_studio_is_built_after_ready(monkeypatch) -> None:
+    """A CPU load has no wait for vLLM to import Gradio in: its import's seconds would delay ready, so the
+    studio is built once the engine is warm, as before."""
+    from engine.serving.startup import Timeline
+    from server.pending_engine import PendingEngine
+
+    seen: list[bool] = []
+    built_at = threading.Event()
+    real_mount = web.StudioMount.mount
+
+    def watched_mount(self, fastapi_app):
+        seen.append(self.engine.ready)
+        built_at.set()
+        return real_mount(self, fastapi_app)
+
+    monkeypatch.setattr(web.StudioMount, "mount", watched_mount)
+    monkeypatch.setattr(web, "studio_imported", lambda: False)
+    built = FakeEngine()
+    built.ready = False
+
+    async def warmup() -> None:
+        built.ready = True
+
+    built.warmup = warmup  # type: ignore[attr-defined]
+    pending = PendingEngine("fake", lambda: built, Timeline())
+    server = web.web_server(web.create_app(pending, ui_lang="en", studio_later=True), "127.0.0.1", 0, "fake")
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        assert built_at.wait(120) and seen == [True]
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 def test_the_server_answers_before_the_studio_is_built_and_mounts_it_when_done(monkeypatch) -> None:

@@ -76,3 +76,43 @@ async def test_a_failed_load_leaves_the_server_alive_but_unhealthy(caplog) -> No
     async with client_for(build_api(pending, Limits(), api_key="")) as client:
         assert (await client.get("/health")).status_code == 503
     pending.close()  # nothing was built: nothing to close
+
+
+async def test_the_model_facts_are_known_once_built_before_the_warm_up_ends() -> None:
+    """The studio is built during the warm-up: the name, family, presets and example voices are the built
+    engine's from then on, while requests still wait for it to be warm."""
+    from engine.errors import NotReady
+
+    built, go = Warming(), asyncio.Event()
+
+    async def held_warmup() -> None:
+        await go.wait()
+        built.ready = True
+
+    built.warmup = held_warmup  # type: ignore[method-assign]
+    pending = PendingEngine("asked-for-name", lambda: built, Timeline())
+    assert pending.model_name == "asked-for-name" and pending.family == ""
+    try:
+        pending.instruct_presets()
+    except NotReady as err:
+        assert "still loading" in str(err)
+    else:
+        raise AssertionError("the presets of a model not built yet cannot be known")
+    start = asyncio.create_task(pending.start())
+    assert await asyncio.wait_for(pending.built(), WAIT_S) and not pending.ready
+    assert (pending.model_name, pending.family) == (built.model_name, built.family)
+    assert pending.instruct_presets() == built.instruct_presets()
+    assert pending.example_voices() == built.example_voices()
+    go.set()
+    await asyncio.wait_for(start, WAIT_S)
+    assert pending.ready
+
+
+async def test_waiting_for_the_build_ends_when_the_load_fails() -> None:
+    def load() -> Warming:
+        raise RuntimeError("no such model")
+
+    pending = PendingEngine("missing", load, Timeline())
+    start = asyncio.create_task(pending.start())
+    assert await asyncio.wait_for(pending.built(), WAIT_S) is False
+    await start
