@@ -332,8 +332,10 @@ class EngineConfig:
     # core's imports: ~8 s off a warm start's path) instead of after it; the pool for frame reuse is then
     # sized from the memory vLLM will leave. The captures allocate and free device memory (each capture
     # empties torch's cache), and vLLM reads the device's memory device-wide while it profiles, so they
-    # must end before it does: the core's imports last ~20 s, the first graphs ~6-8 s after the weights.
-    # Off by default: not yet measured on a GPU (BENCHMARKS.md "Start-up")
+    # must end before it does: the core's imports last ~20 s, the first graphs ~6-15 s after the weights.
+    # On the H200 it took 15 s off v3's warm start and nothing off v2's (BENCHMARKS.md "Start-up"); off by
+    # default while the margin is timing alone (5-6 s there): vLLM 0.26 stops its start with an assertion
+    # if the device's free memory grows while it profiles
     first_graphs_early: bool = False
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
