@@ -282,6 +282,11 @@ class EngineConfig:
     # or a local dir, "none" (the library default; app.py and the CLI default to "auto")
     asr_model: str = "none"
     gpu_memory_utilization: float = 0.3
+    # vLLM's KV cache at a fixed size (GiB) instead of what gpu_memory_utilization leaves after vLLM has
+    # profiled the device's memory: no profiling, so graphs may be captured beside its start (vLLM 0.26
+    # stops with an assertion if the free memory grows while it profiles; first_graphs_early). The 0.5B
+    # LMs take 12 KiB a token: 6 GiB hold 128 streams of 4096 tokens. None: sized by vLLM (40 GiB on the H200)
+    lm_kv_cache_gib: float | None = None
     # vLLM's torch profiler (its engine core's steps, kernels by device time: profiler_out_0.txt) writes
     # here between the LM backend's start_profile and stop_profile (bench.overlap --lm-profile); None: off
     lm_profile_dir: str | None = None
@@ -335,7 +340,7 @@ class EngineConfig:
     # must end before it does: the core's imports last ~20 s, the first graphs ~6-15 s after the weights.
     # On the H200 it took 15 s off v3's warm start and nothing off v2's (BENCHMARKS.md "Start-up"); off by
     # default while the margin is timing alone (5-6 s there): vLLM 0.26 stops its start with an assertion
-    # if the device's free memory grows while it profiles
+    # if the device's free memory grows while it profiles (with lm_kv_cache_gib it does not profile)
     first_graphs_early: bool = False
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
@@ -424,6 +429,10 @@ class EngineConfig:
             raise ValueError(f"flow_batch must be within [1, 64], got {self.flow_batch}")
         if not 0.05 <= self.gpu_memory_utilization <= 0.95:
             raise ValueError("gpu_memory_utilization must be within [0.05, 0.95]")
+        if self.lm_kv_cache_gib is not None and not 0.0 < self.lm_kv_cache_gib <= 1024.0:
+            raise ValueError(
+                f"lm_kv_cache_gib must be within (0, 1024] GiB, or None, got {self.lm_kv_cache_gib}"
+            )
         if self.first_graphs_early and not self.background_graphs:
             # every graph before serving (minutes) would still be capturing while vLLM measures the memory
             raise ValueError("first_graphs_early captures the first graphs only: it needs background_graphs")

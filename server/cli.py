@@ -69,6 +69,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
         help="share of GPU memory vLLM takes for the speech LM (weights + KV cache)",
     )  # fmt: skip
+    p.add_argument(
+        "--lm-kv-cache-gib", type=float, default=None,
+        help="vLLM's KV cache at this size (GiB) instead of what --gpu-memory-utilization leaves: vLLM then "
+        "skips profiling the device's memory, so --first-graphs-early cannot race it (6 GiB hold 128 "
+        "streams of 4096 tokens)",
+    )  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="also open a public Gradio share link")
@@ -176,6 +182,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         backend=args.backend,
         llm_variant=args.llm_variant,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        lm_kv_cache_gib=args.lm_kv_cache_gib,
         flow_dtype=args.flow_dtype,
         flow_attention=args.flow_attention,
         flow_compile=args.flow_compile,

@@ -59,8 +59,9 @@ def test_flags_reach_the_engine_config() -> None:
     assert cfg.flow_compile is False and EngineConfig().flow_compile is None  # auto: v3 only
     assert cli.engine_config(cli.parse_args(["--flow-compile"])).flow_compile is True
     assert cli.engine_config(cli.parse_args(["--flow-aot"])).flow_aot is True and cfg.flow_aot is False
-    early = cli.engine_config(cli.parse_args(["--first-graphs-early"]))
+    early = cli.engine_config(cli.parse_args(["--first-graphs-early", "--lm-kv-cache-gib", "6"]))
     assert early.first_graphs_early is True and cfg.first_graphs_early is False
+    assert early.lm_kv_cache_gib == 6.0 and cfg.lm_kv_cache_gib is None
     with pytest.raises(SystemExit):
         cli.parse_args(["--flow-compile", "--no-flow-compile"])
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless

@@ -105,6 +105,17 @@ def _processor(ras_graphs: bool) -> str:
     return (RASLogitsProcessor if ras_graphs else EagerRASLogitsProcessor).__name__
 
 
+def _kv_cache_size(args: type, gib: float | None) -> dict[str, int]:
+    """vLLM's KV cache at ``gib`` GiB (``kv_cache_memory_bytes``: its start then skips profiling the
+    device's memory), or nothing (None: sized from gpu_memory_utilization); a vLLM without the field is
+    refused rather than left to size it otherwise."""
+    if gib is None:
+        return {}
+    if "kv_cache_memory_bytes" not in {f.name for f in dataclasses.fields(args)}:
+        raise RuntimeError("this vLLM has no kv_cache_memory_bytes (0.26 has): lm_kv_cache_gib needs it")
+    return {"kv_cache_memory_bytes": int(gib * 2**30)}
+
+
 def _profiler(args: type, profile_dir: str | None) -> dict[str, Any]:
     """vLLM's torch profiler into ``profile_dir`` (its engine core's steps only: no stacks, no front end,
     whose Python the profiler would slow), or nothing when None."""
@@ -150,6 +161,7 @@ class VLLMBackend:
         lm: SpeechLM | None = None,
         profile_dir: str | None = None,
         ras_graphs: bool = True,
+        kv_cache_gib: float | None = None,
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -174,6 +186,7 @@ class VLLMBackend:
             scheduling_policy="priority",  # LMRequest.priority: a waiting listener's segment goes first
             logits_processors=[f"{__name__}:{_processor(ras_graphs)}"],
             **_capture_limit(AsyncEngineArgs, max_num_seqs),
+            **_kv_cache_size(AsyncEngineArgs, kv_cache_gib),
             **_profiler(AsyncEngineArgs, profile_dir),
         )
         self.engine = AsyncLLM.from_engine_args(args)

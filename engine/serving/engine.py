@@ -63,6 +63,9 @@ T = TypeVar("T")
 # (s), longer than a capture takes: then the capture can slow its next chunks, not make it stall
 CAPTURE_SLACK_S = 3.0
 CAPTURE_RECHECK_S = 0.25  # a waiting capture looks at the buffers again this often (they grow on delivery)
+# what vLLM holds on the device beside a fixed KV cache (GiB): the 0.5B LM's weights 0.7, its CUDA graphs
+# 0.13 and the activations of a 2048-token step (the H200's logs), with room for the CUDA context
+LM_BESIDE_KV_GIB = 2.0
 
 
 @dataclass(eq=False)
@@ -618,10 +621,20 @@ def _beside_the_lm(
         vocoder = GraphedHiFT(model.hift)
     if cfg.first_graphs_early:
         # vLLM's engine core is still importing (~20 s from its spawn): these captures run before it
-        # measures the device's free memory; the reuse pool leaves it the share it will take
-        share = cfg.gpu_memory_utilization if _uses_vllm(cfg, devices.is_accelerator(dev)) else 0.0
-        _first_graphs(model, vocoder, cfg, dev, builder, lm_share=share)
+        # measures the device's free memory (with lm_kv_cache_gib it measures nothing); the reuse pool
+        # leaves it the share it will take
+        _first_graphs(model, vocoder, cfg, dev, builder, lm_share=_lm_share(cfg, dev))
     return model, vocoder, _frontends(cfg, files, model.family, dev, cache, timeline, text)
+
+
+def _lm_share(cfg: EngineConfig, dev: torch.device) -> float:
+    """The fraction of the device vLLM will take once started: its gpu_memory_utilization, or a fixed KV
+    cache plus what it holds beside (``LM_BESIDE_KV_GIB``)."""
+    if not _uses_vllm(cfg, devices.is_accelerator(dev)):
+        return 0.0
+    if cfg.lm_kv_cache_gib is None:
+        return cfg.gpu_memory_utilization
+    return min(1.0, (cfg.lm_kv_cache_gib + LM_BESIDE_KV_GIB) * 2**30 / devices.total_memory_bytes(dev))
 
 
 def _backend(
@@ -636,7 +649,7 @@ def _backend(
         export = _hf_export(cfg, files)
         backend = VLLMBackend(
             export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir,
-            ras_graphs=cfg.lm_ras_graphs,
+            ras_graphs=cfg.lm_ras_graphs, kv_cache_gib=cfg.lm_kv_cache_gib,
         )  # fmt: skip
         backend.lm = weights().lm  # text streaming embeds its rounds with the loaded LM
         return backend

@@ -298,7 +298,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
     flags += ["--no-flow-compile", "--no-flow-reuse"]
     flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--t2w-relaxed-cap"]
-    flags += ["--cuda-mps", "--mps-flow-percent", "60", "--no-ras-graphs"]
+    flags += ["--cuda-mps", "--mps-flow-percent", "60", "--no-ras-graphs", "--lm-kv-cache-gib", "8"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
@@ -325,6 +325,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
         defaults.lm_ras_graphs,
         False,
     ) and defaults.lm_ras_graphs
+    assert (plain.lm_kv_cache_gib, knobs.lm_kv_cache_gib) == (None, 8.0) and defaults.lm_kv_cache_gib is None
 
 
 def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):

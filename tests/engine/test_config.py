@@ -40,6 +40,8 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(flow_compile="yes"), "flow_compile"),  # type: ignore[arg-type]
         (lambda: EngineConfig(flow_aot="yes"), "flow_aot"),  # type: ignore[arg-type]
         (lambda: EngineConfig(first_graphs_early=True, background_graphs=False), "needs background_graphs"),
+        (lambda: EngineConfig(lm_kv_cache_gib=0.0), "lm_kv_cache_gib"),
+        (lambda: EngineConfig(lm_kv_cache_gib=2048.0), "lm_kv_cache_gib"),
         (lambda: EngineConfig(prompt_cache_size=-1), "prompt_cache_size"),
         (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),
         (lambda: EngineConfig(cuda_mps=True, device="cpu"), "cuda_mps needs a CUDA device"),

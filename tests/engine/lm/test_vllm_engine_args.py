@@ -154,3 +154,22 @@ def test_the_logits_processor_replays_its_ras_step_unless_the_eager_arm_is_asked
         ["engine.lm.vllm_backend:EagerRASLogitsProcessor"],
     ]
     assert module.RASLogitsProcessor.graphs and not module.EagerRASLogitsProcessor.graphs
+
+
+def test_a_fixed_kv_cache_is_passed_in_bytes_where_the_engine_arguments_have_the_field(monkeypatch):
+    """With kv_cache_memory_bytes vLLM skips profiling the device's memory: early graph captures cannot
+    make its start fail. A vLLM without the field is refused, not left to size the cache otherwise."""
+    module = backend_module(monkeypatch)
+
+    @dataclasses.dataclass
+    class WithField:
+        kv_cache_memory_bytes: int | None = None
+
+    @dataclasses.dataclass
+    class Without:
+        max_num_seqs: int = 256
+
+    assert module._kv_cache_size(WithField, None) == {} and module._kv_cache_size(Without, None) == {}
+    assert module._kv_cache_size(WithField, 6.0) == {"kv_cache_memory_bytes": 6 * 2**30}
+    with pytest.raises(RuntimeError, match="kv_cache_memory_bytes"):
+        module._kv_cache_size(Without, 6.0)

@@ -296,6 +296,21 @@ def test_early_first_graphs_are_captured_while_the_lm_starts_with_vllms_share_le
     assert weights.start_s + weights.seconds <= first.start_s <= phases["frontends"].start_s
 
 
+def test_the_share_vllm_will_take_is_its_memory_share_or_a_fixed_kv_cache_and_what_it_holds_beside(
+    monkeypatch,
+):
+    import engine.serving.engine as engine_module
+
+    monkeypatch.setattr(engine_module.devices, "total_memory_bytes", lambda dev: 100 * 2**30)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    assert engine_module._lm_share(EngineConfig(gpu_memory_utilization=0.3), cpu) == 0.3
+    share = engine_module._lm_share(EngineConfig(lm_kv_cache_gib=6.0), cpu)
+    assert share == pytest.approx((6.0 + engine_module.LM_BESIDE_KV_GIB) / 100)
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: False)
+    assert engine_module._lm_share(EngineConfig(lm_kv_cache_gib=6.0), cpu) == 0.0  # no vLLM: nothing taken
+
+
 def test_v2s_graphed_solver_reuses_frames_only_when_asked(tmp_path, monkeypatch):
     """flow_reuse auto: v2's CUDA-graph solver gets no page pool and recomputes (its windows measured slower
     on the H200); --flow-reuse gives it one; v2's eager solver reuses in auto."""
