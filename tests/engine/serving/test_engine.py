@@ -610,7 +610,7 @@ def test_a_load_that_fails_after_starting_mps_tells_its_daemon_to_quit(
     assert not {devices.MPS_PIPE, devices.MPS_LOG, devices.MPS_THREADS} & set(os.environ)
 
 
-def test_the_vllm_backend_gets_the_lm_profile_dir_from_the_config(tmp_path, monkeypatch):
+def test_the_vllm_backend_gets_the_lm_settings_from_the_config(tmp_path, monkeypatch):
     """vLLM is not installed here: its backend module is a stand-in that keeps what the engine passes."""
     import sys
     import types
@@ -629,7 +629,11 @@ def test_the_vllm_backend_gets_the_lm_profile_dir_from_the_config(tmp_path, monk
     monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
     monkeypatch.setattr(engine_module, "_hf_export", lambda cfg, files: tmp_path / "export")
     weights = types.SimpleNamespace(lm="the loaded LM")
-    cfg = EngineConfig(model="demo-tiny", device="cpu", lm_profile_dir=str(tmp_path / "lm"))
+    cfg = EngineConfig(
+        model="demo-tiny", device="cpu", lm_profile_dir=str(tmp_path / "lm"), lm_ras_graphs=False,
+        lm_kv_cache_gib=6.0,
+    )  # fmt: skip
     backend = engine_module._backend(cfg, None, torch.device("cpu"), lambda: weights)  # type: ignore[arg-type]
-    assert made == [{"export": tmp_path / "export", "utilization": 0.3, "profile_dir": str(tmp_path / "lm")}]
+    settings = {"profile_dir": str(tmp_path / "lm"), "ras_graphs": False, "kv_cache_gib": 6.0}
+    assert made == [{"export": tmp_path / "export", "utilization": 0.3, **settings}]
     assert backend.lm == "the loaded LM"
