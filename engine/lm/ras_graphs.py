@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 import torch
 
 from engine import device as devices
+from engine.graph_cache import GraphCache
 from engine.lm.sampling import DeviceRAS
 
 log = logging.getLogger(__name__)
-
-# (fn, static inputs, pool=, stream=) -> an object with .graph (replay()) and .output, as devices.CapturedCall
-Capture = Callable[..., Any]
 
 
 def batch_bucket(batch: int, rows: int) -> int:
@@ -36,42 +34,35 @@ def batch_bucket(batch: int, rows: int) -> int:
 class GraphedRAS:
     """``DeviceRAS`` whose ``step`` replays the graph of the batch's bucket (captured on its first use)."""
 
-    def __init__(self, ras: DeviceRAS, device: torch.device, capture: Capture | None = None):
-        self.ras, self.device = ras, device
-        self.rows = ras.active.shape[0]
-        self._capture = capture if capture is not None else devices.CapturedCall
-        self._graphs: dict[int, Any] = {}
-        self._pool = self._stream = None
+    def __init__(self, ras: DeviceRAS, device: torch.device):
+        self.ras, self.rows = ras, ras.active.shape[0]
+        # one graph per power-of-two bucket up to ``rows``, never dropped
+        self._graphs = GraphCache("RAS step", max_graphs=self.rows.bit_length() + 1)
         # [] long on the device: how many of a bucket's rows are real this step (0 while capturing)
         self._in_use = torch.zeros((), dtype=torch.long, device=device)
 
     @property
     def buckets(self) -> list[int]:
-        return sorted(self._graphs)
+        return sorted(cast("list[int]", self._graphs.keys()))
 
     def step(self, logits: torch.Tensor) -> torch.Tensor:
         """As ``DeviceRAS.step``: logits [B, V] -> logits whose active rows allow exactly the sampled id
         (a view of the bucket's output: read it before the next step)."""
         b = logits.shape[0]
-        call = self._graph(batch_bucket(b, self.rows), logits)
+        rows = batch_bucket(b, self.rows)
+        call = self._graphs.get(rows, self._run, lambda: self._statics(rows, logits))
+        assert call is not None  # never frozen: a new bucket is captured here
         call.inputs[0][:b].copy_(logits)
         self._in_use.fill_(b)
         call.graph.replay()
         return call.output[:b]
 
-    def _graph(self, bucket: int, like: torch.Tensor) -> Any:
-        call = self._graphs.get(bucket)
-        if call is None:
-            call = self._graphs[bucket] = self._record(bucket, like)
-            log.info("RAS step graph captured for batches up to %d rows", bucket)
-        return call
-
-    def _record(self, bucket: int, like: torch.Tensor) -> Any:
-        if self._pool is None and self._capture is devices.CapturedCall:
-            self._pool, self._stream = devices.graph_pool(), devices.capture_stream()
-        static = torch.zeros(bucket, like.shape[1], dtype=like.dtype, device=like.device)
-        self._in_use.fill_(0)  # the warm-up runs and the capture change no request's state
-        return self._capture(self._run, (static,), pool=self._pool, stream=self._stream)
+    def _statics(self, rows: int, like: torch.Tensor) -> tuple[torch.Tensor]:
+        """A new bucket's input buffer; the capture's warm-up runs and recording then change no request's
+        state (0 rows in use)."""
+        self._in_use.fill_(0)
+        log.info("RAS step: capturing the graph for batches up to %d rows", rows)
+        return (torch.zeros(rows, like.shape[1], dtype=like.dtype, device=like.device),)
 
     def _run(self, logits: torch.Tensor) -> torch.Tensor:
         return self.ras.step(logits, self._in_use)

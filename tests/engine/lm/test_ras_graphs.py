@@ -1,9 +1,11 @@
 """The LM's per-step RAS replayed from a graph per batch bucket (engine.lm.ras_graphs). CUDA graphs are not on
-this CPU: a stand-in capture records the function on its static inputs as CapturedCall does (two warm-up
+this CPU: a stand-in for CapturedCall records the function on its static inputs as it does (two warm-up
 runs, then the recorded call) and a replay reruns it into the same output tensor, so the bucketing, the
 padding rows and the captures' effect on the requests' state are tested as they run on the GPU."""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import pytest
 import torch
@@ -20,25 +22,29 @@ class Recorded:
     """CapturedCall's contract: ``fn`` warmed up and recorded on ``inputs``; ``graph.replay()`` reruns it,
     writing into the tensor ``output`` the capture returned."""
 
+    made: ClassVar[list[Recorded]] = []
+
     def __init__(self, fn, inputs, pool=None, warmup=2, stream=None):
         for _ in range(warmup):
             fn(*inputs)
         self.fn, self.inputs, self.output = fn, inputs, fn(*inputs)
         self.graph = self
         self.replays = 0
+        Recorded.made.append(self)
 
     def replay(self) -> None:
         self.replays += 1
         self.output.copy_(self.fn(*self.inputs))
 
 
-def recorder(log: list[Recorded]):
-    def capture(fn, inputs, pool=None, stream=None):
-        call = Recorded(fn, inputs, pool=pool, stream=stream)
-        log.append(call)
-        return call
-
-    return capture
+@pytest.fixture
+def captures(monkeypatch) -> list[Recorded]:
+    """Every capture of the graph cache goes through ``Recorded`` (no pool, no side stream on a CPU)."""
+    Recorded.made = []
+    monkeypatch.setattr("engine.device.CapturedCall", Recorded)
+    monkeypatch.setattr("engine.device.graph_pool", lambda: None)
+    monkeypatch.setattr("engine.device.capture_stream", lambda: None)
+    return Recorded.made
 
 
 def twin_states(rows: int = 8) -> tuple[DeviceRAS, DeviceRAS]:
@@ -67,10 +73,9 @@ def test_buckets_are_powers_of_two_capped_at_the_state_rows():
             batch_bucket(bad, 128)
 
 
-def test_replayed_steps_sample_exactly_what_the_eager_steps_sample():
+def test_replayed_steps_sample_exactly_what_the_eager_steps_sample(captures):
     eager, state = twin_states()
-    captures: list[Recorded] = []
-    graphed = GraphedRAS(state, CPU, capture=recorder(captures))
+    graphed = GraphedRAS(state, CPU)
     # batches of 3 (bucket 4: row 3 is padding although its request is active), 6, 1, 2 and 5 rows
     for step, batch in enumerate([3, 6, 6, 1, 2, 5, 3, 6, 6, 6, 2, 1]):
         logits = logits_of(batch, step)
@@ -82,17 +87,17 @@ def test_replayed_steps_sample_exactly_what_the_eager_steps_sample():
     assert sum(c.replays for c in captures) == 12  # one replay a step, no eager step in between
 
 
-def test_captures_change_no_request_state():
+def test_captures_change_no_request_state(captures):
     """A capture runs the step three times (two warm-ups and the recorded call): at 0 rows in use."""
     fresh, state = twin_states()
-    graphed = GraphedRAS(state, CPU, capture=recorder([]))
-    graphed._graph(8, logits_of(8, 0))
-    assert states_equal(fresh, state)
+    graphed = GraphedRAS(state, CPU)
+    graphed._graphs.get(8, graphed._run, lambda: graphed._statics(8, logits_of(8, 0)))
+    assert len(captures) == 1 and states_equal(fresh, state)
 
 
-def test_padding_rows_and_rows_past_the_batch_keep_their_state():
+def test_padding_rows_and_rows_past_the_batch_keep_their_state(captures):
     _, state = twin_states()
-    graphed = GraphedRAS(state, CPU, capture=recorder([]))
+    graphed = GraphedRAS(state, CPU)
     before = state.count.clone(), state.window.clone()
     graphed.step(logits_of(3, 1))  # bucket 4: row 3's request is active, but not in this step's batch
     assert state.count.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
