@@ -118,12 +118,10 @@ async def run(args: argparse.Namespace) -> dict:
         log.info("vllm check, arm %s: %s", arm, json.dumps(result["arms"][arm]))
         if args.out:  # kept if a later arm's start fails
             Path(args.out).write_text(json.dumps(result, indent=2))
-    first, *others = result["arms"].values()
-    for arm, other in zip(args.ras_arms[1:], others):  # the same seed through each arm's RAS step
-        same = common_prefix(first.pop("ras_ids", []), other.pop("ras_ids", []))
-        result[f"ras_same_seed_{args.ras_arms[0]}_vs_{arm}"] = {"common_prefix": same}
-    for arm in result["arms"].values():
-        arm.pop("ras_ids", None)
+    ids = {arm: out.pop("ras_ids") for arm, out in result["arms"].items()}
+    first = args.ras_arms[0]
+    for arm in args.ras_arms[1:]:  # the same seed through each arm's RAS step
+        result[f"ras_same_seed_{first}_vs_{arm}"] = {"common_prefix": common_prefix(ids[first], ids[arm])}
     return result
 
 
