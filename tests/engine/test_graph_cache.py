@@ -31,13 +31,14 @@ class Recorded:
         return self.replay(*values)[0]
 
 
-def emulate_capture(monkeypatch) -> list[tuple]:
-    """Route every capture through ``Recorded``; returns the list of captured input shapes."""
-    Recorded.made = []
-    monkeypatch.setattr("engine.device.CapturedCall", Recorded)
+def emulate_capture(monkeypatch, stand_in: type = Recorded) -> list:
+    """Route every capture through ``stand_in`` (no pool, no side stream); returns its ``made`` list, emptied
+    (``Recorded``: the captured input shapes)."""
+    stand_in.made = []  # type: ignore[attr-defined]
+    monkeypatch.setattr("engine.device.CapturedCall", stand_in)
     monkeypatch.setattr("engine.device.graph_pool", lambda: None)
     monkeypatch.setattr("engine.device.capture_stream", lambda: None)
-    return Recorded.made
+    return stand_in.made  # type: ignore[attr-defined]
 
 
 def test_buckets_round_batch_to_a_power_of_two_and_frames_to_the_bucket():

@@ -13,6 +13,7 @@ import torch
 from engine.config import SamplingConfig
 from engine.lm.ras_graphs import GraphedRAS, batch_bucket, ras_stepper
 from engine.lm.sampling import DeviceRAS
+from tests.engine.test_graph_cache import emulate_capture
 
 CFG = SamplingConfig()
 CPU = torch.device("cpu")
@@ -39,12 +40,8 @@ class Recorded:
 
 @pytest.fixture
 def captures(monkeypatch) -> list[Recorded]:
-    """Every capture of the graph cache goes through ``Recorded`` (no pool, no side stream on a CPU)."""
-    Recorded.made = []
-    monkeypatch.setattr("engine.device.CapturedCall", Recorded)
-    monkeypatch.setattr("engine.device.graph_pool", lambda: None)
-    monkeypatch.setattr("engine.device.capture_stream", lambda: None)
-    return Recorded.made
+    """Every capture of the graph cache goes through ``Recorded``."""
+    return emulate_capture(monkeypatch, Recorded)
 
 
 def twin_states(rows: int = 8) -> tuple[DeviceRAS, DeviceRAS]:
