@@ -32,7 +32,7 @@ from api.ops import check_model
 from api.route import guarded_route
 from api.schemas import ResponseFormat, StreamFormat
 from api.speech import check_format, check_ready, delta, sse_event
-from api.streaming import EngineStreamResponse
+from api.streaming import EngineStreamResponse, cut_stream
 from api.voices import call
 from engine.errors import EngineError
 from engine.request import SynthesisRequest
@@ -163,10 +163,9 @@ async def audio_bytes(
                 yield data
         if tail := encoder.finish():
             yield tail
-    except EngineError:
+    except EngineError as err:
         ctx.telemetry.stream_errors.inc()
-        log.exception("a script failed mid-stream")
-        raise
+        raise cut_stream(err, "a script") from err
     finally:
         await gen.aclose()
 

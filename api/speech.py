@@ -27,7 +27,7 @@ from api.errors import ApiError, from_engine, retry_after
 from api.ops import check_model
 from api.route import guarded_route
 from api.schemas import SpeechRequest
-from api.streaming import EngineStreamResponse
+from api.streaming import EngineStreamResponse, cut_stream
 from api.telemetry import Telemetry
 from engine.errors import EngineError
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -296,17 +296,16 @@ class Encoded:
 async def audio_bytes(
     telemetry: Telemetry, gen: AsyncIterator[AudioChunk], first: AudioChunk, encoder: StreamEncoder
 ) -> AsyncGenerator[bytes, None]:
-    """Encoded bytes as chunks arrive. A mid-stream engine error is re-raised so the server cuts the
-    connection: a truncated chunked body tells the client, a clean end would not."""
+    """Encoded bytes as chunks arrive. A mid-stream engine error becomes a ``StreamCut``, so the server
+    cuts the connection: a truncated chunked body tells the client, a clean end would not."""
     stream = Encoded(gen, first, encoder)
     try:
         async for data in stream:
             yield data
         telemetry.finished(stream.last.metrics)
-    except EngineError:
+    except EngineError as err:
         telemetry.stream_errors.inc()
-        log.exception("request %s failed mid-stream", first.metrics.request_id)
-        raise
+        raise cut_stream(err, f"request {first.metrics.request_id}") from err
     finally:
         await close(gen)
 

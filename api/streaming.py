@@ -4,7 +4,9 @@ Starlette's ``StreamingResponse`` stops iterating when the client disconnects bu
 suspended (closed only whenever it is garbage-collected), so the engine would keep computing for nobody.
 Here the body generator is closed in ``finally:`` (its own ``finally:`` closes the engine stream, whose
 ``finally:`` frees the request), and ``on_disconnect`` (``engine.abort``) runs first when the stream did
-not complete.
+not complete. A body that fails after its headers raises ``StreamCut`` (``cut_stream``), and the server
+cuts the connection: the client reads an incomplete body, where a clean end would pass the truncated
+audio off as complete.
 """
 
 from __future__ import annotations
@@ -16,7 +18,35 @@ import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from engine.errors import EngineError, NotReady
+
 log = logging.getLogger(__name__)
+
+
+class StreamCut(Exception):
+    """A streamed body ended early, its cause (``__cause__``) already logged by ``cut_stream``."""
+
+
+def cut_stream(err: EngineError, what: str) -> StreamCut:
+    """Log why ``what`` ended mid-stream and return the ``StreamCut`` to raise from ``err``. An end the
+    server chose (shutting down, or the engine stopped: ``NotReady``) is one line; anything else keeps its
+    trace."""
+    if isinstance(err, NotReady):
+        log.warning("%s ended mid-stream: %s", what, err)
+    else:
+        log.error("%s failed mid-stream", what, exc_info=err)
+    return StreamCut(str(err))
+
+
+class QuietCuts(logging.Filter):
+    """For uvicorn's error logger: a response cut by ``StreamCut`` was logged once, by its route, so
+    uvicorn's "Exception in ASGI application" trace of it is dropped (every other record passes)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], StreamCut))
+
+
+QUIET_CUTS = QuietCuts()
 
 
 class EngineStreamResponse(StreamingResponse):

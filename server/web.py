@@ -235,6 +235,7 @@ def web_server(
     (port 0: the port the system picked), after the lifespan has warmed the engine, so the URL answers."""
     import uvicorn
 
+    from api.streaming import QUIET_CUTS
     from server.shutdown import Gate, GracefulServer
 
     class Server(GracefulServer):
@@ -247,4 +248,6 @@ def web_server(
             await super().shutdown(sockets)
 
     gate = Gate(app)
-    return Server(uvicorn.Config(gate, host=host, port=port, log_level="info"), gate, engine, grace_s, model)
+    config = uvicorn.Config(gate, host=host, port=port, log_level="info")  # configures uvicorn's loggers
+    logging.getLogger("uvicorn.error").addFilter(QUIET_CUTS)  # a cut stream's trace: logged by its route
+    return Server(config, gate, engine, grace_s, model)

@@ -478,3 +478,45 @@ def test_the_server_answers_before_the_studio_is_built_and_mounts_it_when_done(m
         release.set()
         server.should_exit = True
         thread.join(30)
+
+
+def test_a_stream_cut_mid_body_reaches_the_client_truncated_and_logs_no_trace() -> None:
+    """The served app over real uvicorn: an engine that ends the stream after its first chunk (as a shutdown
+    does) leaves the client an incomplete chunked body, and uvicorn's log no trace of it."""
+    from api.app import build_api
+    from engine.errors import NotReady
+    from tests.api.support import RecordingEngine
+
+    engine = RecordingEngine(fail_after=NotReady("the server is shutting down"))
+    engine.add_voice("alice", "x", "t")
+    records: list[logging.LogRecord] = []
+    keep = logging.Handler()
+    keep.emit = records.append  # type: ignore[method-assign]
+    server = web.web_server(build_api(engine, api_key=""), "127.0.0.1", free_port(), "fake")
+    logging.getLogger("uvicorn.error").addHandler(keep)
+    thread = threading.Thread(target=server.run, daemon=True)
+    try:
+        thread.start()
+        url = wait_listening(server)
+        with pytest.raises(httpx.RemoteProtocolError, match="incomplete"):
+            speech = {"input": "Hello there.", "voice": "alice", "response_format": "pcm", "stream": True}
+            httpx.post(url + "/v1/audio/speech", json=speech, timeout=WAIT_S)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        logging.getLogger("uvicorn.error").removeHandler(keep)
+    assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_listening(server: web.GracefulServer) -> str:
+    deadline = time.monotonic() + WAIT_S
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    return f"http://127.0.0.1:{server.config.port}"

@@ -18,6 +18,7 @@ import soundfile as sf
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.app import build_api
+from api.streaming import StreamCut
 from engine.config import Limits
 from engine.errors import Busy, InvalidInput, NotFound, NotReady, SynthesisFailed, TooLarge
 from engine.request import Mode
@@ -313,17 +314,34 @@ async def test_sse_mid_stream_failure_is_an_error_event() -> None:
     assert events[-1]["type"] == "error" and events[-1]["error"]["message"] == "device out of memory"
 
 
-async def test_audio_mid_stream_failure_cuts_the_response() -> None:
+async def test_audio_mid_stream_failure_cuts_the_response(caplog: pytest.LogCaptureFixture) -> None:
     """After the headers a clean end would pass truncated audio off as complete: the server must fail it."""
     engine = RecordingEngine(fail_after=SynthesisFailed("device out of memory"))
     engine.add_voice("alice", "x", "t")
     app = build_api(engine, api_key="")
     async with client_for(app) as c:
-        with pytest.raises(SynthesisFailed):
+        with pytest.raises(StreamCut) as cut:
             await c.post(SPEECH, json=body())
+    assert isinstance(cut.value.__cause__, SynthesisFailed)
     metrics = app.state.cosystream_api.telemetry.exposition().decode()
     assert metric_value(metrics, "cosystream_stream_errors_total") == 1
     assert engine.active == {}
+    failed = [r for r in caplog.records if "failed mid-stream" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info and failed[0].exc_info[1] is cut.value.__cause__
+
+
+async def test_a_stream_the_server_ends_is_cut_with_one_line_and_no_trace(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Shutting down (or the engine stopped) is the server's own choice: logged as one warning line."""
+    engine = RecordingEngine(fail_after=NotReady("the server is shutting down"))
+    engine.add_voice("alice", "x", "t")
+    async with client_for(build_api(engine, api_key="")) as c:
+        with pytest.raises(StreamCut):
+            await c.post(SPEECH, json=body())
+    ended = [r for r in caplog.records if "mid-stream" in r.getMessage()]
+    assert [(r.levelname, r.exc_info) for r in ended] == [("WARNING", None)]
+    assert "ended mid-stream: the server is shutting down" in ended[0].getMessage()
 
 
 async def run_until_disconnect(app: Any, payload: dict[str, Any], after_body_bytes: bool) -> list[dict]:

@@ -1,6 +1,7 @@
 """SIGINT / SIGTERM on a real server process (``app.py`` on demo-tiny, CPU): new requests refused at once
-(503 + Retry-After), a stream in flight ended with an error once the grace is over, the exit within grace
-+ 2 s, a second signal exiting at once without a trace, the port free and no child process left."""
+(503 + Retry-After), streams in flight ended once the grace is over (a socket's with an error event, an
+HTTP body cut short) without a trace in the log, the exit within grace + 2 s, a second signal exiting at
+once without a trace, the port free and no child process left."""
 
 from __future__ import annotations
 
@@ -157,8 +158,33 @@ def test_an_idle_server_exits_at_once_and_frees_everything(tmp_path: Path) -> No
     assert "Traceback" not in "".join(srv.lines)
 
 
+@dataclass
+class HttpStream:
+    """A long ``/v1/audio/speech`` stream read in a thread: its bytes, and how it ended."""
+
+    url: str
+    started: threading.Event = field(default_factory=threading.Event)
+    got: int = 0
+    ended: Exception | None = None
+
+    def read(self) -> None:
+        speech = {"input": "This is a rather long text. " * 60, "voice": "en-amy", "response_format": "pcm"}
+        try:
+            with httpx.stream("POST", self.url + "/v1/audio/speech", json=speech, timeout=120) as r:
+                for data in r.iter_bytes():
+                    self.got += len(data)
+                    self.started.set()
+        except httpx.TransportError as err:
+            self.ended = err
+        self.started.set()
+
+
 def test_a_stream_in_flight_gets_the_grace_then_an_error_and_new_requests_get_503(tmp_path: Path) -> None:
     with server(tmp_path) as srv:
+        stream = HttpStream(srv.url)
+        reader = threading.Thread(target=stream.read, daemon=True)
+        reader.start()
+        assert stream.started.wait(120) and stream.got > 0, stream.ended
         ws = open_stream(srv.url)
         t0 = time.monotonic()
         srv.proc.send_signal(signal.SIGINT)
@@ -173,6 +199,8 @@ def test_a_stream_in_flight_gets_the_grace_then_an_error_and_new_requests_get_50
         ws.close()
         status = srv.proc.wait(60)
         took = time.monotonic() - t0
+        reader.join(60)
+    assert isinstance(stream.ended, httpx.RemoteProtocolError), stream.ended  # cut: never a clean end
     assert refused is not None and refused.status_code == 503 and refused.headers["retry-after"] == "5"
     assert refused.json()["error"]["code"] == "shutting_down"
     errors = [e["error"] for e in events if e["type"] == "error"]
