@@ -492,7 +492,7 @@ def test_a_stream_cut_mid_body_reaches_the_client_truncated_and_logs_no_trace() 
     records: list[logging.LogRecord] = []
     keep = logging.Handler()
     keep.emit = records.append  # type: ignore[method-assign]
-    server = web.web_server(build_api(engine, api_key=""), "127.0.0.1", free_port(), "fake")
+    server = web.web_server(build_api(engine, api_key=""), "127.0.0.1", 0, "fake")
     logging.getLogger("uvicorn.error").addHandler(keep)
     thread = threading.Thread(target=server.run, daemon=True)
     try:
@@ -508,15 +508,10 @@ def test_a_stream_cut_mid_body_reaches_the_client_truncated_and_logs_no_trace() 
     assert not [r for r in records if r.exc_info], [r.getMessage() for r in records]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_listening(server: web.GracefulServer) -> str:
+    """The URL of a server started on port 0, once it listens (the port the system picked)."""
     deadline = time.monotonic() + WAIT_S
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.started
-    return f"http://127.0.0.1:{server.config.port}"
+    return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
