@@ -93,7 +93,8 @@
 #                                                 that many s after ready (empty: none); B_FLAGS="--first-
 #                                                 graphs-early": a third launch, warm, with these flags too
 #                                                 -> startup_FAMILY_warm-b/ (the two warm starts share what
-#                                                 is left after COLD_S)
+#                                                 is left after COLD_S); RUNS=warm: no cold start, the
+#                                                 warm ones on STARTUP_ROOT as an earlier step left it
 #   bench/gpu/run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: the open-loop soak (bench.soak
 #                                                 --arrivals poisson: RATE requests/s, the capacity the
 #                                                 capacity step found; 10 s +-50 % requests, 10 % leavers, 5 %
@@ -484,13 +485,17 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   local fam=$1 model root kind limit
   shift
   family_dir "$fam" > /dev/null
+  local cold_s=${COLD_S:-300} runs arm extra
+  # RUNS=warm: warm starts only, on the root (STARTUP_ROOT) an earlier step of this hold filled
+  [[ ${RUNS:-cold warm} =~ ^(cold warm|warm)$ ]] || die "RUNS: 'cold warm' or 'warm', got '${RUNS:-}'"
+  read -r -a runs <<< "${RUNS:-cold warm}"
+  [ -z "${B_FLAGS:-}" ] || runs+=(warm-b)  # B_FLAGS: a second warm start with these flags added (an A/B)
   environment
   model=$(build_model "$fam" | tail -1)  # outside the root: a cold start is a fresh machine with the weights
   root=${STARTUP_ROOT:-/root/startup-cache-$fam}
-  rm -rf "$root"
-  local cold_s=${COLD_S:-300} runs=(cold warm) arm extra
-  [ -z "${B_FLAGS:-}" ] || runs+=(warm-b)  # B_FLAGS: a second warm start with these flags added (an A/B)
-  local warm_s=$(((LIMIT_S - cold_s - 10) / (${#runs[@]} - 1)))
+  local warm_n=${#runs[@]}
+  if [ "${runs[0]}" = cold ]; then rm -rf "$root" && warm_n=$((warm_n - 1)); else cold_s=0; fi
+  local warm_s=$(((LIMIT_S - cold_s - 10) / warm_n))
   for arm in "${runs[@]}"; do
     kind=${arm%-b} extra=()
     [ "$arm" != warm-b ] || read -r -a extra <<< "$B_FLAGS"
