@@ -146,8 +146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--no-ras-graphs", action="store_true", help="vLLM: run the LM's per-step RAS op by op, not replayed"
     )
     p.add_argument(
-        "--lm-kv-cache-gib", type=float, default=None,
-        help="vLLM: its KV cache at this size (GiB), no memory profiling (default: from its memory share)",
+        "--lm-kv-cache-gib", type=float, default=EngineConfig.lm_kv_cache_gib,
+        help="vLLM: its KV cache at this size (GiB), no memory profiling; 0: from its memory share",
     )  # fmt: skip
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
@@ -327,7 +327,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         text_workers=None if args.text_workers < 0 else args.text_workers,
         lm_profile_dir=getattr(args, "lm_profile_dir", None),  # bench.overlap --lm-profile
         lm_ras_graphs=not args.no_ras_graphs,
-        lm_kv_cache_gib=args.lm_kv_cache_gib,
+        lm_kv_cache_gib=args.lm_kv_cache_gib or None,  # 0: sized by vLLM
     )
 
 

@@ -283,10 +283,11 @@ class EngineConfig:
     asr_model: str = "none"
     gpu_memory_utilization: float = 0.3
     # vLLM's KV cache at a fixed size (GiB) instead of what gpu_memory_utilization leaves after vLLM has
-    # profiled the device's memory: no profiling, so graphs may be captured beside its start (vLLM 0.26
-    # stops with an assertion if the free memory grows while it profiles; first_graphs_early). The 0.5B
-    # LMs take 12 KiB a token: 6 GiB hold 128 streams of 4096 tokens. None: sized by vLLM (40 GiB on the H200)
-    lm_kv_cache_gib: float | None = None
+    # profiled the device's memory: no profiling, so the first graphs may be captured beside its start
+    # (vLLM 0.26 stops with an assertion if the free memory grows while it profiles; first_graphs_early).
+    # The 0.5B LMs take 12 KiB a token: 6 GiB hold 128 streams of 4096 tokens (max_num_seqs x max_model_len).
+    # None: sized by vLLM from gpu_memory_utilization (40 GiB on the H200), and the first graphs after it
+    lm_kv_cache_gib: float | None = 6.0
     # vLLM's torch profiler (its engine core's steps, kernels by device time: profiler_out_0.txt) writes
     # here between the LM backend's start_profile and stop_profile (bench.overlap --lm-profile); None: off
     lm_profile_dir: str | None = None
@@ -334,14 +335,13 @@ class EngineConfig:
     # False = every graph before serving (the load of before: ~2-4 min on a fresh H200)
     background_graphs: bool = True
     # the first graphs captured while vLLM starts in its engine core process (after the weights, beside the
-    # core's imports: ~8 s off a warm start's path) instead of after it; the pool for frame reuse is then
-    # sized from the memory vLLM will leave. The captures allocate and free device memory (each capture
-    # empties torch's cache), and vLLM reads the device's memory device-wide while it profiles, so they
-    # must end before it does: the core's imports last ~20 s, the first graphs ~6-15 s after the weights.
-    # On the H200 it took 15 s off v3's warm start and nothing off v2's (BENCHMARKS.md "Start-up"); off by
-    # default while the margin is timing alone (5-6 s there): vLLM 0.26 stops its start with an assertion
-    # if the device's free memory grows while it profiles (with lm_kv_cache_gib it does not profile)
-    first_graphs_early: bool = False
+    # core's imports) instead of after it; the pool for frame reuse is then sized from the memory vLLM will
+    # leave. The captures allocate and free device memory (each empties torch's cache), and a vLLM that
+    # profiles the device's memory stops with an assertion if the free memory grows meanwhile, so the auto
+    # default (None) captures early only where it does not profile (lm_kv_cache_gib set) and the rest of the
+    # graphs come in the background. On the H200 early graphs took v3's warm start from 85.8 to 70.4 s and
+    # 80.9 to 65.9 s on another machine (BENCHMARKS.md "Start-up"). True: early even where vLLM profiles
+    first_graphs_early: bool | None = None
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16
@@ -433,7 +433,7 @@ class EngineConfig:
             raise ValueError(
                 f"lm_kv_cache_gib must be within (0, 1024] GiB, or None, got {self.lm_kv_cache_gib}"
             )
-        if self.first_graphs_early and not self.background_graphs:
+        if self.first_graphs_early is True and not self.background_graphs:
             # every graph before serving (minutes) would still be capturing while vLLM measures the memory
             raise ValueError("first_graphs_early captures the first graphs only: it needs background_graphs")
         if self.lm_profile_dir is not None and not self.lm_profile_dir.strip():
@@ -447,6 +447,13 @@ class EngineConfig:
             raise ValueError(
                 f"mps_flow_percent needs cuda_mps (on or auto) and 1-100 %, got {self.mps_flow_percent}"
             )
+
+    @property
+    def graphs_early(self) -> bool:
+        """first_graphs_early resolved: the first graphs captured beside the LM backend's start."""
+        if self.first_graphs_early is not None:
+            return self.first_graphs_early
+        return self.background_graphs and self.lm_kv_cache_gib is not None
 
     def compiles_flow(self, family: str) -> bool:
         """Whether the graphed flow solver compiles its estimator: as set, or in auto for v3 only."""

@@ -70,10 +70,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="share of GPU memory vLLM takes for the speech LM (weights + KV cache)",
     )  # fmt: skip
     p.add_argument(
-        "--lm-kv-cache-gib", type=float, default=None,
-        help="vLLM's KV cache at this size (GiB) instead of what --gpu-memory-utilization leaves: vLLM then "
-        "skips profiling the device's memory, so --first-graphs-early cannot race it (6 GiB hold 128 "
-        "streams of 4096 tokens)",
+        "--lm-kv-cache-gib", type=float, default=EngineConfig.lm_kv_cache_gib,
+        help="vLLM's KV cache at this size (GiB; 6 hold 128 streams of 4096 tokens): vLLM then skips "
+        "profiling the device's memory, so the first graphs are captured beside its start; 0: what "
+        "--gpu-memory-utilization leaves after it profiles, and the first graphs after it",
     )  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
     p.add_argument("--port", type=int, default=7860)
@@ -113,8 +113,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "background while requests run uncaptured)",
     )  # fmt: skip
     p.add_argument(
-        "--first-graphs-early", action="store_true",
-        help="capture the first CUDA graphs while vLLM's engine core starts, not after it (start-up)",
+        "--first-graphs-early", action=argparse.BooleanOptionalAction, default=None,
+        help="capture the first CUDA graphs while vLLM's engine core starts, not after it (default: where "
+        "vLLM's KV cache has a fixed size, --lm-kv-cache-gib; forced on, it races vLLM's memory profiling)",
     )  # fmt: skip
     p.add_argument(
         "--voices-dir", default=None,
@@ -182,7 +183,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         backend=args.backend,
         llm_variant=args.llm_variant,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        lm_kv_cache_gib=args.lm_kv_cache_gib,
+        lm_kv_cache_gib=args.lm_kv_cache_gib or None,  # 0: sized by vLLM
         flow_dtype=args.flow_dtype,
         flow_attention=args.flow_attention,
         flow_compile=args.flow_compile,

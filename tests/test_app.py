@@ -59,9 +59,16 @@ def test_flags_reach_the_engine_config() -> None:
     assert cfg.flow_compile is False and EngineConfig().flow_compile is None  # auto: v3 only
     assert cli.engine_config(cli.parse_args(["--flow-compile"])).flow_compile is True
     assert cli.engine_config(cli.parse_args(["--flow-aot"])).flow_aot is True and cfg.flow_aot is False
-    early = cli.engine_config(cli.parse_args(["--first-graphs-early", "--lm-kv-cache-gib", "6"]))
-    assert early.first_graphs_early is True and cfg.first_graphs_early is False
-    assert early.lm_kv_cache_gib == 6.0 and cfg.lm_kv_cache_gib is None
+    # the defaults: a fixed 6 GiB KV cache for vLLM, so the first graphs come beside its start (auto)
+    assert (cfg.lm_kv_cache_gib, cfg.first_graphs_early, cfg.graphs_early) == (6.0, None, True)
+    profiled = cli.engine_config(cli.parse_args(["--lm-kv-cache-gib", "0"]))
+    assert (profiled.lm_kv_cache_gib, profiled.graphs_early) == (None, False)
+    forced = cli.engine_config(cli.parse_args(["--lm-kv-cache-gib", "0", "--first-graphs-early"]))
+    assert (forced.first_graphs_early, forced.graphs_early) == (True, True)
+    late = cli.engine_config(cli.parse_args(["--no-first-graphs-early", "--lm-kv-cache-gib", "8"]))
+    assert (late.lm_kv_cache_gib, late.graphs_early) == (8.0, False)
+    with pytest.raises(SystemExit):  # the config's range check, answered as a usage error
+        cli.parse_args(["--lm-kv-cache-gib=-1"])
     with pytest.raises(SystemExit):
         cli.parse_args(["--flow-compile", "--no-flow-compile"])
     assert EngineConfig().flow_dtype == "bfloat16"  # the GPU default; the CPU path is float32 regardless

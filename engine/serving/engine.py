@@ -49,7 +49,7 @@ from engine.serving.startup import Timeline
 from engine.serving.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.serving.subtitles import WordTimer
 from engine.serving.token2wav import Token2Wav, Utterance
-from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
+from engine.text.frontend import TextFrontend, import_transformers, instruct_presets, load_tokenizer
 from engine.text.pool import TextPool, text_job
 from engine.text.stream import Prefetch, text_pieces, token_pieces
 from engine.vocoder.graphs import GraphedHiFT
@@ -172,6 +172,8 @@ class TTSEngine:
         # loads' Python competed; BENCHMARKS.md, "Start-up")
         # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
         # is not thread-safe: "cannot import name 'AutoTokenizer'"), and vLLM's start imports it too
+        with timeline.phase("transformers import"):
+            import_transformers()
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
         weights: Future[LoadedModel] = Future()
@@ -199,7 +201,7 @@ class TTSEngine:
         # transcript needs it, and such a request waits for it (after vLLM's start, which sizes its KV cache
         # from the device memory free then)
         asr = LoadingAsr.start(asr_name, dev, timeline) if asr_name else None
-        if not cfg.first_graphs_early:
+        if not _graphs_early(cfg, dev):
             # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at
             # its start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
             _first_graphs(model, vocoder, cfg, dev, builder, lm_share=0.0)
@@ -607,7 +609,7 @@ def _beside_the_lm(
     builder: GraphBuilder,
 ) -> tuple[LoadedModel, GraphedHiFT | None, _Parts]:
     """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
-    vocoder graph wrappers (with ``first_graphs_early``, their first graphs), the frontends."""
+    vocoder graph wrappers (with ``graphs_early``, their first graphs), the frontends."""
     with timeline.phase("weights"):
         weights.set_result(load_model(files, dev))
     model, vocoder = weights.result(), None
@@ -619,12 +621,17 @@ def _beside_the_lm(
         model.flow.decoder = _graphed_flow(model.flow.decoder, model.family, cfg, cache)  # type: ignore[assignment]
     if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
         vocoder = GraphedHiFT(model.hift)
-    if cfg.first_graphs_early:
+    if _graphs_early(cfg, dev):
         # vLLM's engine core is still importing (~20 s from its spawn): these captures run before it
         # measures the device's free memory (with lm_kv_cache_gib it measures nothing); the reuse pool
         # leaves it the share it will take
         _first_graphs(model, vocoder, cfg, dev, builder, lm_share=_lm_share(cfg, dev))
     return model, vocoder, _frontends(cfg, files, model.family, dev, cache, timeline, text)
+
+
+def _graphs_early(cfg: EngineConfig, dev: torch.device) -> bool:
+    """The first graphs beside the LM backend's start: only a vLLM start is long enough to hide them."""
+    return cfg.graphs_early and _uses_vllm(cfg, devices.is_accelerator(dev))
 
 
 def _lm_share(cfg: EngineConfig, dev: torch.device) -> float:

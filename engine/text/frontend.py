@@ -271,6 +271,12 @@ class CosyTokenizer:
         return max(self.vocab.values()) + 1
 
 
+def import_transformers() -> None:
+    """Import what ``load_tokenizer`` needs from transformers (seconds on a GPU host with vLLM installed),
+    so that a start-up timeline can show the import apart from the tokenizer's load."""
+    from transformers import AutoTokenizer  # noqa: F401  (heavy; only when a model is loaded)
+
+
 def load_tokenizer(blank_en_dir: str | Path, family: str) -> CosyTokenizer:
     """``AutoTokenizer.from_pretrained(blank_en_dir)`` plus eos/pad and the family's specials, checked."""
     path = Path(blank_en_dir)

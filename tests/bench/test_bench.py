@@ -325,7 +325,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
         defaults.lm_ras_graphs,
         False,
     ) and defaults.lm_ras_graphs
-    assert (plain.lm_kv_cache_gib, knobs.lm_kv_cache_gib) == (None, 8.0) and defaults.lm_kv_cache_gib is None
+    assert (plain.lm_kv_cache_gib, knobs.lm_kv_cache_gib) == (6.0, 8.0) and defaults.lm_kv_cache_gib == 6.0
 
 
 def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):

@@ -282,7 +282,7 @@ def test_early_first_graphs_are_captured_while_the_lm_starts_with_vllms_share_le
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(
         model=str(model_dir), device="cpu", backend="native", hift_graphs=False, flow_reuse=True,
-        first_graphs_early=True, gpu_memory_utilization=0.3,
+        first_graphs_early=True, gpu_memory_utilization=0.3, lm_kv_cache_gib=None,
     )  # fmt: skip
     eng = TTSEngine.load(cfg)
     eng.close()
@@ -296,6 +296,21 @@ def test_early_first_graphs_are_captured_while_the_lm_starts_with_vllms_share_le
     assert weights.start_s + weights.seconds <= first.start_s <= phases["frontends"].start_s
 
 
+def test_by_default_the_first_graphs_come_early_only_beside_a_vllm_start(monkeypatch) -> None:
+    """Auto: early where vLLM starts with a fixed KV cache (no memory profiling to race); never beside the
+    native LM, whose start is instant; off where vLLM sizes its cache by profiling, unless forced."""
+    import engine.serving.engine as engine_module
+
+    cpu = torch.device("cpu")
+    assert engine_module._graphs_early(EngineConfig(), cpu) is False  # the native LM on a CPU
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    assert engine_module._graphs_early(EngineConfig(), cpu) is True
+    assert engine_module._graphs_early(EngineConfig(lm_kv_cache_gib=None), cpu) is False
+    assert engine_module._graphs_early(EngineConfig(lm_kv_cache_gib=None, first_graphs_early=True), cpu)
+    assert engine_module._graphs_early(EngineConfig(first_graphs_early=False), cpu) is False
+    assert engine_module._graphs_early(EngineConfig(background_graphs=False), cpu) is False
+
+
 def test_the_share_vllm_will_take_is_its_memory_share_or_a_fixed_kv_cache_and_what_it_holds_beside(
     monkeypatch,
 ):
@@ -304,7 +319,7 @@ def test_the_share_vllm_will_take_is_its_memory_share_or_a_fixed_kv_cache_and_wh
     monkeypatch.setattr(engine_module.devices, "total_memory_bytes", lambda dev: 100 * 2**30)
     cpu = torch.device("cpu")
     monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
-    assert engine_module._lm_share(EngineConfig(gpu_memory_utilization=0.3), cpu) == 0.3
+    assert engine_module._lm_share(EngineConfig(gpu_memory_utilization=0.3, lm_kv_cache_gib=None), cpu) == 0.3
     share = engine_module._lm_share(EngineConfig(lm_kv_cache_gib=6.0), cpu)
     assert share == pytest.approx((6.0 + engine_module.LM_BESIDE_KV_GIB) / 100)
     monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: False)

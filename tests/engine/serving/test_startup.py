@@ -111,6 +111,7 @@ async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tiny_cfg, 
         [
             "model files",
             "weights",
+            "transformers import",
             "tokenizer",
             "LM backend",
             "frontends",
@@ -125,7 +126,9 @@ async def test_a_loaded_engine_reports_its_phases_in_order_then_ready(tiny_cfg, 
     def end(name: str) -> float:
         return phases[name].start_s + phases[name].seconds
 
-    assert end("model files") <= phases["tokenizer"].start_s <= end("tokenizer") <= phases["weights"].start_s
+    assert end("model files") <= phases["transformers import"].start_s <= end("transformers import")
+    assert end("transformers import") <= phases["tokenizer"].start_s <= end("tokenizer")
+    assert end("tokenizer") <= phases["weights"].start_s
     # the LM starts from llm.pt beside the weights' load, not after it; the frontends after the weights
     assert end("tokenizer") <= phases["LM backend"].start_s <= end("weights") <= phases["frontends"].start_s
     assert phases["first graphs"].start_s >= max(end("LM backend"), end("frontends"))
