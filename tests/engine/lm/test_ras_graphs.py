@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.config import SamplingConfig
-from engine.lm.ras_graphs import GraphedRAS, batch_bucket, ras_stepper
+from engine.lm.ras_graphs import GraphedRAS, batch_bucket, every_bucket, ras_stepper
 from engine.lm.sampling import DeviceRAS
 from tests.engine.test_graph_cache import emulate_capture
 
@@ -68,6 +68,26 @@ def test_buckets_are_powers_of_two_capped_at_the_state_rows():
     for bad in (0, 129):
         with pytest.raises(ValueError):
             batch_bucket(bad, 128)
+
+
+def test_every_bucket_of_a_state_is_its_powers_of_two_then_its_rows():
+    assert every_bucket(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert every_bucket(6) == [1, 2, 4, 6] and every_bucket(1) == [1]
+    for rows in (6, 100, 128):  # exactly the buckets the batches of 1..rows rows go to
+        assert {batch_bucket(b, rows) for b in range(1, rows + 1)} == set(every_bucket(rows))
+
+
+def test_the_first_step_captures_every_bucket_and_no_later_step_captures(captures):
+    """A batch size first met under load (32 or 64 rows) would hold every stream of its step for a capture:
+    all of them are captured at the first step (the LM's start or the warm-up), exactly as before."""
+    eager, state = twin_states(rows=6)
+    graphed = GraphedRAS(state, CPU)
+    assert torch.equal(graphed.step(logits_of(1, 0)), eager.step(logits_of(1, 0)))
+    assert graphed.buckets == [1, 2, 4, 6] and len(captures) == 4
+    assert states_equal(eager, state)  # the captures at 0 rows in use moved no request's state
+    for step, batch in enumerate([6, 3, 2, 5, 1], start=1):
+        assert torch.equal(graphed.step(logits_of(batch, step)), eager.step(logits_of(batch, step)))
+    assert len(captures) == 4 and states_equal(eager, state)
 
 
 def test_replayed_steps_sample_exactly_what_the_eager_steps_sample(captures):
