@@ -339,8 +339,8 @@ class EngineConfig:
     # leave. The captures allocate and free device memory (each empties torch's cache), and a vLLM that
     # profiles the device's memory stops with an assertion if the free memory grows meanwhile, so the auto
     # default (None) captures early only where it does not profile (lm_kv_cache_gib set) and the rest of the
-    # graphs come in the background. On the H200 early graphs took v3's warm start from 85.8 to 70.4 s and
-    # 80.9 to 65.9 s on another machine (BENCHMARKS.md "Start-up"). True: early even where vLLM profiles
+    # graphs come in the background. On the H200 this takes v3's first graphs (~15 s) off its warm start's
+    # path (BENCHMARKS.md "Start-up"). True: early even where vLLM profiles (a race); False: after its start
     first_graphs_early: bool | None = None
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
