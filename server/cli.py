@@ -67,7 +67,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
-        help="share of GPU memory vLLM takes for the speech LM (weights + KV cache)",
+        help="share of GPU memory vLLM takes for the speech LM (weights + KV cache) with --lm-kv-cache-gib 0",
     )  # fmt: skip
     p.add_argument(
         "--lm-kv-cache-gib", type=float, default=EngineConfig.lm_kv_cache_gib,
