@@ -112,7 +112,10 @@ def _kv_cache_size(args: type, gib: float | None) -> dict[str, int]:
     if gib is None:
         return {}
     if "kv_cache_memory_bytes" not in {f.name for f in dataclasses.fields(args)}:
-        raise RuntimeError("this vLLM has no kv_cache_memory_bytes (0.26 has): lm_kv_cache_gib needs it")
+        raise RuntimeError(
+            "this vLLM has no kv_cache_memory_bytes (0.26 has): lm_kv_cache_gib needs it; "
+            "--lm-kv-cache-gib 0 sizes the KV cache from --gpu-memory-utilization instead"
+        )
     return {"kv_cache_memory_bytes": int(gib * 2**30)}
 
 

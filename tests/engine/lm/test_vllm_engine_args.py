@@ -171,5 +171,5 @@ def test_a_fixed_kv_cache_is_passed_in_bytes_where_the_engine_arguments_have_the
 
     assert module._kv_cache_size(WithField, None) == {} and module._kv_cache_size(Without, None) == {}
     assert module._kv_cache_size(WithField, 6.0) == {"kv_cache_memory_bytes": 6 * 2**30}
-    with pytest.raises(RuntimeError, match="kv_cache_memory_bytes"):
+    with pytest.raises(RuntimeError, match=r"kv_cache_memory_bytes.*--lm-kv-cache-gib 0"):
         module._kv_cache_size(Without, 6.0)
