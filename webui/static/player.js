@@ -38,10 +38,12 @@
   }
 
   function toPerf(ctx, when) {
-    // performance.now() time at which context time `when` is heard.
+    // performance.now() time at which context time `when` is heard: never before now, since the output
+    // timestamp it projects from is a moment past and can put a sample scheduled now a hair in the past.
     const ts = ctx.getOutputTimestamp ? ctx.getOutputTimestamp() : null;
-    if (ts && ts.performanceTime > 0) return ts.performanceTime + (when - ts.contextTime) * 1000;
-    return performance.now() + (when - ctx.currentTime + (ctx.outputLatency || ctx.baseLatency || 0)) * 1000;
+    const now = performance.now();
+    if (ts && ts.performanceTime > 0) return Math.max(now, ts.performanceTime + (when - ts.contextTime) * 1000);
+    return now + (when - ctx.currentTime + (ctx.outputLatency || ctx.baseLatency || 0)) * 1000;
   }
 
   function setBrowserTtfa(text) {
