@@ -44,8 +44,8 @@ class GraphedRAS:
 
     def __init__(self, ras: DeviceRAS, device: torch.device):
         self.ras, self.rows = ras, ras.active.shape[0]
-        # one graph per power-of-two bucket up to ``rows``, never dropped
-        self._graphs = GraphCache("RAS step", max_graphs=self.rows.bit_length() + 1)
+        # one graph per bucket (``every_bucket``), never dropped
+        self._graphs = GraphCache("RAS step", max_graphs=len(every_bucket(self.rows)))
         # [] long on the device: how many of a bucket's rows are real this step (0 while capturing)
         self._in_use = torch.zeros((), dtype=torch.long, device=device)
 
