@@ -115,6 +115,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--slo-ttfa-ms", type=float, default=300.0, help="--find-capacity: the TTFA p95 SLO (ms)")
     p.add_argument(
+        "--overload", type=float, default=None, metavar="FACTOR",
+        help="--find-capacity, in process: after the search, one rate at FACTOR x the best arm's capacity "
+        "(none met: x the lowest rate tried), run without admission by SLO and then with each "
+        "--overload-admit-s guard, the same arrivals each time (is the promise to admitted streams kept?)",
+    )  # fmt: skip
+    p.add_argument(
+        "--overload-admit-s", type=rate_list, default=[1.0],
+        help="--overload: the admission guards (s of playback slack) of its admitted arms, e.g. 0.5,1.5",
+    )  # fmt: skip
+    p.add_argument(
         "--min-requests", type=int, default=100,
         help="--find-capacity: arrivals per rate at least (whatever rate x --duration-s gives)",
     )  # fmt: skip
@@ -242,6 +252,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--ab relaxed-cap switches the relaxed rule: leave out --t2w-relaxed-cap and --t2w-fifo")
     if args.ab == "burst-start" and args.fast_start != "auto":
         p.error("--ab burst-start switches auto's rule: leave --fast-start at auto")
+    if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
+        p.error("--overload follows the in-process capacity search: --find-capacity, no --url, FACTOR > 0")
+    if any(not 0 <= s <= 10 for s in args.overload_admit_s):
+        p.error("--overload-admit-s: guards within [0, 10] s")
     if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
         p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
     if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
@@ -389,11 +403,13 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
         missed: set[str] = set()  # arms whose search has stopped
+        by_arm: dict[str, list[Level]] = {}
         for i, rate in enumerate(args.rate):
             for arm in arms_at(args, i):
                 if arm in missed:
                     continue
                 level = await open_level(target, workload, args, rate, prompt, arm)
+                by_arm.setdefault(arm, []).append(level)
                 out.append(level)
                 save(out)
                 if args.trace:
@@ -405,6 +421,55 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
                     missed.add(arm)
             if missed >= set(arms_at(args, 0)):
                 break
+        if args.overload:
+            for level in await overload_levels(target, workload, args, prompt, by_arm):
+                out.append(level)
+                save(out)
+                if args.trace:
+                    write_trace(Path(args.out) / "trace.jsonl", level)
+    return out
+
+
+OVERLOAD = " overload"  # the system suffix of --overload's levels: they are not rates of the search
+
+
+def overload_rate(args: argparse.Namespace, by_arm: dict[str, list[Level]]) -> tuple[float, str]:
+    """--overload's rate (requests/s) and the search arm it runs as: FACTOR x the highest capacity among
+    the arms (a tie goes to the --ab arm); when no arm met the SLO, FACTOR x the lowest rate tried."""
+    from bench.open_loop import capacity
+
+    found: dict[str, float | None] = {
+        arm: capacity(levels, slo(args))["capacity_rate"]  # type: ignore[misc]
+        for arm, levels in by_arm.items()
+    }
+    best = max(found, key=lambda arm: (found[arm] or 0.0, bool(arm)))
+    base = found[best]
+    if base is None:
+        base = min(args.rate)
+        log.warning("no arm met the SLO: --overload is %g x the lowest rate (%g/s)", args.overload, base)
+    return args.overload * base, best
+
+
+async def overload_levels(
+    target: Target, workload: Workload, args: argparse.Namespace, prompt: Any, by_arm: dict[str, list[Level]]
+) -> list[Level]:
+    """--overload: one rate past capacity, without admission by SLO, then with each guard of
+    --overload-admit-s; the same arrivals (seed) each time, the best search arm's switch set."""
+    from bench.open_loop import run_open_level
+
+    rate, arm = overload_rate(args, by_arm)
+    engine = target.engine  # type: ignore[attr-defined]
+    if args.ab:
+        AB_SWITCHES[args.ab](engine, bool(arm))
+    out = []
+    for guard in [None, *args.overload_admit_s]:
+        engine.admission.slack_guard_s = guard
+        level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
+        suffix = OVERLOAD + ("" if guard is None else f" admit {guard:g} s")
+        level = dataclasses.replace(level, system=level.system + arm + suffix)
+        log.info("%s, %.2f requests/s, %d refused", _line(level), rate, level.refused)
+        out.append(level)
+    engine.admission.slack_guard_s = args.admit_slack_s  # as configured again
     return out
 
 
@@ -582,7 +647,8 @@ def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, An
         return {}
     from bench.open_loop import capacity
 
-    runs = sorted({(lv.mode, lv.system) for lv in levels})
+    searched = [lv for lv in levels if OVERLOAD not in lv.system]
+    runs = sorted({(lv.mode, lv.system) for lv in searched})
     one = len({system for _, system in runs}) == 1  # one arm: keyed by mode alone, as before the A/B
 
     def key(mode: str, system: str) -> str:
@@ -590,10 +656,27 @@ def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, An
 
     return {
         "capacity": {
-            key(m, sys): capacity([lv for lv in levels if (lv.mode, lv.system) == (m, sys)], slo(args))
+            key(m, sys): capacity([lv for lv in searched if (lv.mode, lv.system) == (m, sys)], slo(args))
             for m, sys in runs
         }
-    }
+    } | overload_meta(args, levels)
+
+
+def overload_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, Any]:
+    """With --overload: its factor and, per run, what became of the arrivals (refused, underran, TTFA)."""
+    runs = [lv for lv in levels if OVERLOAD in lv.system]
+    if not runs:
+        return {}
+    rows = [
+        {
+            "system": lv.system, "mode": lv.mode, "rate": lv.rate, "requests": lv.requests,
+            "refused": lv.refused, "failed_not_refused": lv.failed - lv.refused,
+            "admitted": lv.requests - lv.refused, "underrun_streams": lv.underrun_requests,
+            "ttfa_p95_ms": lv.ttfa_ms.get("p95"),
+        }
+        for lv in runs
+    ]  # fmt: skip
+    return {"overload": {"factor": args.overload, "runs": rows}}
 
 
 def host_hardware() -> str:
@@ -610,13 +693,14 @@ def host_hardware() -> str:
 
 
 def git_commit() -> str:
+    """The checkout's commit; where it has no .git (a device call's copy), the COMMIT the caller names."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         )
         dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("COMMIT", "unknown")
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 

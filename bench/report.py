@@ -145,6 +145,21 @@ def capacity_lines(found: dict[str, Any]) -> list[str]:
     return lines
 
 
+def overload_lines(found: dict[str, Any]) -> list[str]:
+    """The overload phase's runs (``python -m bench --overload``): one line each."""
+    lines = []
+    for run in found.get("runs", []):
+        p95 = run["ttfa_p95_ms"]
+        lines.append(
+            f"- overload ({run['mode']}, {run['rate']:g} requests/s = {found['factor']:g} x "
+            f"{run['rate'] / found['factor']:g}, the best arm's capacity or the lowest rate tried), "
+            f"{run['system']}: {run['admitted']} of {run['requests']} admitted ({run['refused']} refused, "
+            f"{run['failed_not_refused']} failed), {run['underrun_streams']} admitted streams underran, "
+            f"TTFA p95 {'-' if p95 is None else format(p95, '.0f')} ms"
+        )
+    return lines
+
+
 def markdown(result: Result) -> str:
     meta = result["meta"]
     parts = [
@@ -166,6 +181,7 @@ def markdown(result: Result) -> str:
             "yet fully received (time-weighted mean, max)"
         )
     parts += capacity_lines(meta.get("capacity", {}))
+    parts += overload_lines(meta.get("overload", {}))
     for (system, mode), levels in groups(result).items():
         if is_open(levels):
             parts += [f"\n## {system} · {mode}\n", table(OPEN_COLUMNS, [_open_row(lv) for lv in levels])]

@@ -38,7 +38,9 @@
 #                                                 background graph, ~170 s warm, before it measures) ->
 #                                                 $OUT/FAMILY_capacity_ARM/ results.json + trace.jsonl.gz + .log;
 #                                                 ADMIT=S adds admission by SLO (--admit-slack-s S) to the
-#                                                 arms but before
+#                                                 arms but before; BENCH FLAGS --overload 2 --overload-admit-s
+#                                                 0.5,1.5: after the search, twice the capacity found without
+#                                                 and with each admission guard, in the same load
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as
 #                                                 it is (mask), SDPA's cuDNN kernel (cudnn), and the rule
@@ -113,6 +115,15 @@
 #                                                 MINUTES + the drain must fit in what is left of the hold
 #   bench/gpu/run.sh soak FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: soak-start then soak-collect in one call (a
 #                                                 soak short enough to end within LIMIT_S)
+#   bench/gpu/run.sh detach STEP [ARGS]           H200: run.sh STEP ARGS (bench, capacity, speed, overlap, check or
+#                                                 gpu-tests) detached with setsid in DETACH_DIR (default
+#                                                 /root/detached), its LIMIT_S DETACH_LIMIT_S (default 1500),
+#                                                 returning at once: a load + measurement longer than a call
+#                                                 (v3 cold: ~450 s to all graphs) spans several calls of one hold
+#   bench/gpu/run.sh collect                      H200, a later call of the same hold: waits (LIMIT_S at most) for
+#                                                 the detached step, copies what its OUT holds so far and its
+#                                                 log (detached.log) to $OUT; exit: the step's status, or 3
+#                                                 while it runs (call collect again)
 #
 # FAMILY: v2 | v3; MODE: stream | offline | stream,offline; LEVELS: concurrency levels, e.g. 1,16,64.
 # Env: OUT (where results go; the device tool sets it), NAME (a bench run's folder name; default
@@ -570,8 +581,38 @@ step_soak() {  # FAMILY RATE [MINUTES [SOAK FLAGS]]: start and collect in one ca
   LIMIT_S=$((LIMIT_S - (SECONDS - t0))) step_soak_collect "$1" "$2"
 }
 
+DETACHABLE="bench|capacity|speed|overlap|check|gpu-tests"  # the steps a load + measurement may outlast a call
+
+step_detach() {  # STEP [ARGS]: run.sh STEP ARGS in its own session under DETACH_DIR; returns at once
+  [ $# -ge 1 ] || die "usage: run.sh detach STEP [ARGS] (STEP: $DETACHABLE)"
+  [[ "|$DETACHABLE|" == *"|$1|"* ]] || die "detach runs one of $DETACHABLE, got '$1'"
+  local dir=${DETACH_DIR:-/root/detached}
+  ! soak_running "$dir" || die "a detached step is still running in $dir: run.sh collect"
+  environment > /dev/null
+  rm -rf "$dir" && mkdir -p "$dir/out"
+  # its own session (setsid), stdin and outputs off this call's: the device call's end does not stop it;
+  # its own LIMIT_S (DETACH_LIMIT_S, default 1500: what a 30-minute hold leaves after the unpack calls)
+  OUT="$dir/out" LIMIT_S=${DETACH_LIMIT_S:-1500} setsid bash -c \
+    'echo $$ > "$0/pid"; bash bench/gpu/run.sh "$@" > "$0/run.log" 2>&1; echo $? > "$0/rc"' "$dir" "$@" \
+    < /dev/null > /dev/null 2>&1 &
+  echo "detached at $(date +%T): run.sh $* (limit ${DETACH_LIMIT_S:-1500} s) in $dir; then: run.sh collect"
+}
+
+step_collect() {  # wait (LIMIT_S at most) for the detached step's end; its files so far to $OUT either way
+  local dir=${DETACH_DIR:-/root/detached} t0=$SECONDS
+  [ -f "$dir/pid" ] || die "nothing was detached in $dir (run.sh detach, earlier in this machine hold)"
+  while soak_running "$dir" && [ $((SECONDS - t0)) -lt "$LIMIT_S" ]; do sleep 5; done
+  mkdir -p "$OUT" && cp -r "$dir/out/." "$OUT/" && cp "$dir/run.log" "$OUT/detached.log"
+  tail -15 "$dir/run.log"
+  if [ ! -f "$dir/rc" ]; then
+    soak_running "$dir" && echo "still running at $(date +%T): call collect again" && return 3
+    die "the detached step ended without an exit status (killed?)"
+  fi
+  return "$(cat "$dir/rc")"
+}
+
 STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
-STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|server-wheels"
+STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|server-wheels|detach|collect"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -596,5 +637,7 @@ case "$step" in
   soak) step_soak "$@" ;;
   aot-check) step_aot_check "$@" ;;
   server-wheels) step_server_wheels ;;
+  detach) step_detach "$@" ;;
+  collect) step_collect ;;
   *) die "unknown step '$step' ($STEPS)" ;;
 esac

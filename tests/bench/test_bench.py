@@ -364,3 +364,18 @@ def test_graph_warmup_covers_the_longest_request_and_the_prompt_unless_given(tmp
     assert opened.graph_warmup_s == 15.0 + 3.5 + 1.0 and opened.limits.admit_slack_s == 1.5
     given = engine_config(parse_args([*base, "--arrivals", "poisson", "--graph-warmup-s", "16"]))
     assert given.graph_warmup_s == 16.0 and given.limits.admit_slack_s is None  # the before arm's
+
+
+def test_git_commit_falls_back_to_the_named_commit_where_the_checkout_has_no_git(monkeypatch):
+    import subprocess
+
+    from bench.__main__ import git_commit
+
+    def no_git(*args, **kwargs):
+        raise subprocess.CalledProcessError(128, args[0])
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    monkeypatch.setenv("COMMIT", "abc1234")
+    assert git_commit() == "abc1234"
+    monkeypatch.delenv("COMMIT")
+    assert git_commit() == "unknown"

@@ -263,6 +263,47 @@ def test_soak_collect_reports_a_soak_that_died_without_a_status(checkout: Path, 
     assert done.returncode == 2 and "ended without an exit status" in done.stderr and "Killed" in done.stdout
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("detach",), "usage: run.sh detach STEP"),
+        (("detach", "unpack"), "detach runs one of bench|capacity"),
+        (("detach", "capacity", "v3"), "vLLM is not installed"),
+        (("collect",), "nothing was detached"),
+    ],
+)
+def test_detach_steps_check_their_arguments(checkout: Path, monkeypatch, args: tuple[str, ...], message: str):
+    monkeypatch.setenv("DETACH_DIR", str(checkout.parent / "detached"))
+    done = run_sh(checkout, *args)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_collect_waits_for_the_detached_step_and_brings_back_what_it_wrote(checkout: Path, monkeypatch):
+    """A step detached in an earlier call: collect brings back its files so far and says it still runs
+    (status 3) while its process lives; once it has ended, everything, with the step's own status."""
+    monkeypatch.setenv("DETACH_DIR", str(checkout.parent / "detached"))
+    monkeypatch.setenv("LIMIT_S", "1")
+    step = checkout.parent / "detached"
+    (step / "out" / "v3_capacity_ab-burst-start").mkdir(parents=True)
+    (step / "out" / "v3_capacity_ab-burst-start.log").write_text("rate 1 done\n")
+    (step / "run.log").write_text("v3_capacity_ab-burst-start rc=... loading\n")
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        (step / "pid").write_text(f"{running.pid}\n")
+        done = run_sh(checkout, "collect")
+        assert done.returncode == 3 and "still running" in done.stdout and "loading" in done.stdout
+    finally:
+        running.kill()
+        running.wait()
+    out = checkout.parent / "out"
+    assert (out / "v3_capacity_ab-burst-start.log").read_text() == "rate 1 done\n"
+    (step / "out" / "v3_capacity_ab-burst-start" / "results.json").write_text("{}")
+    (step / "rc").write_text("124\n")  # the step's own time limit cut it
+    done = run_sh(checkout, "collect")
+    assert done.returncode == 124 and (out / "v3_capacity_ab-burst-start" / "results.json").is_file()
+    assert "loading" in (out / "detached.log").read_text()
+
+
 def wheel(folder: Path, name: str, body: bytes) -> Path:
     """A minimal pure-Python wheel ``name``-0.1 whose package's __init__ holds ``body``."""
     import zipfile

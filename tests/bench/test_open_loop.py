@@ -215,3 +215,74 @@ def test_ab_burst_start_on_v2_says_both_arms_are_the_same_engine(caplog):
         with caplog.at_level("WARNING", "bench"):
             AB_SWITCHES["burst-start"](engine, True)
         assert ("same engine" in caplog.text) == warned and engine.cfg.stream.fast_start_burst_s == 0.5
+
+
+def test_overload_runs_past_capacity_without_then_with_each_admission_guard(tmp_path, monkeypatch):
+    from engine.serving.admission import Admission
+
+    guards: list[float | None] = []
+    overloaded = Admission.overloaded
+
+    def watch(admission: Admission) -> float | None:
+        guards.append(admission.slack_guard_s)
+        return overloaded(admission)
+
+    monkeypatch.setattr(Admission, "overloaded", watch)
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
+    argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
+    argv += ["--overload", "1.5", "--overload-admit-s", "0.5,2"]
+    paths = main([*argv, "--warmup", "0", "--out", str(tmp_path / "out")])
+    result = json.loads(paths["json"].read_text())
+    runs = [(lv["system"], lv["rate"], lv["requests"]) for lv in result["levels"]]
+    assert runs == [
+        ("cosystream", 2.0, 2),
+        ("cosystream overload", 3.0, 2),
+        ("cosystream overload admit 0.5 s", 3.0, 2),
+        ("cosystream overload admit 2 s", 3.0, 2),
+    ]
+    # each request of a run asked admission with that run's guard; the search's and the first overload
+    # run's requests with none (the engine's warm-up request may come first)
+    assert guards[-6:] == [None, None, 0.5, 0.5, 2.0, 2.0] and set(guards[:-6]) <= {None}
+    # the search's record leaves the overload runs out; they have their own
+    meta = result["meta"]
+    assert meta["capacity"]["offline open-loop"]["capacity_rate"] == 2.0
+    assert meta["overload"]["factor"] == 1.5
+    assert [r["system"] for r in meta["overload"]["runs"]][1:] == [
+        "cosystream overload admit 0.5 s",
+        "cosystream overload admit 2 s",
+    ]
+    assert all(r["admitted"] + r["refused"] == r["requests"] == 2 for r in meta["overload"]["runs"])
+    assert "overload (offline open-loop, 3 requests/s = 1.5 x 2," in paths["markdown"].read_text()
+
+
+def test_overload_rate_is_factor_times_the_best_arm_and_the_lowest_rate_when_none_met(caplog):
+    from argparse import Namespace
+
+    from bench.__main__ import overload_rate
+
+    args = Namespace(overload=2.0, rate=[1.0, 2.0, 3.0, 4.0], slo_ttfa_ms=300.0)
+    met, missed = level_at(1.0, 200.0), level_at(2.0, 400.0)
+    by_arm = {"": [met, missed], " burst-start": [met, level_at(2.0, 250.0), level_at(3.0, 900.0)]}
+    assert overload_rate(args, by_arm) == (4.0, " burst-start")
+    tie = {"": [met, missed], " burst-start": [met, missed]}
+    assert overload_rate(args, tie) == (2.0, " burst-start")  # a tie: the --ab arm
+    assert overload_rate(args, {"": [met, level_at(2.0, 100.0)]}) == (4.0, "")
+    with caplog.at_level("WARNING", "bench"):
+        assert overload_rate(args, {"": [missed]}) == (2.0, "")
+    assert "no arm met the SLO" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--overload", "2"],  # no search to take the capacity from
+        ["--find-capacity", "--overload", "0"],
+        ["--find-capacity", "--overload", "2", "--url", "http://127.0.0.1:9"],
+        ["--find-capacity", "--overload", "2", "--overload-admit-s", "11"],
+    ],
+)
+def test_overload_refuses_what_it_cannot_run(flags, capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags])
+    assert "--overload" in capsys.readouterr().err
