@@ -186,16 +186,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
     p.add_argument(
-        "--t2w-relaxed-cap", action="store_true",
+        "--t2w-relaxed-cap", choices=FAST_START_CHOICES, nargs="?", const="on",
+        default=fast_start_flag(EngineConfig.t2w_relaxed_cap),
         help="token2wav calls of chunks with plenty of audio buffered kept short, so first chunks do not "
-        "wait behind them (the scheduler A/B of the open-loop bench)",
+        "wait behind them: on (the flag alone), off, or auto (while a stream has little audio buffered)",
     )  # fmt: skip
     p.add_argument(
         "--ab", choices=sorted(AB_SWITCHES),
-        help="open loop, in process: each rate twice in one load, the engine as configured and with this "
-        "switched on (alternating which goes first): relaxed-cap: --t2w-relaxed-cap; burst-start: the fast "
-        "start counted by recent starts (StreamConfig.fast_start_burst_s); both arms on one machine, load "
-        "and set of graphs; the search goes on while either arm meets the SLO",
+        help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
+        "alternating which goes first: relaxed-cap: the rule of --t2w-relaxed-cap (auto or on); "
+        "burst-start: the fast start counted by recent starts (StreamConfig.fast_start_burst_s, the "
+        "default; A: by requests computing); both arms on one machine, load and set of graphs; the search "
+        "goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
     p.add_argument(
@@ -248,8 +250,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--trace records open-loop runs of the in-process engine: --arrivals poisson, no --url")
     if args.ab and (args.arrivals != "poisson" or args.url):
         p.error("--ab switches the in-process engine between open-loop rates: --arrivals poisson, no --url")
-    if args.ab == "relaxed-cap" and (args.t2w_relaxed_cap or args.t2w_fifo):
-        p.error("--ab relaxed-cap switches the relaxed rule: leave out --t2w-relaxed-cap and --t2w-fifo")
+    if args.ab == "relaxed-cap" and (args.t2w_relaxed_cap == "off" or args.t2w_fifo):
+        p.error("--ab relaxed-cap switches the relaxed rule: no --t2w-relaxed-cap off, no --t2w-fifo")
+    if args.t2w_fifo and args.t2w_relaxed_cap == "on":
+        p.error("--t2w-fifo (arrival order) has no relaxed rule: leave --t2w-relaxed-cap at auto or off")
     if args.ab == "burst-start" and args.fast_start != "auto":
         p.error("--ab burst-start switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -334,7 +338,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,
         t2w_fifo=args.t2w_fifo,
-        t2w_relaxed_cap=args.t2w_relaxed_cap,
+        t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
@@ -473,11 +477,12 @@ async def overload_levels(
     return out
 
 
-BURST_S = 0.5  # --ab burst-start's window: about a split first chunk's audio (12 tokens, 0.48 s)
+BURST_S = StreamConfig.fast_start_burst_s  # --ab burst-start's window (B); A counts requests computing
 
 
 def _relaxed_cap(engine: Any, on: bool) -> None:
-    engine.token2wav.scheduler.relaxed_cap = on
+    """A: never; B: the rule as configured (auto by default, always with --t2w-relaxed-cap)."""
+    engine.token2wav.scheduler.relaxed_cap = engine.cfg.t2w_relaxed_cap if on else False
 
 
 def _burst_start(engine: Any, on: bool) -> None:

@@ -63,13 +63,15 @@ class StreamConfig:
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     fast_start_max_active: int = 2  # auto: requests computing, this one included
-    # auto's other load rule (None: off): count the requests that started within this many seconds (this one
-    # included) instead of those computing, and split while the engine is below adaptive_min_active. The
-    # split's thin first buffer is at risk when first chunks coincide (a wave crowds the flow with them);
-    # streams that started earlier are past their first chunk. Under random arrivals most requests then get
-    # the split (the open-loop trace: 41-token first chunks at 3 requests/s, 3-4 active); bench --ab
-    # burst-start is its A/B
-    fast_start_burst_s: float | None = None
+    # auto's load rule (None: count the requests computing instead, fast_start_max_active at most): count
+    # the requests that started within this many seconds (this one included) and split while the engine is
+    # below adaptive_min_active. The split's thin first buffer is at risk when first chunks coincide (a wave
+    # crowds the flow with them); streams that started earlier are past their first chunk. Under random
+    # arrivals most requests then get the split; by requests computing, 41-token first chunks were the rule
+    # from 3 requests/s (3-4 active). 0.5 s: about a split first chunk's audio (12 tokens, 0.48 s). Its A/B
+    # (bench --ab burst-start, BENCHMARKS "Open loop"): v3's open-loop capacity at SLO 3 requests/s against
+    # below 2, TTFA p95 at 2 requests/s 222 against 329 ms, no stream underran in either.
+    fast_start_burst_s: float | None = 0.5
     # Adaptive hops (serving.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
     # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
     # fewer, larger flow calls under load. Exact for v3 (chunks end on the reference's boundaries; CPU test
@@ -368,10 +370,16 @@ class EngineConfig:
     # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
     # calls made of chunks with plenty of audio buffered are kept short (StreamConfig.relaxed_slack_s) so a
-    # first chunk does not wait behind them; off (such chunks fill every batch up to flow_batch rows) until
-    # the H200 open-loop A/B decides: in the fake-clock simulation it halves first-chunk waits below
-    # capacity and misses more deadlines near it (bench --t2w-relaxed-cap)
-    t2w_relaxed_cap: bool = False
+    # first chunk, or a stream's second chunk behind a thin first one, does not wait behind them. True:
+    # always; False: never (such chunks fill every batch up to flow_batch rows); None (auto): while a stream
+    # in the engine, waiting for its first audio or playing, has under relaxed_slack_s of audio buffered,
+    # and so could run dry behind such a call. Why: in the H200 open-loop trace at 4 requests/s every row
+    # of every token2wav call over 200 ms had over 2 s of slack, and the two streams that underran were
+    # split-start streams whose second chunks queued 0-7 ms after a 270 ms call of two such rows began.
+    # Always on (its one-load A/B at 3 requests/s: TTFA p95 -64 ms) costs a synchronized wave its full
+    # batches: in the fake-clock simulation (tests/engine/serving/test_job_queue.py) auto keeps the wave's
+    # throughput and gets always-on's first-chunk waits under random arrivals
+    t2w_relaxed_cap: bool | None = None
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
@@ -423,6 +431,10 @@ class EngineConfig:
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse not in (None, True, False):
             raise ValueError(f"flow_reuse must be None (auto), True or False, got {self.flow_reuse!r}")
+        if self.t2w_relaxed_cap not in (None, True, False):
+            raise ValueError(f"t2w_relaxed_cap must be None (auto), True or False: {self.t2w_relaxed_cap!r}")
+        if self.t2w_fifo and self.t2w_relaxed_cap:
+            raise ValueError("t2w_fifo (arrival order) has no relaxed rule: t2w_relaxed_cap off or auto")
         if self.flow_reuse_gb is not None and not 0.0 <= self.flow_reuse_gb <= 1024.0:
             raise ValueError(f"flow_reuse_gb must be within [0, 1024] GiB, got {self.flow_reuse_gb}")
         if not 1 <= self.flow_batch <= 64:

@@ -28,9 +28,9 @@
 #   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity search (Poisson arrivals, 10 s
 #                                                 +-50 % requests, RATES=4,6,8,10,12 upwards until one misses
 #                                                 0 failed / 0 underrun / TTFA p95 <= 300 ms, REQUESTS=100 per
-#                                                 rate, chunk traces) of the defaults (before) against
-#                                                 token2wav calls of buffered chunks kept short (after:
-#                                                 --t2w-relaxed-cap). ARMS=ab (default): both arms in one load,
+#                                                 rate, chunk traces) of token2wav calls of buffered chunks
+#                                                 never kept short (before: --t2w-relaxed-cap off) against the
+#                                                 defaults (after: auto). ARMS=ab (default): both arms in one load,
 #                                                 each rate twice (--ab AB: relaxed-cap, the default, or
 #                                                 burst-start: the fast start by recent starts), one call
 #                                                 -> $OUT/FAMILY_capacity_ab-AB/; ARMS=before or
@@ -338,7 +338,7 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
     [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-relaxed-cap}
     case "$arm" in
       ab) flags=(--ab "${AB:-relaxed-cap}") ;;
-      after) flags=(--t2w-relaxed-cap) ;;
+      before) flags=(--t2w-relaxed-cap off) ;;
     esac
     [ "$arm" = before ] || [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
     if [ "$arm" = "${arms[0]}" ] && [ ${#arms[@]} -gt 1 ]; then

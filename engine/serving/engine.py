@@ -98,10 +98,12 @@ class TTSEngine:
         self.family, self.sample_rate = model.family, 24000
         self.model_name = str(model.model_dir.name)
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
+        self._active: set[_Active] = set()  # the worker's thin signal reads it
         self.token2wav = Token2Wav(
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
             cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
-            fifo=cfg.t2w_fifo, relaxed_cap=cfg.t2w_relaxed_cap, reuse_gb=cfg.flow_reuse_gb,
+            fifo=cfg.t2w_fifo, relaxed_cap=cfg.t2w_relaxed_cap, thin=self._thin_stream,
+            reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip
         self.admission = Admission(
@@ -110,7 +112,6 @@ class TTSEngine:
             self._least_slack_s,
             cfg.limits.admit_slack_s,
         )
-        self._active: set[_Active] = set()
         self._ended: str | None = None  # end_streams' reason: streams stopped by it fail with NotReady
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
@@ -303,6 +304,13 @@ class TTSEngine:
         return all(
             a.playback.finished or a.playback.buffered_s() >= CAPTURE_SLACK_S for a in list(self._active)
         )
+
+    def _thin_stream(self) -> bool:
+        """The relaxed rule's auto signal (the token2wav worker asks before each batch): a stream in the
+        engine, waiting for its first audio or playing, has under ``relaxed_slack_s`` of audio buffered
+        and more to come, so a long call of chunks with slack to spare could make it wait."""
+        least = self.cfg.stream.relaxed_slack_s
+        return any(not a.playback.finished and a.playback.buffered_s() < least for a in list(self._active))
 
     def _least_slack_s(self) -> float | None:
         """Admission's load signal: how close the admitted streams are to running dry (s): the least slack

@@ -19,7 +19,9 @@ attention, so it never shares a call with streaming chunks). A batch is formed e
   time; ``relaxed_s`` = inf lets them fill the batch (the scheduler before this rule). The price is
   more calls, each with its fixed cost (launches, the vocoder, the copy out): where that cost is a large
   share of a call, a worker near its capacity loses throughput (tests/engine/serving/worker_sim.py shows
-  both sides), so the rule is an A/B (``EngineConfig.t2w_relaxed_cap``) that the GPU bench decides.
+  both sides). So the rule may hold only ``when`` it can help: the engine's auto applies it while a stream
+  has little audio buffered (``EngineConfig.t2w_relaxed_cap``), which a synchronized wave past its first
+  chunks never has.
 
 Nobody starves: a job queued at ``t`` has a deadline >= ``t`` unless its client already ran dry, so once
 a job's deadline is the earliest in the queue only jobs queued before it can take the head, and the head
@@ -115,6 +117,7 @@ class DeadlineQueue(Generic[J]):
         frame_bucket: int = 100,
         urgent_s: float = 0.3,
         relaxed: Relaxed | None = None,  # None: relaxed jobs fill batches like the others
+        when: Callable[[], bool] | None = None,  # the relaxed rule holds while this says so (None: always)
     ):
         if max_batch < 1 or frame_bucket < 1 or urgent_s < 0:
             raise ValueError("need max_batch >= 1, frame_bucket >= 1 and urgent_s >= 0")
@@ -122,6 +125,7 @@ class DeadlineQueue(Generic[J]):
             raise ValueError("need the relaxed slack_s >= urgent_s (an urgent job is never relaxed)")
         self.clock, self.max_batch = clock, max_batch
         self.frame_bucket, self.urgent_s, self.relaxed = frame_bucket, urgent_s, relaxed
+        self.when = when
         self._jobs: list[J] = []
         self._closed = False
         self._changed = threading.Condition()
@@ -155,7 +159,7 @@ class DeadlineQueue(Generic[J]):
             if not self._jobs:
                 return None
             relaxed_s, budget = math.inf, math.inf
-            if self.relaxed is not None:
+            if self.relaxed is not None and (self.when is None or self.when()):
                 relaxed_s, budget = self.relaxed.slack_s, self.relaxed.budget()
             batch = pick_batch(
                 self._jobs, self.clock(), self.max_batch, self.frame_bucket, self.urgent_s, relaxed_s, budget

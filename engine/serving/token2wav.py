@@ -48,6 +48,11 @@ from engine.vocoder.streaming import Hift3, V2VocoderState, V3VocoderState
 log = logging.getLogger(__name__)
 
 
+def never() -> bool:
+    """``thin`` with nobody to ask (a worker without an engine): no stream is known to be short of audio."""
+    return False
+
+
 @dataclass(eq=False)
 class Utterance:
     """One segment's token2wav state, owned by its request."""
@@ -93,13 +98,14 @@ class Batching:
     bucket (mel frames), the slack (s) under which a job always joins, ``fifo``: arrival order, no
     buckets (the scheduler's A/B: every job is due when queued and counts as urgent), and ``relaxed``:
     over ``relaxed_s`` of slack a job joins only while the call stays within about ``relaxed_call_s``
-    (False: it fills the batch like the others, the scheduler before that rule)."""
+    (False: it fills the batch like the others, the scheduler before that rule; None: auto, only while
+    the scheduler's ``thin`` says a stream has little audio buffered)."""
 
     max_batch: int = EngineConfig.flow_batch
     frame_bucket: int = 100
     urgent_s: float = 0.3
     fifo: bool = False
-    relaxed: bool = True
+    relaxed: bool | None = True
     relaxed_s: float = 2.0
     relaxed_call_s: float = 0.2
 
@@ -107,19 +113,22 @@ class Batching:
 class ChunkScheduler:
     """Deadline batching for the token2wav worker: request coroutines ``submit`` chunk jobs, the worker thread
     takes ``next_batch`` (earliest playback deadline first) and reports each batch's time (``ran``: the
-    relaxed rule's speed), and admission reads ``least_slack_s``."""
+    relaxed rule's speed), and admission reads ``least_slack_s``. ``thin``: whether a stream now has little
+    audio buffered (the engine's view of its clients), which the relaxed rule's auto waits for."""
 
-    def __init__(self, batching: Batching, clock: Callable[[], float]):
-        self.clock, self.fifo = clock, batching.fifo
+    def __init__(self, batching: Batching, clock: Callable[[], float], thin: Callable[[], bool] = never):
+        self.clock, self.fifo, self.thin = clock, batching.fifo, thin
         urgent_s = math.inf if batching.fifo else batching.urgent_s
         # the rule learns the worker's speed whether or not it caps calls (``relaxed_cap`` switches it)
         self.relaxed: Relaxed | None = None
         if not batching.fifo:
             self.relaxed = Relaxed(batching.relaxed_s, batching.relaxed_call_s)
-        capped = self.relaxed if batching.relaxed else None
         self._queue: DeadlineQueue[_Job] = DeadlineQueue(
-            clock, batching.max_batch, batching.frame_bucket, urgent_s, capped
+            clock, batching.max_batch, batching.frame_bucket, urgent_s
         )
+        self._mode: bool | None = False
+        if self.relaxed is not None:
+            self.relaxed_cap = batching.relaxed
         self.pending = 0  # jobs submitted and not yet taken
 
     def job(
@@ -171,16 +180,19 @@ class ChunkScheduler:
         return min(slacks, default=None)
 
     @property
-    def relaxed_cap(self) -> bool:
-        """Whether calls of relaxed chunks are kept short (``Batching.relaxed``) now."""
-        return self._queue.relaxed is not None
+    def relaxed_cap(self) -> bool | None:
+        """Whether calls of relaxed chunks are kept short (``Batching.relaxed``) now: always (True), never
+        (False) or while ``thin`` (None, auto)."""
+        return self._mode
 
     @relaxed_cap.setter
-    def relaxed_cap(self, on: bool) -> None:
+    def relaxed_cap(self, mode: bool | None) -> None:
         """Switch the rule between batches: the open-loop bench's A/B of both arms in one load."""
         if self.relaxed is None:
             raise ValueError("arrival order (fifo) has no relaxed rule to switch")
-        self._queue.relaxed = self.relaxed if on else None
+        self._mode = mode
+        self._queue.relaxed = None if mode is False else self.relaxed
+        self._queue.when = self.thin if mode is None else None
 
     @property
     def max_batch(self) -> int:
@@ -211,7 +223,8 @@ class Token2Wav:
         frame_bucket: int = 100,  # mel frames; the flow graphs' bucket, so batches keep to one graph
         clock: Callable[[], float] = time.perf_counter,  # deadlines' clock (s); tests inject a fake one
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
-        relaxed_cap: bool = False,  # calls of chunks with slack kept short (Batching.relaxed): the A/B
+        relaxed_cap: bool | None = False,  # calls of chunks with slack kept short (Batching.relaxed)
+        thin: Callable[[], bool] = never,  # a stream has little audio buffered: auto's (None's) signal
         flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
@@ -235,7 +248,7 @@ class Token2Wav:
             stream_cfg.relaxed_slack_s,
             stream_cfg.relaxed_call_s,
         )
-        self.scheduler = ChunkScheduler(batching, clock)
+        self.scheduler = ChunkScheduler(batching, clock, thin)
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
         self._thread.start()
 

@@ -297,7 +297,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     flags = ["--no-cuda-graphs", "--no-hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
     flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
     flags += ["--no-flow-compile", "--no-flow-reuse"]
-    flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--t2w-relaxed-cap"]
+    flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--t2w-relaxed-cap", "off"]
     flags += ["--cuda-mps", "--mps-flow-percent", "60", "--no-ras-graphs", "--lm-kv-cache-gib", "8"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
@@ -317,8 +317,10 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert (plain.stream.adaptive_hop, plain.text_workers) == (defaults.stream.adaptive_hop, None)
     assert (knobs.stream.adaptive_hop, knobs.text_workers, knobs.t2w_fifo) == (True, 2, True)
     assert plain.t2w_fifo is defaults.t2w_fifo is False
-    assert (plain.t2w_relaxed_cap, knobs.t2w_relaxed_cap) == (defaults.t2w_relaxed_cap, True)
-    assert defaults.t2w_relaxed_cap is False  # opt-in until the H200 open-loop A/B decides
+    assert (plain.t2w_relaxed_cap, knobs.t2w_relaxed_cap) == (defaults.t2w_relaxed_cap, False)
+    assert defaults.t2w_relaxed_cap is None  # auto: while a stream has little audio buffered
+    alone = engine_config(parse_args([*base, "--t2w-relaxed-cap"]))  # the flag alone: always
+    assert alone.t2w_relaxed_cap is True
     assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is None  # auto
     assert (plain.mps_flow_percent, knobs.mps_flow_percent) == (None, 60)
     assert (plain.lm_ras_graphs, knobs.lm_ras_graphs) == (

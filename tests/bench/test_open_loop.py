@@ -143,7 +143,8 @@ def test_ab_relaxed_cap_runs_both_arms_per_rate_in_one_load_alternating_the_orde
     arms = [(lv["rate"], lv["system"]) for lv in result["levels"]]
     relaxed = "cosystream relaxed-cap"
     assert arms == [(2.0, "cosystream"), (2.0, relaxed), (4.0, relaxed), (4.0, "cosystream")]
-    assert switched == [False, True, True, False]
+    # built auto (the default), then A never and B the rule as configured: auto
+    assert switched == [None, False, None, None, False]
     found = result["meta"]["capacity"]
     assert set(found) == {"offline open-loop cosystream", "offline open-loop cosystream relaxed-cap"}
     assert all(arm["capacity_rate"] == 4.0 for arm in found.values())
@@ -163,7 +164,7 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
 @pytest.mark.parametrize(
     ("ab", "flags"),
     [
-        ("relaxed-cap", ["--t2w-relaxed-cap"]),
+        ("relaxed-cap", ["--t2w-relaxed-cap", "off"]),
         ("relaxed-cap", ["--t2w-fifo"]),
         ("relaxed-cap", ["--arrivals", "closed"]),
         ("burst-start", ["--fast-start", "on"]),
@@ -193,8 +194,9 @@ def test_ab_burst_start_switches_the_fast_start_rule_the_engine_reads_per_reques
     paths = main([*argv, "--ab", "burst-start", "--warmup", "0", "--out", str(tmp_path / "out")])
     levels = json.loads(paths["json"].read_text())["levels"]
     assert [lv["system"] for lv in levels] == ["cosystream", "cosystream burst-start"]
-    # the engine's warm-up request first, then two requests an arm, each reading the rule as switched
-    assert seen[-4:] == [None, None, 0.5, 0.5] and set(seen[:-4]) <= {None}
+    # the engine's warm-up request first (the configured rule, the default), then two requests an arm, each
+    # reading the rule as switched: A by requests computing, B by recent starts
+    assert seen[-4:] == [None, None, 0.5, 0.5] and set(seen[:-4]) <= {0.5}
 
 
 def test_find_capacity_needs_open_loop_arrivals():

@@ -68,7 +68,7 @@ def test_request_mode_accepts_strings():
 
 def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices_stay():
     assert StreamConfig().fast_start is None  # auto: faster first audio for v3, v2 keeps the reference
-    auto = StreamConfig(fast_start=None)
+    auto = StreamConfig(fast_start=None, fast_start_burst_s=None)  # the rule by requests computing
     assert auto.fast_start_max_active == 2
     assert auto.splits_first_chunk("cosyvoice3", active=1) and auto.splits_first_chunk("cosyvoice3", 2)
     assert not auto.splits_first_chunk("cosyvoice3", active=3)  # busy: the reference's thicker first chunk
@@ -85,7 +85,8 @@ def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices
 def test_fast_start_burst_rule_counts_recent_starts_and_stops_under_load():
     """With fast_start_burst_s, auto splits while few requests started within the window (a wave's first
     chunks coincide; earlier streams are past theirs) and the engine is below adaptive_min_active."""
-    burst = StreamConfig(fast_start_burst_s=0.5)
+    burst = StreamConfig()
+    assert burst.fast_start_burst_s == 0.5  # the default: about a split first chunk's audio
     assert burst.splits_first_chunk("cosyvoice3", active=5, recent=1)  # old rule: 5 active, no split
     assert burst.splits_first_chunk("cosyvoice3", active=7, recent=2)
     assert not burst.splits_first_chunk("cosyvoice3", active=5, recent=3)  # a wave

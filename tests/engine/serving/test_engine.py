@@ -562,6 +562,28 @@ async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(eng
     assert engine.admission.started_within(30.0, time.perf_counter()) == most + 2
 
 
+def test_the_worker_hears_of_a_stream_short_of_audio_from_the_engines_own_streams(engine, monkeypatch):
+    """auto's signal for the relaxed rule: a stream before its first audio, or with under relaxed_slack_s
+    buffered, is thin; one with more buffered, or with all of its audio delivered, is not; the worker
+    built by the engine asks the engine."""
+    from engine.serving.engine import _Active
+
+    assert engine.cfg.t2w_relaxed_cap is None and engine.token2wav.scheduler.relaxed_cap is None
+    assert engine.token2wav.scheduler.thin == engine._thin_stream
+    monkeypatch.setattr(engine, "_active", set())
+    assert not engine._thin_stream()  # nobody to wait
+    waiting, playing, done = _Active("waiting"), _Active("playing"), _Active("done")
+    engine._active.add(waiting)
+    assert engine._thin_stream()  # its first chunk is still to come
+    waiting.playback.delivered(engine.cfg.stream.relaxed_slack_s + 5.0)
+    playing.playback.delivered(engine.cfg.stream.relaxed_slack_s + 5.0)
+    done.playback.finished = True
+    engine._active |= {playing, done}
+    assert not engine._thin_stream()
+    playing.playback.runs_out_at = time.perf_counter() + 0.5  # played down to half a second
+    assert engine._thin_stream()
+
+
 async def test_final_metrics_split_the_ttfa_into_its_parts(engine):
     chunks = await collect(engine, req(engine, stream=True))
     m = chunks[-1].metrics

@@ -216,3 +216,37 @@ def test_out_of_phase_streams_keep_their_deadlines_and_first_chunks_stop_waiting
     assert before.misses == relaxed.misses == 0
     assert relaxed.first_p95_s < 0.6 * before.first_p95_s
     assert before.served == relaxed.served == 40
+
+
+def test_the_relaxed_rule_holds_only_while_its_condition_says_so():
+    """auto's gate (``when``): with no stream short of audio the relaxed rows fill the batch as before the
+    rule; with one, the call is kept to the measured budget."""
+    clock, cost, thin = FakeClock(), CallCost(), [False]
+    cost.observe(rows=4, bucket_frames=500, seconds=0.4)  # 1,000 row-frames in 0.2 s
+    q: DeadlineQueue[Job] = DeadlineQueue(
+        clock, max_batch=16, relaxed=Relaxed(2.0, 0.2, cost), when=lambda: thin[0]
+    )
+    for i in range(4):
+        q.put(Job(f"r{i}", 5.0, frames=450))
+    assert names(q.take() or []) == ["r0", "r1", "r2", "r3"]
+    thin[0] = True
+    for i in range(4):
+        q.put(Job(f"s{i}", 5.0, frames=450))
+    assert names(q.take() or []) == ["s0", "s1"]
+
+
+def test_auto_keeps_a_waves_full_batches_and_random_arrivals_short_calls():
+    """The relaxed rule always on shortens the first chunks' waits under random arrivals but splits a
+    synchronized wave's calls once every stream has seconds buffered, so the wave ends later; auto (the
+    rule while a stream that has arrived has under 2 s buffered) does the first as well and the second
+    as fast as without the rule."""
+    off, on = WorkerSim(rate=6.0).run(), WorkerSim(rate=6.0).run(relaxed=Relaxed())
+    auto = WorkerSim(rate=6.0).run(relaxed=Relaxed(), auto=True)
+    assert off.misses == on.misses == auto.misses == 0
+    assert on.first_p95_s < 0.6 * off.first_p95_s and auto.first_p95_s < 0.6 * off.first_p95_s
+    wave = dict(rate=1e4, streams=16, chunks=20, seed=1)
+    w_off, w_on = WorkerSim(**wave).run(), WorkerSim(**wave).run(relaxed=Relaxed())
+    w_auto = WorkerSim(**wave).run(relaxed=Relaxed(), auto=True)
+    assert w_off.misses == w_on.misses == w_auto.misses == 0
+    assert w_on.end_s > 1.08 * w_off.end_s  # the always-on rule's price: more, shorter calls
+    assert w_auto.end_s < 1.01 * w_off.end_s

@@ -405,11 +405,14 @@ class SteppedWorker:
             assert self.changed.wait_for(lambda: len(self.batches) >= n, timeout=WAIT_S)
 
 
-def batches_around_a_first_chunk(tmp_path, relaxed_cap: bool, switched: bool = False) -> list[list[int]]:
+def batches_around_a_first_chunk(
+    tmp_path, relaxed_cap: bool | None, switched: bool = False, thin: bool = False
+) -> list[list[int]]:
     """The worker's batches (token counts) when three streams with 6 s of audio buffered queue long chunks
     while it is busy, and a new stream's first chunk arrives while it runs the next batch. The measured
     speed (1 ms a padded row-frame) puts a 0.2 s call at 200 row-frames: less than one long row.
-    ``switched``: built with the other setting, then switched (``ChunkScheduler.relaxed_cap``)."""
+    ``switched``: built with the other setting, then switched (``ChunkScheduler.relaxed_cap``); ``thin``:
+    what the worker's auto signal (a stream short of audio) says throughout."""
     from engine.demo.make_model import build_model_dir
 
     model = load_model(
@@ -423,7 +426,8 @@ def batches_around_a_first_chunk(tmp_path, relaxed_cap: bool, switched: bool = F
         model.device,
         StreamConfig(),
         clock=lambda: clock[0],
-        relaxed_cap=relaxed_cap != switched,
+        relaxed_cap=(relaxed_cap is not True) if switched else relaxed_cap,
+        thin=lambda: thin,
     )
     t2w.scheduler.relaxed_cap = relaxed_cap
     if t2w.scheduler.relaxed is not None:
@@ -466,6 +470,16 @@ def test_the_relaxed_rule_switches_at_run_time_as_if_built_that_way(tmp_path):
     engine built with that setting."""
     assert batches_around_a_first_chunk(tmp_path, True, switched=True) == [[1], [400], [43], [400], [400]]
     assert batches_around_a_first_chunk(tmp_path, False, switched=True) == [[1], [400, 400, 400], [43]]
+
+
+def test_auto_keeps_the_calls_short_only_while_the_engine_says_a_stream_is_short_of_audio(tmp_path):
+    """auto (the default): the engine's signal decides per batch; with a stream short of audio the batches
+    are those of the rule always on, without one those of the rule off."""
+    assert batches_around_a_first_chunk(tmp_path, None, thin=True) == [[1], [400], [43], [400], [400]]
+    assert batches_around_a_first_chunk(tmp_path, None, thin=False) == [[1], [400, 400, 400], [43]]
+    assert batches_around_a_first_chunk(tmp_path, None, switched=True, thin=True) == [
+        [1], [400], [43], [400], [400]
+    ]  # fmt: skip
 
 
 def test_arrival_order_has_no_relaxed_rule_to_switch():

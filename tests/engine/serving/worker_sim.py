@@ -7,7 +7,10 @@ back (the engine runs a stream's chunks in order). The worker takes ``pick_batch
 A client plays from its first audio on; a later chunk back after its audio ran out is a miss (an underrun).
 ``fifo`` is the arrival-order A/B: each job is due when queued and every job is urgent (no buckets).
 ``relaxed``: the rule that keeps calls of chunks with slack short, learning the call cost from the batches
-as the worker does (None: such chunks fill the batches, the scheduler before the rule).
+as the worker does (None: such chunks fill the batches, the scheduler before the rule); ``auto``: the rule
+holds only while a stream that has arrived (as the engine counts its requests from submit, before their
+first chunk) has less than its ``slack_s`` of audio buffered and more to come.
+``streams`` arrive at ``rate`` per second; a huge rate is a synchronized wave.
 ``admit(now)`` decides each new stream at its first chunk (refused: it never runs).
 """
 
@@ -41,6 +44,7 @@ class Outcome:
     first_s: list[float] = field(default_factory=list)  # queued -> back, first chunks
     refused: int = 0
     served: int = 0
+    end_s: float = 0.0  # when the worker handed back the last chunk: the load's makespan
 
     @property
     def first_p95_s(self) -> float:
@@ -74,11 +78,21 @@ class WorkerSim:
         ]
         return min(queued + playing, default=None)
 
+    def thin(self, slack_s: float, served: set[int]) -> bool:
+        """Whether a stream that has arrived and is not yet served has under ``slack_s`` of audio buffered."""
+        arrived = (s for s, t in enumerate(self.arrivals) if t <= self.now and s not in served)
+        return any((self.runs_out[s] or self.now) - self.now < slack_s for s in arrived)
+
     def run(
-        self, fifo: bool = False, admit: Callable[[], bool] = lambda: True, relaxed: Relaxed | None = None
+        self,
+        fifo: bool = False,
+        admit: Callable[[], bool] = lambda: True,
+        relaxed: Relaxed | None = None,
+        auto: bool = False,
     ) -> Outcome:
         out = Outcome()
         pending = {s: self._job(s, fifo) for s in range(len(self.arrivals))}
+        served: set[int] = set()
         while pending or self.queue:
             for s, job in sorted(pending.items()):
                 if job.ready > self.now:
@@ -86,13 +100,16 @@ class WorkerSim:
                 del pending[s]
                 if job.k == 0 and not admit():
                     out.refused += 1
+                    served.add(s)  # never runs: nobody waits for its audio
                     continue
                 self.live.add(s)
                 self.queue.append(job)
             if not self.queue:
                 self.now = min(j.ready for j in pending.values())
                 continue
-            slack_s, budget = (relaxed.slack_s, relaxed.budget()) if relaxed else (math.inf, math.inf)
+            slack_s, budget = math.inf, math.inf
+            if relaxed and (not auto or self.thin(relaxed.slack_s, served)):
+                slack_s, budget = relaxed.slack_s, relaxed.budget()
             batch = pick_batch(self.queue, self.now, 16, BUCKET, math.inf if fifo else 0.3, slack_s, budget)
             top = frame_bucket_of(max(j.frames for j in batch), BUCKET)
             call_s = self.base_s + self.per_row_s * len(batch) * top / BUCKET
@@ -106,7 +123,9 @@ class WorkerSim:
                     pending[job.stream] = self._job(job.stream, fifo)
                 else:
                     self.live.discard(job.stream)
+                    served.add(job.stream)
                     out.served += 1
+        out.end_s = self.now
         return out
 
     def _back(self, job: SimJob, out: Outcome) -> None:
