@@ -67,10 +67,9 @@ class StreamConfig:
     # the requests that started within this many seconds (this one included) and split while the engine is
     # below adaptive_min_active. The split's thin first buffer is at risk when first chunks coincide (a wave
     # crowds the flow with them); streams that started earlier are past their first chunk. Under random
-    # arrivals most requests then get the split; by requests computing, 41-token first chunks were the rule
-    # from 3 requests/s (3-4 active). 0.5 s: about a split first chunk's audio (12 tokens, 0.48 s). Its A/B
-    # (bench --ab burst-start, BENCHMARKS "Open loop"): v3's open-loop capacity at SLO 3 requests/s against
-    # below 2, TTFA p95 at 2 requests/s 222 against 329 ms, no stream underran in either.
+    # arrivals most requests then get the split, where counting those computing gave most of them the
+    # reference's 41-token first chunk from a few requests/s on. 0.5 s: about a split first chunk's audio
+    # (12 tokens, 0.48 s). Its A/B is bench --ab burst-start (BENCHMARKS "Open loop": capacity up a step).
     fast_start_burst_s: float | None = 0.5
     # Adaptive hops (serving.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
     # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
@@ -373,12 +372,10 @@ class EngineConfig:
     # first chunk, or a stream's second chunk behind a thin first one, does not wait behind them. True:
     # always; False: never (such chunks fill every batch up to flow_batch rows); None (auto): while a stream
     # in the engine, waiting for its first audio or playing, has under relaxed_slack_s of audio buffered,
-    # and so could run dry behind such a call. Why: in the H200 open-loop trace at 4 requests/s every row
-    # of every token2wav call over 200 ms had over 2 s of slack, and the two streams that underran were
-    # split-start streams whose second chunks queued 0-7 ms after a 270 ms call of two such rows began.
-    # Always on (its one-load A/B at 3 requests/s: TTFA p95 -64 ms) costs a synchronized wave its full
-    # batches: in the fake-clock simulation (tests/engine/serving/test_job_queue.py) auto keeps the wave's
-    # throughput and gets always-on's first-chunk waits under random arrivals
+    # and so could run dry behind such a call (the open-loop trace in BENCHMARKS "Open loop": the long calls
+    # are of chunks with seconds to spare, and split-start streams' thin second chunks ran dry behind
+    # them). Always on costs a synchronized wave its full batches; auto keeps them, since a wave past its
+    # first chunks has no thin stream (the fake-clock model in tests/engine/serving/test_job_queue.py)
     t2w_relaxed_cap: bool | None = None
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
