@@ -6,7 +6,7 @@
     python -m bench --url http://127.0.0.1:7860 --concurrency 1,4 --out /tmp/http     # a running server
     python -m bench --random-full v3 --arrivals poisson --rate 1,2,4 --duration-s 60 --concurrency 64 \
         --modes stream --out bench-results/v3-open     # open loop: Poisson arrivals, 64 engine slots
-    python -m bench --random-full v3 --arrivals poisson --find-capacity --rate 4,6,8,10,12 --concurrency 96 \
+    python -m bench --random-full v3 --arrivals poisson --find-capacity --rate 1,2,3,4,6,8 --concurrency 96 \
         --modes stream --trace --out bench-results/v3-capacity   # the highest rate within the SLO
 
 Random-weight model directories are built once into ``<cache-dir>/bench/<family>-<size>`` and reused.

@@ -26,7 +26,7 @@
 #                                                 $OUT/FAMILY_ARM/ (ARM names the arm: after, or before with
 #                                                 flags that turn the optimisations off)
 #   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity search (Poisson arrivals, 10 s
-#                                                 +-50 % requests, RATES=4,6,8,10,12 upwards until one misses
+#                                                 +-50 % requests, RATES=1,2,3,4,6,8 upwards until one misses
 #                                                 0 failed / 0 underrun / TTFA p95 <= 300 ms, REQUESTS=100 per
 #                                                 rate, chunk traces) of token2wav calls of buffered chunks
 #                                                 never kept short (before: --t2w-relaxed-cap off) against the
@@ -347,7 +347,7 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
       limit=$((LIMIT_S - (SECONDS - t0)))
     fi
     timeout "$limit" python3 -m bench --random-full "$fam" --cache-dir "$CACHE" --device cuda --backend vllm \
-      --modes stream --arrivals poisson --find-capacity --rate "${RATES:-4,6,8,10,12}" \
+      --modes stream --arrivals poisson --find-capacity --rate "${RATES:-1,2,3,4,6,8}" \
       --min-requests "${REQUESTS:-100}" --duration-s 1 --concurrency 96 --tokens 250 --trace \
       --hardware "$HARDWARE" "${flags[@]}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 && rc=0 || rc=$?
     echo "$name rc=$rc $(date +%T)"
