@@ -402,6 +402,14 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
     if args.trace:  # this run's traces only
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "trace.jsonl").unlink(missing_ok=True)
+
+    def keep(level: Level) -> None:
+        """A finished level: saved with the run so far (a cut run keeps it), its chunk traces appended."""
+        out.append(level)
+        save(out)
+        if args.trace:
+            write_trace(Path(args.out) / "trace.jsonl", level)
+
     for mode in args.modes:
         workload = Workload(tokens=args.tokens, stream=mode == "stream")
         if args.warmup:
@@ -414,10 +422,7 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
                     continue
                 level = await open_level(target, workload, args, rate, prompt, arm)
                 by_arm.setdefault(arm, []).append(level)
-                out.append(level)
-                save(out)
-                if args.trace:
-                    write_trace(Path(args.out) / "trace.jsonl", level)
+                keep(level)
                 misses = slo(args).misses(level) if args.find_capacity else []
                 if misses:  # the rates above cost more time and would miss too
                     log.info("%s at %.2f requests/s misses the SLO (%s): its search stops here",
@@ -427,10 +432,7 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
                 break
         if args.overload:
             for level in await overload_levels(target, workload, args, prompt, by_arm):
-                out.append(level)
-                save(out)
-                if args.trace:
-                    write_trace(Path(args.out) / "trace.jsonl", level)
+                keep(level)
     return out
 
 

@@ -525,7 +525,7 @@ soak_dir() {  # FAMILY RATE -> the soak's folder, outside $OUT: it is kept betwe
   echo "${SOAK_DIR:-/root/soak}/soak_${1}_rate${2}"
 }
 
-soak_running() {  # DIR: a soak started there has not ended yet
+running_in() {  # DIR: a process started there (soak-start, detach) has not ended yet
   [ -f "$1/pid" ] && [ ! -f "$1/rc" ] && kill -0 "$(cat "$1/pid")" 2> /dev/null
 }
 
@@ -537,7 +537,7 @@ step_soak_start() {  # FAMILY RATE [MINUTES [SOAK FLAGS]]: launch detached, retu
   [[ $rate =~ ^[0-9]+(\.[0-9]+)?$ && $minutes =~ ^[0-9]+(\.[0-9]+)?$ ]] ||
     die "RATE and MINUTES are numbers (MINUTES before any SOAK FLAGS), got '$rate' and '$minutes'"
   dir=$(soak_dir "$fam" "$rate")
-  ! soak_running "$dir" || die "a soak is already running in $dir: run.sh soak-collect $fam $rate"
+  ! running_in "$dir" || die "a soak is already running in $dir: run.sh soak-collect $fam $rate"
   environment
   model=$(build_model "$fam" | tail -1)
   rm -rf "$dir" && mkdir -p "$dir"
@@ -561,12 +561,12 @@ step_soak_collect() {  # FAMILY RATE: wait for the soak's end (LIMIT_S at most),
   family_dir "$1" > /dev/null
   dir=$(soak_dir "$1" "$2")
   [ -f "$dir/pid" ] || die "no soak was started in $dir (soak-start, earlier in this machine hold)"
-  while soak_running "$dir" && [ $((SECONDS - t0)) -lt "$LIMIT_S" ]; do sleep 5; done
+  while running_in "$dir" && [ $((SECONDS - t0)) -lt "$LIMIT_S" ]; do sleep 5; done
   mkdir -p "$OUT/$name"
   for f in soak.json soak.md soak.log soak.partial.json; do [ ! -f "$dir/$f" ] || cp "$dir/$f" "$OUT/$name/"; done
   grep "bench.soak: t=" "$dir/soak.log" 2> /dev/null | tail -3 | cut -c1-220 || true
   if [ ! -f "$dir/rc" ]; then
-    soak_running "$dir" && echo "still running: call soak-collect again" && return 3
+    running_in "$dir" && echo "still running: call soak-collect again" && return 3
     tail -20 "$dir/soak.log" 2> /dev/null || true
     die "the soak process ended without an exit status (killed?)"
   fi
@@ -587,7 +587,7 @@ step_detach() {  # STEP [ARGS]: run.sh STEP ARGS in its own session under DETACH
   [ $# -ge 1 ] || die "usage: run.sh detach STEP [ARGS] (STEP: $DETACHABLE)"
   [[ "|$DETACHABLE|" == *"|$1|"* ]] || die "detach runs one of $DETACHABLE, got '$1'"
   local dir=${DETACH_DIR:-/root/detached}
-  ! soak_running "$dir" || die "a detached step is still running in $dir: run.sh collect"
+  ! running_in "$dir" || die "a detached step is still running in $dir: run.sh collect"
   environment > /dev/null
   rm -rf "$dir" && mkdir -p "$dir/out"
   # its own session (setsid), stdin and outputs off this call's: the device call's end does not stop it;
@@ -601,11 +601,11 @@ step_detach() {  # STEP [ARGS]: run.sh STEP ARGS in its own session under DETACH
 step_collect() {  # wait (LIMIT_S at most) for the detached step's end; its files so far to $OUT either way
   local dir=${DETACH_DIR:-/root/detached} t0=$SECONDS
   [ -f "$dir/pid" ] || die "nothing was detached in $dir (run.sh detach, earlier in this machine hold)"
-  while soak_running "$dir" && [ $((SECONDS - t0)) -lt "$LIMIT_S" ]; do sleep 5; done
+  while running_in "$dir" && [ $((SECONDS - t0)) -lt "$LIMIT_S" ]; do sleep 5; done
   mkdir -p "$OUT" && cp -r "$dir/out/." "$OUT/" && cp "$dir/run.log" "$OUT/detached.log"
   tail -15 "$dir/run.log"
   if [ ! -f "$dir/rc" ]; then
-    soak_running "$dir" && echo "still running at $(date +%T): call collect again" && return 3
+    running_in "$dir" && echo "still running at $(date +%T): call collect again" && return 3
     die "the detached step ended without an exit status (killed?)"
   fi
   return "$(cat "$dir/rc")"

@@ -290,7 +290,7 @@ class TTSEngine:
         stream stall (the engine idle, or every stream's buffer at ``CAPTURE_SLACK_S``) -> True then,
         False when the bound passed first."""
         deadline = time.monotonic() + timeout_s
-        while not self._streams_buffered():
+        while not self._streams_buffered(CAPTURE_SLACK_S):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -298,19 +298,16 @@ class TTSEngine:
                 return True
         return True
 
-    def _streams_buffered(self) -> bool:
-        """Every stream in the engine (waiting, computing or playing) has ``CAPTURE_SLACK_S`` of audio
-        buffered at its client, or all of its audio delivered; True with none."""
-        return all(
-            a.playback.finished or a.playback.buffered_s() >= CAPTURE_SLACK_S for a in list(self._active)
-        )
+    def _streams_buffered(self, least_s: float) -> bool:
+        """Every stream in the engine (waiting, computing or playing) has ``least_s`` of audio buffered at
+        its client, or all of its audio delivered; True with none."""
+        return all(a.playback.finished or a.playback.buffered_s() >= least_s for a in list(self._active))
 
     def _thin_stream(self) -> bool:
         """The relaxed rule's auto signal (the token2wav worker asks before each batch): a stream in the
         engine, waiting for its first audio or playing, has under ``relaxed_slack_s`` of audio buffered
         and more to come, so a long call of chunks with slack to spare could make it wait."""
-        least = self.cfg.stream.relaxed_slack_s
-        return any(not a.playback.finished and a.playback.buffered_s() < least for a in list(self._active))
+        return not self._streams_buffered(self.cfg.stream.relaxed_slack_s)
 
     def _least_slack_s(self) -> float | None:
         """Admission's load signal: how close the admitted streams are to running dry (s): the least slack

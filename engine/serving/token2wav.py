@@ -126,7 +126,6 @@ class ChunkScheduler:
         self._queue: DeadlineQueue[_Job] = DeadlineQueue(
             clock, batching.max_batch, batching.frame_bucket, urgent_s
         )
-        self._mode: bool | None = False
         if self.relaxed is not None:
             self.relaxed_cap = batching.relaxed
         self.pending = 0  # jobs submitted and not yet taken
@@ -182,15 +181,16 @@ class ChunkScheduler:
     @property
     def relaxed_cap(self) -> bool | None:
         """Whether calls of relaxed chunks are kept short (``Batching.relaxed``) now: always (True), never
-        (False) or while ``thin`` (None, auto)."""
-        return self._mode
+        (False) or while ``thin`` (None, auto): read off the queue's rule and its gate."""
+        if self._queue.relaxed is None:
+            return False
+        return None if self._queue.when is not None else True
 
     @relaxed_cap.setter
     def relaxed_cap(self, mode: bool | None) -> None:
         """Switch the rule between batches: the open-loop bench's A/B of both arms in one load."""
         if self.relaxed is None:
             raise ValueError("arrival order (fifo) has no relaxed rule to switch")
-        self._mode = mode
         self._queue.relaxed = None if mode is False else self.relaxed
         self._queue.when = self.thin if mode is None else None
 
