@@ -1,16 +1,18 @@
-"""``python -m bench.trace OUT/trace.jsonl``: where the time went, per open-loop rate, from the chunk traces.
+"""``python -m bench.trace OUT/trace.jsonl[.gz]``: where the time went, per open-loop rate, from chunk traces.
 
 Every row is one sent chunk (``engine.serving.metrics.ChunkTrace``, ms after its request was submitted).
-Per rate it
-prints the first chunks (the time to first audio: LM until the chunk's tokens were ready, the wait for the
-token2wav worker, flow + vocoder) and the later ones (how many missed their playback deadline, and whether
-the missed ones waited or computed), the batches (rows, and the share of flow frames that were padding to
-the batch's frame bucket: a fragmented mix of lengths pays it) and the hand-off to the client.
+Per rate it prints the first chunks (the time to first audio: LM until the chunk's tokens were ready, the
+wait for the token2wav worker, flow + vocoder; and the p95 had none of them waited for the worker, the most
+a scheduler that never makes a first chunk wait could give), the later ones (how many missed their playback
+deadline, and whether the missed ones waited or computed), the batches (rows, and the share of flow frames
+that were padding to the batch's frame bucket: a fragmented mix of lengths pays it) and the hand-off to the
+client.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,6 +45,7 @@ class RateSummary:
     chunks: int
     first_sent_p50: float | None  # the engine-side time to first audio
     first_sent_p95: float | None
+    first_unwaited_p95: float | None  # the p95 had no first chunk waited for the worker (sent - that wait)
     first_lm: float | None  # submit -> the first chunk's tokens ready (text work, queue, LM)
     first_wait: float | None  # ready -> taken in a batch
     first_compute: float | None  # taken -> vocoded
@@ -67,7 +70,8 @@ class RateSummary:
             f"{self.requests} requests, {self.chunks} chunks",
             f"  first chunks: sent p50 {f(self.first_sent_p50)} / p95 {f(self.first_sent_p95)} ms = tokens "
             f"ready {f(self.first_lm)} + wait for the worker {f(self.first_wait)} + flow and vocoder "
-            f"{f(self.first_compute)} (means)",
+            f"{f(self.first_compute)} (means); p95 {f(self.first_unwaited_p95)} ms had none waited for "
+            "the worker",
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -97,6 +101,9 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row]) -> Rat
         chunks=len(rows),
         first_sent_p50=percentile([r["sent_ms"] for r in first], 50),
         first_sent_p95=percentile([r["sent_ms"] for r in first], 95),
+        first_unwaited_p95=percentile(
+            [r["sent_ms"] - w for r in first if (w := _span(r, "ready_ms", "joined_ms")) is not None], 95
+        ),
         first_lm=_mean(r["ready_ms"] for r in first),
         first_wait=_mean(_span(r, "ready_ms", "joined_ms") for r in first),
         first_compute=_mean(_span(r, "joined_ms", "vocoded_ms") for r in first),
@@ -116,7 +123,9 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row]) -> Rat
 
 
 def read(path: Path) -> list[Row]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of a trace.jsonl, or of its gzipped copy (``.gz``, as results keep it)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def main(argv: Sequence[str] | None = None) -> list[RateSummary]:

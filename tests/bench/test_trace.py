@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.trace import main, summarise
+from bench.load import percentile
+from bench.trace import main, read, summarise
 
 
 def row(request: int, index: int, ready: float, joined: float, vocoded: float, sent: float, slack: float,
@@ -30,6 +32,9 @@ def test_summary_splits_first_chunks_from_later_ones_and_counts_misses_and_paddi
     assert (s.requests, s.chunks, s.later, s.later_missed) == (2, 4, 2, 1)
     assert s.first_lm == 150 and s.first_wait == 25 and s.first_compute == 50
     assert s.first_sent_p50 == pytest.approx(225.5)
+    # without their waits for the worker (10 and 40 ms) the first chunks would have gone at 141 and 260 ms
+    assert s.first_unwaited_p95 == pytest.approx(percentile([141, 260], 95))
+    assert s.first_unwaited_p95 < s.first_sent_p95
     assert s.missed_wait == 200 and s.missed_compute == 100
     assert s.padding_share == pytest.approx(150 / 800)  # 50 padded frames in 3 of 4 rows of 200
     assert s.hand_off == pytest.approx(0.75)
@@ -40,6 +45,14 @@ def test_summary_keeps_the_arms_of_one_run_apart():
     arm = {"system": "cosystream relaxed-cap"}
     rows = [row(0, 0, 100, 110, 150, 151, -51), row(1, 0, 100, 110, 150, 151, -51) | arm]
     assert sorted(s.system for s in summarise(rows)) == ["", "cosystream relaxed-cap"]
+
+
+def test_a_gzipped_trace_reads_like_the_plain_one(tmp_path):
+    rows = [row(0, 0, 100, 110, 150, 151, -51), row(0, 1, 400, 600, 700, 701, -20)]
+    text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    (tmp_path / "trace.jsonl").write_text(text)
+    (tmp_path / "trace.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    assert read(tmp_path / "trace.jsonl.gz") == read(tmp_path / "trace.jsonl") == rows
 
 
 def test_open_loop_trace_on_the_tiny_v3_model_times_every_chunk_in_order(tmp_path, capsys):
