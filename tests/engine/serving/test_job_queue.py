@@ -250,3 +250,19 @@ def test_auto_keeps_a_waves_full_batches_and_random_arrivals_short_calls():
     assert w_off.misses == w_on.misses == w_auto.misses == 0
     assert w_on.end_s > 1.08 * w_off.end_s  # the always-on rule's price: more, shorter calls
     assert w_auto.end_s < 1.01 * w_off.end_s
+
+
+def test_holding_the_worker_for_a_first_chunk_helps_a_light_load_and_costs_misses_near_capacity():
+    """The design the trace suggested and the engine does not have (worker_sim's ``hold_s``): idling the
+    worker while a request waits for its first chunk and everyone else has seconds buffered. At 1 stream/s
+    the first chunks' p95 falls; at 4/s, near this worker's capacity, the idle time is capacity lost and
+    later chunks miss more of their deadlines."""
+    light = dict(rate=1.0, streams=100)
+    assert WorkerSim(**light).run(relaxed=Relaxed(), auto=True, hold_s=0.2).first_p95_s < 0.9 * (
+        WorkerSim(**light).run(relaxed=Relaxed(), auto=True).first_p95_s
+    )
+    busy = dict(rate=4.0, streams=100)
+    held = WorkerSim(**busy).run(relaxed=Relaxed(), auto=True, hold_s=0.2)
+    plain = WorkerSim(**busy).run(relaxed=Relaxed(), auto=True)
+    assert held.misses > 1.5 * plain.misses > 0
+    assert held.served == plain.served == 100

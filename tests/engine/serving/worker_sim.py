@@ -12,6 +12,10 @@ holds only while a stream that has arrived (as the engine counts its requests fr
 first chunk) has less than its ``slack_s`` of audio buffered and more to come.
 ``streams`` arrive at ``rate`` per second; a huge rate is a synchronized wave.
 ``admit(now)`` decides each new stream at its first chunk (refused: it never runs).
+``hold_s``: a design the engine does not have, kept to show its trade-off (bench/results/2026-12-03-h200-
+capacity-relaxed-auto-4e04e18): while a stream that has arrived waits for its first chunk and every queued
+chunk has over the relaxed ``slack_s`` to spare, the worker idles (up to ``hold_s``) rather than start a
+call the first chunk would wait behind.
 """
 
 from __future__ import annotations
@@ -83,16 +87,26 @@ class WorkerSim:
         arrived = (s for s, t in enumerate(self.arrivals) if t <= self.now and s not in served)
         return any((self.runs_out[s] or self.now) - self.now < slack_s for s in arrived)
 
+    def _holding(self, slack_s: float, served: set[int]) -> bool:
+        """A stream that has arrived waits for its first chunk, and every queued chunk has over slack_s."""
+        waiting = any(
+            t <= self.now and s not in served and self.sent[s] == 0 and all(j.stream != s for j in self.queue)
+            for s, t in enumerate(self.arrivals)
+        )
+        return waiting and min(j.deadline for j in self.queue) - self.now > slack_s
+
     def run(
         self,
         fifo: bool = False,
         admit: Callable[[], bool] = lambda: True,
         relaxed: Relaxed | None = None,
         auto: bool = False,
+        hold_s: float = 0.0,
     ) -> Outcome:
         out = Outcome()
         pending = {s: self._job(s, fifo) for s in range(len(self.arrivals))}
         served: set[int] = set()
+        held_since: float | None = None
         while pending or self.queue:
             for s, job in sorted(pending.items()):
                 if job.ready > self.now:
@@ -107,6 +121,14 @@ class WorkerSim:
             if not self.queue:
                 self.now = min(j.ready for j in pending.values())
                 continue
+            if relaxed and hold_s and self._holding(relaxed.slack_s, served):
+                held_since = self.now if held_since is None else held_since
+                if self.now < held_since + hold_s:  # idle until a chunk is ready, the hold ends or one is due
+                    least = min(j.deadline for j in self.queue) - relaxed.slack_s
+                    ready = [j.ready for j in pending.values() if j.ready > self.now]
+                    self.now = min([*ready, held_since + hold_s, max(least, self.now)])
+                    continue
+            held_since = None
             slack_s, budget = math.inf, math.inf
             if relaxed and (not auto or self.thin(relaxed.slack_s, served)):
                 slack_s, budget = relaxed.slack_s, relaxed.budget()
