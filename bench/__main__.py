@@ -192,11 +192,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "wait behind them: on (the flag alone), off, or auto (while a stream has little audio buffered)",
     )  # fmt: skip
     p.add_argument(
+        "--no-t2w-yield", action="store_true",
+        help="token2wav runs every call whole before the next (no urgent batch between a call's flow and "
+        "vocoder: the A/B of EngineConfig.t2w_yield_to_urgent)",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", choices=sorted(AB_SWITCHES),
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
         "alternating which goes first: relaxed-cap: the rule of --t2w-relaxed-cap (auto or on); "
         "burst-start: the fast start counted by recent starts (StreamConfig.fast_start_burst_s, the "
-        "default; A: by requests computing); both arms on one machine, load and set of graphs; the search "
+        "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
+        "vocoder (A: every call whole); both arms on one machine, load and set of graphs; the search "
         "goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -254,6 +260,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--ab relaxed-cap switches the relaxed rule: no --t2w-relaxed-cap off, no --t2w-fifo")
     if args.t2w_fifo and args.t2w_relaxed_cap == "on":
         p.error("--t2w-fifo (arrival order) has no relaxed rule: leave --t2w-relaxed-cap at auto or off")
+    if args.ab == "yield" and (args.no_t2w_yield or args.t2w_fifo):
+        p.error("--ab yield switches the seam in token2wav calls: drop --no-t2w-yield and --t2w-fifo")
     if args.ab == "burst-start" and args.fast_start != "auto":
         p.error("--ab burst-start switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -339,6 +347,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         mps_flow_percent=args.mps_flow_percent,
         t2w_fifo=args.t2w_fifo,
         t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
+        t2w_yield_to_urgent=not args.no_t2w_yield,
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
@@ -496,10 +505,16 @@ def _burst_start(engine: Any, on: bool) -> None:
     engine.cfg = dataclasses.replace(engine.cfg, stream=stream)  # read per request: the next ones see it
 
 
+def _yield(engine: Any, on: bool) -> None:
+    """A: every token2wav call whole before the next; B: urgent batches at a relaxed call's seam."""
+    engine.token2wav.scheduler.yield_to_urgent = on
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
     "burst-start": _burst_start,
+    "yield": _yield,
 }
 
 

@@ -377,6 +377,13 @@ class EngineConfig:
     # them). Always on costs a synchronized wave its full batches; auto keeps them, since a wave past its
     # first chunks has no thin stream (the fake-clock model in tests/engine/serving/test_job_queue.py)
     t2w_relaxed_cap: bool | None = None
+    # a call cannot be preempted, but between its flow and its vocoder the worker may run an urgent batch
+    # (a first chunk queued meanwhile, a stream about to run dry) whole, when every row of that call has over
+    # relaxed_slack_s to spare: the first chunk then waits for the rest of the flow only. The open-loop
+    # trace (BENCHMARKS "Open loop"): most first chunks that still waited for the worker waited behind
+    # such a call, more of it in the vocoder than in the flow. Exact (the same calls, in another order);
+    # False: every call runs whole before the next (the A/B)
+    t2w_yield_to_urgent: bool = True
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
@@ -430,6 +437,8 @@ class EngineConfig:
             raise ValueError(f"flow_reuse must be None (auto), True or False, got {self.flow_reuse!r}")
         if self.t2w_relaxed_cap not in (None, True, False):
             raise ValueError(f"t2w_relaxed_cap must be None (auto), True or False: {self.t2w_relaxed_cap!r}")
+        if not isinstance(self.t2w_yield_to_urgent, bool):
+            raise ValueError(f"t2w_yield_to_urgent must be True or False, got {self.t2w_yield_to_urgent!r}")
         if self.t2w_fifo and self.t2w_relaxed_cap:
             raise ValueError("t2w_fifo (arrival order) has no relaxed rule: t2w_relaxed_cap off or auto")
         if self.flow_reuse_gb is not None and not 0.0 <= self.flow_reuse_gb <= 1024.0:

@@ -31,7 +31,9 @@
 #                                                 rate, chunk traces) of token2wav calls of buffered chunks
 #                                                 never kept short (before: --t2w-relaxed-cap off) against the
 #                                                 defaults (after: auto). ARMS=ab (default): both arms in one load,
-#                                                 each rate twice (--ab AB: relaxed-cap, the default, or
+#                                                 each rate twice (--ab AB: yield, the default: urgent
+#                                                 batches between a relaxed call's flow and vocoder;
+#                                                 relaxed-cap: the relaxed rule never against auto;
 #                                                 burst-start: the fast start by recent starts), one call
 #                                                 -> $OUT/FAMILY_capacity_ab-AB/; ARMS=before or
 #                                                 after: one arm a load and a call (each load waits for every
@@ -335,9 +337,9 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   [ ${#arms[@]} -eq 1 ] || echo "note: two arms rarely fit one call (each waits ~280 s for its graphs)"
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
-    [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-relaxed-cap}
+    [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-yield}
     case "$arm" in
-      ab) flags=(--ab "${AB:-relaxed-cap}") ;;
+      ab) flags=(--ab "${AB:-yield}") ;;
       before) flags=(--t2w-relaxed-cap off) ;;
     esac
     [ "$arm" = before ] || [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")

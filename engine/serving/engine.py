@@ -103,6 +103,7 @@ class TTSEngine:
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
             cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
             fifo=cfg.t2w_fifo, relaxed_cap=cfg.t2w_relaxed_cap, thin=self._thin_stream,
+            yield_to_urgent=cfg.t2w_yield_to_urgent,
             reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip

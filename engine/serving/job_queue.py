@@ -23,6 +23,12 @@ attention, so it never shares a call with streaming chunks). A batch is formed e
   has little audio buffered (``EngineConfig.t2w_relaxed_cap``), which a synchronized wave past its first
   chunks never has.
 
+A call cannot be preempted, but it has a seam: between its flow and its vocoder. When every row of a
+call has over ``relaxed_s`` to spare, the worker asks there (``take_urgent``) for a batch whose head is
+urgent (a first chunk queued meanwhile, a stream about to run dry) and runs it whole before that call's
+vocoder: a first chunk then waits for the rest of a flow call, not for its vocoder too (EngineConfig.
+t2w_yield_to_urgent; the rows set aside lose a call's time out of their seconds of slack).
+
 Nobody starves: a job queued at ``t`` has a deadline >= ``t`` unless its client already ran dry, so once
 a job's deadline is the earliest in the queue only jobs queued before it can take the head, and the head
 always runs.
@@ -158,12 +164,28 @@ class DeadlineQueue(Generic[J]):
             self._changed.wait_for(lambda: self._jobs or self._closed)
             if not self._jobs:
                 return None
-            relaxed_s, budget = math.inf, math.inf
-            if self.relaxed is not None and (self.when is None or self.when()):
-                relaxed_s, budget = self.relaxed.slack_s, self.relaxed.budget()
-            batch = pick_batch(
-                self._jobs, self.clock(), self.max_batch, self.frame_bucket, self.urgent_s, relaxed_s, budget
-            )
-            taken = {id(j) for j in batch}
-            self._jobs = [j for j in self._jobs if id(j) not in taken]
-            return batch
+            return self._remove(self._pick())
+
+    def take_urgent(self) -> list[J] | None:
+        """Without blocking: the next batch if its head is urgent (a first chunk, a stream about to run
+        dry), removed; None when nothing queued is. The worker asks between a call's flow and its vocoder
+        when every row of that call has time to spare."""
+        with self._changed:
+            if not self._jobs:
+                return None
+            batch = self._pick()
+            return self._remove(batch) if batch[0].deadline - self.clock() <= self.urgent_s else None
+
+    def _pick(self) -> list[J]:
+        """The next batch (the lock held, the queue not empty)."""
+        relaxed_s, budget = math.inf, math.inf
+        if self.relaxed is not None and (self.when is None or self.when()):
+            relaxed_s, budget = self.relaxed.slack_s, self.relaxed.budget()
+        return pick_batch(
+            self._jobs, self.clock(), self.max_batch, self.frame_bucket, self.urgent_s, relaxed_s, budget
+        )
+
+    def _remove(self, batch: list[J]) -> list[J]:
+        taken = {id(j) for j in batch}
+        self._jobs = [j for j in self._jobs if id(j) not in taken]
+        return batch

@@ -99,7 +99,8 @@ class Batching:
     buckets (the scheduler's A/B: every job is due when queued and counts as urgent), and ``relaxed``:
     over ``relaxed_s`` of slack a job joins only while the call stays within about ``relaxed_call_s``
     (False: it fills the batch like the others, the scheduler before that rule; None: auto, only while
-    the scheduler's ``thin`` says a stream has little audio buffered)."""
+    the scheduler's ``thin`` says a stream has little audio buffered); ``yield_to_urgent``: a call whose
+    rows all have over ``relaxed_s`` of slack lets an urgent batch run between its flow and its vocoder."""
 
     max_batch: int = EngineConfig.flow_batch
     frame_bucket: int = 100
@@ -108,6 +109,7 @@ class Batching:
     relaxed: bool | None = True
     relaxed_s: float = 2.0
     relaxed_call_s: float = 0.2
+    yield_to_urgent: bool = True  # an urgent batch may run between the flow and vocoder of a relaxed call
 
 
 class ChunkScheduler:
@@ -118,6 +120,9 @@ class ChunkScheduler:
 
     def __init__(self, batching: Batching, clock: Callable[[], float], thin: Callable[[], bool] = never):
         self.clock, self.fifo, self.thin = clock, batching.fifo, thin
+        # the seam between a call's flow and its vocoder is open to urgent batches (never in arrival order)
+        self.yield_to_urgent = batching.yield_to_urgent and not batching.fifo
+        self.relaxed_s = batching.relaxed_s
         urgent_s = math.inf if batching.fifo else batching.urgent_s
         # the rule learns the worker's speed whether or not it caps calls (``relaxed_cap`` switches it)
         self.relaxed: Relaxed | None = None
@@ -154,8 +159,22 @@ class ChunkScheduler:
         """Block until a batch is due and take it: its rows whose requests are still there (maybe none),
         stamped for the trace. None once closed and drained."""
         jobs = self._queue.take()
-        if jobs is None:
+        return None if jobs is None else self._taken(jobs)
+
+    def urgent_batch(self, running: list[_Job]) -> list[_Job] | None:
+        """Between the flow and the vocoder of ``running`` (a batch from ``next_batch``): the next batch if
+        its head is urgent and every row of ``running`` has over ``relaxed_s`` of slack, taken and stamped
+        like ``next_batch``'s (maybe empty, when its requests went away); else None."""
+        if not self.yield_to_urgent or not running:
             return None
+        now = self.clock()
+        if any(j.times.due - now <= self.relaxed_s for j in running):
+            return None
+        jobs = self._queue.take_urgent()
+        return None if jobs is None else self._taken(jobs)
+
+    def _taken(self, jobs: list[_Job]) -> list[_Job]:
+        """A batch out of the queue: its rows whose requests are still there, stamped for the trace."""
         self.pending -= len(jobs)
         live = [j for j in jobs if not j.future.cancelled()]
         if live:
@@ -225,6 +244,7 @@ class Token2Wav:
         fifo: bool = False,  # arrival order, no frame buckets: the scheduler's A/B
         relaxed_cap: bool | None = False,  # calls of chunks with slack kept short (Batching.relaxed)
         thin: Callable[[], bool] = never,  # a stream has little audio buffered: auto's (None's) signal
+        yield_to_urgent: bool = True,  # urgent batches may run between a relaxed call's flow and vocoder
         flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
@@ -247,6 +267,7 @@ class Token2Wav:
             relaxed_cap,
             stream_cfg.relaxed_slack_s,
             stream_cfg.relaxed_call_s,
+            yield_to_urgent,
         )
         self.scheduler = ChunkScheduler(batching, clock, thin)
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
@@ -331,8 +352,8 @@ class Token2Wav:
                 devices.after_default_stream(self.device)
             if live:  # empty when its requests went away
                 t0 = time.perf_counter()
-                self._run_batch(live)
-                self.scheduler.ran(live, time.perf_counter() - t0)
+                others_s = self._run_batch(live)
+                self.scheduler.ran(live, time.perf_counter() - t0 - others_s)
             # the worker waits for the next batch: this one must not keep its requests' state (a stream's
             # flow cache, gigabytes at full size) alive meanwhile
             del live
@@ -341,7 +362,9 @@ class Token2Wav:
         job.times.vocoded = self.clock()
         _deliver(job, value, err)
 
-    def _run_batch(self, jobs: list[_Job]) -> None:
+    def _run_batch(self, jobs: list[_Job]) -> float:
+        """Flow, then vocoder, for ``jobs``; between the two an urgent batch may run whole (``_let_in``).
+        Returns the seconds spent on such batches, which are not this call's time."""
         started = time.perf_counter()
         for job in jobs:
             if job.utt.first_job_started is None:
@@ -355,17 +378,32 @@ class Token2Wav:
         except Exception as err:  # the worker keeps serving; only the request at fault fails
             if len(jobs) > 1:  # find it: run the batch's requests one by one
                 log.warning("flow batch of %d failed (%s); retrying its requests one by one", len(jobs), err)
-                for job in jobs:
-                    self._run_batch([job])
-                return
+                return sum(self._run_batch([job]) for job in jobs)
             log.exception("flow failed")
             self._deliver(jobs[0], None, self._failure(err))
-            return
+            return 0.0
         flow_done = self.clock()
         for job in jobs:
             job.utt.stage_s["flow"] += share
             job.times.flow_done = flow_done
+        mels, others_s = self._let_in(jobs, mels)
         self._vocode_rows(jobs, mels)
+        return others_s
+
+    def _let_in(self, jobs: list[_Job], mels: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
+        """At the seam between ``jobs``' flow and vocoder: run an urgent batch whole first if the scheduler
+        has one for this call (its rows all have seconds to spare). The mels are copied first: the urgent
+        flow call may replay the CUDA graph whose output buffers they view. -> (mels, seconds it took)."""
+        urgent = self.scheduler.urgent_batch(jobs)
+        if urgent is None:
+            return mels, 0.0
+        with torch.inference_mode():
+            mels = [m.clone() for m in mels]
+        t0 = time.perf_counter()
+        if urgent:  # empty when its requests went away
+            others_s = self._run_batch(urgent)
+            self.scheduler.ran(urgent, time.perf_counter() - t0 - others_s)
+        return mels, time.perf_counter() - t0
 
     def _vocode_rows(self, jobs: list[_Job], mels: list[torch.Tensor]) -> None:
         """HiFT for a flow batch's rows: each group that may share a call (``_groups``) runs as one; the

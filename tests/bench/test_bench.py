@@ -299,6 +299,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     flags += ["--no-flow-compile", "--no-flow-reuse"]
     flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--t2w-relaxed-cap", "off"]
     flags += ["--cuda-mps", "--mps-flow-percent", "60", "--no-ras-graphs", "--lm-kv-cache-gib", "8"]
+    flags += ["--no-t2w-yield"]
     knobs = engine_config(parse_args([*base, *flags]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
@@ -319,6 +320,8 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert plain.t2w_fifo is defaults.t2w_fifo is False
     assert (plain.t2w_relaxed_cap, knobs.t2w_relaxed_cap) == (defaults.t2w_relaxed_cap, False)
     assert defaults.t2w_relaxed_cap is None  # auto: while a stream has little audio buffered
+    assert (plain.t2w_yield_to_urgent, knobs.t2w_yield_to_urgent) == (True, False)
+    assert defaults.t2w_yield_to_urgent is True
     alone = engine_config(parse_args([*base, "--t2w-relaxed-cap"]))  # the flag alone: always
     assert alone.t2w_relaxed_cap is True
     assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is None  # auto

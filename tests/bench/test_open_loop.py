@@ -169,6 +169,8 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("relaxed-cap", ["--arrivals", "closed"]),
         ("burst-start", ["--fast-start", "on"]),
         ("burst-start", ["--url", "http://127.0.0.1:9"]),
+        ("yield", ["--no-t2w-yield"]),
+        ("yield", ["--t2w-fifo"]),
     ],
 )
 def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
@@ -288,3 +290,25 @@ def test_overload_refuses_what_it_cannot_run(flags, capsys):
     with pytest.raises(SystemExit):
         main(["--random-tiny", "v3", "--arrivals", "poisson", *flags])
     assert "--overload" in capsys.readouterr().err
+
+
+def test_ab_yield_switches_the_seam_of_the_engines_token2wav_worker(tmp_path, monkeypatch):
+    """A: every token2wav call whole; B: urgent batches at a relaxed call's seam; each rate's arms see the
+    switch (the scheduler's setting, read per call)."""
+    from engine.serving.token2wav import ChunkScheduler
+
+    seen: list[bool] = []
+    urgent = ChunkScheduler.urgent_batch
+
+    def spy(scheduler: ChunkScheduler, running):
+        seen.append(scheduler.yield_to_urgent)
+        return urgent(scheduler, running)
+
+    monkeypatch.setattr(ChunkScheduler, "urgent_batch", spy)
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
+    argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
+    paths = main([*argv, "--ab", "yield", "--warmup", "0", "--out", str(tmp_path / "out")])
+    levels = json.loads(paths["json"].read_text())["levels"]
+    assert [lv["system"] for lv in levels] == ["cosystream", "cosystream yield"]
+    assert False in seen and seen[-1] is True  # A ran its calls, then B (the engine's default again)

@@ -325,7 +325,7 @@ class BlockedWorker:
         self.release, self.entered = threading.Event(), threading.Event()
         self.batches: list[list[int]] = []
 
-    def __call__(self, jobs) -> None:
+    def __call__(self, jobs) -> float:
         from engine.serving.token2wav import _deliver
 
         self.batches.append([j.chunk.end for j in jobs])
@@ -333,6 +333,7 @@ class BlockedWorker:
         self.release.wait(timeout=WAIT_S)
         for job in jobs:
             _deliver(job, np.zeros(1, np.float32), None)
+        return 0.0  # no other batch ran inside this one
 
 
 def queued_batches(tmp_path, fifo: bool) -> list[list[int]]:
@@ -389,7 +390,7 @@ class SteppedWorker:
         self.changed = threading.Condition()
         self.batches: list[list[int]] = []
 
-    def __call__(self, jobs) -> None:
+    def __call__(self, jobs) -> float:
         from engine.serving.token2wav import _deliver
 
         with self.changed:
@@ -398,6 +399,7 @@ class SteppedWorker:
         assert self.steps.acquire(timeout=WAIT_S), "the test never let this batch finish"
         for job in jobs:
             _deliver(job, np.zeros(1, np.float32), None)
+        return 0.0  # no other batch ran inside this one
 
     def running(self, n: int) -> None:
         """Block until the worker is inside its ``n``-th batch."""
@@ -480,6 +482,178 @@ def test_auto_keeps_the_calls_short_only_while_the_engine_says_a_stream_is_short
     assert batches_around_a_first_chunk(tmp_path, None, switched=True, thin=True) == [
         [1], [400], [43], [400], [400]
     ]  # fmt: skip
+
+
+class SeamWorker:
+    """Fake flow and vocoder stages under the worker's real ``_run_batch``: the flow writes each row's token
+    count into one shared output buffer (as a CUDA graph's static output) and returns views of it; a flow
+    call of ``hold_tokens`` rows waits for ``go`` and sleeps ``slow_s``. Records the stages in order."""
+
+    def __init__(self, hold_tokens: int, slow_s: float = 0.0) -> None:
+        import threading
+
+        self.hold_tokens, self.slow_s = hold_tokens, slow_s
+        self.go, self.in_flow = threading.Event(), threading.Event()
+        self.out = torch.zeros(2, 1, 2)
+        self.events: list[str] = []
+        self.vocoded: dict[int, float] = {}
+        self.ran: list[tuple[list[int], float]] = []
+
+    def flow(self, utts, chunks) -> list[torch.Tensor]:
+        import time
+
+        ends = [c.end for c in chunks]
+        self.events.append(f"flow {ends}")
+        if ends[0] == self.hold_tokens:
+            self.in_flow.set()
+            assert self.go.wait(timeout=WAIT_S), "the test never let the flow finish"
+        time.sleep(self.slow_s if ends[0] != self.hold_tokens else 0.0)
+        for i, end in enumerate(ends):
+            self.out[i] = float(end)
+        return [self.out[i : i + 1] for i in range(len(ends))]
+
+    def vocode(self, jobs, mels) -> None:
+        from engine.serving.token2wav import _deliver
+
+        self.events.append(f"vocode {[j.chunk.end for j in jobs]}")
+        for job, mel in zip(jobs, mels):
+            self.vocoded[job.chunk.end] = float(mel.max())
+            _deliver(job, np.zeros(1, np.float32), None)
+
+
+def around_the_seam(tmp_path, yield_to_urgent: bool, slack_s: float = 6.0, slow_s: float = 0.0) -> SeamWorker:
+    """A stream's chunk of 200 tokens with ``slack_s`` of audio buffered in a call; a new stream's first
+    chunk (43 tokens) is queued while that call is in its flow."""
+    from engine.demo.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    clock = [0.0]
+    t2w = Token2Wav(
+        model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), clock=lambda: clock[0],
+        yield_to_urgent=yield_to_urgent,
+    )  # fmt: skip
+    seam = SeamWorker(hold_tokens=200, slow_s=slow_s)
+    t2w._flow, t2w._vocode_rows = seam.flow, seam.vocode  # type: ignore[method-assign]
+    ran = t2w.scheduler.ran
+
+    def timed(jobs, seconds: float) -> None:  # what the worker tells the relaxed rule of each call
+        seam.ran.append(([j.chunk.end for j in jobs], seconds))
+        ran(jobs, seconds)
+
+    t2w.scheduler.ran = timed  # type: ignore[method-assign]
+    features, _ = random_prompt(10, 10)
+
+    async def scenario() -> None:
+        utts = [t2w.utterance(features, s, True) for s in range(2)]
+        buffered = asyncio.ensure_future(t2w.run(utts[0], ChunkJob(200, 0, False), slack_s))
+        await asyncio.to_thread(seam.in_flow.wait, WAIT_S)
+        first = asyncio.ensure_future(t2w.run(utts[1], ChunkJob(43, 0, False)))
+        await asyncio.sleep(0.05)  # queued
+        seam.go.set()
+        await asyncio.gather(first, buffered)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        t2w.close()
+    return seam
+
+
+def test_a_first_chunk_runs_between_the_flow_and_the_vocoder_of_a_call_with_time_to_spare(tmp_path):
+    """The seam: queued while a buffered stream's call is in its flow, the first chunk runs whole (flow
+    and vocoder) before that call's vocoder; without the seam it waits for all of it."""
+    seam, whole = around_the_seam(tmp_path, True), around_the_seam(tmp_path, False)
+    assert seam.events == ["flow [200]", "flow [43]", "vocode [43]", "vocode [200]"]
+    assert whole.events == ["flow [200]", "vocode [200]", "flow [43]", "vocode [43]"]
+
+
+def test_the_seam_stays_shut_for_a_call_whose_rows_are_short_of_time(tmp_path):
+    """Rows with under relaxed_slack_s (2 s) of audio left are not set aside for anyone."""
+    events = around_the_seam(tmp_path, True, slack_s=1.0).events
+    assert events == ["flow [200]", "vocode [200]", "flow [43]", "vocode [43]"]
+
+
+def test_the_rows_set_aside_keep_their_own_mel_and_their_call_its_own_time(tmp_path):
+    """The urgent flow call rewrites the shared output buffer the set-aside row's mel viewed: it keeps its
+    own values (copied at the seam). The set-aside call's measured time leaves out the urgent batch's
+    (the relaxed rule's speed)."""
+    seam = around_the_seam(tmp_path, True, slow_s=0.3)
+    assert seam.vocoded == {43: 43.0, 200: 200.0}
+    (urgent_s,) = [s for ends, s in seam.ran if ends == [43]]
+    (held_s,) = [s for ends, s in seam.ran if ends == [200]]
+    assert urgent_s >= 0.3 > held_s
+
+
+def real_audio_around_the_seam(
+    tmp_path, family: str, yield_to_urgent: bool
+) -> tuple[list[np.ndarray], list[int]]:
+    """The tiny model's real flow and vocoder: a stream's second chunk (6 s of audio buffered) is in its
+    flow call when another stream's first chunk is queued. -> the audio of the three chunks, and the
+    order of the vocoder calls (mel_start of each row: 0 for the first chunks)."""
+    import threading
+    from dataclasses import replace
+
+    from engine.demo.make_model import build_model_dir
+
+    model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), torch.device("cpu"))
+    clock = [0.0]
+    t2w = Token2Wav(
+        model.flow, model.hift, family, model.device, StreamConfig(), clock=lambda: clock[0],
+        yield_to_urgent=yield_to_urgent,
+    )  # fmt: skip
+    flow, in_flow, go = t2w._flow, threading.Event(), threading.Event()
+
+    def held_flow(utts, chunks):  # a later chunk's call waits after its flow until the first chunk is queued
+        mels = flow(utts, chunks)
+        if chunks[0].mel_start > 0:
+            in_flow.set()
+            assert go.wait(timeout=WAIT_S)
+        return mels
+
+    vocode, order = t2w._vocode_rows, []
+
+    def spied_vocoder(jobs, mels):
+        order.extend(j.chunk.mel_start for j in jobs)
+        vocode(jobs, mels)
+
+    t2w._flow, t2w._vocode_rows = held_flow, spied_vocoder  # type: ignore[method-assign]
+    voices = [random_prompt(13, 160, seed=i) for i in range(2)]
+    voices = [(replace(f, family=family), tokens) for f, tokens in voices]
+
+    async def scenario() -> tuple[list[np.ndarray], list[int]]:
+        a, b = (t2w.utterance(f, i, True) for i, (f, _) in enumerate(voices))
+        for utt, (_, tokens) in zip((a, b), voices):
+            utt.tokens.extend(tokens)
+        jobs_a = [a.planner.next_job(160, lm_done=False) for _ in range(2)]
+        job_b = b.planner.next_job(160, lm_done=False)
+        assert None not in jobs_a and job_b is not None
+        first_a = await t2w.run(a, jobs_a[0])
+        second_a = asyncio.ensure_future(t2w.run(a, jobs_a[1], 6.0))
+        await asyncio.to_thread(in_flow.wait, WAIT_S)
+        first_b = asyncio.ensure_future(t2w.run(b, job_b))
+        await asyncio.sleep(0.05)  # queued
+        go.set()
+        return [first_a, *await asyncio.gather(second_a, first_b)], order
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        t2w.close()
+
+
+@pytest.mark.parametrize("family", ["cosyvoice3", "cosyvoice2"])
+def test_the_seam_changes_the_order_of_the_calls_not_the_audio(tmp_path, family):
+    """Exact: the first chunk run at the seam of another stream's call, and that call's vocoder after it,
+    give the audio they give run one after the other."""
+    seam, seam_order = real_audio_around_the_seam(tmp_path / "seam", family, True)
+    whole, whole_order = real_audio_around_the_seam(tmp_path / "whole", family, False)
+    later = whole_order[1]
+    assert later > 0 and seam_order == [0, 0, later] and whole_order == [0, later, 0]
+    for got, want in zip(seam, whole, strict=True):
+        assert got.size > 0
+        np.testing.assert_array_equal(got, want)
 
 
 def test_arrival_order_has_no_relaxed_rule_to_switch():

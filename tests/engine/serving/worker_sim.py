@@ -15,7 +15,9 @@ first chunk) has less than its ``slack_s`` of audio buffered and more to come.
 ``hold_s``: a design the engine does not have, kept to show its trade-off (bench/results/2026-12-03-h200-
 capacity-relaxed-auto-4e04e18): while a stream that has arrived waits for its first chunk and every queued
 chunk has over the relaxed ``slack_s`` to spare, the worker idles (up to ``hold_s``) rather than start a
-call the first chunk would wait behind.
+call the first chunk would wait behind. ``seam``: the engine's yield (EngineConfig.t2w_yield_to_urgent):
+between the flow (``1 - VOCODER_SHARE`` of a call) and the vocoder of a call whose rows all have over the
+relaxed ``slack_s``, a batch with an urgent head queued meanwhile runs whole.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from engine.serving.job_queue import Relaxed, frame_bucket_of, pick_batch
 
 PROMPT_TOKENS = 90
 BUCKET = 100
+# of a call's time, after its flow (the H200 trace's calls that first chunks waited on at 1/s: 78 of 129 ms)
+VOCODER_SHARE = 0.6
 
 
 @dataclass
@@ -102,53 +106,74 @@ class WorkerSim:
         relaxed: Relaxed | None = None,
         auto: bool = False,
         hold_s: float = 0.0,
+        seam: bool = False,
     ) -> Outcome:
-        out = Outcome()
-        pending = {s: self._job(s, fifo) for s in range(len(self.arrivals))}
-        served: set[int] = set()
+        self.out, self.fifo, self.admit = Outcome(), fifo, admit
+        self.pending = {s: self._job(s, fifo) for s in range(len(self.arrivals))}
+        self.served: set[int] = set()
         held_since: float | None = None
-        while pending or self.queue:
-            for s, job in sorted(pending.items()):
-                if job.ready > self.now:
-                    continue
-                del pending[s]
-                if job.k == 0 and not admit():
-                    out.refused += 1
-                    served.add(s)  # never runs: nobody waits for its audio
-                    continue
-                self.live.add(s)
-                self.queue.append(job)
+        while self.pending or self.queue:
+            self._arrive()
             if not self.queue:
-                self.now = min(j.ready for j in pending.values())
+                self.now = min(j.ready for j in self.pending.values())
                 continue
-            if relaxed and hold_s and self._holding(relaxed.slack_s, served):
+            if relaxed and hold_s and self._holding(relaxed.slack_s, self.served):
                 held_since = self.now if held_since is None else held_since
                 if self.now < held_since + hold_s:  # idle until a chunk is ready, the hold ends or one is due
                     least = min(j.deadline for j in self.queue) - relaxed.slack_s
-                    ready = [j.ready for j in pending.values() if j.ready > self.now]
+                    ready = [j.ready for j in self.pending.values() if j.ready > self.now]
                     self.now = min([*ready, held_since + hold_s, max(least, self.now)])
                     continue
             held_since = None
-            slack_s, budget = math.inf, math.inf
-            if relaxed and (not auto or self.thin(relaxed.slack_s, served)):
-                slack_s, budget = relaxed.slack_s, relaxed.budget()
-            batch = pick_batch(self.queue, self.now, 16, BUCKET, math.inf if fifo else 0.3, slack_s, budget)
-            top = frame_bucket_of(max(j.frames for j in batch), BUCKET)
-            call_s = self.base_s + self.per_row_s * len(batch) * top / BUCKET
+            self._call(self._pick(relaxed, auto), relaxed, auto, seam)
+        self.out.end_s = self.now
+        return self.out
+
+    def _arrive(self) -> None:
+        """Queue every chunk whose tokens are ready (a new stream's first: if admitted)."""
+        for s, job in sorted(self.pending.items()):
+            if job.ready > self.now:
+                continue
+            del self.pending[s]
+            if job.k == 0 and not self.admit():
+                self.out.refused += 1
+                self.served.add(s)  # never runs: nobody waits for its audio
+                continue
+            self.live.add(s)
+            self.queue.append(job)
+
+    def _pick(self, relaxed: Relaxed | None, auto: bool) -> list[SimJob]:
+        slack_s, budget = math.inf, math.inf
+        if relaxed and (not auto or self.thin(relaxed.slack_s, self.served)):
+            slack_s, budget = relaxed.slack_s, relaxed.budget()
+        return pick_batch(self.queue, self.now, 16, BUCKET, math.inf if self.fifo else 0.3, slack_s, budget)
+
+    def _call(self, batch: list[SimJob], relaxed: Relaxed | None, auto: bool, seam: bool) -> None:
+        """One call: its flow, then (``seam``, every row with over the relaxed slack) an urgent batch queued
+        meanwhile run whole, then its vocoder; its rows come back at its end."""
+        for job in batch:
+            self.queue.remove(job)
+        top = frame_bucket_of(max(j.frames for j in batch), BUCKET)
+        call_s = self.base_s + self.per_row_s * len(batch) * top / BUCKET
+        if seam and relaxed and all(j.due - self.now > relaxed.slack_s for j in batch):
+            self.now += call_s * (1 - VOCODER_SHARE)
+            self._arrive()
+            urgent = self._pick(relaxed, auto) if self.queue else []
+            if urgent and urgent[0].deadline - self.now <= 0.3:
+                self._call(urgent, relaxed, auto, seam=False)
+            self.now += call_s * VOCODER_SHARE
+        else:
             self.now += call_s
-            if relaxed:
-                relaxed.cost.observe(len(batch), top, call_s)
-            for job in batch:
-                self.queue.remove(job)
-                self._back(job, out)
-                if job.k + 1 < self.lengths[job.stream]:
-                    pending[job.stream] = self._job(job.stream, fifo)
-                else:
-                    self.live.discard(job.stream)
-                    served.add(job.stream)
-                    out.served += 1
-        out.end_s = self.now
-        return out
+        if relaxed:
+            relaxed.cost.observe(len(batch), top, call_s)
+        for job in batch:
+            self._back(job, self.out)
+            if job.k + 1 < self.lengths[job.stream]:
+                self.pending[job.stream] = self._job(job.stream, self.fifo)
+            else:
+                self.live.discard(job.stream)
+                self.served.add(job.stream)
+                self.out.served += 1
 
     def _back(self, job: SimJob, out: Outcome) -> None:
         if job.k == 0:
