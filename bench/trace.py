@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.load import percentile
+from bench.open_loop import OpenLoop
+from engine.config import StreamConfig
 
 Row = dict[str, Any]
 
@@ -46,6 +49,7 @@ class RateSummary:
     first_sent_p50: float | None  # the engine-side time to first audio
     first_sent_p95: float | None
     first_unwaited_p95: float | None  # the p95 had no first chunk waited for the worker (sent - that wait)
+    first_seam_p95: float | None  # the p95 had each waited only for the running call's flow (``seam_sent``)
     first_lm: float | None  # submit -> the first chunk's tokens ready (text work, queue, LM)
     first_wait: float | None  # ready -> taken in a batch
     first_compute: float | None  # taken -> vocoded
@@ -71,7 +75,7 @@ class RateSummary:
             f"  first chunks: sent p50 {f(self.first_sent_p50)} / p95 {f(self.first_sent_p95)} ms = tokens "
             f"ready {f(self.first_lm)} + wait for the worker {f(self.first_wait)} + flow and vocoder "
             f"{f(self.first_compute)} (means); p95 {f(self.first_unwaited_p95)} ms had none waited for "
-            "the worker",
+            f"the worker, {f(self.first_seam_p95)} ms had they waited only for a running flow at its seam",
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -80,14 +84,15 @@ class RateSummary:
         ]
 
 
-def summarise(rows: Sequence[Row]) -> list[RateSummary]:
+def summarise(rows: Sequence[Row], seed: int = 0) -> list[RateSummary]:
+    """Per (mode, arm, rate); ``seed``: the bench's, which placed the requests' arrivals."""
     groups: dict[tuple[str, str, float | None], list[Row]] = {}
     for row in rows:
         groups.setdefault((row["mode"], row.get("system", ""), row.get("rate")), []).append(row)
-    return [_summary(mode, system, rate, group) for (mode, system, rate), group in groups.items()]
+    return [_summary(mode, system, rate, group, seed) for (mode, system, rate), group in groups.items()]
 
 
-def _summary(mode: str, system: str, rate: float | None, rows: list[Row]) -> RateSummary:
+def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: int) -> RateSummary:
     first = [r for r in rows if r["first"]]
     later = [r for r in rows if not r["first"]]
     missed = [r for r in later if r["slack_ms"] < 0]
@@ -104,6 +109,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row]) -> Rat
         first_unwaited_p95=percentile(
             [r["sent_ms"] - w for r in first if (w := _span(r, "ready_ms", "joined_ms")) is not None], 95
         ),
+        first_seam_p95=percentile(seam_sent(rows, seed), 95) if rate else None,
         first_lm=_mean(r["ready_ms"] for r in first),
         first_wait=_mean(_span(r, "ready_ms", "joined_ms") for r in first),
         first_compute=_mean(_span(r, "joined_ms", "vocoded_ms") for r in first),
@@ -122,6 +128,43 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row]) -> Rat
     )
 
 
+SEAM_SLACK_MS = StreamConfig.relaxed_slack_s * 1000.0  # the worker's seam opens for rows with more to spare
+
+
+def on_one_clock(rows: list[Row], seed: int = 0) -> dict[str, list[float]]:
+    """One rate's rows (one arm) on the run's clock: request i was sent at its seeded Poisson arrival
+    (``bench.open_loop``, the bench's ``--seed``), so each stamp is that plus its ms. -> column -> values
+    (ms from the level's start), in the rows' order."""
+    rate, count = rows[0]["rate"], 1 + max(r["request"] for r in rows)
+    sends = OpenLoop(rate, count).arrivals(random.Random(seed))
+    keys = ("ready_ms", "joined_ms", "flow_done_ms", "vocoded_ms", "deadline_ms")
+    return {k: [1000.0 * sends[r["request"]] + r[k] for r in rows] for k in keys}
+
+
+def seam_sent(rows: list[Row], seed: int = 0) -> list[float]:
+    """Each first chunk's sent time (ms after submit) had the worker opened the seam of the call running when
+    its tokens were ready (every row of that call over ``SEAM_SLACK_MS`` of slack at the flow's end, the
+    chunk ready before it): it waits for the rest of that flow, then computes as it did. Chunks that did
+    not wait, or were ready after the flow, keep their times."""
+    clock = on_one_clock(rows, seed)
+    out = []
+    for i, row in enumerate(rows):
+        if not row["first"]:
+            continue
+        ready, waited = clock["ready_ms"][i], row["joined_ms"] - row["ready_ms"]
+        running = [
+            j for j in range(len(rows)) if j != i and clock["joined_ms"][j] <= ready < clock["vocoded_ms"][j]
+        ]
+        seam = min((clock["flow_done_ms"][j] for j in running), default=None)
+        opens = (
+            seam is not None
+            and ready < seam
+            and all(clock["deadline_ms"][j] - seam > SEAM_SLACK_MS for j in running)
+        )
+        out.append(row["sent_ms"] - waited + (seam - ready if opens and seam is not None else waited))
+    return out
+
+
 def read(path: Path) -> list[Row]:
     """The rows of a trace.jsonl, or of its gzipped copy (``.gz``, as results keep it)."""
     text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
@@ -131,8 +174,9 @@ def read(path: Path) -> list[Row]:
 def main(argv: Sequence[str] | None = None) -> list[RateSummary]:
     p = argparse.ArgumentParser(prog="python -m bench.trace", description=__doc__.split("\n\n")[0])
     p.add_argument("trace", type=Path, help="a trace.jsonl written by python -m bench --trace")
+    p.add_argument("--seed", type=int, default=0, help="the bench run's --seed (its arrivals)")
     args = p.parse_args(argv)
-    found = summarise(read(args.trace))
+    found = summarise(read(args.trace), args.seed)
     for summary in found:
         print("\n".join(summary.lines()))
     return found

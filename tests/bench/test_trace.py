@@ -9,7 +9,7 @@ import pytest
 
 from bench.__main__ import main as bench_main
 from bench.load import percentile
-from bench.trace import main, read, summarise
+from bench.trace import main, read, seam_sent, summarise
 
 
 def row(request: int, index: int, ready: float, joined: float, vocoded: float, sent: float, slack: float,
@@ -18,6 +18,7 @@ def row(request: int, index: int, ready: float, joined: float, vocoded: float, s
         "mode": "stream open-loop", "rate": 4.0, "request": request, "index": index, "first": index == 0,
         "ready_ms": ready, "joined_ms": joined, "flow_done_ms": (joined + vocoded) / 2, "vocoded_ms": vocoded,
         "sent_ms": sent, "slack_ms": slack, "batch": batch, "frames": frames, "bucket_frames": bucket,
+        "deadline_ms": sent + slack,
     }  # fmt: skip
 
 
@@ -45,6 +46,35 @@ def test_summary_keeps_the_arms_of_one_run_apart():
     arm = {"system": "cosystream relaxed-cap"}
     rows = [row(0, 0, 100, 110, 150, 151, -51), row(1, 0, 100, 110, 150, 151, -51) | arm]
     assert sorted(s.system for s in summarise(rows)) == ["", "cosystream relaxed-cap"]
+
+
+def seam_rows(first_ready_ms: float, deadline_ms: float) -> list[dict[str, object]]:
+    """On the run's clock (1 request/s, seed 0): request 0's later chunk runs 1000-1130 ms (its flow ends at
+    1050, its audio is due at ``deadline_ms``); request 1's first chunk is ready at ``first_ready_ms``,
+    waits for that call and runs 1130-1175 ms."""
+    import random
+
+    from bench.open_loop import OpenLoop
+
+    sent_1 = 1000.0 * OpenLoop(1.0, 2).arrivals(random.Random(0))[1]
+
+    def on(ms: float, sent: float) -> float:  # the run's clock -> ms after that request's submit
+        return ms - sent
+
+    later = row(0, 1, ready=1000, joined=1000, vocoded=1130, sent=1130, slack=deadline_ms - 1130) | {
+        "rate": 1.0, "flow_done_ms": 1050.0
+    }  # fmt: skip
+    first = row(1, 0, on(first_ready_ms, sent_1), on(1130, sent_1), on(1175, sent_1), on(1176, sent_1), 0)
+    return [later, first | {"rate": 1.0, "flow_done_ms": on(1160, sent_1)}]
+
+
+def test_the_seam_replay_lets_a_first_chunk_wait_only_for_the_running_flow_when_the_call_can_spare_it():
+    (sent,) = seam_sent(seam_rows(first_ready_ms=1020, deadline_ms=5000))
+    (as_run,) = [r["sent_ms"] for r in seam_rows(1020, 5000) if r["first"]]
+    assert sent == pytest.approx(as_run - 80)  # waited 110 ms (1020 -> 1130); at the seam 30 (-> 1050)
+    (shut,) = seam_sent(seam_rows(first_ready_ms=1020, deadline_ms=2500))  # 1.45 s to spare at the seam
+    (late,) = seam_sent(seam_rows(first_ready_ms=1060, deadline_ms=5000))  # ready after the flow
+    assert shut == pytest.approx(as_run) and late == pytest.approx(as_run)  # as run: sent at 1176 ms
 
 
 def test_a_gzipped_trace_reads_like_the_plain_one(tmp_path):
