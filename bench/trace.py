@@ -50,6 +50,8 @@ class RateSummary:
     first_sent_p95: float | None
     first_unwaited_p95: float | None  # the p95 had no first chunk waited for the worker (sent - that wait)
     first_seam_p95: float | None  # the p95 had each waited only for the running call's flow (``seam_sent``)
+    first_waited: int  # first chunks that waited for the worker over 1 ms
+    first_behind_spare: int  # of them, ready while it ran a call of rows with seconds to spare
     first_lm: float | None  # submit -> the first chunk's tokens ready (text work, queue, LM)
     first_wait: float | None  # ready -> taken in a batch
     first_compute: float | None  # taken -> vocoded
@@ -76,6 +78,8 @@ class RateSummary:
             f"ready {f(self.first_lm)} + wait for the worker {f(self.first_wait)} + flow and vocoder "
             f"{f(self.first_compute)} (means); p95 {f(self.first_unwaited_p95)} ms had none waited for "
             f"the worker, {f(self.first_seam_p95)} ms had they waited only for a running flow at its seam",
+            f"  first chunks that waited for the worker: {self.first_waited}, {self.first_behind_spare} of "
+            f"them behind a call of rows with over {SEAM_SLACK_MS / 1000:.0f} s to spare",
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -96,6 +100,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
     first = [r for r in rows if r["first"]]
     later = [r for r in rows if not r["first"]]
     missed = [r for r in later if r["slack_ms"] < 0]
+    waited, spare = behind_spare(rows, seed) if rate else (0, 0)
     bucket = sum(r["bucket_frames"] for r in rows)
     padding = sum(r["bucket_frames"] - r["frames"] for r in rows)
     return RateSummary(
@@ -110,6 +115,8 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
             [r["sent_ms"] - w for r in first if (w := _span(r, "ready_ms", "joined_ms")) is not None], 95
         ),
         first_seam_p95=percentile(seam_sent(rows, seed), 95) if rate else None,
+        first_waited=waited,
+        first_behind_spare=spare,
         first_lm=_mean(r["ready_ms"] for r in first),
         first_wait=_mean(_span(r, "ready_ms", "joined_ms") for r in first),
         first_compute=_mean(_span(r, "joined_ms", "vocoded_ms") for r in first),
@@ -141,6 +148,28 @@ def on_one_clock(rows: list[Row], seed: int = 0) -> dict[str, list[float]]:
     return {k: [1000.0 * sends[r["request"]] + r[k] for r in rows] for k in keys}
 
 
+def _running(clock: dict[str, list[float]], i: int) -> list[int]:
+    """The rows (indices) of the calls running when row ``i``'s tokens were ready."""
+    ready = clock["ready_ms"][i]
+    stamps = zip(clock["joined_ms"], clock["vocoded_ms"], strict=True)
+    return [j for j, (start, end) in enumerate(stamps) if j != i and start <= ready < end]
+
+
+def behind_spare(rows: list[Row], seed: int = 0) -> tuple[int, int]:
+    """(first chunks that waited for the worker, those of them whose tokens were ready while it ran a call
+    of rows that all had over ``SEAM_SLACK_MS`` to spare then): how much of the wait is for audio nobody
+    needed yet."""
+    clock = on_one_clock(rows, seed)
+    waited = [i for i, r in enumerate(rows) if r["first"] and r["joined_ms"] - r["ready_ms"] > 1.0]
+    spare = [
+        i
+        for i in waited
+        if (running := _running(clock, i))
+        and all(clock["deadline_ms"][j] - clock["ready_ms"][i] > SEAM_SLACK_MS for j in running)
+    ]
+    return len(waited), len(spare)
+
+
 def seam_sent(rows: list[Row], seed: int = 0) -> list[float]:
     """Each first chunk's sent time (ms after submit) had the worker opened the seam of the call running when
     its tokens were ready (every row of that call over ``SEAM_SLACK_MS`` of slack at the flow's end, the
@@ -152,9 +181,7 @@ def seam_sent(rows: list[Row], seed: int = 0) -> list[float]:
         if not row["first"]:
             continue
         ready, waited = clock["ready_ms"][i], row["joined_ms"] - row["ready_ms"]
-        running = [
-            j for j in range(len(rows)) if j != i and clock["joined_ms"][j] <= ready < clock["vocoded_ms"][j]
-        ]
+        running = _running(clock, i)
         seam = min((clock["flow_done_ms"][j] for j in running), default=None)
         opens = (
             seam is not None

@@ -9,7 +9,7 @@ import pytest
 
 from bench.__main__ import main as bench_main
 from bench.load import percentile
-from bench.trace import main, read, seam_sent, summarise
+from bench.trace import behind_spare, main, read, seam_sent, summarise
 
 
 def row(request: int, index: int, ready: float, joined: float, vocoded: float, sent: float, slack: float,
@@ -75,6 +75,11 @@ def test_the_seam_replay_lets_a_first_chunk_wait_only_for_the_running_flow_when_
     (shut,) = seam_sent(seam_rows(first_ready_ms=1020, deadline_ms=2500))  # 1.45 s to spare at the seam
     (late,) = seam_sent(seam_rows(first_ready_ms=1060, deadline_ms=5000))  # ready after the flow
     assert shut == pytest.approx(as_run) and late == pytest.approx(as_run)  # as run: sent at 1176 ms
+
+
+def test_a_first_chunk_behind_a_call_of_rows_with_seconds_to_spare_is_counted_as_such():
+    assert behind_spare(seam_rows(first_ready_ms=1020, deadline_ms=5000)) == (1, 1)
+    assert behind_spare(seam_rows(first_ready_ms=1020, deadline_ms=2500)) == (1, 0)  # 1.48 s to spare
 
 
 def test_a_gzipped_trace_reads_like_the_plain_one(tmp_path):
