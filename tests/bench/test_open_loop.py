@@ -179,6 +179,15 @@ def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
     assert "--ab" in capsys.readouterr().err
 
 
+def ab_arms(tmp_path, ab: str) -> list[str]:
+    """One rate (2/s, two tiny v3 requests an arm) of ``--ab ab`` in process: the levels' arms, in order."""
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
+    argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
+    paths = main([*argv, "--ab", ab, "--warmup", "0", "--out", str(tmp_path / "out")])
+    return [lv["system"] for lv in json.loads(paths["json"].read_text())["levels"]]
+
+
 def test_ab_burst_start_switches_the_fast_start_rule_the_engine_reads_per_request(tmp_path, monkeypatch):
     from engine.serving.engine import TTSEngine
 
@@ -190,12 +199,7 @@ def test_ab_burst_start_switches_the_fast_start_rule_the_engine_reads_per_reques
         return rule(engine)
 
     monkeypatch.setattr(TTSEngine, "_splits_first_chunk", splits)
-    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
-    argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
-    paths = main([*argv, "--ab", "burst-start", "--warmup", "0", "--out", str(tmp_path / "out")])
-    levels = json.loads(paths["json"].read_text())["levels"]
-    assert [lv["system"] for lv in levels] == ["cosystream", "cosystream burst-start"]
+    assert ab_arms(tmp_path, "burst-start") == ["cosystream", "cosystream burst-start"]
     # the engine's warm-up request first (the configured rule, the default), then two requests an arm, each
     # reading the rule as switched: A by requests computing, B by recent starts
     assert seen[-4:] == [None, None, 0.5, 0.5] and set(seen[:-4]) <= {0.5}
@@ -305,10 +309,5 @@ def test_ab_yield_switches_the_seam_of_the_engines_token2wav_worker(tmp_path, mo
         return urgent(scheduler, running)
 
     monkeypatch.setattr(ChunkScheduler, "urgent_batch", spy)
-    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
-    argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
-    paths = main([*argv, "--ab", "yield", "--warmup", "0", "--out", str(tmp_path / "out")])
-    levels = json.loads(paths["json"].read_text())["levels"]
-    assert [lv["system"] for lv in levels] == ["cosystream", "cosystream yield"]
+    assert ab_arms(tmp_path, "yield") == ["cosystream", "cosystream yield"]
     assert False in seen and seen[-1] is True  # A ran its calls, then B (the engine's default again)
