@@ -587,17 +587,25 @@ def test_the_rows_set_aside_keep_their_own_mel_and_their_call_its_own_time(tmp_p
 
 
 def real_audio_around_the_seam(
-    tmp_path, family: str, yield_to_urgent: bool
+    tmp_path, family: str, yield_to_urgent: bool, monkeypatch=None
 ) -> tuple[list[np.ndarray], list[int]]:
     """The tiny model's real flow and vocoder: a stream's second chunk (6 s of audio buffered) is in its
     flow call when another stream's first chunk is queued. -> the audio of the three chunks, and the
-    order of the vocoder calls (mel_start of each row: 0 for the first chunks)."""
+    order of the vocoder calls (mel_start of each row: 0 for the first chunks). With ``monkeypatch``:
+    through the CUDA-graph solver and its page pool, capture emulated."""
     import threading
     from dataclasses import replace
 
     from engine.demo.make_model import build_model_dir
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), torch.device("cpu"))
+    if monkeypatch is not None:
+        from engine.flow.graphs import GraphedCFM
+        from tests.engine.test_graph_cache import emulate_capture
+
+        emulate_capture(monkeypatch)
+        model.flow.decoder = graphed = GraphedCFM(model.flow.decoder)  # type: ignore[assignment]
+        assert graphed.enable_reuse(2**30, 800, model.device) > 0
     clock = [0.0]
     t2w = Token2Wav(
         model.flow, model.hift, family, model.device, StreamConfig(), clock=lambda: clock[0],
@@ -653,6 +661,17 @@ def test_the_seam_changes_the_order_of_the_calls_not_the_audio(tmp_path, family)
     assert later > 0 and seam_order == [0, 0, later] and whole_order == [0, later, 0]
     for got, want in zip(seam, whole, strict=True):
         assert got.size > 0
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_seam_through_the_graphed_solver_keeps_each_rows_mel(tmp_path, monkeypatch):
+    """Through the CUDA-graph solver and its page pool (capture emulated): the urgent call at the seam
+    takes pages and replays graphs between the set-aside row's flow and its vocoder; the same audio. (That
+    a set-aside mel survives a replay into a shared output buffer: the SeamWorker test above.)"""
+    seam, order = real_audio_around_the_seam(tmp_path / "seam", "cosyvoice3", True, monkeypatch)
+    whole, _ = real_audio_around_the_seam(tmp_path / "whole", "cosyvoice3", False, monkeypatch)
+    assert order[:2] == [0, 0]  # the first chunk ran at the seam
+    for got, want in zip(seam, whole, strict=True):
         np.testing.assert_array_equal(got, want)
 
 
