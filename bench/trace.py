@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -100,7 +101,8 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
     first = [r for r in rows if r["first"]]
     later = [r for r in rows if not r["first"]]
     missed = [r for r in later if r["slack_ms"] < 0]
-    waited, spare = behind_spare(rows, seed) if rate else (0, 0)
+    clock = on_one_clock(rows, seed) if rate else None  # the replays below need the run's clock
+    waited, spare = behind_spare(rows, clock) if clock else (0, 0)
     bucket = sum(r["bucket_frames"] for r in rows)
     padding = sum(r["bucket_frames"] - r["frames"] for r in rows)
     return RateSummary(
@@ -114,7 +116,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         first_unwaited_p95=percentile(
             [r["sent_ms"] - w for r in first if (w := _span(r, "ready_ms", "joined_ms")) is not None], 95
         ),
-        first_seam_p95=percentile(seam_sent(rows, seed), 95) if rate else None,
+        first_seam_p95=percentile(seam_sent(rows, clock), 95) if clock else None,
         first_waited=waited,
         first_behind_spare=spare,
         first_lm=_mean(r["ready_ms"] for r in first),
@@ -155,11 +157,10 @@ def _running(clock: dict[str, list[float]], i: int) -> list[int]:
     return [j for j, (start, end) in enumerate(stamps) if j != i and start <= ready < end]
 
 
-def behind_spare(rows: list[Row], seed: int = 0) -> tuple[int, int]:
+def behind_spare(rows: list[Row], clock: dict[str, list[float]]) -> tuple[int, int]:
     """(first chunks that waited for the worker, those of them whose tokens were ready while it ran a call
     of rows that all had over ``SEAM_SLACK_MS`` to spare then): how much of the wait is for audio nobody
-    needed yet."""
-    clock = on_one_clock(rows, seed)
+    needed yet. ``clock``: the rows on the run's clock (``on_one_clock``)."""
     waited = [i for i, r in enumerate(rows) if r["first"] and r["joined_ms"] - r["ready_ms"] > 1.0]
     spare = [
         i
@@ -170,25 +171,21 @@ def behind_spare(rows: list[Row], seed: int = 0) -> tuple[int, int]:
     return len(waited), len(spare)
 
 
-def seam_sent(rows: list[Row], seed: int = 0) -> list[float]:
+def seam_sent(rows: list[Row], clock: dict[str, list[float]]) -> list[float]:
     """Each first chunk's sent time (ms after submit) had the worker opened the seam of the call running when
     its tokens were ready (every row of that call over ``SEAM_SLACK_MS`` of slack at the flow's end, the
     chunk ready before it): it waits for the rest of that flow, then computes as it did. Chunks that did
-    not wait, or were ready after the flow, keep their times."""
-    clock = on_one_clock(rows, seed)
+    not wait, or were ready after the flow, keep their times. ``clock``: as for ``behind_spare``."""
     out = []
     for i, row in enumerate(rows):
         if not row["first"]:
             continue
         ready, waited = clock["ready_ms"][i], row["joined_ms"] - row["ready_ms"]
         running = _running(clock, i)
-        seam = min((clock["flow_done_ms"][j] for j in running), default=None)
-        opens = (
-            seam is not None
-            and ready < seam
-            and all(clock["deadline_ms"][j] - seam > SEAM_SLACK_MS for j in running)
-        )
-        out.append(row["sent_ms"] - waited + (seam - ready if opens and seam is not None else waited))
+        seam = min((clock["flow_done_ms"][j] for j in running), default=math.inf)
+        spare = all(clock["deadline_ms"][j] - seam > SEAM_SLACK_MS for j in running)
+        opens = ready < seam < math.inf and spare
+        out.append(row["sent_ms"] - waited + (seam - ready if opens else waited))
     return out
 
 

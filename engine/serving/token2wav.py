@@ -122,7 +122,6 @@ class ChunkScheduler:
         self.clock, self.fifo, self.thin = clock, batching.fifo, thin
         # the seam between a call's flow and its vocoder is open to urgent batches (never in arrival order)
         self.yield_to_urgent = batching.yield_to_urgent and not batching.fifo
-        self.relaxed_s = batching.relaxed_s
         urgent_s = math.inf if batching.fifo else batching.urgent_s
         # the rule learns the worker's speed whether or not it caps calls (``relaxed_cap`` switches it)
         self.relaxed: Relaxed | None = None
@@ -163,12 +162,12 @@ class ChunkScheduler:
 
     def urgent_batch(self, running: list[_Job]) -> list[_Job] | None:
         """Between the flow and the vocoder of ``running`` (a batch from ``next_batch``): the next batch if
-        its head is urgent and every row of ``running`` has over ``relaxed_s`` of slack, taken and stamped
-        like ``next_batch``'s (maybe empty, when its requests went away); else None."""
-        if not self.yield_to_urgent or not running:
+        its head is urgent and every row of ``running`` has over the relaxed rule's slack, taken and
+        stamped like ``next_batch``'s (maybe empty, when its requests went away); else None."""
+        if not self.yield_to_urgent or self.relaxed is None or not running:
             return None
         now = self.clock()
-        if any(j.times.due - now <= self.relaxed_s for j in running):
+        if any(j.times.due - now <= self.relaxed.slack_s for j in running):
             return None
         jobs = self._queue.take_urgent()
         return None if jobs is None else self._taken(jobs)

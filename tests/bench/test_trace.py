@@ -9,7 +9,7 @@ import pytest
 
 from bench.__main__ import main as bench_main
 from bench.load import percentile
-from bench.trace import behind_spare, main, read, seam_sent, summarise
+from bench.trace import behind_spare, main, on_one_clock, read, seam_sent, summarise
 
 
 def row(request: int, index: int, ready: float, joined: float, vocoded: float, sent: float, slack: float,
@@ -68,18 +68,22 @@ def seam_rows(first_ready_ms: float, deadline_ms: float) -> list[dict[str, objec
     return [later, first | {"rate": 1.0, "flow_done_ms": on(1160, sent_1)}]
 
 
+def on_clock(rows: list[dict[str, object]]) -> tuple[list[dict[str, object]], dict[str, list[float]]]:
+    return rows, on_one_clock(rows)  # type: ignore[arg-type]
+
+
 def test_the_seam_replay_lets_a_first_chunk_wait_only_for_the_running_flow_when_the_call_can_spare_it():
-    (sent,) = seam_sent(seam_rows(first_ready_ms=1020, deadline_ms=5000))
+    (sent,) = seam_sent(*on_clock(seam_rows(first_ready_ms=1020, deadline_ms=5000)))
     (as_run,) = [r["sent_ms"] for r in seam_rows(1020, 5000) if r["first"]]
     assert sent == pytest.approx(as_run - 80)  # waited 110 ms (1020 -> 1130); at the seam 30 (-> 1050)
-    (shut,) = seam_sent(seam_rows(first_ready_ms=1020, deadline_ms=2500))  # 1.45 s to spare at the seam
-    (late,) = seam_sent(seam_rows(first_ready_ms=1060, deadline_ms=5000))  # ready after the flow
+    (shut,) = seam_sent(*on_clock(seam_rows(first_ready_ms=1020, deadline_ms=2500)))  # 1.45 s to spare
+    (late,) = seam_sent(*on_clock(seam_rows(first_ready_ms=1060, deadline_ms=5000)))  # ready after the flow
     assert shut == pytest.approx(as_run) and late == pytest.approx(as_run)  # as run: sent at 1176 ms
 
 
 def test_a_first_chunk_behind_a_call_of_rows_with_seconds_to_spare_is_counted_as_such():
-    assert behind_spare(seam_rows(first_ready_ms=1020, deadline_ms=5000)) == (1, 1)
-    assert behind_spare(seam_rows(first_ready_ms=1020, deadline_ms=2500)) == (1, 0)  # 1.48 s to spare
+    assert behind_spare(*on_clock(seam_rows(first_ready_ms=1020, deadline_ms=5000))) == (1, 1)
+    assert behind_spare(*on_clock(seam_rows(first_ready_ms=1020, deadline_ms=2500))) == (1, 0)  # 1.48 s
 
 
 def test_a_gzipped_trace_reads_like_the_plain_one(tmp_path):

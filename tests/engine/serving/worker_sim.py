@@ -31,6 +31,7 @@ from engine.serving.job_queue import Relaxed, frame_bucket_of, pick_batch
 
 PROMPT_TOKENS = 90
 BUCKET = 100
+URGENT_S = 0.3  # the worker's urgent slack (StreamConfig.urgent_slack_s)
 # of a call's time, after its flow (the H200 trace's calls that first chunks waited on at 1/s: 78 of 129 ms)
 VOCODER_SHARE = 0.6
 
@@ -146,7 +147,8 @@ class WorkerSim:
         slack_s, budget = math.inf, math.inf
         if relaxed and (not auto or self.thin(relaxed.slack_s, self.served)):
             slack_s, budget = relaxed.slack_s, relaxed.budget()
-        return pick_batch(self.queue, self.now, 16, BUCKET, math.inf if self.fifo else 0.3, slack_s, budget)
+        urgent_s = math.inf if self.fifo else URGENT_S
+        return pick_batch(self.queue, self.now, 16, BUCKET, urgent_s, slack_s, budget)
 
     def _call(self, batch: list[SimJob], relaxed: Relaxed | None, auto: bool, seam: bool) -> None:
         """One call: its flow, then (``seam``, every row with over the relaxed slack) an urgent batch queued
@@ -159,7 +161,7 @@ class WorkerSim:
             self.now += call_s * (1 - VOCODER_SHARE)
             self._arrive()
             urgent = self._pick(relaxed, auto) if self.queue else []
-            if urgent and urgent[0].deadline - self.now <= 0.3:
+            if urgent and urgent[0].deadline - self.now <= URGENT_S:
                 self._call(urgent, relaxed, auto, seam=False)
             self.now += call_s * VOCODER_SHARE
         else:
