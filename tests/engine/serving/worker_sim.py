@@ -27,11 +27,12 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.config import StreamConfig
 from engine.serving.job_queue import Relaxed, frame_bucket_of, pick_batch
 
 PROMPT_TOKENS = 90
 BUCKET = 100
-URGENT_S = 0.3  # the worker's urgent slack (StreamConfig.urgent_slack_s)
+URGENT_S = StreamConfig().urgent_slack_s  # s: a chunk this close to its deadline is urgent, as in the engine
 # of a call's time, after its flow (the H200 trace's calls that first chunks waited on at 1/s: 78 of 129 ms)
 VOCODER_SHARE = 0.6
 
