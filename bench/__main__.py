@@ -4,10 +4,15 @@
         --baseline --out bench-results/v3 --hardware "1x NVIDIA H200"
     python -m bench --random-tiny v2 --concurrency 1,2 --tokens 60 --out /tmp/bench   # CPU smoke run
     python -m bench --url http://127.0.0.1:7860 --concurrency 1,4 --out /tmp/http     # a running server
-    python -m bench --random-full v3 --arrivals poisson --rate 1,2,4 --duration-s 60 --concurrency 64 \
+    python -m bench --random-full v3 --arrivals poisson --rate 1,2,4 --arrival-s 60 --concurrency 64 \
         --modes stream --out bench-results/v3-open     # open loop: Poisson arrivals, 64 engine slots
-    python -m bench --random-full v3 --arrivals poisson --find-capacity --rate 1,2,3,4,6,8 --concurrency 96 \
+    python -m bench --random-full v3 --arrivals poisson --find-capacity --rate 2,3,4,5,6 --concurrency 96 \
         --modes stream --trace --out bench-results/v3-capacity   # the highest rate within the SLO
+
+An open-loop rate is 120 s of arrivals (--arrival-s; rate x 120 requests) run once per arrival seed (--seeds,
+default 0,1), its TTFA reported whole and per 30-s window of arrivals (--window-s): flat windows are a
+steady state, rising ones a queue still building. A capacity search counts a rate met only when every seed
+meets the SLO.
 
 Random-weight model directories are built once into ``<cache-dir>/bench/<family>-<size>`` and reused.
 """
@@ -72,6 +77,16 @@ def rate_list(text: str) -> list[float]:
     return values
 
 
+def seed_list(text: str) -> list[int]:
+    try:
+        values = list(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))  # as given, once each
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"seeds are integers >= 0, got {text!r}")
+    return values
+
+
 def mode_list(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -102,7 +117,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--concurrency is then the engine's slot count)",
     )  # fmt: skip
     p.add_argument("--rate", type=rate_list, default=[1.0], help="open loop: requests per second, e.g. 1,2,4")
-    p.add_argument("--duration-s", type=float, default=60.0, help="open loop: seconds of arrivals per rate")
+    p.add_argument(
+        "--arrival-s", "--duration-s", dest="arrival_s", type=float, default=120.0,
+        help="open loop: seconds of arrivals per rate and seed (rate x this many requests; long enough for "
+        "the active streams to build up to their steady state)",
+    )  # fmt: skip
+    p.add_argument(
+        "--window-s", type=float, default=30.0,
+        help="open loop: TTFA p50/p95 and active streams per this many seconds of arrivals, beside the whole",
+    )  # fmt: skip
+    p.add_argument(
+        "--seeds", type=seed_list, default=[0, 1],
+        help="open loop: each rate once per arrival seed (its arrivals and lengths; request i: seed + i), "
+        "e.g. 0,1; a capacity search counts a rate met only when every seed meets the SLO",
+    )  # fmt: skip
+    p.add_argument(
+        "--warmup-arrival-s", type=float, default=None, metavar="S",
+        help="open loop: S s of arrivals at the first rate before measuring, not measured (default: 20 "
+        "with --ab, so neither arm runs on a colder engine; 0 without)",
+    )  # fmt: skip
     p.add_argument(
         "--length-spread", type=float, default=0.5,
         help="open loop: lengths uniform in [tokens x (1 - s), tokens x (1 + s)]",
@@ -112,6 +145,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="open loop: run the --rate values upwards, stop after the first that misses the SLO (a failed "
         "request, a stream that ran dry, TTFA p95 over --slo-ttfa-ms); results.json records every rate tried "
         "and the capacity",
+    )  # fmt: skip
+    p.add_argument(
+        "--all-rates", action="store_true",
+        help="--find-capacity: measure every --rate, not stopping at the first miss (a fixed list in one "
+        "load, e.g. 2,3,4,5); the capacity is still the highest rate met below the first miss",
     )  # fmt: skip
     p.add_argument("--slo-ttfa-ms", type=float, default=300.0, help="--find-capacity: the TTFA p95 SLO (ms)")
     p.add_argument(
@@ -143,7 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--hardware", default="", help="hardware line for the report (default: this host's CPU)")
     p.add_argument("--api-key", default=None, help="bearer key for --url")
-    p.add_argument("--seed", type=int, default=0, help="request i uses seed + i")
+    p.add_argument("--seed", type=int, default=0, help="closed loop: request i uses seed + i")
     p.add_argument(
         "--flow-dtype",
         default=EngineConfig.flow_dtype,
@@ -270,6 +308,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--overload-admit-s: guards within [0, 10] s")
     if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
         p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
+    if args.all_rates and not args.find_capacity:
+        p.error("--all-rates measures a capacity search's every rate: add --find-capacity")
+    if args.arrival_s <= 0 or args.window_s <= 0:
+        p.error(f"--arrival-s and --window-s must be > 0 s, got {args.arrival_s} and {args.window_s}")
+    if args.warmup_arrival_s is None:
+        args.warmup_arrival_s = 20.0 if args.ab else 0.0
+    if args.warmup_arrival_s < 0:
+        p.error(f"--warmup-arrival-s must be >= 0 s, got {args.warmup_arrival_s}")
     if not 0 <= args.length_spread < 1 or args.tokens * (1 + args.length_spread) > 3000:
         p.error("--length-spread must be within [0, 1) and keep the longest request at most 3000 tokens")
     return args
@@ -404,8 +450,8 @@ def mode_levels(args: argparse.Namespace, mode: str, levels: Sequence[int]) -> S
 
 
 async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> list[Level]:
-    """Every mode x rate (x arm), open loop; ``--requests`` raises a level's arrivals above rate x
-    duration."""
+    """Every mode x rate x seed (x arm), open loop, after a warm-up load; ``--requests`` raises a level's
+    arrivals above rate x ``--arrival-s``."""
     prompt = prompt_audio()
     out: list[Level] = []
     if args.trace:  # this run's traces only
@@ -423,26 +469,54 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
         workload = Workload(tokens=args.tokens, stream=mode == "stream")
         if args.warmup:
             await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
-        missed: set[str] = set()  # arms whose search has stopped
-        by_arm: dict[str, list[Level]] = {}
-        for i, rate in enumerate(args.rate):
-            for arm in arms_at(args, i):
-                if arm in missed:
-                    continue
-                level = await open_level(target, workload, args, rate, prompt, arm)
-                by_arm.setdefault(arm, []).append(level)
-                keep(level)
-                misses = slo(args).misses(level) if args.find_capacity else []
-                if misses:  # the rates above cost more time and would miss too
-                    log.info("%s at %.2f requests/s misses the SLO (%s): its search stops here",
-                             level.system, rate, "; ".join(misses))  # fmt: skip
-                    missed.add(arm)
-            if missed >= set(arms_at(args, 0)):
-                break
+        await warmup_load(target, workload, args, prompt)
+        by_arm = await search(target, workload, args, prompt, keep)
         if args.overload:
             for level in await overload_levels(target, workload, args, prompt, by_arm):
                 keep(level)
     return out
+
+
+async def warmup_load(target: Target, workload: Workload, args: argparse.Namespace, prompt: Any) -> None:
+    """``--warmup-arrival-s`` of arrivals at the first rate, not measured: the first measured run (either
+    arm of an A/B) then meets an engine as warm as the ones after it."""
+    if not args.warmup_arrival_s:
+        return
+    from bench.open_loop import OpenLoop, run_open_level
+
+    rate = args.rate[0]
+    load = OpenLoop(rate, max(1, round(rate * args.warmup_arrival_s)), args.length_spread)
+    log.info("warm-up load: %d arrivals at %.2f requests/s (not measured)", load.requests, rate)
+    await run_open_level(target, workload, load, prompt, 10**6, args.window_s)
+
+
+async def search(
+    target: Target, workload: Workload, args: argparse.Namespace, prompt: Any, keep: Callable[[Level], None]
+) -> dict[str, list[Level]]:
+    """The rates upwards, each once per seed and arm; with --find-capacity an arm stops after the first
+    rate any seed of it missed (every seed of that rate still runs), unless --all-rates."""
+    missed: set[str] = set()  # arms whose search has stopped
+    by_arm: dict[str, list[Level]] = {}
+    turn = 0  # which arm goes first alternates per (rate, seed)
+    for rate in args.rate:
+        missing: set[str] = set()
+        for seed in args.seeds:
+            for arm in arms_at(args, turn):
+                if arm in missed:
+                    continue
+                level = await open_level(target, workload, args, rate, prompt, arm, seed)
+                by_arm.setdefault(arm, []).append(level)
+                keep(level)
+                if misses := slo(args).misses(level) if args.find_capacity else []:
+                    log.info("%s at %.2f requests/s, seed %d misses the SLO (%s)",
+                             level.system, rate, seed, "; ".join(misses))  # fmt: skip
+                    missing.add(arm)
+            turn += 1
+        if not args.all_rates:  # the rates above cost more time and would miss too
+            missed |= missing
+        if missed >= set(arms_at(args, 0)):
+            break
+    return by_arm
 
 
 OVERLOAD = " overload"  # the system suffix of --overload's levels: they are not rates of the search
@@ -479,7 +553,8 @@ async def overload_levels(
     out = []
     for guard in [None, *args.overload_admit_s]:
         engine.admission.slack_guard_s = guard
-        level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
+        load = open_load(args, rate)
+        level = await run_open_level(target, workload, load, prompt, args.seeds[0], args.window_s)
         suffix = OVERLOAD + ("" if guard is None else f" admit {guard:g} s")
         level = dataclasses.replace(level, system=level.system + arm + suffix)
         log.info("%s, %.2f requests/s, %d refused", _line(level), rate, level.refused)
@@ -519,8 +594,9 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
 
 
 def arms_at(args: argparse.Namespace, i: int) -> list[str]:
-    """The arms of rate ``i`` as suffixes of the system's name: one (the engine as configured), or with
-    ``--ab`` both, which first alternating by rate (a slow drift of the machine then falls on both)."""
+    """The arms of run ``i`` (a rate and seed) as suffixes of the system's name: one (the engine as
+    configured), or with ``--ab`` both, which first alternating by run (a slow drift of the machine, a warmer
+    engine, then falls on both arms alike)."""
     if not args.ab:
         return [""]
     arms = ["", f" {args.ab}"]
@@ -528,25 +604,34 @@ def arms_at(args: argparse.Namespace, i: int) -> list[str]:
 
 
 async def open_level(
-    target: Target, workload: Workload, args: argparse.Namespace, rate: float, prompt: Any, arm: str
+    target: Target,
+    workload: Workload,
+    args: argparse.Namespace,
+    rate: float,
+    prompt: Any,
+    arm: str,
+    seed: int,
 ) -> Level:
-    """One rate of one arm; the arm's name follows the system's (``cosystream relaxed-cap``)."""
+    """One rate and seed of one arm; the arm's name follows the system's (``cosystream relaxed-cap``)."""
     from bench.open_loop import run_open_level
 
     if args.ab:
         AB_SWITCHES[args.ab](target.engine, bool(arm))  # type: ignore[attr-defined]
-    level = await run_open_level(target, workload, open_load(args, rate), prompt, args.seed)
+    level = await run_open_level(target, workload, open_load(args, rate), prompt, seed, args.window_s)
     level = dataclasses.replace(level, system=level.system + arm)
-    log.info("%s, %.2f requests/s, active streams mean %.1f", _line(level), rate, level.active_mean)
+    p95s = " ".join("-" if w.ttfa_p95_ms is None else f"{w.ttfa_p95_ms:.0f}" for w in level.windows)
+    log.info("%s, %.2f requests/s, seed %d, active streams mean %.1f, TTFA p95 by %g s of arrivals: %s",
+             _line(level), rate, seed, level.active_mean, args.window_s, p95s)  # fmt: skip
     return level
 
 
 def open_load(args: argparse.Namespace, rate: float) -> Any:
-    """One rate's arrivals: rate x duration, at least ``--requests`` (and ``--min-requests`` in a search)."""
+    """One rate's arrivals: rate x ``--arrival-s``, at least ``--requests`` (and ``--min-requests`` in a
+    search)."""
     from bench.open_loop import OpenLoop
 
     least = max(args.requests, args.min_requests if args.find_capacity else 1)
-    return OpenLoop(rate, max(least, round(rate * args.duration_s)), args.length_spread)
+    return OpenLoop(rate, max(least, round(rate * args.arrival_s)), args.length_spread)
 
 
 def slo(args: argparse.Namespace) -> Any:
@@ -637,11 +722,28 @@ def meta(args: argparse.Namespace, argv: Sequence[str], info: dict[str, Any]) ->
         "tokens": args.tokens,
         "arrivals": args.arrivals,
         "length_spread": args.length_spread,
+        **open_meta(args),
         "text_stream_wps": args.text_stream,
         "git": git_commit(),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
     }
+
+
+def open_meta(args: argparse.Namespace) -> dict[str, Any]:
+    """Open loop: how each rate was measured (its arrivals' span, the windows, the seeds, the warm-up load)
+    and, per rate, the requests of one seed's run; the levels carry the rest and run in this order."""
+    if args.arrivals != "poisson":
+        return {}
+    warm = args.warmup_arrival_s
+    requests = {f"{rate:g}": open_load(args, rate).requests for rate in args.rate}
+    return {
+        "open_loop": {
+            "arrival_s": args.arrival_s, "window_s": args.window_s, "seeds": args.seeds, "rates": args.rate,
+            "requests": requests, "ab": args.ab, "all_rates": args.all_rates,
+            "warmup": {"rate": args.rate[0], "arrival_s": warm, "requests": round(args.rate[0] * warm)},
+        }
+    }  # fmt: skip
 
 
 def untraced(level: dict[str, Any]) -> dict[str, Any]:
@@ -657,7 +759,7 @@ def write_trace(path: Path, level: Level) -> None:
         for r in level.per_request:
             for row in r.trace:
                 head = {
-                    "mode": level.mode, "system": level.system, "rate": level.rate,
+                    "mode": level.mode, "system": level.system, "rate": level.rate, "seed": level.seed,
                     "concurrency": level.concurrency,
                 }  # fmt: skip
                 f.write(json.dumps(head | {"request": r.index} | row) + "\n")
@@ -678,7 +780,9 @@ def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, An
 
     return {
         "capacity": {
-            key(m, sys): capacity([lv for lv in searched if (lv.mode, lv.system) == (m, sys)], slo(args))
+            key(m, sys): capacity(
+                [lv for lv in searched if (lv.mode, lv.system) == (m, sys)], slo(args), args.all_rates
+            )
             for m, sys in runs
         }
     } | overload_meta(args, levels)
@@ -699,6 +803,12 @@ def overload_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, An
         for lv in runs
     ]  # fmt: skip
     return {"overload": {"factor": args.overload, "runs": rows}}
+
+
+def run_order(levels: list[Level]) -> dict[str, Any]:
+    """Open loop: the levels' (rate, seed, arm) in the order they ran (an A/B alternates the first arm)."""
+    runs = [{"rate": lv.rate, "seed": lv.seed, "system": lv.system} for lv in levels if lv.rate is not None]
+    return {"order": runs} if runs else {}
 
 
 def host_hardware() -> str:
@@ -737,7 +847,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Path]:
 
     def save(levels: list[Level], info: dict[str, Any], complete: bool = False) -> dict[str, Path]:
         result = {
-            "meta": meta(args, argv, info) | {"complete": complete} | capacity_meta(args, levels),
+            "meta": meta(args, argv, info)
+            | {"complete": complete}
+            | capacity_meta(args, levels)
+            | run_order(levels),
             "levels": [untraced(asdict(lv)) for lv in levels],
         }
         return write_report(result, args.out, with_plot=complete)

@@ -353,6 +353,23 @@ class HttpTarget:
 
 
 @dataclass(frozen=True)
+class Window:
+    """One stretch of an open-loop level's arrivals (``bench.open_loop.windows``): the requests sent in
+    [start_s, end_s) after the level's start, their TTFA (ms; None when none succeeded) and how many streams
+    were active over it (time-weighted mean). A steady state shows flat windows; a queue that builds up,
+    rising ones."""
+
+    start_s: float
+    end_s: float
+    requests: int
+    failed: int
+    underrun_requests: int
+    ttfa_p50_ms: float | None
+    ttfa_p95_ms: float | None
+    active_mean: float
+
+
+@dataclass(frozen=True)
 class Level:
     """One (system, mode, concurrency) run: its distributions and totals; JSON-ready via ``asdict``."""
 
@@ -383,6 +400,9 @@ class Level:
     active_mean: float | None = None
     active_max: int | None = None
     refused: int = 0  # of ``failed``: refused by the server's admission (Busy / 429), never started
+    seed: int | None = None  # open loop: the seed of the arrivals and lengths (request i: seed + i)
+    arrival_s: float | None = None  # open loop: the arrivals' nominal span, requests / rate (s)
+    windows: list[Window] = field(default_factory=list)  # open loop: TTFA per stretch of arrivals
 
 
 async def one_request(target: Target, req: SynthesisRequest, index: int) -> RequestResult:

@@ -40,8 +40,9 @@ def _row(level: Result) -> list[str]:
 
 
 OPEN_COLUMNS = (
-    "rate /s", "requests", "failed", "active mean", "active max", "TTFA p50 ms", "TTFA p95 ms",
+    "rate /s", "seed", "requests", "failed", "active mean", "active max", "TTFA p50 ms", "TTFA p95 ms",
     "TTFA p99 ms", "RTF p50", "queue p95 ms", "underrun streams", "underrun s", "audio s/s",
+    "TTFA p50/p95 ms per window", "active mean per window",
 )  # fmt: skip
 
 
@@ -52,12 +53,16 @@ def is_open(levels: list[Result]) -> bool:
 
 def _open_row(level: Result) -> list[str]:
     t, r, q = level["ttfa_ms"], level["rtf"], level["queue_wait_ms"]
+    windows = level.get("windows") or []  # absent in results before the windows
+    seed = level.get("seed")
     return [
-        _num(level["rate"], 2), str(level["requests"]), str(level["failed"]),
-        _num(level["active_mean"], 1), str(level["active_max"]),
+        _num(level["rate"], 2), "-" if seed is None else str(seed), str(level["requests"]),
+        str(level["failed"]), _num(level["active_mean"], 1), str(level["active_max"]),
         _num(t["p50"], 0), _num(t["p95"], 0), _num(t["p99"], 0), _num(r["p50"], 3), _num(q["p95"], 0),
         f"{level['underrun_requests']}/{level['requests'] - level['failed']}",
         _num(level["underrun_s"], 2), _num(level["audio_s_per_s"], 2),
+        " · ".join(f"{_num(w['ttfa_p50_ms'], 0)}/{_num(w['ttfa_p95_ms'], 0)}" for w in windows) or "-",
+        " · ".join(_num(w["active_mean"], 1) for w in windows) or "-",
     ]  # fmt: skip
 
 
@@ -74,10 +79,10 @@ def groups(result: Result) -> dict[tuple[str, str], list[Result]]:
     return {k: sorted(v, key=_order) for k, v in out.items()}
 
 
-def _order(level: Result) -> float:
-    """Closed loop by concurrency, open loop by rate."""
+def _order(level: Result) -> tuple[float, int]:
+    """Closed loop by concurrency, open loop by rate, then arrival seed."""
     rate = level.get("rate")
-    return float(level["concurrency"] if rate is None else rate)
+    return float(level["concurrency"] if rate is None else rate), level.get("seed") or 0
 
 
 def realtime_streams(levels: list[Result]) -> int:
@@ -96,9 +101,14 @@ def ttfa_part_rows(levels: list[Result]) -> list[list[str]]:
         parts = lv.get("ttfa_parts_ms_mean") or {}
         if parts:
             values = list(parts.values())
-            label = str(lv["concurrency"]) if lv.get("rate") is None else _num(lv["rate"], 2)
+            label = str(lv["concurrency"]) if lv.get("rate") is None else _open_label(lv)
             rows.append([label, *(_num(v, 0) for v in values), _num(sum(values), 0)])
     return rows
+
+
+def _open_label(level: Result) -> str:
+    seed = level.get("seed")
+    return _num(level["rate"], 2) + ("" if seed is None else f" (seed {seed})")
 
 
 def ratio_rows(result: Result) -> list[list[str]]:
@@ -134,7 +144,7 @@ def capacity_lines(found: dict[str, Any]) -> list[str]:
     for mode, rec in sorted(found.items()):
         rate = rec["capacity_rate"]
         tried = ", ".join(
-            f"{r['rate']:g} {'met' if r['met'] else 'missed (' + '; '.join(r['misses']) + ')'}"
+            f"{r['rate']:g} {'met' if r['met'] else 'missed (' + '; '.join(r['misses']) + ')'}{_seeds(r)}"
             for r in rec["rates"]
         )
         held = "none of the rates tried" if rate is None else f"**{rate:g} requests/s**"
@@ -143,6 +153,14 @@ def capacity_lines(found: dict[str, Any]) -> list[str]:
             f"{held}; rates tried: {tried}"
         )
     return lines
+
+
+def _seeds(row: Result) -> str:
+    """A rate's TTFA p95 per arrival seed, e.g. `` [p95 212 ms seed 0, 240 ms seed 1]``."""
+    seeds = row.get("seeds") or []  # absent in results before the seeds
+    if not seeds:
+        return ""
+    return " [p95 " + ", ".join(f"{_num(s['ttfa_p95_ms'], 0)} ms seed {s['seed']}" for s in seeds) + "]"
 
 
 def overload_lines(found: dict[str, Any]) -> list[str]:
@@ -179,6 +197,15 @@ def markdown(result: Result) -> str:
             f"- open loop: Poisson arrivals; lengths uniform in [{meta['tokens'] * (1 - spread):.0f}, "
             f"{meta['tokens'] * (1 + spread):.0f}] speech tokens; active streams = requests sent and not "
             "yet fully received (time-weighted mean, max)"
+        )
+    if run := meta.get("open_loop"):
+        warm, seeds = run["warmup"], ", ".join(map(str, run["seeds"]))
+        parts.append(
+            f"- each rate: {run['arrival_s']:g} s of arrivals per seed (seeds {seeds}; a rate is met only "
+            f"when every seed meets the SLO), TTFA and active streams per {run['window_s']:g} s of arrivals "
+            f"(a steady state shows flat windows); warm-up before measuring: {warm['arrival_s']:g} s of "
+            f"arrivals at {warm['rate']:g} requests/s"
+            + ("; the A/B's first arm alternates per rate and seed" if run.get("ab") else "")
         )
     parts += capacity_lines(meta.get("capacity", {}))
     parts += overload_lines(meta.get("overload", {}))
@@ -260,8 +287,9 @@ def plot_open(result: Result, path: Path) -> bool:
     if not opened:
         return False
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for n, ((system, mode), levels) in enumerate(opened.items()):
+    for n, ((system, mode, seed), levels) in enumerate(by_seed(opened).items()):
         rates = [lv["rate"] for lv in levels]
+        mode = mode if seed is None else f"{mode} seed {seed}"
         for pct, style in (("p50", "-o"), ("p95", "--s"), ("p99", ":^")):
             ys = [float("nan") if lv["ttfa_ms"][pct] is None else lv["ttfa_ms"][pct] for lv in levels]
             left.plot(rates, ys, style, color=f"C{n}", label=f"{system} {mode} {pct}")
@@ -280,6 +308,15 @@ def plot_open(result: Result, path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def by_seed(groups: dict[tuple[str, str], list[Result]]) -> dict[tuple[str, str, int | None], list[Result]]:
+    """Open-loop groups split by arrival seed: one line per seed in a plot, not a zigzag between them."""
+    out: dict[tuple[str, str, int | None], list[Result]] = {}
+    for (system, mode), levels in groups.items():
+        for lv in levels:
+            out.setdefault((system, mode, lv.get("seed")), []).append(lv)
+    return out
 
 
 def write_report(result: Result, out: str | Path, with_plot: bool = True) -> dict[str, Path]:

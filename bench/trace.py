@@ -66,6 +66,7 @@ class RateSummary:
     flow: float | None
     vocoder: float | None
     hand_off: float | None  # vocoded -> sent
+    seed: int = 0  # the arrivals' seed (the bench runs each rate once per seed)
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -73,7 +74,8 @@ class RateSummary:
 
         missed = 100.0 * self.later_missed / self.later if self.later else 0.0
         return [
-            f"{self.mode}{f' [{self.system}]' if self.system else ''} at {self.rate} requests/s: "
+            f"{self.mode}{f' [{self.system}]' if self.system else ''} at {self.rate} requests/s, seed "
+            f"{self.seed}: "
             f"{self.requests} requests, {self.chunks} chunks",
             f"  first chunks: sent p50 {f(self.first_sent_p50)} / p95 {f(self.first_sent_p95)} ms = tokens "
             f"ready {f(self.first_lm)} + wait for the worker {f(self.first_wait)} + flow and vocoder "
@@ -90,11 +92,13 @@ class RateSummary:
 
 
 def summarise(rows: Sequence[Row], seed: int = 0) -> list[RateSummary]:
-    """Per (mode, arm, rate); ``seed``: the bench's, which placed the requests' arrivals."""
-    groups: dict[tuple[str, str, float | None], list[Row]] = {}
+    """Per (mode, arm, rate, arrival seed); ``seed``: the bench's, which placed the requests' arrivals, for
+    rows that do not name their own (traces before the seeds were recorded)."""
+    groups: dict[tuple[str, str, float | None, int], list[Row]] = {}
     for row in rows:
-        groups.setdefault((row["mode"], row.get("system", ""), row.get("rate")), []).append(row)
-    return [_summary(mode, system, rate, group, seed) for (mode, system, rate), group in groups.items()]
+        key = (row["mode"], row.get("system", ""), row.get("rate"), row.get("seed", seed))
+        groups.setdefault(key, []).append(row)
+    return [_summary(m, system, rate, group, s) for (m, system, rate, s), group in groups.items()]
 
 
 def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: int) -> RateSummary:
@@ -109,6 +113,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         mode=mode,
         system=system,
         rate=rate,
+        seed=seed,
         requests=len({r["request"] for r in rows}),
         chunks=len(rows),
         first_sent_p50=percentile([r["sent_ms"] for r in first], 50),

@@ -25,24 +25,38 @@
 #                                                 and 16 streams (PROFILE_AT=LEVELS, or empty: none) ->
 #                                                 $OUT/FAMILY_ARM/ (ARM names the arm: after, or before with
 #                                                 flags that turn the optimisations off)
-#   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity search (Poisson arrivals, 10 s
-#                                                 +-50 % requests, RATES=1,2,3,4,6,8 upwards until one misses
-#                                                 0 failed / 0 underrun / TTFA p95 <= 300 ms, REQUESTS=100 per
-#                                                 rate, chunk traces) of token2wav calls of buffered chunks
-#                                                 never kept short (before: --t2w-relaxed-cap off) against the
-#                                                 defaults (after: auto). ARMS=ab (default): both arms in one load,
-#                                                 each rate twice (--ab AB: yield, the default: urgent
+#   bench/gpu/run.sh capacity FAMILY [BENCH FLAGS]         H200: the open-loop capacity in a steady state (Poisson
+#                                                 arrivals, 10 s +-50 % requests, chunk traces): each of
+#                                                 RATES=2,3,4 (upwards; the search stops after the first rate
+#                                                 that misses 0 failed / 0 underrun / TTFA p95 <= 300 ms;
+#                                                 ALL_RATES=1: every rate whatever) for ARRIVAL_S=120 s of
+#                                                 arrivals (rate x 120 requests, REQUESTS=100 at least), once
+#                                                 per arrival seed of SEEDS=0,1 (a rate is met only when both
+#                                                 seeds meet the SLO), TTFA p50/p95 and active streams per 30 s
+#                                                 of arrivals beside the whole, after WARMUP_S=20 s of arrivals
+#                                                 at the first rate, not measured. A rate takes 2 seeds x
+#                                                 (120 s + ~15 s drain) = ~270 s per arm, ~540 s with both;
+#                                                 the load before it ~280 s warm, ~450 s cold: detach it.
+#                                                 ARMS=after: one arm, today's defaults (the steady-state
+#                                                 figures) -> $OUT/FAMILY_capacity_after/; ARMS=ab (default):
+#                                                 an A/B in one load (--ab AB: yield, the default: urgent
 #                                                 batches between a relaxed call's flow and vocoder;
 #                                                 relaxed-cap: the relaxed rule never against auto;
-#                                                 burst-start: the fast start by recent starts), one call
-#                                                 -> $OUT/FAMILY_capacity_ab-AB/; ARMS=before or
-#                                                 after: one arm a load and a call (each load waits for every
-#                                                 background graph, ~170 s warm, before it measures) ->
-#                                                 $OUT/FAMILY_capacity_ARM/ results.json + trace.jsonl.gz + .log;
-#                                                 ADMIT=S adds admission by SLO (--admit-slack-s S) to the
-#                                                 arms but before; BENCH FLAGS --overload 2 --overload-admit-s
-#                                                 0.5,1.5: after the search, twice the capacity found without
-#                                                 and with each admission guard, in the same load
+#                                                 burst-start: the fast start by recent starts), each rate and
+#                                                 seed with both arms, which goes first alternating (results
+#                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/; ARMS=before:
+#                                                 token2wav calls of buffered chunks never kept short
+#                                                 (--t2w-relaxed-cap off), a load of its own; each gives
+#                                                 results.json + trace.jsonl.gz + .log. ADMIT=S adds admission
+#                                                 by SLO (--admit-slack-s S) to the arms but before; BENCH
+#                                                 FLAGS --overload 2 --overload-admit-s 0.5,1.5: after the
+#                                                 search, twice the capacity found without and with each
+#                                                 admission guard, in the same load. What fits one detach
+#                                                 (DETACH_LIMIT_S 1500): ARMS=after with 3 rates (~810 s + the
+#                                                 load), or an A/B of one rate (~540 s + the load):
+#                                                   ARMS=after ALL_RATES=1 RATES=2,3,4 bash bench/gpu/run.sh detach capacity v3
+#                                                   ARMS=ab AB=yield RATES=3 bash bench/gpu/run.sh detach capacity v3
+#                                                   bash bench/gpu/run.sh collect   (later calls, until it exits 0)
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as
 #                                                 it is (mask), SDPA's cuDNN kernel (cudnn), and the rule
@@ -324,17 +338,29 @@ step_speed() {  # FAMILY ARM [BENCH FLAGS]: 4 files come back (results.json, the
     "${profile[@]}" "$@"
 }
 
+DRAIN_S=15  # after a level's last arrival, until its last stream ends: a 15-s request at RTF ~0.5 at worst
+
 step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in one call, each its own load
   [ $# -ge 1 ] || die "usage: run.sh capacity FAMILY [BENCH FLAGS]"
-  local fam=$1 arm limit arms t0=$SECONDS
+  local fam=$1 arm limit arms rates seeds t0=$SECONDS
   shift
   family_dir "$fam" > /dev/null
   IFS=, read -r -a arms <<< "${ARMS:-ab}"
   for arm in "${arms[@]}"; do
     case "$arm" in ab | before | after) ;; *) die "ARMS: ab, or before and/or after, got '$arm'" ;; esac
   done
+  IFS=, read -r -a rates <<< "${RATES:-2,3,4}"
+  IFS=, read -r -a seeds <<< "${SEEDS:-0,1}"
   environment
   [ ${#arms[@]} -eq 1 ] || echo "note: two arms rarely fit one call (each waits ~280 s for its graphs)"
+  # what measuring takes at most (the search may stop early), the loads not counted: a level is ARRIVAL_S of
+  # arrivals and a drain, each rate runs once per seed (and per arm with ab), after one warm-up load
+  local per_arm=$(( ${#rates[@]} * ${#seeds[@]} * (${ARRIVAL_S:-120} + DRAIN_S) )) runs=0
+  for arm in "${arms[@]}"; do runs=$((runs + $([ "$arm" = ab ] && echo 2 || echo 1))); done
+  local total=$(( runs * per_arm + ${#arms[@]} * (${WARMUP_S:-20} + DRAIN_S) ))
+  echo "capacity: up to ${total} s of measuring (${#rates[@]} rates x ${#seeds[@]} seeds x (${ARRIVAL_S:-120} s" \
+    "+ ${DRAIN_S} s drain) x ${runs} arm runs, + warm-up), plus each arm's load (~280 s warm, ~450 s cold)"
+  [ "$total" -lt "$LIMIT_S" ] || echo "note: that passes LIMIT_S=$LIMIT_S: the last rates may be cut (detach it)"
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
     [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-yield}
@@ -343,21 +369,23 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
       before) flags=(--t2w-relaxed-cap off) ;;
     esac
     [ "$arm" = before ] || [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
+    [ "${ALL_RATES:-0}" = 0 ] || flags+=(--all-rates)
     if [ "$arm" = "${arms[0]}" ] && [ ${#arms[@]} -gt 1 ]; then
       limit=$((LIMIT_S / 2))
     else
       limit=$((LIMIT_S - (SECONDS - t0)))
     fi
     timeout "$limit" python3 -m bench --random-full "$fam" --cache-dir "$CACHE" --device cuda --backend vllm \
-      --modes stream --arrivals poisson --find-capacity --rate "${RATES:-1,2,3,4,6,8}" \
-      --min-requests "${REQUESTS:-100}" --duration-s 1 --concurrency 96 --tokens 250 --trace \
-      --hardware "$HARDWARE" "${flags[@]}" "$@" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 && rc=0 || rc=$?
+      --modes stream --arrivals poisson --find-capacity --rate "${RATES:-2,3,4}" --seeds "${SEEDS:-0,1}" \
+      --arrival-s "${ARRIVAL_S:-120}" --min-requests "${REQUESTS:-100}" --warmup-arrival-s "${WARMUP_S:-20}" \
+      --concurrency 96 --tokens 250 --trace --hardware "$HARDWARE" "${flags[@]}" "$@" --out "$OUT/$name" \
+      > "$OUT/$name.log" 2>&1 && rc=0 || rc=$?
     echo "$name rc=$rc $(date +%T)"
-    grep -E "requests/s|captured|Error" "$OUT/$name.log" | cut -c1-220 | tail -8 || true
+    grep -E "requests/s|captured|Error" "$OUT/$name.log" | cut -c1-300 | tail -8 || true
     rm -f "$OUT/$name/results.png" "$OUT/$name/results.md" "$OUT/$name/results_open.png"
     if [ -f "$OUT/$name/trace.jsonl" ]; then
       python3 -m bench.trace "$OUT/$name/trace.jsonl" | tee -a "$OUT/$name.log"
-      gzip -f "$OUT/$name/trace.jsonl"  # ~0.5 kB a chunk: 100 requests x 8 levels pass a returned file's 16 MiB
+      gzip -f "$OUT/$name/trace.jsonl"  # ~0.5 kB a chunk: 3 rates x 2 seeds x 120 s pass a returned 16 MiB
     fi
   done
 }

@@ -180,6 +180,58 @@ def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypa
         assert done.returncode == 2 and "vLLM is not installed" in done.stderr
 
 
+def fake_device(checkout: Path, monkeypatch) -> Path:
+    """vLLM marked installed and a ``python3`` on PATH that logs each call's arguments (one line a call) to
+    the returned file: what a step would run, without running it."""
+    site, bin_dir, calls = checkout.parent / "site", checkout.parent / "bin", checkout.parent / "calls.txt"
+    site.mkdir(exist_ok=True)
+    (site / ".vllm-done").write_text("")
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (bin_dir / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def bench_calls(calls: Path) -> list[list[str]]:
+    return [line.split() for line in calls.read_text().splitlines() if line.startswith("-m bench ")]
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_capacity_measures_each_rate_in_a_steady_state_with_two_seeds(checkout: Path, monkeypatch) -> None:
+    """The recipe's defaults: 120 s of arrivals a rate (100 requests at least), seeds 0 and 1, a 20-s warm-up
+    load; ARMS=after is one arm of today's defaults; ALL_RATES=1 measures every rate; the step says how long
+    measuring takes (2 seeds x (120 s + drain) a rate and arm) and when that passes its limit."""
+    calls = fake_device(checkout, monkeypatch)
+    monkeypatch.setenv("ARMS", "after")
+    monkeypatch.setenv("ALL_RATES", "1")
+    done = run_sh(checkout, "capacity", "v3")
+    assert done.returncode == 0, done.stderr
+    (argv,) = bench_calls(calls)
+    assert flag(argv, "--rate") == "2,3,4" and flag(argv, "--seeds") == "0,1"
+    assert flag(argv, "--arrival-s") == "120" and flag(argv, "--min-requests") == "100"
+    assert flag(argv, "--warmup-arrival-s") == "20" and "--find-capacity" in argv and "--all-rates" in argv
+    assert "--ab" not in argv and "--t2w-relaxed-cap" not in argv  # today's defaults
+    assert flag(argv, "--out").endswith("/v3_capacity_after")
+    # 3 rates x 2 seeds x (120 + 15) s, + the warm-up's 20 + 15 s: past the 540 s a call allows
+    assert "up to 845 s of measuring" in done.stdout and "passes LIMIT_S=540" in done.stdout
+    calls.unlink()
+    monkeypatch.delenv("ALL_RATES")
+    monkeypatch.setenv("ARMS", "ab")
+    monkeypatch.setenv("RATES", "3")
+    monkeypatch.setenv("LIMIT_S", "1500")  # a detached step's
+    done = run_sh(checkout, "capacity", "v3")
+    assert done.returncode == 0, done.stderr
+    (argv,) = bench_calls(calls)
+    assert flag(argv, "--ab") == "yield" and flag(argv, "--rate") == "3" and "--all-rates" not in argv
+    assert flag(argv, "--out").endswith("/v3_capacity_ab-yield")
+    # one rate x 2 seeds x 2 arms fits a detached step beside its load
+    assert "up to 575 s of measuring" in done.stdout and "passes LIMIT_S" not in done.stdout
+
+
 def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
     monkeypatch.setenv("ARMS", "sliced,mps,priority")
     done = run_sh(checkout, "overlap", "v2")

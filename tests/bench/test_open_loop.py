@@ -3,15 +3,17 @@ on the tiny v3 model (the demo-tiny kind)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
+import types
 
 import pytest
 
 from bench.__main__ import main
-from bench.load import Level
-from bench.open_loop import OpenLoop, Slo, active_streams, capacity
+from bench.load import Level, RequestResult, Workload, prompt_audio
+from bench.open_loop import OpenLoop, Slo, active_streams, capacity, run_open_level, windows
 
 
 def test_arrivals_are_a_poisson_process_at_the_rate():
@@ -49,18 +51,31 @@ def test_bad_open_loop_settings_are_refused():
 
 
 def test_cli_open_loop_on_the_tiny_v3_model_reports_ttfa_underruns_and_active_streams(tmp_path):
+    """Each rate once per arrival seed (0 and 1 by default), rate x --arrival-s requests, TTFA per window of
+    arrivals beside the whole; results.json says how the rates were measured and in which order."""
     out = tmp_path / "out"
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--rate", "2,4", "--duration-s", "2", "--tokens", "40"]
-    paths = main([*argv, "--modes", "stream", "--warmup", "0", "--out", str(out)])
+    argv += ["--arrivals", "poisson", "--rate", "2,4", "--arrival-s", "1", "--window-s", "0.5"]
+    paths = main([*argv, "--tokens", "40", "--modes", "stream", "--warmup", "0", "--out", str(out)])
     result = json.loads(paths["json"].read_text())
-    assert result["meta"]["arrivals"] == "poisson" and result["meta"]["complete"] is True
+    meta = result["meta"]
+    assert meta["arrivals"] == "poisson" and meta["complete"] is True
+    run = meta["open_loop"]
+    assert (run["arrival_s"], run["window_s"], run["seeds"], run["rates"]) == (1.0, 0.5, [0, 1], [2.0, 4.0])
+    assert run["requests"] == {"2": 2, "4": 4} and run["warmup"]["arrival_s"] == 0.0  # no A/B: no warm-up
     levels = result["levels"]
-    assert [(lv["mode"], lv["rate"], lv["requests"]) for lv in levels] == [
-        ("stream open-loop", 2.0, 4),
-        ("stream open-loop", 4.0, 8),
+    runs = [(lv["mode"], lv["rate"], lv["seed"], lv["requests"]) for lv in levels]
+    assert runs == [
+        ("stream open-loop", 2.0, 0, 2),
+        ("stream open-loop", 2.0, 1, 2),
+        ("stream open-loop", 4.0, 0, 4),
+        ("stream open-loop", 4.0, 1, 4),
     ]
+    assert meta["order"] == [{"rate": r, "seed": s, "system": "cosystream"} for _, r, s, _ in runs]
     for lv in levels:
+        assert lv["arrival_s"] == pytest.approx(1.0) and len(lv["windows"]) == 2
+        assert sum(w["requests"] for w in lv["windows"]) == lv["requests"]
+        assert [w["start_s"] for w in lv["windows"]] == [0.0, 0.5]
         assert lv["failed"] == 0 and lv["concurrency"] == lv["active_max"] >= 1
         assert 0 < lv["active_mean"] <= lv["active_max"]
         t = lv["ttfa_ms"]
@@ -68,16 +83,17 @@ def test_cli_open_loop_on_the_tiny_v3_model_reports_ttfa_underruns_and_active_st
         lengths = {round(r["audio_s"] * 25) for r in lv["per_request"]}  # 20-60 tokens, v3 may thin silence
         assert max(lengths) <= 60 and len(lengths) > 1
     md = paths["markdown"].read_text()
-    assert "## cosystream · stream open-loop" in md and "| 4.00 | 8 | 0 |" in md and "Poisson" in md
+    assert "## cosystream · stream open-loop" in md and "| 4.00 | 1 | 4 | 0 |" in md and "Poisson" in md
+    assert "TTFA p50/p95 ms per window" in md and "seeds 0, 1" in md
     assert paths["open_plot"].read_bytes()[:4] == b"\x89PNG" and "plot" not in paths
 
 
-def level_at(rate: float, p95: float, failed: int = 0, underran: int = 0) -> Level:
+def level_at(rate: float, p95: float, failed: int = 0, underran: int = 0, seed: int | None = None) -> Level:
     """An open-loop level with only what the SLO reads set."""
     ttfa = {"mean": p95, "p50": p95, "p95": p95, "p99": p95, "max": p95}
     return Level(
         "cosystream", "stream open-loop", 8, 100, failed, 1.0, 1.0, 1.0, ttfa, {}, {}, underran, underran,
-        0.0, None, 0.0, {}, {}, [], [], rate=rate,
+        0.0, None, 0.0, {}, {}, [], [], rate=rate, seed=seed,
     )  # fmt: skip
 
 
@@ -110,7 +126,17 @@ def test_capacity_is_the_highest_rate_met_before_the_first_miss():
 def test_cli_capacity_search_stops_at_the_first_rate_that_misses_the_slo(tmp_path):
     out = tmp_path / "out"
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
+    argv += [
+        "--arrivals",
+        "poisson",
+        "--find-capacity",
+        "--rate",
+        "2,4",
+        "--duration-s",
+        "0.5",
+        "--seeds",
+        "0",
+    ]
     argv += ["--min-requests", "3", "--slo-ttfa-ms", "0.001", "--tokens", "40", "--modes", "stream"]
     paths = main([*argv, "--warmup", "0", "--out", str(out)])
     result = json.loads(paths["json"].read_text())
@@ -134,11 +160,33 @@ def test_ab_relaxed_cap_runs_both_arms_per_rate_in_one_load_alternating_the_orde
 
     monkeypatch.setattr(ChunkScheduler, "relaxed_cap", property(rule.fget, switch))
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
+    argv += [
+        "--arrivals",
+        "poisson",
+        "--find-capacity",
+        "--rate",
+        "2,4",
+        "--duration-s",
+        "0.5",
+        "--seeds",
+        "0",
+    ]
     # offline: one chunk a request, so no underrun on a slow machine stops an arm's search (and no TTFA
     # misses a 1e9 ms SLO): the test is about the switching, not the speed
     argv += ["--min-requests", "3", "--slo-ttfa-ms", "1e9", "--tokens", "40", "--modes", "offline"]
-    paths = main([*argv, "--ab", "relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
+    paths = main(
+        [
+            *argv,
+            "--ab",
+            "relaxed-cap",
+            "--warmup",
+            "0",
+            "--warmup-arrival-s",
+            "0",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     result = json.loads(paths["json"].read_text())
     arms = [(lv["rate"], lv["system"]) for lv in result["levels"]]
     relaxed = "cosystream relaxed-cap"
@@ -153,9 +201,31 @@ def test_ab_relaxed_cap_runs_both_arms_per_rate_in_one_load_alternating_the_orde
 
 def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2,4", "--duration-s", "0.5"]
+    argv += [
+        "--arrivals",
+        "poisson",
+        "--find-capacity",
+        "--rate",
+        "2,4",
+        "--duration-s",
+        "0.5",
+        "--seeds",
+        "0",
+    ]
     argv += ["--min-requests", "2", "--slo-ttfa-ms", "0.001", "--tokens", "30", "--modes", "stream"]
-    paths = main([*argv, "--ab", "relaxed-cap", "--warmup", "0", "--out", str(tmp_path / "out")])
+    paths = main(
+        [
+            *argv,
+            "--ab",
+            "relaxed-cap",
+            "--warmup",
+            "0",
+            "--warmup-arrival-s",
+            "0",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     levels = json.loads(paths["json"].read_text())["levels"]
     arms = [(lv["rate"], lv["system"]) for lv in levels]
     assert arms == [(2.0, "cosystream"), (2.0, "cosystream relaxed-cap")]
@@ -182,9 +252,11 @@ def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
 def ab_arms(tmp_path, ab: str) -> list[str]:
     """One rate (2/s, two tiny v3 requests an arm) of ``--ab ab`` in process: the levels' arms, in order."""
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5", "--seeds", "0"]
     argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
-    paths = main([*argv, "--ab", ab, "--warmup", "0", "--out", str(tmp_path / "out")])
+    paths = main(
+        [*argv, "--ab", ab, "--warmup", "0", "--warmup-arrival-s", "0", "--out", str(tmp_path / "out")]
+    )
     return [lv["system"] for lv in json.loads(paths["json"].read_text())["levels"]]
 
 
@@ -237,7 +309,7 @@ def test_overload_runs_past_capacity_without_then_with_each_admission_guard(tmp_
 
     monkeypatch.setattr(Admission, "overloaded", watch)
     argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
-    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5", "--seeds", "0"]
     argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
     argv += ["--overload", "1.5", "--overload-admit-s", "0.5,2"]
     paths = main([*argv, "--warmup", "0", "--out", str(tmp_path / "out")])
@@ -311,3 +383,178 @@ def test_ab_yield_switches_the_seam_of_the_engines_token2wav_worker(tmp_path, mo
     monkeypatch.setattr(ChunkScheduler, "urgent_batch", spy)
     assert ab_arms(tmp_path, "yield") == ["cosystream", "cosystream yield"]
     assert False in seen and seen[-1] is True  # A ran its calls, then B (the engine's default again)
+
+
+# ---------------------------------------------------------------- the steady state: windows, seeds, order
+
+
+def sent_at(
+    times: list[float], ttfa_ms: list[float], total_ms: float = 2000.0
+) -> list[tuple[float, RequestResult]]:
+    """(send s, result) pairs of streams that each lasted ``total_ms``."""
+    return [
+        (t, RequestResult(i, None, 0.0, ttfa, 0.1, 1.0, total_ms, 2, 0, 0.0))
+        for i, (t, ttfa) in enumerate(zip(times, ttfa_ms, strict=True))
+    ]
+
+
+def test_windows_of_a_steady_load_are_flat_and_of_a_drifting_one_rise():
+    times = [float(i) for i in range(40)]  # one a second for 40 s, each stream 2 s long
+    steady = windows(sent_at(times, [100.0] * 40), span_s=40.0, window_s=10.0)
+    assert [(w.start_s, w.end_s, w.requests) for w in steady] == [
+        (0, 10, 10),
+        (10, 20, 10),
+        (20, 30, 10),
+        (30, 40, 10),
+    ]
+    assert {(w.ttfa_p50_ms, w.ttfa_p95_ms) for w in steady} == {(100.0, 100.0)}
+    # two streams in flight once the first has run 1 s; the first window starts empty
+    assert [w.active_mean for w in steady] == pytest.approx([1.9, 2.0, 2.0, 2.0])
+    drifting = windows(sent_at(times, [100.0 + 10 * i for i in range(40)]), span_s=40.0, window_s=10.0)
+    p95 = [w.ttfa_p95_ms for w in drifting]
+    assert p95 == sorted(p95) and len(set(p95)) == 4 and p95[-1] - p95[0] == pytest.approx(300.0)
+
+
+def test_windows_fit_the_nominal_span_and_the_last_takes_the_stragglers():
+    sent = sent_at([0.0, 5.0, 12.0, 41.5], [100.0, 200.0, 300.0, 400.0])
+    failed = (3.0, RequestResult(9, "Busy: full", None, None, None, 0.0, 0.0, 0, 0, 0.0))
+    underran = (31.0, RequestResult(8, None, 0.0, 50.0, 0.3, 1.0, 2000.0, 3, 1, 0.2))
+    found = windows([*sent, failed, underran], span_s=40.0, window_s=15.0)  # 40 / 15 -> 3 windows
+    assert [(w.start_s, w.end_s, w.requests) for w in found] == [(0, 15, 4), (15, 30, 0), (30, 41.5, 2)]
+    assert (found[0].failed, found[0].ttfa_p50_ms) == (1, 200.0)  # a failed request has no TTFA
+    assert found[1].ttfa_p95_ms is None and found[2].underrun_requests == 1
+    (whole,) = windows(sent, span_s=5.0, window_s=30.0)  # shorter than a window: one, all of it
+    assert whole.requests == 4
+
+
+def test_a_rate_is_met_only_when_every_seed_meets_the_slo():
+    levels = [
+        level_at(2.0, 200.0, seed=0), level_at(2.0, 250.0, seed=1),
+        level_at(3.0, 280.0, seed=0), level_at(3.0, 320.0, seed=1),  # seed 1 misses: 3 is missed
+        level_at(4.0, 290.0, seed=0), level_at(4.0, 299.0, seed=1),
+    ]  # fmt: skip
+    found = capacity(levels, Slo(300.0))
+    assert found["capacity_rate"] == 2.0
+    assert [(r["rate"], r["met"]) for r in found["rates"]] == [(2.0, True), (3.0, False)]
+    three = found["rates"][1]
+    assert three["misses"] == ["seed 1: TTFA p95 320 ms > 300"] and three["requests"] == 200
+    assert [(s["seed"], s["met"], s["ttfa_p95_ms"]) for s in three["seeds"]] == [
+        (0, True, 280.0),
+        (1, False, 320.0),
+    ]
+    # a fixed list measured whole: every rate listed, the capacity still below the first miss
+    every = capacity(levels, Slo(300.0), all_rates=True)
+    assert [(r["rate"], r["met"]) for r in every["rates"]] == [(2.0, True), (3.0, False), (4.0, True)]
+    assert every["capacity_rate"] == 2.0
+
+
+def test_arrival_seconds_make_the_request_count_with_min_requests_as_a_floor():
+    from bench.__main__ import open_load, parse_args
+
+    args = parse_args(["--random-tiny", "v3", "--arrivals", "poisson", "--find-capacity", "--rate", "0.5,3"])
+    assert (args.arrival_s, args.window_s, args.seeds, args.warmup_arrival_s) == (120.0, 30.0, [0, 1], 0.0)
+    assert open_load(args, 3.0).requests == 360  # 3/s x 120 s
+    assert open_load(args, 0.5).requests == 100  # 60 arrivals, raised to --min-requests
+    ab = parse_args(["--random-tiny", "v3", "--arrivals", "poisson", "--ab", "yield", "--seeds", "1,0,1"])
+    assert ab.warmup_arrival_s == 20.0 and ab.seeds == [1, 0]  # an A/B warms up first; seeds once each
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--all-rates"], "--all-rates"),
+        (["--seeds", "-1"], "seeds"),
+        (["--arrival-s", "0"], "--arrival-s"),
+        (["--window-s", "-3"], "--window-s"),
+        (["--warmup-arrival-s", "-1"], "--warmup-arrival-s"),
+    ],
+)
+def test_bad_steady_state_settings_are_refused(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags])
+    assert message in capsys.readouterr().err
+
+
+class FakeTarget:
+    """A server that answers each request with one 0.5-s chunk after ``delay(n)`` s (n: requests so far),
+    noting each request's seed and the A/B switch as it was when the request came."""
+
+    name = "fake"
+
+    def __init__(self, delay=lambda n: 0.0):
+        self.delay = delay
+        self.engine = types.SimpleNamespace(arm=None)
+        self.seen: list[tuple[int, bool | None]] = []
+
+    async def run(self, req, rec) -> None:
+        self.seen.append((req.seed, self.engine.arm))
+        await asyncio.sleep(self.delay(len(self.seen)))  # its compute time
+        rec.started(0.0)
+        rec.chunk(0.5)
+
+    def peak_memory_mb(self) -> None:
+        return None
+
+    def reset_peak_memory(self) -> None:
+        """Nothing to reset."""
+
+    async def server_ttfa(self) -> None:
+        return None
+
+
+def fake_sweep(target: FakeTarget, flags: list[str]) -> list[Level]:
+    from bench.__main__ import open_sweep, parse_args
+
+    args = parse_args(
+        ["--random-tiny", "v3", "--arrivals", "poisson", "--modes", "stream", "--warmup", "0", *flags]
+    )
+    return asyncio.run(open_sweep(target, args, lambda levels: None))
+
+
+def test_ab_warms_up_first_then_alternates_the_first_arm_per_rate_and_seed(monkeypatch):
+    from bench.__main__ import AB_SWITCHES, run_order
+
+    monkeypatch.setitem(AB_SWITCHES, "fake", lambda engine, on: setattr(engine, "arm", on))
+    target = FakeTarget()
+    flags = ["--ab", "fake", "--rate", "100,200", "--arrival-s", "0.05", "--warmup-arrival-s", "0.04"]
+    levels = fake_sweep(target, [*flags, "--find-capacity", "--min-requests", "1", "--slo-ttfa-ms", "1e9"])
+    runs = [(lv.rate, lv.seed, lv.system) for lv in levels]
+    a, b = "fake", "fake fake"
+    assert runs == [
+        (100.0, 0, a), (100.0, 0, b), (100.0, 1, b), (100.0, 1, a),
+        (200.0, 0, a), (200.0, 0, b), (200.0, 1, b), (200.0, 1, a),
+    ]  # fmt: skip
+    assert run_order(levels)["order"] == [{"rate": r, "seed": s, "system": sys} for r, s, sys in runs]
+    # the warm-up load (4 arrivals at the first rate, seeds 10^6 + i) came before any measured request
+    assert [seed for seed, _ in target.seen[:4]] == [10**6 + i for i in range(4)]
+    assert all(seed < 10**6 for seed, _ in target.seen[4:])
+    # then each level's requests (its seed + i) with its arm switched: 5 a level at 100/s, 10 at 200/s
+    measured = target.seen[4:]
+    expect = [(lv.seed + i, lv.system == b) for lv in levels for i in range(lv.requests)]
+    assert [lv.requests for lv in levels] == [5] * 4 + [10] * 4 and sorted(measured) == sorted(expect)
+    assert [arm for _, arm in measured] == [arm for _, arm in expect]
+
+
+def test_a_missed_rate_still_runs_every_seed_and_all_rates_goes_on_past_it():
+    slow = ["--rate", "100,200", "--arrival-s", "0.03", "--find-capacity", "--min-requests", "1"]
+    slow += ["--slo-ttfa-ms", "0.5"]  # every request takes 2 ms: every rate misses
+    levels = fake_sweep(FakeTarget(lambda n: 0.002), slow)
+    assert [(lv.rate, lv.seed) for lv in levels] == [(100.0, 0), (100.0, 1)]  # both seeds, then it stops
+    levels = fake_sweep(FakeTarget(lambda n: 0.002), [*slow, "--all-rates"])
+    assert [(lv.rate, lv.seed) for lv in levels] == [(100.0, 0), (100.0, 1), (200.0, 0), (200.0, 1)]
+
+
+def test_a_server_that_falls_behind_shows_rising_windows():
+    """Each request takes 30 ms longer than the one before: the last window's TTFA is far above the first's,
+    as a queue that builds up makes it (the pure test above: a steady load's windows are flat). The level
+    also records its seed and its arrivals' span."""
+    prompt, workload = prompt_audio(0.1), Workload(tokens=40)
+    asyncio.run(run_open_level(FakeTarget(), workload, OpenLoop(200.0, 2), prompt))  # one-time costs paid
+    target = FakeTarget(lambda n: 0.03 * n)
+    level = asyncio.run(run_open_level(target, workload, OpenLoop(200.0, 20), prompt, seed=3, window_s=0.025))
+    assert level.seed == 3 and level.arrival_s == pytest.approx(0.1)  # 20 arrivals at 200/s
+    assert len(level.windows) == 4 and sum(w.requests for w in level.windows) == 20
+    assert sorted(seed for seed, _ in target.seen) == list(range(3, 23))  # request i: seed + i
+    first, last = level.windows[0], level.windows[-1]
+    assert first.requests and last.requests
+    assert last.ttfa_p50_ms > first.ttfa_p50_ms + 200  # ~16 requests later: ~480 ms more

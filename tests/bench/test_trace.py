@@ -106,6 +106,8 @@ def test_open_loop_trace_on_the_tiny_v3_model_times_every_chunk_in_order(tmp_pat
         "3",
         "--duration-s",
         "0.1",
+        "--seeds",
+        "0",
         "--tokens",
         "40",
     ]
@@ -127,7 +129,7 @@ def test_open_loop_trace_on_the_tiny_v3_model_times_every_chunk_in_order(tmp_pat
         assert r["slack_ms"] == pytest.approx(r["deadline_ms"] - r["sent_ms"])
     (summary,) = main([str(out / "trace.jsonl")])
     assert summary.chunks == len(rows) and summary.requests == 3
-    assert "stream open-loop [cosystream] at 4.0 requests/s: 3 requests" in capsys.readouterr().out
+    assert "stream open-loop [cosystream] at 4.0 requests/s, seed 0: 3 requests" in capsys.readouterr().out
 
 
 def test_trace_needs_the_open_loop():
