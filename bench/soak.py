@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
-import gc
 import json
 import logging
-import resource
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,14 +33,11 @@ from typing import Any
 import numpy as np
 
 from bench.load import Workload, distribution, prompt_audio
+from bench.memory import Sample, Sampling, memory_trend, sample, sampler
 from engine.config import add_device_flags, add_model_flag
 from engine.request import Mode
 
 log = logging.getLogger("bench.soak")
-
-# Memory counts as flat when the trend of the second half of the run, extended over the whole run, adds
-# less than this (MiB) or this fraction of the starting level, whichever is larger.
-FLAT_MB, FLAT_FRACTION = 64.0, 0.02
 
 
 @dataclass(frozen=True)
@@ -64,21 +57,6 @@ class SoakConfig:
 
 
 @dataclass(frozen=True)
-class Sample:
-    """One memory reading: seconds since the start, MiB, and the engine's gauges at that moment."""
-
-    t_s: float
-    rss_mb: float
-    device_mb: float
-    device_peak_mb: float
-    active: int
-    queued: int
-    completed: int
-    failed: int
-    py_objects: int  # objects the garbage collector tracks: growth here is a Python-level leak
-
-
-@dataclass(frozen=True)
 class Request:
     """One request as its stream saw it; ``ttfa_ms`` is submit -> first audio, ``error`` set on failure."""
 
@@ -90,59 +68,12 @@ class Request:
     error: str | None = None
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """When the run started (``time.monotonic``), how often memory is read (s), and whether RSS is read
-    after ``malloc_trim``."""
-
-    t0: float
-    interval_s: float
-    trim: bool = False
-
-
 @dataclass
 class SoakRun:
     config: SoakConfig
     samples: list[Sample] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     duration_s: float = 0.0
-
-
-def rss_mb() -> float:
-    """Resident set size of this process now, in MiB (Linux /proc; peak RSS where /proc is absent)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def release_free_heap() -> None:
-    """glibc ``malloc_trim``: give free heap pages back to the OS, so RSS counts what is still held.
-    Raw RSS also counts freed pages the allocator keeps, which grow in steps without any leak."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:  # not glibc: nothing to trim
-        log.debug("no glibc: RSS is read untrimmed")
-
-
-def sample(engine: Any, t0: float, trim: bool = False) -> Sample:
-    from engine import device as devices
-
-    stats, dev = engine.stats(), engine.model.device
-    if trim:
-        release_free_heap()
-    return Sample(
-        t_s=time.monotonic() - t0,
-        py_objects=len(gc.get_objects()),
-        rss_mb=rss_mb(),
-        device_mb=devices.memory_mb(dev),
-        device_peak_mb=devices.peak_memory_mb(dev),
-        active=stats.active_streams,
-        queued=stats.queued,
-        completed=stats.completed,
-        failed=stats.failed,
-    )
 
 
 # ------------------------------------------------------------------------------------------------- run
@@ -176,21 +107,6 @@ async def stream_worker(engine: Any, run: SoakRun, index: int, t0: float, deadli
         seed += 1
 
 
-async def sampler(
-    engine: Any, samples: list[Sample], every: Sampling, stop: asyncio.Event, status: Callable[[], str]
-) -> None:
-    """Sample memory every ``every.interval_s`` until ``stop``; each line also logs ``status()``."""
-    while not stop.is_set():
-        s = sample(engine, every.t0, every.trim)
-        samples.append(s)
-        log.info(
-            "t=%5.0f s  %s  RSS %.0f MiB  device %.0f MiB (peak %.0f)  active %d  objects %d",
-            s.t_s, status(), s.rss_mb, s.device_mb, s.device_peak_mb, s.active, s.py_objects,
-        )  # fmt: skip
-        with contextlib.suppress(TimeoutError):  # the interval passed: sample again
-            await asyncio.wait_for(stop.wait(), every.interval_s)
-
-
 def closed_status(run: SoakRun) -> str:
     done = sum(r.error is None for r in run.requests)
     return f"requests {done} ok / {len(run.requests) - done} failed"
@@ -211,41 +127,6 @@ async def soak(engine: Any, cfg: SoakConfig) -> SoakRun:
 
 
 # --------------------------------------------------------------------------------------------- summary
-
-
-def slope_per_min(ts: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Least-squares slope of ys over ts (seconds), in units per minute; None with fewer than 2 points."""
-    if len(ts) < 2 or max(ts) == min(ts):
-        return None
-    return float(np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)[0] * 60.0)
-
-
-def robust_slope_per_min(ts: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Theil-Sen slope (the median of the slopes between every two samples), per minute: one transient
-    spike, e.g. many requests' buffers alive at one sample, cannot tilt it as it tilts least squares (the
-    H200 soak of 2026-11-30: device memory ~3.77 GiB throughout, one 4.57 GiB sample late on made the
-    least-squares late slope 3.7 MiB/min)."""
-    t, y = np.asarray(ts, float), np.asarray(ys, float)
-    i, j = np.triu_indices(t.size, k=1)
-    dt = t[j] - t[i]
-    keep = dt > 0
-    return float(np.median((y[j] - y[i])[keep] / dt[keep]) * 60.0) if keep.any() else None
-
-
-def memory_trend(ts: Sequence[float], ys: Sequence[float], duration_s: float) -> dict[str, Any]:
-    """min/max/first/last, the least-squares slope over the whole run, the robust slope over its second
-    half (after warm-up effects), and ``flat``: that late slope extended over the run adds less than
-    max(FLAT_MB, FLAT_FRACTION x first)."""
-    if not ys:
-        return {"flat": None}
-    late = [i for i, t in enumerate(ts) if t >= ts[-1] / 2]
-    late_slope = robust_slope_per_min([ts[i] for i in late], [ys[i] for i in late])
-    projected = abs(late_slope or 0.0) * duration_s / 60.0
-    return {
-        "first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys),
-        "slope_mb_per_min": slope_per_min(ts, ys), "late_slope_mb_per_min": late_slope,
-        "projected_growth_mb": projected, "flat": bool(projected < max(FLAT_MB, FLAT_FRACTION * ys[0])),
-    }  # fmt: skip
 
 
 def summarize(run: SoakRun) -> dict[str, Any]:

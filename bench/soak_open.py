@@ -1,7 +1,7 @@
 """The open-loop soak (``python -m bench.soak --arrivals poisson``): requests arrive as a Poisson process at a
 fixed rate for a fixed time, whatever the engine is doing, mixed as ``bench.soak_mix`` draws them (good
 streams, streams in a saved voice, clients that leave mid-stream, bad requests). Memory is sampled as the
-closed soak samples it (``bench.soak.sample``); a few voices are saved before and checked after.
+closed soak samples it (``bench.memory.sample``); a few voices are saved before and checked after.
 
 The run passes (``violations`` is empty) when no good request failed (a refusal by admission is counted
 apart), no admitted stream underran, every bad request got its case's error, every leaver's stream was
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bench.load import SAMPLE_RATE, TRANSCRIPT, distribution, percentile, prompt_audio
-from bench.soak import Sample, Sampling, memory_trend, sample, sampler
+from bench.memory import Sample, Sampling, memory_trend, sample, sampler
 from bench.soak_mix import BAD, BAD_CASES, LEAVER, Arrival, Client, MixConfig, Outcome, schedule, send
 from engine.errors import InvalidInput
 from engine.request import Mode

@@ -188,3 +188,15 @@ def test_start_at_ready_sends_while_the_background_work_still_runs(tmp_path, mon
     assert first_request_pending[0] == 1 and len(first_request_pending) >= 2
     assert first_request_pending[1] == (1 if at_ready else 0)
     assert ("the soak starts at ready" in caplog.text) == at_ready
+
+
+def test_the_bench_modules_import_one_way():
+    """No bench module imports one that imports it back (the soaks shared their memory sampling both ways
+    once: it lives in bench.memory, below both)."""
+    from tests.test_import_graph import ROOT, cycle_from, import_graph
+
+    graph = import_graph(sorted((ROOT / "bench").rglob("*.py")))
+    assert {"bench.soak", "bench.soak_open", "bench.memory"} <= set(graph)
+    assert "bench.memory" in graph["bench.soak_open"] and "bench.soak" not in graph["bench.soak_open"]
+    cycles = [c for m in sorted(graph) if (c := cycle_from(graph, m))]
+    assert not cycles, " ; ".join(" -> ".join(c) for c in cycles)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bench.soak import rss_mb
+from bench.memory import rss_mb
 from server.web import create_app
 from tests.api.support import live_server
 from tests.conftest import WAIT_S
