@@ -1,6 +1,7 @@
 """Before/after table of two bench runs: ``python -m bench.compare BEFORE.json AFTER.json [--out FILE]``.
 
-Levels are matched by (system, mode, concurrency); each row shows TTFA p50/p95, RTF p50, audio s/s and the
+Levels are matched by (system, mode, concurrency), open-loop ones by (system, mode, rate, arrival seed); each
+row shows TTFA p50/p95, RTF p50, audio s/s and the
 underrun streams before -> after with the change in percent (negative = less time / fewer stalls).
 """
 
@@ -21,7 +22,7 @@ Result = dict[str, Any]
 COLUMNS = (
     "system",
     "mode",
-    "streams",
+    "streams or rate",
     "TTFA p50 ms",
     "TTFA p95 ms",
     "RTF p50",
@@ -30,8 +31,13 @@ COLUMNS = (
 )
 
 
-def _key(level: Result) -> tuple[str, str, int]:
-    return level["system"], level["mode"], level["concurrency"]
+def _key(level: Result) -> tuple[str, str, str]:
+    """A closed-loop level by its streams; an open-loop one by its rate and arrival seed (its concurrency is
+    only the most streams it happened to have active)."""
+    if level.get("rate") is None:
+        return level["system"], level["mode"], str(level["concurrency"])
+    seed = level.get("seed")
+    return level["system"], level["mode"], f"{level['rate']:g}/s" + ("" if seed is None else f" seed {seed}")
 
 
 def _change(before: float | None, after: float | None, digits: int) -> str:
@@ -49,7 +55,7 @@ def rows(before: Result, after: Result) -> list[list[str]]:
         if (b := old.get(_key(lv))) is None:
             continue
         out.append([
-            *map(str, _key(lv)),
+            *_key(lv),
             _change(b["ttfa_ms"]["p50"], lv["ttfa_ms"]["p50"], 0),
             _change(b["ttfa_ms"]["p95"], lv["ttfa_ms"]["p95"], 0),
             _change(b["rtf"]["p50"], lv["rtf"]["p50"], 3),
@@ -62,7 +68,7 @@ def rows(before: Result, after: Result) -> list[list[str]]:
 def markdown(before: Result, after: Result) -> str:
     found = rows(before, after)
     if not found:
-        raise ValueError("the two runs share no (system, mode, concurrency) level")
+        raise ValueError("the two runs share no level (system, mode, concurrency or rate and seed)")
     head = [
         f"# Before -> after: {after['meta'].get('model', '?')}",
         f"- before: `{before['meta'].get('command', '?')}` (git {before['meta'].get('git', '?')})",

@@ -47,3 +47,16 @@ def test_runs_without_a_shared_level_are_refused():
             run(level("a", "stream", 1, 1, 1, 1, 0), git="x"),
             run(level("a", "stream", 2, 1, 1, 1, 0), git="y"),
         )
+
+
+def test_open_loop_levels_are_matched_by_rate_and_seed_not_by_their_most_active_streams():
+    def at(rate: float, seed: int, most: int, ttfa: float) -> dict:
+        return level("cosystream", "stream open-loop", most, ttfa, 0.1, 30, 0) | {"rate": rate, "seed": seed}
+
+    before = run(at(3.0, 0, 12, 300), at(3.0, 1, 14, 320), at(4.0, 0, 30, 600), git="a")
+    after = run(at(3.0, 0, 9, 240), at(3.0, 1, 12, 250), git="b")
+    rows = compare.rows(before, after)
+    assert [r[:4] for r in rows] == [
+        ["cosystream", "stream open-loop", "3/s seed 0", "300 -> 240 (-20%)"],
+        ["cosystream", "stream open-loop", "3/s seed 1", "320 -> 250 (-22%)"],
+    ]
