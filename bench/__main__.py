@@ -164,7 +164,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--min-requests", type=int, default=100,
-        help="--find-capacity: arrivals per rate at least (whatever rate x --duration-s gives)",
+        help="--find-capacity: arrivals per rate and seed at least (whatever rate x --arrival-s gives)",
     )  # fmt: skip
     p.add_argument(
         "--trace", action="store_true",
