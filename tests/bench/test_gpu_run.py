@@ -218,6 +218,9 @@ def test_capacity_measures_each_rate_in_a_steady_state_with_two_seeds(checkout: 
     assert flag(argv, "--out").endswith("/v3_capacity_after")
     # 3 rates x 2 seeds x (120 + 15) s, + the warm-up's 20 + 15 s: past the 540 s a call allows
     assert "up to 845 s of measuring" in done.stdout and "passes LIMIT_S=540" in done.stdout
+    monkeypatch.setenv("LIMIT_S", "1100")  # 845 s, but not with the load's ~280 s
+    calls.unlink()
+    assert "passes LIMIT_S=1100" in run_sh(checkout, "capacity", "v3").stdout
     calls.unlink()
     monkeypatch.delenv("ALL_RATES")
     monkeypatch.setenv("ARMS", "ab")
@@ -230,6 +233,7 @@ def test_capacity_measures_each_rate_in_a_steady_state_with_two_seeds(checkout: 
     assert flag(argv, "--out").endswith("/v3_capacity_ab-yield")
     # one rate x 2 seeds x 2 arms fits a detached step beside its load
     assert "up to 575 s of measuring" in done.stdout and "passes LIMIT_S" not in done.stdout
+    assert "plus each arm's load (~280 s warm" in done.stdout
 
 
 def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
