@@ -617,7 +617,7 @@ def _beside_the_lm(
     """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
     vocoder graph wrappers (with ``graphs_early``, their first graphs), the frontends."""
     with timeline.phase("weights"):
-        weights.set_result(load_model(files, dev))
+        weights.set_result(load_model(files, dev, cache_root(cfg.cache_dir)))  # safetensors after the first
     model, vocoder = weights.result(), None
     if cfg.flow_attention == "folded":
         model.flow.decoder.fold_attention()

@@ -64,6 +64,8 @@ def test_the_engine_writes_compile_caches_voices_and_demo_models_under_the_env_r
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(root / "compile" / "inductor")
         assert os.environ["TRITON_CACHE_DIR"] == str(root / "compile" / "triton")
         assert os.environ["VLLM_CACHE_ROOT"] == str(root / "vllm-cache")
+        converted = sorted(p.name.split("-")[0] for p in (root / "weights").rglob("*.safetensors"))
+        assert converted == ["flow", "hift", "llm"]  # the next start maps these
         eng.add_voice("mine", str(write_wav(tmp_path / "p.wav", 2.0)), "a prompt")
         assert [p for p in (root / "voices").rglob("*") if p.is_file()]  # the saved voice's files
     finally:
