@@ -134,7 +134,7 @@ def _write_converted(state: dict[str, torch.Tensor], target: Path) -> None:
     seen: set[tuple[int, int]] = set()
     tensors = {}
     for key, value in state.items():
-        spot = (value.untyped_storage().data_ptr(), value.storage_offset())
+        spot = (value.untyped_storage().data_ptr(), int(value.storage_offset()))
         tensors[key] = value.contiguous() if spot not in seen else value.clone().contiguous()
         seen.add(spot)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
