@@ -9,8 +9,10 @@ Triton or vLLM read their cache variables.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -35,11 +37,31 @@ def cache_root(cache_dir: str | None = None) -> Path:
     return configured_root(cache_dir) or Path.home() / ".cache" / "cosystream"
 
 
+def inductor_default() -> str:
+    """Inductor's own default cache (a temp dir named for the user, gone with the machine's /tmp), which
+    importing ``torch._dynamo`` writes into the environment when the variable is unset: found there, it is
+    torch's doing, not the operator's choice, and the cache root replaces it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's arbitrary user)
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+
+
+def _replaceable(name: str) -> bool:
+    """Unset, set by ``use_cache_root`` earlier, or torch's own default: not an operator's choice."""
+    value = os.environ.get(name)
+    if value is None or _ours.get(name) == value:
+        return True
+    return name == "TORCHINDUCTOR_CACHE_DIR" and os.path.abspath(value) == os.path.abspath(inductor_default())
+
+
 def use_cache_root(root: Path) -> dict[str, str]:
     """Point the compile caches under ``root`` (a variable the operator set is kept) -> what they are now.
-    Called before torch compiles, Triton builds or vLLM starts: they read these variables then."""
+    Called before torch compiles, Triton builds or vLLM starts: they read these variables then (vLLM's
+    engine core inherits them: its compile cache lands under ``vllm-cache/``)."""
     for name, sub in COMPILE_DIRS.items():
-        if name not in os.environ or _ours.get(name) == os.environ[name]:
+        if _replaceable(name):
             os.environ[name] = _ours[name] = str(root / sub)
     log.info("cache root %s (compile caches: %s)", root, ", ".join(os.environ[n] for n in COMPILE_DIRS))
     return {name: os.environ[name] for name in COMPILE_DIRS}

@@ -45,6 +45,19 @@ def test_the_compile_caches_follow_the_root_but_an_operators_choice_stays(clean_
     assert moved["TRITON_CACHE_DIR"] == "/operator/triton"
 
 
+def test_torchs_own_inductor_default_is_no_operators_choice(clean_env, tmp_path):
+    """Importing torch._dynamo before the load writes Inductor's /tmp default into the environment: a
+    warm start would then compile into a /tmp that a restarted Space or pod no longer has."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    assert roots.inductor_default() == default_cache_dir()  # the same rule as torch's
+    clean_env.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    moved = use_cache_root(tmp_path)
+    assert moved["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    clean_env.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "operator"))
+    assert use_cache_root(tmp_path / "b")["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "operator")
+
+
 def test_the_engine_writes_compile_caches_voices_and_demo_models_under_the_env_root(clean_env, tmp_path):
     """No --cache-dir: COSYSTREAM_CACHE alone places everything (the Docker image sets only it)."""
     import engine.serving.engine as engine_module
