@@ -5,6 +5,21 @@ compile caches (TorchInductor, Triton, vLLM's), vLLM's exported LM, and saved vo
 its /data volume), else ``~/.cache/cosystream``. On a volume it makes a restarted or recreated container
 start warm: no compile runs again and no saved voice is lost. Stdlib only: it must run before torch,
 Triton or vLLM read their cache variables.
+
+What a warm start finds there (a Space's or pod's volume must keep the whole root):
+
+* ``owner/name/``: the downloaded checkpoint (where no hub cache of its own is used); ``weights/``: its
+  .pt files as safetensors, converted on the first start and memory-mapped after (engine.checkpoint);
+* ``vllm-<fingerprint>-bfloat16/``: the LM exported for vLLM (engine.lm.hf_export); ``vllm-cache/``:
+  vLLM's own compile cache (VLLM_CACHE_ROOT, inherited by its engine core);
+* ``compile/inductor``, ``compile/triton`` (``compile/attention-cudnn/`` with cuDNN attention): the flow
+  compile's Inductor caches (FX graph and AOTAutograd) and Triton kernels; ``compile/aot/``: the flow's
+  AOTInductor packages (``--flow-aot``), which a warm start loads instead of compiling;
+* ``voices/`` (saved voices), ``mps/`` (the MPS daemon's pipes and logs), ``demo-tiny*/``.
+
+Rebuilt on every start, whatever the cache holds (GPU only, measured by bench.startup): the CUDA graphs
+(flow, vocoder, vLLM's: a capture is tied to the process's memory) and, without ``--flow-aot``, Dynamo's
+tracing of the flow estimator (its Inductor output comes from the cache; the tracing itself is not kept).
 """
 
 from __future__ import annotations
