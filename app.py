@@ -1,9 +1,28 @@
-"""CosyStream server: ``python app.py`` serves the Gradio studio at / and the HTTP API on one uvicorn server.
+"""CosyStream server: ``python app.py`` (the ``cosystream`` script) serves the Gradio studio at / and the
+HTTP API on one uvicorn server (``server.main.serve``), or with ``--replicas N`` starts Ray Serve replicas of
+it (``cluster.application.run_local``) and waits for them. Flags: ``python app.py --help``.
 
-The script only: flags, engine building and the app live in ``server/`` (``python app.py --help``).
+The entry sits above both server/ and cluster/, so cluster/ reuses server/ and nothing points back up.
 """
 
-from server.main import main
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from server.cli import parse_args
+from server.main import prepare_process, serve
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    prepare_process()
+    if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
+        from cluster.application import run_local  # Ray loads here, only for a cluster
+
+        run_local(args)
+        return
+    serve(args)
+
 
 if __name__ == "__main__":
     main()

@@ -101,8 +101,11 @@ def routes(ctx: ApiContext) -> APIRouter:
             raise ApiError(503, message, code="not_ready", headers=retry_after(READY_RETRY_S))
         body = {"status": "ready", "model": engine.model_name, "family": engine.family}
         timeline = getattr(engine, "startup", None)  # the start-up's phases (engine.serving.startup.Timeline)
-        if timeline is not None:
-            body["startup"] = timeline.as_dict()
+        if timeline is not None:  # stage: warming (first audio may be slower) until no start-up work is left
+            body |= {"stage": timeline.stage(), "startup": timeline.as_dict()}
+        lm_backend = getattr(engine, "lm_backend", None)  # the one new requests go to (native, then vllm)
+        if lm_backend is not None:
+            body["lm_backend"] = lm_backend
         return JSONResponse(body)
 
     @router.get("/metrics")

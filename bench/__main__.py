@@ -401,6 +401,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_profile_dir=getattr(args, "lm_profile_dir", None),  # bench.overlap --lm-profile
         lm_ras_graphs=not args.no_ras_graphs,
         lm_kv_cache_gib=args.lm_kv_cache_gib or None,  # 0: sized by vLLM
+        lm_handover=False,  # every request measured on vLLM, none on the native loop serving while it starts
     )
 
 

@@ -319,6 +319,7 @@ def load_engine(args: argparse.Namespace, slots: int, longest_tokens: int) -> An
         cache_dir=args.cache_dir,
         limits=limits,
         graph_warmup_s=warmup,
+        lm_handover=False,  # the soak's load on vLLM from its first request (not the native loop beside it)
     )
     return TTSEngine.load(cfg)
 

@@ -5,12 +5,20 @@ Family from which yaml exists (cosyvoice2.yaml / cosyvoice3.yaml); the yaml is r
 not from constants. State dicts load with strict key AND shape matching; ``generator.`` is stripped from
 hift keys (GAN checkpoints), legacy ``weight_g``/``weight_v`` become ``parametrizations.weight.original0/1``
 and are then folded for inference. Master weights stay float32.
+
+With a cache root, each released .pt is converted once (the first start) into a safetensors file under
+``weights/`` holding exactly what the strict load takes (keys renamed, float32), keyed by the .pt's path,
+size and mtime; later starts memory-map that file instead of unpickling the .pt. The strict key and shape
+check runs on every load, converted or not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,7 @@ from engine.vocoder.hift import CausalHiFTGenerator, HiftConfig, HiFTGenerator, 
 from engine.yaml_data import read_yaml, tag_of
 
 log = logging.getLogger(__name__)
+CONVERT_VERSION = 1  # bump when what a converted file holds changes (its keys, dtype)
 LM_CLASSES = {"cosyvoice2": "Qwen2LM", "cosyvoice3": "CosyVoice3LM"}
 
 
@@ -67,6 +76,76 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def converted_path(source: Path, cache: Path) -> Path:
+    """Where ``source``'s safetensors conversion lives: a folder per source path, the file named by the
+    source's size and mtime (a replaced checkpoint gets a new file; the old one is removed on conversion)."""
+    resolved = source.resolve()
+    folder = hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
+    stat = resolved.stat()
+    name = f"{source.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERT_VERSION}.safetensors"
+    return cache / "weights" / folder / name
+
+
+def read_converted(
+    source: Path, cache: Path | None, prepare: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """``prepare(read_state(source))``, float32: memory-mapped from its safetensors conversion under
+    ``cache`` when one exists, else read from the .pt and converted there for the next start (a cache
+    that cannot be written costs only the next start's speed: logged)."""
+    if cache is None:
+        return _float32(prepare(read_state(source)))
+    try:
+        target = converted_path(source, cache)
+    except OSError as err:
+        raise ModelError(f"cannot read {source}: {err}") from err
+    if target.exists():
+        return _mapped(target)
+    state = _float32(prepare(read_state(source)))
+    try:
+        _write_converted(state, target)
+    except OSError as err:
+        log.warning("could not keep %s as safetensors under %s: %s", source, target.parent, err)
+    return state
+
+
+def _mapped(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))  # memory-mapped: pages load as the weights are copied to the device
+    except (OSError, SafetensorError) as err:
+        raise ModelError(
+            f"cannot read the converted weights {path}: {err} (delete it to convert again)"
+        ) from err
+
+
+def _float32(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.float() for k, v in state.items()}
+
+
+def _write_converted(state: dict[str, torch.Tensor], target: Path) -> None:
+    """Written to a temporary name and renamed (a crash mid-write leaves no half file under the real
+    name); the older conversions of the same source go. Tensors sharing storage (tied weights) are copied
+    apart: safetensors keeps one tensor per entry."""
+    from safetensors.torch import save_file
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    seen: set[tuple[int, int]] = set()
+    tensors = {}
+    for key, value in state.items():
+        spot = (value.untyped_storage().data_ptr(), int(value.storage_offset()))
+        tensors[key] = value.contiguous() if spot not in seen else value.clone().contiguous()
+        seen.add(spot)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    save_file(tensors, str(partial))
+    os.replace(partial, target)
+    for older in target.parent.glob("*.safetensors"):  # the folder is this source's alone
+        if older != target:
+            older.unlink(missing_ok=True)
+    log.info("converted the weights to %s (later starts map them)", target)
+
+
 def hift_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip ``generator.`` (as the reference does) and rename legacy weight-norm keys."""
     out = {}
@@ -97,7 +176,7 @@ def load_strict(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -
             + _listing("unexpected keys", unexpected)
             + _listing("shape mismatches", wrong)
         )
-    module.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    module.load_state_dict(_float32(state), strict=True)
 
 
 def _listing(title: str, items: list[str], most: int = 12) -> str:
@@ -118,14 +197,20 @@ class LoadedModel:
     qwen_config: dict[str, Any]
 
 
-def load_model(files: ModelDir, device: torch.device) -> LoadedModel:
-    """Build from the files' configs, load llm/flow/hift strictly, move to ``device``, eval mode."""
+def load_model(files: ModelDir, device: torch.device, cache: Path | None = None) -> LoadedModel:
+    """Build from the files' configs, load llm/flow/hift strictly, move to ``device``, eval mode. With
+    ``cache`` (the cache root) the weights come from their safetensors conversions there (made now on the
+    first load)."""
     root = Path(files.root)
     family, cfg, qwen = read_model_config(root)
     lm, flow, hift = build_modules(family, cfg, qwen)
-    load_strict(lm, read_state(Path(files.llm)), Path(files.llm))
-    load_strict(flow, read_state(Path(files.flow)), Path(files.flow))
-    load_strict(hift, hift_keys(read_state(Path(files.hift))), Path(files.hift))
+    same: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = lambda state: state  # noqa: E731
+    for module, path, prepare in (
+        (lm, files.llm, same),
+        (flow, files.flow, same),
+        (hift, files.hift, hift_keys),
+    ):
+        load_strict(module, read_converted(Path(path), cache, prepare), Path(path))
     hift.fold_weight_norm()
     for module in (lm, flow, hift):
         module.to(device).eval()

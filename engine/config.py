@@ -187,6 +187,15 @@ def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_lm_handover_flags(parser: argparse.ArgumentParser) -> None:
+    """``--lm-handover`` / ``--no-lm-handover`` -> ``args.lm_handover`` (None when neither: auto)."""
+    _add_auto_flags(
+        parser, "lm-handover", "with vLLM: serve on the native LM loop while vLLM starts, then hand over to "
+        "it (default: where --lm-kv-cache-gib fixes vLLM's KV cache)",
+        "with vLLM: ready only once vLLM is up",
+    )  # fmt: skip
+
+
 def add_flow_aot_flag(parser: argparse.ArgumentParser) -> None:
     """``--flow-aot`` -> ``args.flow_aot`` (``EngineConfig.flow_aot``)."""
     parser.add_argument(
@@ -343,6 +352,12 @@ class EngineConfig:
     # graphs come in the background. On the H200 this takes v3's first graphs (~15 s) off its warm start's
     # path (BENCHMARKS.md "Start-up"). True: early even where vLLM profiles (a race); False: after its start
     first_graphs_early: bool | None = None
+    # Serve within seconds, upgrade in place (engine.lm.handover): where vLLM serves the LM, the native loop
+    # serves from the moment the weights are loaded while vLLM starts, then hands new requests over (those in
+    # flight finish on it) and is closed. Auto (None): on where vLLM's KV cache has a fixed size
+    # (lm_kv_cache_gib; a vLLM that profiles the device's memory would meet the native loop's KV caches
+    # there). False: ready only once vLLM is up (the start of before)
+    lm_handover: bool | None = None
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16
@@ -454,6 +469,11 @@ class EngineConfig:
         if self.first_graphs_early is True and not self.background_graphs:
             # every graph before serving (minutes) would still be capturing while vLLM measures the memory
             raise ValueError("first_graphs_early captures the first graphs only: it needs background_graphs")
+        if self.lm_handover and (self.backend == "native" or self.lm_kv_cache_gib is None):
+            raise ValueError(
+                "lm_handover hands the native loop over to vLLM: it needs backend vllm or auto, and vLLM's "
+                "KV cache at a fixed size (lm_kv_cache_gib; a profiling vLLM would race the native loop)"
+            )
         if self.lm_profile_dir is not None and not self.lm_profile_dir.strip():
             raise ValueError("lm_profile_dir must name a directory, or be None")
         if self.cuda_mps not in (None, True, False):
@@ -472,6 +492,11 @@ class EngineConfig:
         if self.first_graphs_early is not None:
             return self.first_graphs_early
         return self.background_graphs and self.lm_kv_cache_gib is not None
+
+    @property
+    def hands_over_lm(self) -> bool:
+        """lm_handover resolved, where vLLM serves the LM (the engine asks only then)."""
+        return self.lm_kv_cache_gib is not None if self.lm_handover is None else self.lm_handover
 
     def compiles_flow(self, family: str) -> bool:
         """Whether the graphed flow solver compiles its estimator: as set, or in auto for v3 only."""

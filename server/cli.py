@@ -23,6 +23,7 @@ from engine.config import (
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
+    add_lm_handover_flags,
     add_model_flag,
     add_overlap_flags,
     fast_start_choice,
@@ -102,6 +103,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
     )  # fmt: skip
     add_fast_start_flag(p)
+    add_lm_handover_flags(p)
     p.add_argument(
         "--cache-dir", default=None,
         help="the cache root: models, compile caches (Inductor, Triton, vLLM) and saved voices "
@@ -195,6 +197,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         graph_warmup_s=args.graph_warmup_s,
         background_graphs=args.background_graphs,
         first_graphs_early=args.first_graphs_early,
+        lm_handover=args.lm_handover,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,

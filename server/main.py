@@ -1,20 +1,21 @@
-"""The server's entry point (``python app.py``, the ``cosystream`` script): one process serving the studio
-and the API, or, with ``--replicas N``, Ray Serve replicas of it (``cluster/``), which this process starts and
-waits for. The launcher sits above both, so ``cluster/`` can reuse ``server.cli`` and ``server.web``."""
+"""The single-process server: the studio and the API on one uvicorn server over one engine (``serve``),
+and what every launch sets up first (``prepare_process``). ``app.py`` (the ``cosystream`` script) picks
+this or, with ``--replicas N``, Ray Serve replicas (``cluster/``); this package never imports cluster/,
+which reuses ``server.cli`` and ``server.web``: the dependency points one way."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
 from types import FrameType
 
 from engine.config import DEMO_TINY
 from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
-from server.cli import build_engine, engine_config, parse_args
+from server.cli import build_engine, engine_config
 from server.pending_engine import PendingEngine
 from server.web import create_app, import_studio, open_share_link, web_server
 
@@ -31,16 +32,18 @@ def log_stacks(signum: int, frame: FrameType | None) -> None:
         log.warning("stack of thread %s (signal %d):\n%s", names.get(ident, ident), signum, stack)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+def prepare_process() -> None:
+    """Logging, and `kill -USR1 PID` (every thread's stack to the log, the server serving on), before
+    anything reads the engine's configuration: a slow start can be looked into from its first second."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to the log, the server serving on
+    if hasattr(signal, "SIGUSR1"):
         signal.signal(signal.SIGUSR1, log_stacks)
-    if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
-        from cluster.application import run_local
 
-        run_local(args)
-        return
+
+def serve(args: argparse.Namespace) -> None:
+    """One process serving the studio and the API until SIGINT / SIGTERM; ``args`` from ``server.cli``."""
+    if args.replicas > 0:
+        raise ValueError("--replicas runs on Ray Serve: start it with app.py / cosystream, not server.serve")
     cfg = engine_config(args)
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
     timeline = Timeline()  # the engine's phases, timed from this process's launch

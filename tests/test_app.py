@@ -48,6 +48,10 @@ def test_flags_reach_the_engine_config() -> None:
     cfg = cli.engine_config(gpu)
     assert cfg.flow_reuse is False and EngineConfig().flow_reuse is None  # auto: off for v2's graphs
     assert cli.engine_config(cli.parse_args(["--flow-reuse"])).flow_reuse is True
+    assert cfg.lm_handover is None  # auto: with vLLM, where its KV cache has a fixed size
+    assert cli.engine_config(cli.parse_args(["--no-lm-handover"])).lm_handover is False
+    with pytest.raises(SystemExit):  # a profiling vLLM would race the native loop beside it
+        cli.parse_args(["--lm-handover", "--lm-kv-cache-gib", "0"])
     assert cfg.flow_attention == "mask"
     assert cli.engine_config(cli.parse_args(["--flow-attention", "folded"])).flow_attention == "folded"
     with pytest.raises(SystemExit):
@@ -102,13 +106,29 @@ def test_import_is_light() -> None:
     code = textwrap.dedent(
         """
         import sys, app
-        heavy = ("torch", "gradio", "engine.serving.engine", "uvicorn", "fastapi")
+        heavy = ("torch", "gradio", "engine.serving.engine", "uvicorn", "fastapi", "ray", "cluster")
         heavy = [m for m in heavy if m in sys.modules]
         print(heavy)
         """
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_entry_picks_the_single_process_server_or_the_replicas(monkeypatch) -> None:
+    """app.py sits above server/ and cluster/: one process without --replicas, Ray Serve with it (cluster's
+    launcher, imported only then), the process prepared (logging, SIGUSR1) before either reads its flags."""
+    import app
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(app, "prepare_process", lambda: calls.append(("prepare", 0)))
+    monkeypatch.setattr(app, "serve", lambda args: calls.append(("serve", args.replicas)))
+    launcher = types.ModuleType("cluster.application")
+    launcher.run_local = lambda args: calls.append(("replicas", args.replicas))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cluster.application", launcher)  # no Ray started by this test
+    app.main(["--model", "demo-tiny"])
+    app.main(["--model", "demo-tiny", "--replicas", "2"])
+    assert calls == [("prepare", 0), ("serve", 0), ("prepare", 0), ("replicas", 2)]
 
 
 def test_build_engine_imports_the_engine_lazily(monkeypatch) -> None:

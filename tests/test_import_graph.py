@@ -71,6 +71,33 @@ def test_the_product_has_no_import_cycle() -> None:
     assert not cycles, " ; ".join(" -> ".join(c) for c in cycles)
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Top-level package (or the app script) -> the other product packages its modules import."""
+    names = {*PRODUCT, "app"}
+    packages: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        packages.setdefault(top(module), set()).update(top(i) for i in deps if top(i) in names)
+        packages[top(module)].discard(top(module))
+    return packages
+
+
+def test_the_packages_depend_one_way() -> None:
+    """Module cycles are not enough: server.main importing cluster.application while cluster imports
+    server.cli is no module cycle, yet the two packages lean on each other (one cannot ship or be read
+    without the other). app.py sits above both and picks one."""
+    packages = package_graph(import_graph(product_files()))
+    cycles = [c for p in sorted(packages) if (c := cycle_from(packages, p))]
+    assert not cycles, " ; ".join(" -> ".join(c) for c in cycles)
+    assert {"server", "cluster"} <= packages["app"]
+
+
+def test_the_package_rule_sees_a_cycle_through_different_modules() -> None:
+    graph = {"server.main": {"cluster.application"}, "cluster.application": {"server.cli"}}
+    packages = package_graph(graph)
+    assert cycle_from(graph, "server.main") is None  # the module rule misses it
+    assert cycle_from(packages, "server") == ["server", "cluster", "server"]
+
+
 def test_the_engine_imports_none_of_its_callers() -> None:
     graph = import_graph(product_files())
     upward = {

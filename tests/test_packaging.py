@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("engine", "server", "api", "webui", "cluster", "bench", "pyproject.toml", "README.md")
+SOURCES = ("engine", "server", "api", "webui", "cluster", "bench", "app.py", "pyproject.toml", "README.md")
 
 
 def packages_under(root: Path) -> set[str]:
@@ -61,4 +61,5 @@ def test_the_wheel_holds_every_package_and_its_data(tmp_path) -> None:
     data += [f"webui/static/{p.name}" for p in (ROOT / "webui" / "static").iterdir() if p.is_file()]
     assert not [d for d in data if d not in names]
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "cosystream = server.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "app.py" in names  # the entry over server/ and cluster/
+    assert "cosystream = app:main" in zipfile.ZipFile(wheel).read(entry).decode()

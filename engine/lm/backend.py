@@ -37,7 +37,10 @@ class LMRequest:
 
 
 class LMBackend(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """Which backend serves (native, vllm): for logs and /ready."""
+        ...
 
     def generate(self, req: LMRequest) -> AsyncIterator[int]:
         """Speech-token ids as sampled (stop id excluded); closing the iterator aborts the request."""

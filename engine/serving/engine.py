@@ -38,6 +38,7 @@ from engine.graph_builder import GraphBuilder
 from engine.hub import ModelDir, resolve_model
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
+from engine.lm.handover import HandoverLM
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -169,7 +170,8 @@ class TTSEngine:
         from llm.pt (or its cached export) while the weights load here, then the prompt frontend and the
         voices; Whisper and the graphs come after it (it sizes its KV cache from the memory free at its
         start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
-        started by ``warmup``)."""
+        started by ``warmup``). With a handover (``EngineConfig.lm_handover``) the load does not wait for
+        vLLM: the native loop serves until vLLM is up (``engine.lm.handover``)."""
         # (vLLM started first, beside the weights, with the tokenizer after them made ready later: both
         # loads' Python competed; BENCHMARKS.md, "Start-up")
         # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
@@ -179,7 +181,9 @@ class TTSEngine:
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
         weights: Future[LoadedModel] = Future()
-        with ThreadPoolExecutor(1, thread_name_prefix="lm-start") as starter:
+        handover = cfg.hands_over_lm and _uses_vllm(cfg, devices.is_accelerator(dev))
+        starter = ThreadPoolExecutor(1, thread_name_prefix="lm-start")
+        try:
             lm: tuple[object, ...] = (cfg, files, dev, weights.result)
             started = starter.submit(_timed, timeline, "LM backend", _backend, *lm)
             builder = GraphBuilder(timeline)
@@ -191,11 +195,19 @@ class TTSEngine:
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
                 raise
+            # the caller's idle work (the studio's import) still beside vLLM's start with a handover: the
+            # studio is then built before ready, not beside the first requests
             for name, work in idle_work:
                 if started.done():
                     break
                 _timed(timeline, name, work)
-            backend = started.result()
+            backend: LMBackend
+            if handover:  # the native loop serves now; vLLM takes new requests once up (engine.lm.handover)
+                backend = _handover(model, cfg, dev, started, timeline)
+            else:
+                backend = started.result()
+        finally:
+            starter.shutdown(wait=not handover)  # a handover's vLLM start goes on behind the serving engine
         with timeline.phase("text workers"):  # what is left of their start (seconds) once the LM is up
             _or_close(parts.pool.wait_started, parts.pool.close, backend.close)
         asr_name = model_choice(cfg.asr_model, dev)
@@ -205,8 +217,10 @@ class TTSEngine:
         asr = LoadingAsr.start(asr_name, dev, timeline) if asr_name else None
         if not _graphs_early(cfg, dev):
             # after vLLM has taken its share of device memory: it sizes its KV cache from what is free at
-            # its start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free)
-            _first_graphs(model, vocoder, cfg, dev, builder, lm_share=0.0)
+            # its start, so graphs captured first could leave it too little (seen on the H200: 24 GiB free);
+            # with a handover vLLM may still be starting: the pool leaves it its share
+            share = _lm_share(cfg, dev) if handover else 0.0
+            _first_graphs(model, vocoder, cfg, dev, builder, lm_share=share)
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
         p = parts
         engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
@@ -316,6 +330,11 @@ class TTSEngine:
         is playing or waiting)."""
         slacks = [a.playback.slack_s() for a in list(self._active)] + [self.token2wav.least_slack_s()]
         return min((s for s in slacks if s is not None), default=None)
+
+    @property
+    def lm_backend(self) -> str:
+        """The LM backend new requests go to (with a handover: native while vLLM starts, then vllm)."""
+        return self.backend.name
 
     @property
     def healthy(self) -> bool:
@@ -617,7 +636,7 @@ def _beside_the_lm(
     """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
     vocoder graph wrappers (with ``graphs_early``, their first graphs), the frontends."""
     with timeline.phase("weights"):
-        weights.set_result(load_model(files, dev))
+        weights.set_result(load_model(files, dev, cache_root(cfg.cache_dir)))  # safetensors after the first
     model, vocoder = weights.result(), None
     if cfg.flow_attention == "folded":
         model.flow.decoder.fold_attention()
@@ -647,7 +666,8 @@ def _lm_share(cfg: EngineConfig, dev: torch.device) -> float:
         return 0.0
     if cfg.lm_kv_cache_gib is None:
         return cfg.gpu_memory_utilization
-    return min(1.0, (cfg.lm_kv_cache_gib + LM_BESIDE_KV_GIB) * 2**30 / devices.total_memory_bytes(dev))
+    total = devices.total_memory_bytes(dev)  # 0 where the driver says nothing (the CPU): no pool to size
+    return min(1.0, (cfg.lm_kv_cache_gib + LM_BESIDE_KV_GIB) * 2**30 / total) if total else 0.0
 
 
 def _backend(
@@ -669,6 +689,16 @@ def _backend(
     from engine.lm.native import NativeLM
 
     return NativeLM(weights().lm, cfg.sampling)
+
+
+def _handover(
+    model: LoadedModel, cfg: EngineConfig, dev: torch.device, started: Future[LMBackend], timeline: Timeline
+) -> HandoverLM:
+    """The native loop on the loaded LM, serving until vLLM (``started``) is up; its device memory (KV
+    caches) is emptied from torch's cache once it is retired."""
+    from engine.lm.native import NativeLM
+
+    return HandoverLM(NativeLM(model.lm, cfg.sampling), started, timeline, lambda: devices.empty_cache(dev))
 
 
 def _uses_vllm(cfg: EngineConfig, accelerator: bool) -> bool:

@@ -103,6 +103,11 @@ class Timeline:
         with self._lock:
             return [*self._running.values(), *self._queued]
 
+    def stage(self) -> str:
+        """The stage: "warming" while start-up work is left (the LM handover, background graphs, the studio's
+        build): the first requests may be slower; "steady" once none is."""
+        return "warming" if self.pending() else "steady"
+
     def as_dict(self) -> dict[str, object]:
         """The JSON ``/ready`` returns: ready_s, now_s, phases (name, start_s, seconds, background),
         pending."""

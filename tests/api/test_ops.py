@@ -54,6 +54,26 @@ async def test_ready_returns_the_start_up_timeline(
     assert body["pending"] == [] and body["now_s"] >= body["ready_s"]
 
 
+async def test_ready_says_warming_while_start_up_work_is_left(
+    client: httpx.AsyncClient, engine: RecordingEngine
+) -> None:
+    """A server ready on the native LM loop while vLLM starts: "warming" (first audio may be slower),
+    the LM backend serving named, until the handover (a background phase) has ended."""
+    from engine.serving.startup import Timeline
+
+    timeline = Timeline()
+    timeline.queue("LM handover")
+    timeline.mark_ready()
+    engine.startup, engine.lm_backend = timeline, "native"  # type: ignore[attr-defined]
+    body = (await client.get("/ready")).json()
+    assert (body["status"], body["stage"], body["lm_backend"]) == ("ready", "warming", "native")
+    assert body["startup"]["pending"] == ["LM handover"]
+    with timeline.phase("LM handover", background=True):
+        engine.lm_backend = "vllm"  # type: ignore[attr-defined]
+    body = (await client.get("/ready")).json()
+    assert (body["stage"], body["lm_backend"]) == ("steady", "vllm")
+
+
 async def test_health_fails_once_the_engine_has_stopped(
     client: httpx.AsyncClient, engine: RecordingEngine
 ) -> None:

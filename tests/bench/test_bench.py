@@ -331,6 +331,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
         False,
     ) and defaults.lm_ras_graphs
     assert (plain.lm_kv_cache_gib, knobs.lm_kv_cache_gib) == (6.0, 8.0) and defaults.lm_kv_cache_gib == 6.0
+    assert plain.lm_handover is False  # every request measured on vLLM (no native loop while it starts)
 
 
 def test_text_stream_feeds_words_at_a_rate_and_reports_ttfa_from_the_first_word(cache, tmp_path):

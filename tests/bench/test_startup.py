@@ -44,8 +44,10 @@ SERVER = textwrap.dedent(
                 return self.reply(503, {"error": "loading"})
             phases = [{"name": "weights", "start_s": 0.0, "seconds": 0.2, "background": False}]
             pending = ["flow solver graphs"] if now < FULL_S else []
-            self.reply(200, {"status": "ready", "startup": {"ready_s": READY_S, "phases": phases,
-                                                            "pending": pending}})
+            # as app.py with an LM handover: the native loop serves while vLLM starts
+            stage, lm = ("warming", "native") if pending else ("steady", "vllm")
+            self.reply(200, {"status": "ready", "stage": stage, "lm_backend": lm,
+                             "startup": {"ready_s": READY_S, "phases": phases, "pending": pending}})
 
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
@@ -82,6 +84,9 @@ def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys) -> N
     assert len(run["first_ttfa_ms"]) == len(run["steady_ttfa_ms"]) == 5
     assert run["phases"][0]["name"] == "weights" and run["first_vs_steady"] > 0
     assert run["pending_during_first"] == ["flow solver graphs"]  # the first requests met the background
+    assert (run["stage_at_ready"], run["lm_backend_at_ready"], run["lm_backend_at_full_speed"]) == (
+        "warming", "native", "vllm",
+    )  # fmt: skip
 
 
 def test_a_start_stopped_before_full_speed_keeps_ready_the_first_requests_and_the_timeline(tmp_path: Path):

@@ -45,6 +45,19 @@ def test_the_compile_caches_follow_the_root_but_an_operators_choice_stays(clean_
     assert moved["TRITON_CACHE_DIR"] == "/operator/triton"
 
 
+def test_torchs_own_inductor_default_is_no_operators_choice(clean_env, tmp_path):
+    """Importing torch._dynamo before the load writes Inductor's /tmp default into the environment: a
+    warm start would then compile into a /tmp that a restarted Space or pod no longer has."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    assert roots.inductor_default() == default_cache_dir()  # the same rule as torch's
+    clean_env.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    moved = use_cache_root(tmp_path)
+    assert moved["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    clean_env.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "operator"))
+    assert use_cache_root(tmp_path / "b")["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "operator")
+
+
 def test_the_engine_writes_compile_caches_voices_and_demo_models_under_the_env_root(clean_env, tmp_path):
     """No --cache-dir: COSYSTREAM_CACHE alone places everything (the Docker image sets only it)."""
     import engine.serving.engine as engine_module
@@ -64,6 +77,8 @@ def test_the_engine_writes_compile_caches_voices_and_demo_models_under_the_env_r
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(root / "compile" / "inductor")
         assert os.environ["TRITON_CACHE_DIR"] == str(root / "compile" / "triton")
         assert os.environ["VLLM_CACHE_ROOT"] == str(root / "vllm-cache")
+        converted = sorted(p.name.split("-")[0] for p in (root / "weights").rglob("*.safetensors"))
+        assert converted == ["flow", "hift", "llm"]  # the next start maps these
         eng.add_voice("mine", str(write_wav(tmp_path / "p.wav", 2.0)), "a prompt")
         assert [p for p in (root / "voices").rglob("*") if p.is_file()]  # the saved voice's files
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,72 @@ def test_full_size_builder_directory_loads_strictly(family, tmp_path):
     build_model_dir(tmp_path, family, "full")
     model = load_model(validate_model_dir(tmp_path), torch.device("cpu"))
     assert model.lm.config.hidden_size == 896 and model.lm.config.num_layers == 24
+
+
+def weights_of(model) -> dict[str, torch.Tensor]:
+    return {
+        f"{name}.{key}": value
+        for name in ("lm", "flow", "hift")
+        for key, value in getattr(model, name).state_dict().items()
+    }
+
+
+def test_the_first_load_converts_to_safetensors_and_the_next_maps_them(tiny_dir, tmp_path, monkeypatch):
+    """The first start with a cache root writes each .pt once as safetensors; the next reads those (the
+    .pt files are not unpickled again) and ends with the very same weights, loaded strictly."""
+    import engine.checkpoint as checkpoint
+
+    files, cache = validate_model_dir(tiny_dir), tmp_path / "cache"
+    plain = weights_of(load_model(files, torch.device("cpu")))
+    first = weights_of(load_model(files, torch.device("cpu"), cache))
+    converted = sorted(p.name.split("-")[0] for p in (cache / "weights").rglob("*.safetensors"))
+    assert converted == ["flow", "hift", "llm"]
+    assert not list((cache / "weights").rglob("*.partial"))
+
+    def unpickled(path):
+        raise AssertionError(f"{path} was read again")
+
+    monkeypatch.setattr(checkpoint, "read_state", unpickled)
+    second = load_model(files, torch.device("cpu"), cache)
+    assert second.lm.llm.model.lm_head.weight.data_ptr() == second.lm.embed_tokens.weight.data_ptr()
+    for weights in (first, weights_of(second)):
+        assert weights.keys() == plain.keys()
+        assert all(torch.equal(weights[k], plain[k]) for k in plain)
+
+
+def test_a_converted_file_is_still_loaded_strictly(tiny_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from engine.checkpoint import converted_path
+
+    files, cache = validate_model_dir(tiny_dir), tmp_path / "cache"
+    load_model(files, torch.device("cpu"), cache)
+    target = converted_path(tiny_dir / "flow.pt", cache)
+    state = load_file(str(target))
+    key = sorted(state)[0]
+    save_file({k: v for k, v in state.items() if k != key}, str(target))  # a file that lost a key
+    with pytest.raises(ModelError, match="missing keys") as err:
+        load_model(files, torch.device("cpu"), cache)
+    assert key in str(err.value) and "flow.pt" in str(err.value)
+    target.write_bytes(b"not safetensors")
+    with pytest.raises(ModelError, match="delete it to convert again"):
+        load_model(files, torch.device("cpu"), cache)
+
+
+def test_a_replaced_checkpoint_is_converted_again_and_its_old_conversion_goes(tmp_path):
+    from engine.checkpoint import converted_path
+
+    model_dir = build_model_dir(tmp_path / "m", "cosyvoice2", "tiny")
+    files, cache = validate_model_dir(model_dir), tmp_path / "cache"
+    load_model(files, torch.device("cpu"), cache)
+    old = converted_path(model_dir / "hift.pt", cache)
+    state = read_state(model_dir / "hift.pt")
+    changed = {k: v.clone() + (1.0 if k == "conv_post.bias" else 0.0) for k, v in state.items()}
+    torch.save(changed, model_dir / "hift.pt")
+    later = (model_dir / "hift.pt").stat().st_mtime_ns + 10**9  # a replaced file is newer, on any clock
+    os.utime(model_dir / "hift.pt", ns=(later, later))
+    new = converted_path(model_dir / "hift.pt", cache)
+    assert new != old
+    model = load_model(files, torch.device("cpu"), cache)
+    assert new.exists() and not old.exists()
+    assert torch.equal(model.hift.state_dict()["conv_post.bias"], changed["conv_post.bias"])

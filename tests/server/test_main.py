@@ -9,22 +9,24 @@ import threading
 import pytest
 
 import server.main as entry
+from server import cli
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
-def test_sigusr1_logs_every_threads_stack_from_the_first_second(monkeypatch):
+def test_sigusr1_logs_every_threads_stack(monkeypatch):
     """`kill -USR1 PID` logs the stacks (what a slow start or request waits for) and does not stop the
-    server: the handler is registered before the engine's configuration is even read."""
+    server: ``prepare_process`` registers it (app.py runs it before the engine's configuration is read)."""
     registered: list[tuple[int, object]] = []
     monkeypatch.setattr(entry.signal, "signal", lambda sig, handler: registered.append((sig, handler)))
-
-    def stop_here(args):
-        raise SystemExit(0)
-
-    monkeypatch.setattr(entry, "engine_config", stop_here)
-    with pytest.raises(SystemExit):
-        entry.main(["--model", "demo-tiny"])
+    entry.prepare_process()
     assert registered == [(signal.SIGUSR1, entry.log_stacks)]
+
+
+def test_serve_refuses_replicas_it_cannot_start(monkeypatch):
+    """The single-process server knows nothing of Ray: --replicas reaching it is the caller's mistake."""
+    monkeypatch.setattr(entry, "engine_config", lambda args: pytest.fail("read the config"))
+    with pytest.raises(ValueError, match="--replicas"):
+        entry.serve(cli.parse_args(["--replicas", "2"]))
 
 
 def test_the_stacks_name_each_thread_and_where_it_waits(caplog):

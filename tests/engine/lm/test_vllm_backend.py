@@ -68,9 +68,9 @@ def test_greedy_tokens_match_the_native_backend_to_the_bf16_tolerance(model_dir,
     assert parity(native, rows, got, BF16_TIE_NATS)["within_tolerance"]
 
 
-def vllm_engine(model_dir, max_concurrency: int):
+def vllm_engine(model_dir, max_concurrency: int, handover: bool = False):
     """A ready TTSEngine on vLLM; graphs pre-captured for mel up to 100 frames only, so these requests'
-    longer flow calls take the uncaptured path."""
+    longer flow calls take the uncaptured path. Without ``handover`` every request runs on vLLM."""
     from engine.config import EngineConfig, Limits
     from engine.serving.engine import TTSEngine
 
@@ -80,6 +80,7 @@ def vllm_engine(model_dir, max_concurrency: int):
         gpu_memory_utilization=0.2,
         limits=Limits(max_concurrency=max_concurrency),
         graph_warmup_s=2.0,
+        lm_handover=handover,
     )
     engine = TTSEngine.load(cfg)
     engine.ready = True
@@ -152,3 +153,30 @@ def test_text_streaming_requests_run_on_the_vllm_backend(model_dir):
         audio = np.concatenate([c.pcm for c in chunks])
         assert chunks[-1].is_last and chunks[-1].metrics.lm_tokens >= 150
         assert audio.size > 0 and np.isfinite(audio).all() and chunks[-1].metrics.ttfa_ms is not None
+
+
+def test_the_engine_serves_on_native_while_vllm_starts_and_hands_over(model_dir):
+    """The handover on the real pair: ready before vLLM is up, a stream in flight at the switch finishes
+    on the native loop, new ones go to vLLM, the native loop is then closed."""
+    from engine.request import Mode, SynthesisRequest
+    from tests.sounds import speech_like
+
+    engine = vllm_engine(model_dir, max_concurrency=4, handover=True)
+    prompt = (speech_like(3.0, 24000), 24000)
+
+    async def one(seed: int) -> np.ndarray:
+        req = SynthesisRequest(
+            text="Hello there.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=seed, forced_tokens=100
+        )
+        return np.concatenate([c.pcm async for c in engine.stream(req)])
+
+    try:
+        assert engine.lm_backend == "native"  # vLLM's start takes tens of seconds: it is still on
+        before = bounded(one(0))
+        assert engine.backend.wait_settled(WAIT_S) and engine.lm_backend == "vllm"
+        assert not engine.backend.first.healthy  # retired: its decode thread has ended
+        after = bounded(one(1))
+        assert engine.backend.active == 0 and engine.healthy
+    finally:
+        engine.close()
+    assert all(0 < o.size <= 100 * 960 and np.isfinite(o).all() for o in (before, after))

@@ -424,7 +424,7 @@ def test_cudnn_attention_is_held_while_the_engine_is_open_and_undone_on_close_or
     eng.close()
     assert held == ["in:cpu", "out"]
 
-    def broken(files, dev):
+    def broken(files, dev, cache):
         raise RuntimeError("flow.pt is damaged")
 
     monkeypatch.setattr("engine.serving.engine.load_model", broken)
@@ -674,3 +674,52 @@ def test_the_vllm_backend_gets_the_lm_settings_from_the_config(tmp_path, monkeyp
     settings = {"profile_dir": str(tmp_path / "lm"), "ras_graphs": False, "kv_cache_gib": 6.0}
     assert made == [{"export": tmp_path / "export", "utilization": 0.3, **settings}]
     assert backend.lm == "the loaded LM"
+
+
+async def test_the_engine_serves_on_the_native_loop_while_vllm_starts_then_hands_over(tmp_path, monkeypatch):
+    """With vLLM and a handover (the default where its KV cache has a fixed size) the engine is ready as
+    soon as the native loop can serve; /ready's stage is "warming" until vLLM (here a second native loop
+    that starts when the test lets it) takes new requests and the first loop is retired. The same request
+    gives the same audio before and after: the sampling is the same on both."""
+    import threading
+
+    import engine.serving.engine as module
+    from engine.lm.native import NativeLM
+
+    up = threading.Event()
+
+    def vllm_stand_in(cfg, files, dev, weights):
+        assert up.wait(WAIT_S)  # vLLM's start: tens of seconds on a GPU
+        second = NativeLM(weights().lm, cfg.sampling)
+        second.name = "vllm"  # type: ignore[misc]
+        return second
+
+    monkeypatch.setattr(module, "_backend", vllm_stand_in)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v"))
+    assert cfg.hands_over_lm
+    idle: list[bool] = []  # the caller's work beside vLLM's start (the studio import) still runs before ready
+    eng = TTSEngine.load(cfg, idle_work=(("studio import", lambda: idle.append(up.is_set())),))
+    try:
+        assert idle == [False] and [p.name for p in eng.startup.phases].count("studio import") == 1
+        await eng.warmup()
+        assert eng.ready and eng.lm_backend == "native" and eng.startup.stage() == "warming"
+        eng.prompt = write_wav(tmp_path / "prompt.wav", 3.0)
+        before = pcm(await collect(eng, req(eng)))
+        up.set()
+        assert await asyncio.to_thread(eng.backend.wait_settled, WAIT_S)
+        assert eng.lm_backend == "vllm" and eng.startup.stage() == "steady" and eng.healthy
+        after = pcm(await collect(eng, req(eng)))
+        assert before.size > 0
+        np.testing.assert_array_equal(before, after)
+    finally:
+        up.set()
+        eng.close()
+
+
+def test_the_handover_is_on_by_default_where_vllms_kv_cache_has_a_fixed_size():
+    assert EngineConfig().hands_over_lm and not EngineConfig(lm_handover=False).hands_over_lm
+    assert not EngineConfig(lm_kv_cache_gib=None).hands_over_lm  # a profiling vLLM: no native loop beside
+    for bad in (dict(lm_handover=True, backend="native"), dict(lm_handover=True, lm_kv_cache_gib=None)):
+        with pytest.raises(ValueError, match="lm_handover"):
+            EngineConfig(**bad)

@@ -1,0 +1,183 @@
+"""Serve within seconds, upgrade in place: an LM backend that answers on a first backend (the native loop,
+up as soon as the weights are) while a second one starts (vLLM: tens of seconds), then hands over to it.
+
+Each request (a ``generate`` from its first pull, a bistream ``session`` from its creation) is routed once,
+under one lock, to the backend serving new requests at that instant, and runs to its end there: none is
+moved, so none is lost or decoded twice at the switch. From the switch on, new requests go to the second
+backend while those in flight on the first finish on it; once the last has, the first is closed (its decode
+thread ends, its KV caches go) and ``release`` runs (the engine empties the device's cache). Both backends
+sample with the same RAS code, seeded per request (engine.lm.sampling), so a request's tokens do not
+depend on which of the two served it.
+
+If the second backend fails to start, the first keeps serving (logged): slower, but serving. The timeline
+(``engine.serving.startup``) shows the handover as a background phase, pending from the start: ``/ready``
+reads "warming" until the first backend is retired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+
+from engine.lm.backend import LMBackend, LMRequest
+from engine.lm.bistream import LMSession, Round
+from engine.serving.startup import Timeline
+
+log = logging.getLogger(__name__)
+PHASE = "LM handover"  # from construction to the first backend's retirement, on the timeline
+
+
+class HandoverLM:
+    """``first`` serves until ``second`` (a future: its start runs elsewhere) is up, then ``second``."""
+
+    def __init__(
+        self,
+        first: LMBackend,
+        second: Future[LMBackend],
+        timeline: Timeline | None = None,
+        release: Callable[[], object] | None = None,
+    ):
+        self.first, self._second = first, second
+        self.timeline, self._release = timeline or Timeline(), release
+        self._lock = threading.Lock()
+        self._serving: LMBackend = first  # the backend new requests go to
+        self._on_first = 0  # requests routed to the first backend and not yet ended
+        self._switched = threading.Event()  # new requests go to the second backend
+        self._drained = threading.Event()  # the switch has happened and nothing is left on the first
+        self._closed = False
+        self.timeline.queue(PHASE)  # pending from now: /ready never reads steady before the handover
+        self._thread = threading.Thread(target=self._upgrade, name="lm-handover", daemon=True)
+        self._thread.start()
+
+    @property
+    def name(self) -> str:
+        """The backend new requests go to now."""
+        return self._serving.name
+
+    @property
+    def upgraded(self) -> bool:
+        """New requests go to the second backend."""
+        return self._serving is not self.first
+
+    def wait_upgraded(self, timeout_s: float | None = None) -> bool:
+        """Block until new requests go to the second backend (True), or ``timeout_s`` passed (False)."""
+        return self._switched.wait(timeout_s)
+
+    def wait_settled(self, timeout_s: float | None = None) -> bool:
+        """Block until the handover is over (the first retired, or kept after a failed start) -> True."""
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def retired(self) -> bool:
+        """The first backend has been closed (its requests all ended after the switch)."""
+        return self._drained.is_set() and not self._thread.is_alive()
+
+    @property
+    def active(self) -> int:
+        busy = 0 if self.retired else self.first.active
+        return busy + (self._serving.active if self.upgraded else 0)
+
+    @property
+    def healthy(self) -> bool:
+        return self._serving.healthy
+
+    async def generate(self, req: LMRequest) -> AsyncIterator[int]:
+        backend = self._take()
+        try:
+            ids = backend.generate(req)
+            async with contextlib.aclosing(ids) as tokens:  # type: ignore[type-var]
+                async for tok in tokens:
+                    yield tok
+        finally:
+            self._give_back(backend)
+
+    def session(self, request_id: str, seed: int) -> LMSession:
+        backend = self._take()
+        try:
+            inner = backend.session(request_id, seed)
+        except BaseException:
+            self._give_back(backend)
+            raise
+        return _HeldSession(inner, lambda: self._give_back(backend))
+
+    def close(self) -> None:
+        """Close both: the first now, the second once its start has ended (a vLLM engine core started
+        meanwhile must not outlive the server)."""
+        with self._lock:
+            self._closed = True
+        self._drained.set()
+        self.first.close()
+        self._second.add_done_callback(_close_started)
+
+    def _take(self) -> LMBackend:
+        with self._lock:
+            backend = self._serving
+            if backend is self.first:
+                self._on_first += 1
+            return backend
+
+    def _give_back(self, backend: LMBackend) -> None:
+        with self._lock:
+            if backend is not self.first:
+                return
+            self._on_first -= 1
+            if self.upgraded and self._on_first == 0:
+                self._drained.set()
+
+    def _upgrade(self) -> None:
+        """Wait for the second backend, switch new requests to it, retire the first once drained."""
+        try:
+            second = self._second.result()
+        except BaseException:  # the start failed: the first keeps serving
+            log.exception("the %s LM backend keeps serving: its successor failed to start", self.first.name)
+            second = None
+        with self.timeline.phase(PHASE, background=True):
+            if second is None or not self._switch(second):
+                return
+            self._drained.wait()
+            if self._closed:
+                return
+            self.first.close()
+            if self._release is not None:
+                self._release()
+        log.info("the %s LM backend serves every request; the %s one is closed", second.name, self.first.name)
+
+    def _switch(self, second: LMBackend) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._serving = second
+            left = self._on_first
+            if left == 0:
+                self._drained.set()
+        self._switched.set()
+        log.info("new LM requests go to %s; %d finish on %s", second.name, left, self.first.name)
+        return True
+
+
+def _close_started(started: Future[LMBackend]) -> None:
+    if not started.cancelled() and started.exception() is None:
+        started.result().close()
+
+
+class _HeldSession:
+    """A bistream session on the backend it was routed to; its end gives its place back (once)."""
+
+    def __init__(self, inner: LMSession, done: Callable[[], None]):
+        self.inner, self._done = inner, done
+        self._ended = False
+
+    def round(self, rnd: Round) -> AsyncIterator[int]:
+        return self.inner.round(rnd)
+
+    async def aclose(self) -> None:
+        try:
+            await self.inner.aclose()
+        finally:
+            if not self._ended:
+                self._ended = True
+                self._done()
