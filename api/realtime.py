@@ -39,12 +39,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.auth import bearer_token, matching_key, owner_of
 from api.context import ApiContext
+from api.contract import check_fields, check_piece
 from api.encode import StreamEncoder, stream_encoder
 from api.errors import ApiError, from_engine
 from api.ops import check_model
-from api.speech import SPEECH_PARAMS, check_length, check_ready, close, decode_audio_field
+from api.schemas import VoiceRef
+from api.speech import SPEECH_PARAMS, check_ready, close, decode_audio_field
 from engine.errors import EngineError
 from engine.request import AudioChunk, Mode, SynthesisRequest
+from engine.text.script import has_break
 
 log = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/realtime"
@@ -90,7 +93,7 @@ class Session(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    voice: str | None = None
+    voice: str | VoiceRef | None = None  # a saved voice id, or OpenAI's object form {"id": ...}
     ref_audio: str | None = None
     ref_text: str = ""
     mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = None
@@ -99,6 +102,9 @@ class Session(BaseModel):
     response_format: Literal["pcm", "wav"] = "pcm"
     sample_rate: int = Field(24000, ge=8000, le=48000)
     seed: int | None = Field(None, ge=0, lt=2**63)
+
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
     def resolved_mode(self) -> Mode:
         if self.mode is not None:
@@ -134,7 +140,7 @@ async def serve(ctx: ApiContext, ws: WebSocket) -> None:
     )
     reader = asyncio.create_task(read_text(ws, out, text, ctx, req.request_id))
     try:
-        await speak(ctx, out, req, session)
+        await speak(ctx, out, req, session, text)
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -152,7 +158,7 @@ async def open_request(
             session = await first_session(ws)
             check_ready(ctx.engine)
             check_model(session.model, ctx.engine)
-            text = TextInput()
+            text = TextInput(ctx.limits.max_text_chars, ctx.engine.family)
             return session, await build_request(ctx, session, text.pieces(), owner), text
         except ApiError as err:
             if err.status_code >= 500 or err.status_code in (401, 429):
@@ -215,8 +221,8 @@ async def first_session(ws: WebSocket) -> Session:
 async def build_request(
     ctx: ApiContext, session: Session, text: AsyncIterator[str], owner: str
 ) -> SynthesisRequest:
-    for param in ("ref_text", "instructions"):
-        check_length(getattr(session, param), f"session.{param}", ctx.limits.max_text_chars)
+    texts = {f"session.{p}": getattr(session, p) for p in ("ref_text", "instructions")}
+    check_fields(texts, ctx.limits.max_text_chars)
     mode = session.resolved_mode()
     if mode == Mode.ZERO_SHOT and session.ref_audio and not session.ref_text.strip():
         message = "zero-shot cloning needs ref_text, the transcript of ref_audio (or mode 'cross_lingual')"
@@ -228,7 +234,7 @@ async def build_request(
     return SynthesisRequest(
         mode=mode,
         prompt_audio=prompt,
-        voice_id=None if prompt is not None else session.voice,
+        voice_id=None if prompt is not None else session.voice_id(),
         voice_owner=owner,
         prompt_text=session.ref_text,
         instruct_text=session.instructions,
@@ -239,11 +245,19 @@ async def build_request(
 
 
 class TextInput:
-    """The request's text as the client writes it: pieces, then the end (a commit, or the client gone)."""
+    """The request's text as the client writes it: pieces, then the end (a commit, or the client gone).
 
-    def __init__(self) -> None:
+    Every piece is checked as it comes (the contract's characters: a refused piece is one error event,
+    the text goes on without it), and the text so far against the limit and the supported markup: a text
+    over ``max_chars`` or with markup the server does not support fails the request at once (``failure``),
+    before its audio, as does a committed text with nothing to say."""
+
+    def __init__(self, max_chars: int, family: str) -> None:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.ended = False
+        self.max_chars, self.family = max_chars, family
+        self.text = ""  # every accepted piece so far
+        self.failure: ApiError | None = None
 
     def append(self, event: dict[str, Any]) -> None:
         piece = event.get("text")
@@ -252,12 +266,33 @@ class TextInput:
             raise BadEvent(message, param="text", code="invalid_type", event=event)
         if self.ended:
             raise BadEvent("the text is already committed", code="text_committed", event=event)
+        refused = check_piece(piece, "text", self.max_chars)
+        if refused is not None and refused.status_code != 413:
+            raise BadEvent(refused.message, param="text", code=refused.code, event=event, status=422)
+        self.text += piece
+        self.check_text(complete=False)
         self.queue.put_nowait(piece)
 
     def commit(self, event: dict[str, Any]) -> None:
         if self.ended:
             raise BadEvent("the text is already committed", code="text_committed", event=event)
+        self.check_text(complete=True)
         self.end()
+
+    def check_text(self, complete: bool) -> None:
+        """The text so far: its length and the markup closed so far; once complete, that it says something.
+        A refusal here ends the request (``Fatal``)."""
+        try:
+            if has_break(self.text):
+                message = (
+                    'pauses (<break time="..."/>) are not supported in streamed text: send the text with its '
+                    "pauses to POST /v1/audio/speech, or leave them out"
+                )
+                raise ApiError(422, message, param="text", code="unsupported_markup")
+            fields, family = {"text": self.text}, self.family or None
+            check_fields(fields, self.max_chars, spoken="text", family=family, partial=not complete)
+        except ApiError as err:
+            raise Fatal(err) from None
 
     def end(self) -> None:
         if not self.ended:
@@ -267,6 +302,14 @@ class TextInput:
     async def pieces(self) -> AsyncIterator[str]:
         while (piece := await self.queue.get()) is not _END:
             yield piece
+
+
+class Fatal(Exception):
+    """A client event that ends the request: its ``error`` is sent, then the socket closes."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
 
 
 async def read_text(ws: WebSocket, out: Outbox, text: TextInput, ctx: ApiContext, request_id: str) -> None:
@@ -280,6 +323,8 @@ async def read_text(ws: WebSocket, out: Outbox, text: TextInput, ctx: ApiContext
                 await out.error(err)
     except WebSocketDisconnect:
         ctx.telemetry.disconnects.inc()
+    except Fatal as fatal:  # the speaking task sends it, once the aborted stream has ended
+        text.failure = fatal.error
     finally:
         ctx.engine.abort(request_id)
         text.end()
@@ -302,7 +347,9 @@ def handle(event: dict[str, Any], text: TextInput, ctx: ApiContext, request_id: 
         raise BadEvent(f"unknown event type {kind!r}", param="type", code="unknown_event", event=event)
 
 
-async def speak(ctx: ApiContext, out: Outbox, req: SynthesisRequest, session: Session) -> None:
+async def speak(
+    ctx: ApiContext, out: Outbox, req: SynthesisRequest, session: Session, text: TextInput
+) -> None:
     """Engine chunks -> ``response.audio.delta`` events, then the done events with the final metrics."""
     encoder = Resampled(stream_encoder(session.response_format, ctx.engine.sample_rate), session.sample_rate)
     last: AudioChunk | None = None
@@ -317,10 +364,12 @@ async def speak(ctx: ApiContext, out: Outbox, req: SynthesisRequest, session: Se
             if data := encoder.feed(chunk.pcm):
                 await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
     except EngineError as err:
-        raise from_engine(err, SPEECH_PARAMS) from err  # the session's fields are speech's
+        raise text.failure or from_engine(err, SPEECH_PARAMS) from err  # the session's fields are speech's
     finally:
         ctx.telemetry.api_streams.dec()
         await close(stream)  # a send that failed (the client left) frees the request now
+    if text.failure is not None:
+        raise text.failure
     if tail := encoder.finish():
         await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(tail).decode())
     done = last is not None and last.is_last

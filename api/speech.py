@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from api.auth import require_key
 from api.context import ApiContext, EngineLike
+from api.contract import check_fields
 from api.encode import MEDIA_TYPES, StreamEncoder, encode_audio, stream_encoder, supported_formats
 from api.errors import ApiError, from_engine, retry_after
 from api.ops import check_model
@@ -140,11 +141,12 @@ def check_length(text: str, param: str, max_chars: int) -> None:
 
 
 async def build_request(ctx: ApiContext, body: SpeechRequest, owner: str | None = None) -> SynthesisRequest:
-    for param in ("input", "ref_text", "instructions"):
-        check_length(getattr(body, param), param, ctx.limits.max_text_chars)
     mode = body.resolved_mode()
-    if mode != Mode.VC and not body.input.strip():
+    texts = {"input": body.input, "ref_text": body.ref_text, "instructions": body.instructions}
+    if mode != Mode.VC and not body.input.strip() and len(body.input) <= ctx.limits.max_text_chars:
         raise ApiError(422, "input is empty", param="input", code="empty_input")
+    spoken = "input" if mode != Mode.VC else None  # vc speaks source_audio: its input is not read
+    check_fields(texts, ctx.limits.max_text_chars, spoken=spoken, family=ctx.engine.family)
     check_mode_inputs(body, mode, bool(ctx.engine.asr_model))  # before decoding: cheap refusals first
     prompt = await decode_audio_field(body.ref_audio, "ref_audio", ctx) if body.ref_audio else None
     source = await decode_audio_field(body.source_audio, "source_audio", ctx) if body.source_audio else None

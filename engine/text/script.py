@@ -131,11 +131,11 @@ def break_seconds(tag: str, line: int = 1) -> float:
     timing = _BREAK_TIME.match(match["attrs"]) if match else None
     if timing is None:
         message = f'line {line}: {tag!r} is not a pause; write <break time="500ms"/> or "1.5s"'
-        raise InvalidInput(message, field="text")
+        raise InvalidInput(message, field="text", code="invalid_break")
     seconds = float(timing["value"]) / (1000.0 if timing["unit"] == "ms" else 1.0)
     if seconds > MAX_BREAK_S:
         message = f"line {line}: a break of {seconds:g} s is over the limit of {MAX_BREAK_S:g} s"
-        raise InvalidInput(message, field="text")
+        raise InvalidInput(message, field="text", code="break_too_long")
     return seconds
 
 
@@ -145,16 +145,29 @@ def model_tags(family: str) -> frozenset[str]:
     return frozenset(t for t in special_tokens(family) if not t.startswith("<|"))
 
 
-def check_tags(text: str, family: str, line: int = 1) -> None:
-    """Refuse any ``<...>`` or ``[...]`` that is neither a break nor one of the model's tags."""
+def unsupported_tag(text: str, family: str) -> str | None:
+    """The first ``<...>`` or ``[...]`` in ``text`` that is neither a break nor one of the model's tags."""
     allowed = model_tags(family)
     for match in _TAG.finditer(text):
         tag = match.group()
         if tag not in allowed and not _BREAK.fullmatch(tag):
-            shown = ", ".join(TAG_HELP)
-            pause = '<break time="500ms"/>'
-            message = f"line {line}: unknown tag {tag!r}; pauses are {pause}, the model knows {shown}"
-            raise InvalidInput(message, field="text")
+            return tag
+    return None
+
+
+def check_tags(text: str, family: str, line: int = 1) -> None:
+    """Refuse any ``<...>`` or ``[...]`` that is neither a break nor one of the model's tags."""
+    tag = unsupported_tag(text, family)
+    if tag is not None:
+        shown = ", ".join(TAG_HELP)
+        pause = '<break time="500ms"/>'
+        quoted = repr(tag) if len(tag) <= 40 else repr(tag[:40]) + "..."
+        message = f"line {line}: unknown tag {quoted}; pauses are {pause}, the model knows {shown}"
+        raise InvalidInput(message, field="text", code="unsupported_markup")
+
+
+def has_break(text: str) -> bool:
+    return _BREAK.search(text) is not None
 
 
 def split_pauses(text: str, line: int = 1) -> list[str | Pause]:

@@ -228,7 +228,7 @@ def test_too_much_text_is_an_error_event_and_the_server_keeps_serving(url: str) 
     with open_session(url) as ws:
         send(ws, "input_text_buffer.append", text="word " * 80)
         errors = [e["error"] for e in events(ws) if e["type"] == "error"]
-    assert errors and errors[0]["code"] == "too_large" and "300 characters" in errors[0]["message"]
+    assert errors and errors[0]["code"] == "text_too_long" and "the limit is 300" in errors[0]["message"]
     with open_session(url) as ws:
         send(ws, "input_text_buffer.append", text="Hello there.")
         send(ws, "input_text_buffer.commit")
@@ -270,5 +270,90 @@ def test_text_with_nothing_speakable_is_a_422_error_event(url: str) -> None:
         send(ws, "input_text_buffer.append", text="\u0301\u0302\ufeff")
         send(ws, "input_text_buffer.commit")
         errors = [e["error"] for e in events(ws) if e["type"] == "error"]
-    assert len(errors) == 1 and errors[0]["code"] == "invalid_input"
+    assert len(errors) == 1 and errors[0]["code"] == "nothing_to_speak"
     assert errors[0]["type"] == "invalid_request_error" and "nothing to speak" in errors[0]["message"]
+
+
+# ------------------------------------------------------------------ the same contract as HTTP (issue 58)
+
+
+def raw_append(ws: ClientConnection, text_json: str) -> None:
+    """An append whose text is written as raw JSON (a lone surrogate travels as an escape)."""
+    ws.send('{"type": "input_text_buffer.append", "text": ' + text_json + "}")
+
+
+def closing(ws: ClientConnection) -> tuple[list[dict[str, Any]], int | None]:
+    """Every event up to the close, and the close code."""
+    got: list[dict[str, Any]] = []
+    try:
+        while True:
+            got.append(json.loads(ws.recv(timeout=120)))
+    except ConnectionClosed as closed:
+        return got, closed.rcvd.code if closed.rcvd is not None else None
+
+
+@pytest.mark.parametrize(
+    ("text_json", "code", "words"),
+    [
+        ('"bad \\ud800 x"', "invalid_unicode", "Unicode"),
+        ('"a \\u0000 b"', "control_characters", "control characters"),
+        ('"bell \\u0007"', "control_characters", "control characters"),
+    ],
+    ids=["lone-surrogate", "nul", "bell"],
+)
+def test_a_piece_http_refuses_is_refused_and_the_text_goes_on(
+    url: str, text_json: str, code: str, words: str
+):
+    """Before: a lone surrogate gave internal_error, close 1011 and a traceback; NUL was spoken."""
+    with open_session(url) as ws:
+        raw_append(ws, text_json)
+        send(ws, "input_text_buffer.append", text="Hello there.")
+        send(ws, "input_text_buffer.commit")
+        got, close_code = closing(ws)
+    errors = [e["error"] for e in got if e["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["code"] == code and words in errors[0]["message"], errors
+    assert errors[0]["param"] == "text" and got[-1]["type"] == "response.done", got[-1]
+    assert got[-1]["response"]["status"] == "completed" and close_code == 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [("\U0001f600\U0001f389", "nothing_to_speak"), ("Hi <speak>there</speak>", "unsupported_markup"),
+     ("Hi [foo] there", "unsupported_markup"), ('Hi <break time="1s"/> there', "unsupported_markup")],
+    ids=["emoji-only", "speak-tag", "bracket-tag", "break"],
+)  # fmt: skip
+def test_text_http_refuses_ends_the_request_before_any_audio(url: str, text: str, code: str) -> None:
+    """Before: emoji-only text and unknown markup were spoken (the markup read aloud)."""
+    with open_session(url) as ws:
+        send(ws, "input_text_buffer.append", text=text)
+        send(ws, "input_text_buffer.commit")
+        got, close_code = closing(ws)
+    kinds = [e["type"] for e in got]
+    assert kinds == ["session.updated", "error"], kinds
+    assert got[-1]["error"]["code"] == code and close_code == 1000
+
+
+def test_text_over_the_limit_is_refused_at_once_not_after_its_audio(url: str, engine: TTSEngine) -> None:
+    """Before: the limit was met by the engine as it reached that text, after the audio before it."""
+    with open_session(url) as ws:
+        send(ws, "input_text_buffer.append", text="Hello there. " * 20)  # 260 of the 300 characters
+        send(ws, "input_text_buffer.append", text="And more text here. " * 3)
+        got, close_code = closing(ws)
+    errors = [e for e in got if e["type"] == "error"]
+    assert [e["error"]["code"] for e in errors] == ["text_too_long"] and close_code == 1000
+    assert "response.done" not in [e["type"] for e in got]
+    assert wait_until(lambda: engine.stats().active_streams == 0)
+
+
+def test_voice_as_an_object_and_text_tokens_in_the_metrics(url: str, engine: TTSEngine, tmp_path) -> None:
+    """Before: {"id": ...} was refused (HTTP takes it) and metrics.text_tokens was 0."""
+    wav = tmp_path / "v.wav"
+    sf.write(wav, speech_like(2.0), 24000)
+    voice = engine.add_voice("object form", str(wav), "Hello there.", None, "")
+    with open_session(url, ref_audio=None, mode=None, voice={"id": voice.id}) as ws:
+        assert next(events(ws))["type"] == "session.updated"
+        send(ws, "input_text_buffer.append", text="Hello there, again.")
+        send(ws, "input_text_buffer.commit")
+        got, _ = closing(ws)
+    done = got[-1]["response"]
+    assert done["status"] == "completed" and done["metrics"]["text_tokens"] > 0, done["metrics"]
