@@ -14,6 +14,7 @@ import json
 import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -29,6 +30,7 @@ from api.ops import check_model
 from api.route import guarded_route
 from api.schemas import SpeechRequest
 from api.streaming import EngineStreamResponse, cut_stream
+from api.stretch import split_speed, time_stretch
 from api.telemetry import Telemetry
 from engine.errors import EngineError
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -79,6 +81,9 @@ async def speak(ctx: ApiContext, body: SpeechRequest, request: Request, owner: s
         gen, first = await open_stream(ctx.engine, req)
     except EngineError as err:
         raise from_engine(err, SPEECH_PARAMS) from err
+    stretch = split_speed(body.speed)[1]
+    if stretch != 1.0:  # beyond the model's own 0.5-2: the rest as a time-stretch of its audio
+        gen, first = stretched(gen, stretch), stretch_chunk(first, stretch)
     ctx.telemetry.first_audio(first.metrics)
     if encoder is None:
         return await whole_file(ctx, request, gen, first, body.response_format)
@@ -165,12 +170,14 @@ async def build_request(ctx: ApiContext, body: SpeechRequest, owner: str | None 
             source_audio=source,
             language=body.language,
             stream=body.streams(),
-            speed=body.speed,
+            speed=split_speed(body.speed)[0],
             seed=body.seed,
             forced_tokens=body.forced_tokens if ctx.limits.forced_tokens else None,
         )
-    except ValueError as err:
-        raise ApiError(422, str(err), code="invalid_value") from err
+    except ValueError as err:  # the request's own range checks: "<field> must be ..."
+        field = str(err).split(" ", 1)[0]
+        param = field if field in ("speed", "seed", "forced_tokens") else None
+        raise ApiError(422, str(err), param=param, code="invalid_value") from err
 
 
 def check_mode_inputs(body: SpeechRequest, mode: Mode, has_asr: bool = False) -> None:
@@ -261,6 +268,19 @@ async def open_stream(
         await close(gen)
         raise
     return gen, first
+
+
+def stretch_chunk(chunk: AudioChunk, rate: float) -> AudioChunk:
+    return replace(chunk, pcm=time_stretch(chunk.pcm, rate, chunk.sample_rate))
+
+
+async def stretched(gen: AsyncIterator[AudioChunk], rate: float) -> AsyncIterator[AudioChunk]:
+    """Each chunk time-stretched (at a speed off 1 the model sends whole segments, not pieces of one)."""
+    try:
+        async for chunk in gen:
+            yield stretch_chunk(chunk, rate)
+    finally:
+        await close(gen)
 
 
 async def close(gen: AsyncIterator[AudioChunk]) -> None:

@@ -176,6 +176,7 @@ class VoiceLibrary:
         public or an example voice, compared case-insensitively) is a ``Conflict``. ``consent``: the
         speaker's consent reference, stored and shown with the voice."""
         name = validate_name(name)
+        check_not_stock(name)
         prompt_text = _validate_prompt_text(prompt_text)
         consent = _validate_consent(consent)
         folder = self._folder(check_owner(owner), create=True)
@@ -229,7 +230,7 @@ class VoiceLibrary:
 
     def example(self, voice_id: str, owner: str | None = None) -> ExampleVoice | None:
         """The example ``voice_id`` (or the stock OpenAI name) names, unless a saved voice the owner can
-        see has that id (saved voices win, so an operator can rebind ``alloy``)."""
+        see has that id (saved voices win; a stock name is never a saved voice's: ``check_not_stock``)."""
         if not isinstance(voice_id, str):
             return None
         key = OPENAI_VOICES.get(voice_id.lower(), voice_id)
@@ -376,6 +377,14 @@ def validate_name(name: str) -> str:
     if any(unicodedata.category(ch).startswith("C") for ch in name):
         raise InvalidInput("voice name contains control characters")
     return name
+
+
+def check_not_stock(name: str) -> None:
+    """The stock OpenAI names (alloy, nova ...) are reserved: a voice saved as ``alloy`` would replace the
+    stock one for every client that shares its namespace (every client, on a server without keys)."""
+    if name.strip().casefold() in OPENAI_VOICES or slugify(name) in OPENAI_VOICES:
+        stock = ", ".join(OPENAI_VOICES)
+        raise Conflict(f"{name!r} is a stock voice name ({stock}): choose another name", field="name")
 
 
 def slugify(name: str) -> str:

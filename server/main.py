@@ -5,17 +5,21 @@ waits for. The launcher sits above both, so ``cluster/`` can reuse ``server.cli`
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 import traceback
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any, NoReturn
 
 from engine.config import DEMO_TINY
+from engine.errors import ModelError
 from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
 from server.cli import build_engine, engine_config, parse_args
 from server.pending_engine import PendingEngine
+from server.shutdown import EXIT_CONFIG
 from server.web import create_app, import_studio, open_share_link, web_server
 
 log = logging.getLogger("cosystream")
@@ -31,17 +35,47 @@ def log_stacks(signum: int, frame: FrameType | None) -> None:
         log.warning("stack of thread %s (signal %d):\n%s", names.get(ident, ident), signum, stack)
 
 
+def config_error(message: str) -> NoReturn:
+    """One line that says what to fix, and the status a supervisor does not restart on."""
+    log.critical("cannot start: %s", message)
+    sys.exit(EXIT_CONFIG)
+
+
+def check_model_dir(model: str, llm_variant: str) -> None:
+    """A ``--model`` that names a local path must be a complete model directory, checked before the server
+    listens (file names only: milliseconds); a hub id is resolved by the load."""
+    from engine.hub import validate_model_dir
+
+    looks_local = model.startswith(("/", "./", "../", "~")) or os.path.exists(os.path.expanduser(model))
+    if model == DEMO_TINY or not looks_local:
+        return
+    try:
+        validate_model_dir(model, llm_variant)
+    except ModelError as err:
+        config_error(f"{err} (fix --model: a CosyVoice2/3 model directory, a hub id, or demo-tiny)")
+
+
+def run_replicas(args: Any) -> None:
+    try:
+        from cluster.application import run_local
+    except ImportError as err:
+        if not (err.name or "").startswith("ray"):
+            raise
+        needs = "pip install -r requirements-cluster.txt"
+        config_error(f"--replicas needs Ray Serve ({err.name} is not installed): {needs}")
+    run_local(args)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to the log, the server serving on
         signal.signal(signal.SIGUSR1, log_stacks)
     if args.replicas > 0:  # Ray Serve serves the same app; this process only starts it and waits
-        from cluster.application import run_local
-
-        run_local(args)
+        run_replicas(args)
         return
     cfg = engine_config(args)
+    check_model_dir(cfg.model, cfg.llm_variant)
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
     timeline = Timeline()  # the engine's phases, timed from this process's launch
     # the server listens first (/health answers at once, /ready once warm); the engine loads behind it
