@@ -87,9 +87,9 @@ def check_text(
 def check_markup(text: str, what: str, field: str, family: str) -> None:
     """Only ``<break time="..."/>`` and ``family``'s tags: anything else in ``<...>`` or ``[...]`` is refused
     by name (never read aloud)."""
-    from engine.text.script import split_pauses, unsupported_tag  # the script format owns the markup
+    from engine.text.script import check_pauses, split_pauses, unsupported_tag  # the script format's
 
-    split_pauses(text)  # each break's time, within its limit
+    check_pauses(split_pauses(text))  # each break's time, and all of them, within their limits
     tag = unsupported_tag(text, family)
     if tag is not None:
         message = (

@@ -33,6 +33,11 @@ from engine.text.split import cut_sentences, is_punctuation_only, merge_sentence
 MAX_BREAK_S = 10.0  # one break; longer silences are a sign of a typo ("5000s")
 MAX_GAP_S = 5.0  # between turns
 MAX_SCRIPT_CHARS = 20_000  # the whole script (each part stays far below the engine's max_text_chars)
+# silence one text or script may ask for (breaks and gaps together), checked before any work: 1000 breaks
+# of 10 s are 19 KB of text and would be 2.8 hours of audio
+MAX_PAUSE_S = 300.0
+# audio one script may produce (speech and silence), checked as it is produced
+MAX_SCRIPT_AUDIO_S = 1800.0
 PART_CHARS = 200  # sentences are merged into parts of up to about this many characters
 _NAME = r"[^\W\d_][\w .'\-]{0,31}?"
 _TURN = re.compile(rf"^(?P<name>{_NAME})\s*(?:\((?P<instruct>[^()]*)\))?\s*:\s*(?P<text>.*)$")
@@ -207,4 +212,13 @@ def compile_script(lines: Iterable[Line], family: str, gap_s: float = 0.3) -> li
             parts += [Speech(line.speaker, s, line.instruct, line.number) for s in sentences(piece)]
     if not any(isinstance(p, Speech) for p in parts):
         raise InvalidInput("the script has only pauses: nothing to speak", field="text")
+    check_pauses(parts)
     return parts
+
+
+def check_pauses(parts: Iterable[object]) -> None:
+    """Refuse more silence than ``MAX_PAUSE_S`` in all (``TooLarge``, code ``too_much_silence``)."""
+    total = sum(p.seconds for p in parts if isinstance(p, Pause))
+    if total > MAX_PAUSE_S:
+        message = f"the pauses add up to {total:g} s of silence; the limit is {MAX_PAUSE_S:g} s"
+        raise TooLarge(message, field="text", code="too_much_silence")
