@@ -89,7 +89,11 @@ def check_markup(text: str, what: str, field: str, family: str) -> None:
     by name (never read aloud)."""
     from engine.text.script import check_pauses, split_pauses, unsupported_tag  # the script format's
 
-    check_pauses(split_pauses(text))  # each break's time, and all of them, within their limits
+    try:  # each break's time, and all of them, within their limits
+        check_pauses(split_pauses(text))
+    except InvalidInput as err:  # a script's message names a line; this text is one field
+        message = f"{what}: {str(err).removeprefix('line 1: ')}"
+        raise type(err)(message, field=field, code=err.code) from None
     tag = unsupported_tag(text, family)
     if tag is not None:
         message = (

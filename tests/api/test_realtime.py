@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -357,3 +358,30 @@ def test_voice_as_an_object_and_text_tokens_in_the_metrics(url: str, engine: TTS
         got, _ = closing(ws)
     done = got[-1]["response"]
     assert done["status"] == "completed" and done["metrics"]["text_tokens"] > 0, done["metrics"]
+
+
+def longest_zero_run(pcm: np.ndarray) -> int:
+    zero = np.concatenate([[0], (pcm == 0).astype(np.int8), [0]])
+    edges = np.flatnonzero(np.diff(zero))
+    return int((edges[1::2] - edges[0::2]).max()) if edges.size else 0
+
+
+def test_a_break_on_the_speech_route_is_exact_silence_not_words(url: str, engine: TTSEngine) -> None:
+    """Before: <break time="..."/> was read aloud ("break time equal sign ..."): now the real engine speaks
+    the text around it and puts exact silence in its place, as scripts do."""
+    base = url.replace("ws://", "http://").removesuffix("/v1/audio/speech/realtime")
+    body = {
+        "input": 'Hi. <break time="600ms"/> Yo.',
+        "mode": "cross_lingual",
+        "ref_audio": ref_audio(),
+        "response_format": "pcm",
+        "stream": False,
+        "seed": 3,
+    }
+    r = httpx.post(
+        f"{base}/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120
+    )
+    assert r.status_code == 200, r.text
+    pcm = np.frombuffer(r.content, "<i2")
+    assert longest_zero_run(pcm) >= 0.6 * 24000 and len(pcm) > 0.6 * 24000 + 2400
+    assert wait_until(lambda: engine.stats().active_streams == 0)
