@@ -171,6 +171,18 @@ def check_tags(text: str, family: str, line: int = 1) -> None:
         raise InvalidInput(message, field="text", code="unsupported_markup")
 
 
+def cut_at_breaks(text: str) -> list[str | Pause]:
+    """``text`` as its pieces (unstripped, as written) and the pauses of its breaks, empty pieces dropped:
+    for text that arrives in pieces, where the spaces between pieces matter."""
+    out: list[str | Pause] = []
+    pos = 0
+    for match in _BREAK.finditer(text):
+        out += [text[pos : match.start()], Pause(break_seconds(match.group()))]
+        pos = match.end()
+    out.append(text[pos:])
+    return [p for p in out if not isinstance(p, str) or p]
+
+
 def has_break(text: str) -> bool:
     return _BREAK.search(text) is not None
 

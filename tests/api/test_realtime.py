@@ -320,8 +320,8 @@ def test_a_piece_http_refuses_is_refused_and_the_text_goes_on(
 @pytest.mark.parametrize(
     ("text", "code"),
     [("\U0001f600\U0001f389", "nothing_to_speak"), ("Hi <speak>there</speak>", "unsupported_markup"),
-     ("Hi [foo] there", "unsupported_markup"), ('Hi <break time="1s"/> there', "unsupported_markup")],
-    ids=["emoji-only", "speak-tag", "bracket-tag", "break"],
+     ("Hi [foo] there", "unsupported_markup"), ('Hi <break time="99s"/> there', "break_too_long")],
+    ids=["emoji-only", "speak-tag", "bracket-tag", "long-break"],
 )  # fmt: skip
 def test_text_http_refuses_ends_the_request_before_any_audio(url: str, text: str, code: str) -> None:
     """Before: emoji-only text and unknown markup were spoken (the markup read aloud)."""
@@ -384,4 +384,23 @@ def test_a_break_on_the_speech_route_is_exact_silence_not_words(url: str, engine
     assert r.status_code == 200, r.text
     pcm = np.frombuffer(r.content, "<i2")
     assert longest_zero_run(pcm) >= 0.6 * 24000 and len(pcm) > 0.6 * 24000 + 2400
+    assert wait_until(lambda: engine.stats().active_streams == 0)
+
+
+def test_a_break_in_streamed_text_is_exact_silence_between_its_segments(url: str, engine: TTSEngine) -> None:
+    """Before: the socket read the tag aloud. Now it means what it means on the speech route and in
+    scripts, even when the tag arrives split over pieces; each segment is a request under the one id."""
+    with open_session(url) as ws:
+        opened = next(events(ws))
+        for piece in ["Hi there. <bre", 'ak time="700ms"', "/> Yo", " again."]:
+            send(ws, "input_text_buffer.append", text=piece)
+        send(ws, "input_text_buffer.commit")
+        got, close_code = closing(ws)
+    kinds = [e["type"] for e in got]
+    assert "error" not in kinds and kinds[-2:] == ["response.audio.done", "response.done"], kinds
+    pcm = np.frombuffer(b"".join(base64.b64decode(e["delta"]) for e in got[:-2]), "<i2")
+    done = got[-1]["response"]
+    assert done["status"] == "completed" and done["id"] == opened["session"]["id"] and close_code == 1000
+    assert longest_zero_run(pcm) >= 0.7 * 24000 and len(pcm) > 0.7 * 24000 + 4800
+    assert abs(done["metrics"]["audio_s"] - len(pcm) / 24000) < 0.05 and done["metrics"]["text_tokens"] > 0
     assert wait_until(lambda: engine.stats().active_streams == 0)
