@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import require_key
 from api.context import ApiContext
+from api.contract import check_fields
 from api.errors import ApiError, from_engine
 from api.route import guarded_route
 from api.schemas import VoiceDeleted, VoiceInfo, VoiceList
@@ -106,9 +107,7 @@ def check_form(ctx: ApiContext, form: VoiceForm, upload: UploadFile | None) -> U
     if not form.ref_text.strip() and not ctx.engine.asr_model:
         message = "ref_text (the transcript of the audio) is required: this server has no ASR to make it"
         raise ApiError(422, message, param="ref_text", code="missing_ref_text")
-    if len(form.ref_text) > ctx.limits.max_text_chars:
-        message = f"ref_text has {len(form.ref_text)} characters; the limit is {ctx.limits.max_text_chars}"
-        raise ApiError(413, message, param="ref_text", code="text_too_long")
+    check_fields({"ref_text": form.ref_text}, ctx.limits.max_text_chars)  # the contract's, as every text
     if upload is None:
         raise ApiError(422, "audio_sample (a file) is required", param="audio_sample", code="missing_audio")
     if upload.size is not None and upload.size > ctx.limits.max_upload_bytes:
