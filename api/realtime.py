@@ -53,6 +53,8 @@ from engine.text.script import cut_at_breaks
 log = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/realtime"
 _END = None  # queued after the last text piece
+# SynthesisRequest field -> the event field at fault: the appended text, or the session's own fields
+REALTIME_PARAMS = {field: "text" if p == "input" else f"session.{p}" for field, p in SPEECH_PARAMS.items()}
 
 
 class BadEvent(ApiError):
@@ -487,7 +489,7 @@ async def speak_segment(
             last = chunk
             await deliver(chunk.pcm)
     except EngineError as err:
-        raise text.failure or from_engine(err, SPEECH_PARAMS) from err  # the session's fields are speech's
+        raise text.failure or from_engine(err, REALTIME_PARAMS) from err
     finally:
         await close(stream)  # a send that failed (the client left) frees the request now
     if text.failure is not None:

@@ -357,7 +357,7 @@ async def sse_events(
     except EngineError as err:
         telemetry.stream_errors.inc()
         log.warning("request %s failed mid-stream: %s", first.metrics.request_id, err)
-        yield sse_event({"type": "error", **from_engine(err).body()})
+        yield sse_event({"type": "error", **from_engine(err, SPEECH_PARAMS).body()})
     finally:
         await close(gen)
 

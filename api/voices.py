@@ -33,6 +33,8 @@ from api.speech import read_prompt, transcribe_prompt
 from engine.errors import EngineError
 
 MAX_NAME_CHARS = 64
+# the engine's field -> this route's form field, for an error's ``param``
+VOICE_PARAMS = {"name": "name", "prompt_text": "ref_text", "consent": "consent", "prompt_wav": "audio_sample"}
 MAX_CONSENT_CHARS = 256
 FORM_SLACK_BYTES = 64 * 1024  # multipart boundaries, headers and the text fields
 
@@ -142,4 +144,6 @@ async def save_voice(ctx: ApiContext, form: VoiceForm, upload: UploadFile | None
         try:
             return await call(add, form.name.strip(), path, ref_text, owner, form.consent.strip())
         except EngineError as err:
-            raise from_engine(err) from err
+            mapped = from_engine(err, VOICE_PARAMS)
+            mapped.param = mapped.param or "audio_sample"  # the engine's audio checks name no field
+            raise mapped from err

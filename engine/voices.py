@@ -368,14 +368,16 @@ def validate_name(name: str) -> str:
     """A display name: 1-64 characters, no control/format characters. Path-like names are fine (the id is
     a slug), but NUL, newlines and other controls are refused."""
     if not isinstance(name, str):
-        raise InvalidInput("voice name must be a string")
+        raise InvalidInput("voice name must be a string", field="name")
     name = unicodedata.normalize("NFC", name).strip()
     if not name:
-        raise InvalidInput("voice name is empty")
+        raise InvalidInput("voice name is empty", field="name")
     if len(name) > MAX_NAME_CHARS:
-        raise InvalidInput(f"voice name is {len(name)} characters; at most {MAX_NAME_CHARS} are allowed")
+        raise InvalidInput(
+            f"voice name is {len(name)} characters; at most {MAX_NAME_CHARS} are allowed", field="name"
+        )
     if any(unicodedata.category(ch).startswith("C") for ch in name):
-        raise InvalidInput("voice name contains control characters")
+        raise InvalidInput("voice name contains control characters", field="name")
     return name
 
 
@@ -409,10 +411,11 @@ def _validate_consent(consent: str) -> str:
 
 def _validate_prompt_text(text: str) -> str:
     if not isinstance(text, str) or "\x00" in text:
-        raise InvalidInput("prompt text must be a string without NUL characters")
+        raise InvalidInput("prompt text must be a string without NUL characters", field="prompt_text")
     if len(text) > MAX_PROMPT_TEXT_CHARS:
         raise InvalidInput(
-            f"prompt text is {len(text)} characters; at most {MAX_PROMPT_TEXT_CHARS} are allowed"
+            f"prompt text is {len(text)} characters; at most {MAX_PROMPT_TEXT_CHARS} are allowed",
+            field="prompt_text",
         )
     return text
 

@@ -567,7 +567,7 @@ class TTSEngine:
         """Save a voice for ``owner`` (a browser id or API key; None: a public voice, the operator's);
         ``consent`` is the speaker's consent reference, stored with it."""
         if not prompt_text.strip():
-            raise InvalidInput("a saved voice needs the transcript of its prompt audio")
+            raise InvalidInput("a saved voice needs the transcript of its prompt audio", field="prompt_text")
         features = self.frontend.extract(prompt_wav, trim=True)
         return self.voices.add(name, features, prompt_text.strip(), self.family, prompt_wav, owner, consent)
 

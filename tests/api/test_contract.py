@@ -21,6 +21,7 @@ import soundfile as sf
 import api.script as script_route
 from api.app import build_api
 from engine.config import Limits
+from engine.errors import InvalidInput
 from engine.serving.startup import Timeline
 from server.pending_engine import PendingEngine
 from tests.api.support import RecordingEngine, assert_openai_error, client_for, live_server, wav_bytes
@@ -196,3 +197,35 @@ async def test_every_route_answers_503_with_retry_after_while_loading() -> None:
     for r in answers:
         error = assert_openai_error(r, 503)
         assert error["code"] == "not_ready" and int(r.headers["retry-after"]) >= 1, (r.request.url, error)
+
+
+class Refusing(RecordingEngine):
+    """Refuses every voice with the engine's error of one field (None: the audio checks name none)."""
+
+    def __init__(self, field: str | None):
+        super().__init__()
+        self.field = field
+
+    def add_voice(self, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInput("refused", field=self.field)
+
+
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [("name", "name"), ("prompt_text", "ref_text"), ("consent", "consent"), (None, "audio_sample")],
+)
+async def test_a_refused_voice_names_the_form_field_at_fault(field: str | None, param: str) -> None:
+    """Before: the engine's field name (prompt_text) or null came back as param."""
+    files = {"audio_sample": ("a.wav", wav_bytes(2.0), "audio/wav")}
+    async with client_for(build_api(Refusing(field), api_key="")) as client:
+        r = await client.post("/v1/audio/voices", data={"name": "n", "ref_text": "t"}, files=files)
+    assert_openai_error(r, 422, param=param)
+
+
+async def test_a_mid_stream_error_event_names_the_routes_field(engine: RecordingEngine) -> None:
+    """Before: an SSE error event named the engine's field ("text"), not the route's ("input")."""
+    engine.fail_after = InvalidInput("the text went wrong", field="text")
+    async with client_for(build_api(engine, api_key="")) as client:
+        r = await client.post(SPEECH, json=speech(stream_format="sse"))
+    errors = [json.loads(line[6:]) for line in r.text.splitlines() if '"type":"error"' in line]
+    assert errors and errors[0]["error"]["param"] == "input"

@@ -162,6 +162,7 @@ def test_a_refused_session_event_gets_an_error_and_a_fixed_one_is_served(
 
 
 def test_an_unknown_voice_ends_the_session_with_one_error(url: str) -> None:
+    """The error names the event's field (before: the speech route's name, "voice")."""
     with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         send(ws, "session.update", session={"voice": "nobody"})
         send(ws, "input_text_buffer.append", text="Hello there.")
@@ -169,7 +170,9 @@ def test_an_unknown_voice_ends_the_session_with_one_error(url: str) -> None:
             send(ws, "input_text_buffer.commit")
         got = [e for e in events(ws) if e["type"] == "error"]
     assert (
-        len(got) == 1 and got[0]["error"]["code"] == "voice_not_found" and got[0]["error"]["param"] == "voice"
+        len(got) == 1
+        and got[0]["error"]["code"] == "voice_not_found"
+        and got[0]["error"]["param"] == "session.voice"
     )
 
 
