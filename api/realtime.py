@@ -29,7 +29,7 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -323,22 +323,24 @@ class TextInput:
         self.cancelled = True
         self.end()
 
-    async def next(self) -> _Item:
+    async def next(self, timed: bool = False) -> _Item:
+        """The next item; ``timed``: between two segments, where no engine request waits for the text with
+        its own idle timeout."""
         if self.back:
             return self.back.pop()
         try:
-            async with asyncio.timeout(self.idle_s):
+            async with asyncio.timeout(self.idle_s if timed else None):
                 return await self.queue.get()
         except TimeoutError:
             message = f"no text arrived for {self.idle_s:g} s"
             raise ApiError(408, message, param="text", code="text_idle") from None
 
-    async def first_words(self) -> str | None:
+    async def first_words(self, timed: bool = False) -> str | None:
         """The next segment's text up to its first piece with something to say (None: the text ended
         first). Breaks before it are kept in ``silence``; text with nothing to say before a break is
         dropped (the engine would have nothing to speak)."""
         held = ""
-        while (item := await self.next()) is not _END:
+        while (item := await self.next(timed)) is not _END:
             if isinstance(item, Silence):
                 self.silence.append(item.seconds)
                 held = ""
@@ -431,15 +433,16 @@ async def speak(
         if data := encoder.feed(pcm):
             await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
 
-    pieces: AsyncIterable[str] | None = req.text_stream  # the first segment's (build_request)
+    pieces = req.text_stream  # the first segment's (build_request)
+    finished = False  # every segment spoken to its end
     ctx.telemetry.api_streams.inc()
     try:
         while pieces is not None and not text.cancelled:
             last = await speak_segment(ctx, replace(req, text_stream=pieces), deliver, said, text)
-            if last is None or not last.is_last or await text.at_end():
+            if last is None or not last.is_last:
                 break
-            first = await text.first_words()
-            pieces = text.segment(first) if first is not None else None
+            first = None if await text.at_end() else await text.first_words(timed=True)
+            pieces, finished = (None, True) if first is None else (text.segment(first), False)
         if text.failure is not None:  # refused between two segments
             raise text.failure
         await deliver(np.zeros(0, np.float32))  # trailing breaks
@@ -448,7 +451,7 @@ async def speak(
     if tail := encoder.finish():
         await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(tail).decode())
     await out.send("response.audio.done", response_id=rid)
-    status = "completed" if said.last is not None and said.last.is_last else "cancelled"
+    status = "completed" if finished else "cancelled"
     await out.send("response.done", response={"id": rid, "status": status, "metrics": said.metrics()})
 
 
