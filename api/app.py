@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from api import ops, realtime, script, speech, transcriptions, voices
 from api.auth import resolve_api_keys
+from api.body_timeout import BodyTimeout
 from api.context import ApiContext, EngineLike
 from api.route import fallback_routes
 from api.telemetry import Telemetry
@@ -24,6 +25,7 @@ def mount_api(
     otherwise catch these paths. ``api_key`` (one key or several, each its own voice namespace) None falls
     back to ``COSYSTREAM_API_KEY``; empty = no key."""
     ctx = ApiContext(engine, limits or Limits(), resolve_api_keys(api_key), Telemetry(engine))
+    app.add_middleware(BodyTimeout, idle_s=ctx.limits.body_timeout_s)  # every route's body, the studio's too
     routers = [module.routes(ctx) for module in (ops, speech, script, realtime, voices, transcriptions)]
     for router in routers:
         app.include_router(router)

@@ -45,6 +45,9 @@ STATUS_CODES = {
 }
 # FastAPI's one message for a body it could not decode (JSON that is not UTF-8, a malformed form).
 UNPARSABLE_BODY = "There was an error parsing the body"
+# An error message quotes the caller's input at most this long (a 100,000-character ``model`` must not
+# come back as a 100 KB error body): the message is cut here, whatever quoted it.
+MAX_MESSAGE_CHARS = 600
 
 
 class ApiError(HTTPException):
@@ -60,6 +63,8 @@ class ApiError(HTTPException):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ):
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 30] + f"... ({len(message)} characters cut)"
         super().__init__(status_code=status, detail=message, headers=headers)
         code = code or STATUS_CODES.get(status, "invalid_request" if status < 500 else "internal_error")
         self.message, self.param, self.code = message, param, code
@@ -88,7 +93,7 @@ def from_engine(err: EngineError, params: Mapping[str, str] | None = None) -> Ap
     if isinstance(err, Busy):
         return ApiError(429, message, code="queue_full", headers=retry_after(err.retry_after_s))
     if isinstance(err, TooLarge):
-        return ApiError(413, message, param=param, code="too_large")
+        return ApiError(413, message, param=param, code=err.code or "too_large")
     if isinstance(err, Forbidden):
         return ApiError(403, message, param=param, code="forbidden")
     if isinstance(err, Conflict):
@@ -97,7 +102,7 @@ def from_engine(err: EngineError, params: Mapping[str, str] | None = None) -> Ap
         code = "voice_not_found" if err.field == "voice_id" else "not_found"
         return ApiError(404, message, param=param, code=code)
     if isinstance(err, InvalidInput):
-        return ApiError(422, message, param=param, code="invalid_input")
+        return ApiError(422, message, param=param, code=err.code or "invalid_input")
     # SynthesisFailed, ModelError: the engine's message is written to be shown as is.
     return ApiError(500, message, code=type(err).__name__.lower())
 

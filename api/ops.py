@@ -15,6 +15,7 @@ from api.context import ApiContext, EngineLike
 from api.errors import ApiError, retry_after
 from api.route import guarded_route
 from api.schemas import ModelCard, ModelList
+from engine.text.checks import shown
 
 # Accepted as the served model: OpenAI's TTS names (stock clients work unchanged) and "cosyvoice", the
 # README's name for whichever model this server runs (v2 or v3).
@@ -51,7 +52,7 @@ def check_model(name: str | None, engine: EngineLike) -> None:
         return
     known = ", ".join(dict.fromkeys([*model_ids(engine), *MODEL_ALIASES]))  # OpenAI's names too
     raise ApiError(
-        404, f"model {name!r} is not served here; use {known}", param="model", code="model_not_found"
+        404, f"model {shown(name)} is not served here; use {known}", param="model", code="model_not_found"
     )
 
 
@@ -121,8 +122,11 @@ def routes(ctx: ApiContext) -> APIRouter:
         for card in model_cards(engine, started):
             if card.id == model_id:  # the first: a speech id wins where the two lists share a name
                 return card
+        if not engine.ready:  # the loading server does not know yet what it will serve (its Whisper)
+            message = "the model is still loading or warming up; retry shortly"
+            raise ApiError(503, message, code="not_ready", headers=retry_after(READY_RETRY_S))
         known = ", ".join(card.id for card in model_cards(engine, started))
-        message = f"model {model_id!r} is not served here; this server has {known}"
+        message = f"model {shown(model_id)} is not served here; this server has {known}"
         raise ApiError(404, message, param="model", code="model_not_found")
 
     return router

@@ -29,8 +29,8 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import asdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -39,16 +39,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from api.auth import bearer_token, matching_key, owner_of
 from api.context import ApiContext
+from api.contract import check_fields, check_piece
 from api.encode import StreamEncoder, stream_encoder
 from api.errors import ApiError, from_engine
 from api.ops import check_model
-from api.speech import SPEECH_PARAMS, check_length, check_ready, close, decode_audio_field
+from api.schemas import VoiceRef
+from api.speech import SPEECH_PARAMS, check_ready, close, decode_audio_field
 from engine.errors import EngineError
 from engine.request import AudioChunk, Mode, SynthesisRequest
+from engine.text.checks import speakable
+from engine.text.script import cut_at_breaks
 
 log = logging.getLogger(__name__)
 PATH = "/v1/audio/speech/realtime"
 _END = None  # queued after the last text piece
+# SynthesisRequest field -> the event field at fault: the appended text, or the session's own fields
+REALTIME_PARAMS = {field: "text" if p == "input" else f"session.{p}" for field, p in SPEECH_PARAMS.items()}
 
 
 class BadEvent(ApiError):
@@ -90,7 +96,7 @@ class Session(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    voice: str | None = None
+    voice: str | VoiceRef | None = None  # a saved voice id, or OpenAI's object form {"id": ...}
     ref_audio: str | None = None
     ref_text: str = ""
     mode: Literal["zero_shot", "cross_lingual", "instruct"] | None = None
@@ -99,6 +105,9 @@ class Session(BaseModel):
     response_format: Literal["pcm", "wav"] = "pcm"
     sample_rate: int = Field(24000, ge=8000, le=48000)
     seed: int | None = Field(None, ge=0, lt=2**63)
+
+    def voice_id(self) -> str | None:
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
 
     def resolved_mode(self) -> Mode:
         if self.mode is not None:
@@ -134,7 +143,7 @@ async def serve(ctx: ApiContext, ws: WebSocket) -> None:
     )
     reader = asyncio.create_task(read_text(ws, out, text, ctx, req.request_id))
     try:
-        await speak(ctx, out, req, session)
+        await speak(ctx, out, req, session, text)
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -152,8 +161,8 @@ async def open_request(
             session = await first_session(ws)
             check_ready(ctx.engine)
             check_model(session.model, ctx.engine)
-            text = TextInput()
-            return session, await build_request(ctx, session, text.pieces(), owner), text
+            text = TextInput(ctx.limits.max_text_chars, ctx.engine.family, ctx.limits.text_idle_s)
+            return session, await build_request(ctx, session, text.segment(), owner), text
         except ApiError as err:
             if err.status_code >= 500 or err.status_code in (401, 429):
                 raise
@@ -215,8 +224,8 @@ async def first_session(ws: WebSocket) -> Session:
 async def build_request(
     ctx: ApiContext, session: Session, text: AsyncIterator[str], owner: str
 ) -> SynthesisRequest:
-    for param in ("ref_text", "instructions"):
-        check_length(getattr(session, param), f"session.{param}", ctx.limits.max_text_chars)
+    texts = {f"session.{p}": getattr(session, p) for p in ("ref_text", "instructions")}
+    check_fields(texts, ctx.limits.max_text_chars)
     mode = session.resolved_mode()
     if mode == Mode.ZERO_SHOT and session.ref_audio and not session.ref_text.strip():
         message = "zero-shot cloning needs ref_text, the transcript of ref_audio (or mode 'cross_lingual')"
@@ -228,7 +237,7 @@ async def build_request(
     return SynthesisRequest(
         mode=mode,
         prompt_audio=prompt,
-        voice_id=None if prompt is not None else session.voice,
+        voice_id=None if prompt is not None else session.voice_id(),
         voice_owner=owner,
         prompt_text=session.ref_text,
         instruct_text=session.instructions,
@@ -238,12 +247,35 @@ async def build_request(
     )
 
 
-class TextInput:
-    """The request's text as the client writes it: pieces, then the end (a commit, or the client gone)."""
+@dataclass(frozen=True)
+class Silence:
+    """A ``<break/>`` in the streamed text: this much exact silence between the speech around it."""
 
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self.ended = False
+    seconds: float
+
+
+_Item = str | Silence | None  # a piece of text, a break, or the end (None)
+
+
+class TextInput:
+    """The request's text as the client writes it: pieces and breaks, then the end (a commit, or the client
+    gone). The text between two breaks is one segment: one engine request each (``speak``).
+
+    Every piece is checked as it comes (the contract's characters: a refused piece is one error event,
+    the text goes on without it), and the text so far against the limit and the supported markup: a text
+    over ``max_chars`` or with markup the server does not support fails the request at once (``failure``),
+    before its audio, as does a committed text with nothing to say. Text after an unclosed ``<`` is held
+    back until its ``>`` (it may be a break)."""
+
+    def __init__(self, max_chars: int, family: str, idle_s: float = 30.0) -> None:
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self.ended = self.cancelled = False
+        self.max_chars, self.family, self.idle_s = max_chars, family, idle_s
+        self.text = ""  # every accepted piece so far
+        self.held = ""  # the tail after an unclosed "<"
+        self.back: list[_Item] = []  # an item a segment read but did not take (its end)
+        self.silence: list[float] = []  # breaks read before the next segment's speech, not yet sent
+        self.failure: ApiError | None = None
 
     def append(self, event: dict[str, Any]) -> None:
         piece = event.get("text")
@@ -252,21 +284,95 @@ class TextInput:
             raise BadEvent(message, param="text", code="invalid_type", event=event)
         if self.ended:
             raise BadEvent("the text is already committed", code="text_committed", event=event)
-        self.queue.put_nowait(piece)
+        refused = check_piece(piece, "text", self.max_chars)
+        if refused is not None and refused.status_code != 413:
+            raise BadEvent(refused.message, param="text", code=refused.code, event=event, status=422)
+        self.text += piece
+        self.check_text(complete=False)
+        self.release(self.held + piece)
+
+    def release(self, text: str, final: bool = False) -> None:
+        """Queue ``text``'s pieces and breaks, holding back a tail that opens a ``<`` it does not close."""
+        opened = text.rfind("<")
+        self.held = "" if final or opened < 0 or ">" in text[opened:] else text[opened:]
+        for part in cut_at_breaks(text[: len(text) - len(self.held)]):
+            self.queue.put_nowait(part if isinstance(part, str) else Silence(part.seconds))
 
     def commit(self, event: dict[str, Any]) -> None:
         if self.ended:
             raise BadEvent("the text is already committed", code="text_committed", event=event)
+        self.check_text(complete=True)
+        self.release(self.held, final=True)
         self.end()
+
+    def check_text(self, complete: bool) -> None:
+        """The text so far: its length and the markup closed so far (breaks within their limits); once
+        complete, that it says something. A refusal here ends the request (``Fatal``)."""
+        try:
+            fields, family = {"text": self.text}, self.family or None
+            check_fields(fields, self.max_chars, spoken="text", family=family, partial=not complete)
+        except ApiError as err:
+            raise Fatal(err) from None
 
     def end(self) -> None:
         if not self.ended:
             self.ended = True
             self.queue.put_nowait(_END)
 
-    async def pieces(self) -> AsyncIterator[str]:
-        while (piece := await self.queue.get()) is not _END:
-            yield piece
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.end()
+
+    async def next(self, timed: bool = False) -> _Item:
+        """The next item; ``timed``: between two segments, where no engine request waits for the text with
+        its own idle timeout."""
+        if self.back:
+            return self.back.pop()
+        try:
+            async with asyncio.timeout(self.idle_s if timed else None):
+                return await self.queue.get()
+        except TimeoutError:
+            message = f"no text arrived for {self.idle_s:g} s"
+            raise ApiError(408, message, param="text", code="text_idle") from None
+
+    async def first_words(self, timed: bool = False) -> str | None:
+        """The next segment's text up to its first piece with something to say (None: the text ended
+        first). Breaks before it are kept in ``silence``; text with nothing to say before a break is
+        dropped (the engine would have nothing to speak)."""
+        held = ""
+        while (item := await self.next(timed)) is not _END:
+            if isinstance(item, Silence):
+                self.silence.append(item.seconds)
+                held = ""
+            elif speakable(held + item):
+                return held + item
+            else:
+                held += item
+        self.back.append(_END)
+        return None
+
+    async def segment(self, first: str | None = None) -> AsyncIterator[str]:
+        """One segment's pieces: from its first words to the next break or the end (left for the next)."""
+        first = first if first is not None else await self.first_words()
+        if first is None:
+            return
+        yield first
+        while isinstance(item := await self.next(), str):
+            yield item
+        self.back.append(item)
+
+    async def at_end(self) -> bool:
+        item = await self.next()
+        self.back.append(item)
+        return item is _END
+
+
+class Fatal(Exception):
+    """A client event that ends the request: its ``error`` is sent, then the socket closes."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
 
 
 async def read_text(ws: WebSocket, out: Outbox, text: TextInput, ctx: ApiContext, request_id: str) -> None:
@@ -280,6 +386,8 @@ async def read_text(ws: WebSocket, out: Outbox, text: TextInput, ctx: ApiContext
                 await out.error(err)
     except WebSocketDisconnect:
         ctx.telemetry.disconnects.inc()
+    except Fatal as fatal:  # the speaking task sends it, once the aborted stream has ended
+        text.failure = fatal.error
     finally:
         ctx.engine.abort(request_id)
         text.end()
@@ -292,6 +400,7 @@ def handle(event: dict[str, Any], text: TextInput, ctx: ApiContext, request_id: 
     elif kind == "input_text_buffer.commit":
         text.commit(event)
     elif kind == "response.cancel":
+        text.cancel()  # no segment after this one
         ctx.engine.abort(request_id)
     elif kind == "session.update":
         message = (
@@ -302,32 +411,95 @@ def handle(event: dict[str, Any], text: TextInput, ctx: ApiContext, request_id: 
         raise BadEvent(f"unknown event type {kind!r}", param="type", code="unknown_event", event=event)
 
 
-async def speak(ctx: ApiContext, out: Outbox, req: SynthesisRequest, session: Session) -> None:
-    """Engine chunks -> ``response.audio.delta`` events, then the done events with the final metrics."""
+async def speak(
+    ctx: ApiContext, out: Outbox, req: SynthesisRequest, session: Session, text: TextInput
+) -> None:
+    """Engine chunks -> ``response.audio.delta`` events, then the done events with the final metrics. Each
+    segment of the text (between two breaks) is one engine request under the session's id, one after
+    another; the breaks are exact silence between them. The first opens at once (the voice's prompt is
+    ready when the text starts), the others once their first words arrive."""
     encoder = Resampled(stream_encoder(session.response_format, ctx.engine.sample_rate), session.sample_rate)
-    last: AudioChunk | None = None
-    rid = req.request_id
+    rid, rate = req.request_id, ctx.engine.sample_rate
+    said = Said()
+
+    async def deliver(pcm: np.ndarray) -> None:
+        for seconds in text.silence:  # the breaks before this audio
+            await deliver_pcm(np.zeros(round(seconds * rate), np.float32))
+        text.silence.clear()
+        await deliver_pcm(pcm)
+
+    async def deliver_pcm(pcm: np.ndarray) -> None:
+        said.audio_s += len(pcm) / rate
+        if data := encoder.feed(pcm):
+            await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
+
+    pieces = req.text_stream  # the first segment's (build_request)
+    finished = False  # every segment spoken to its end
     ctx.telemetry.api_streams.inc()
+    try:
+        while pieces is not None and not text.cancelled:
+            last = await speak_segment(ctx, replace(req, text_stream=pieces), deliver, said, text)
+            if last is None or not last.is_last:
+                break
+            first = None if await text.at_end() else await text.first_words(timed=True)
+            pieces, finished = (None, True) if first is None else (text.segment(first), False)
+        if text.failure is not None:  # refused between two segments
+            raise text.failure
+        await deliver(np.zeros(0, np.float32))  # trailing breaks
+    finally:
+        ctx.telemetry.api_streams.dec()
+    if tail := encoder.finish():
+        await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(tail).decode())
+    await out.send("response.audio.done", response_id=rid)
+    status = "completed" if finished else "cancelled"
+    await out.send("response.done", response={"id": rid, "status": status, "metrics": said.metrics()})
+
+
+class Said:
+    """What the segments said so far: the last chunk, the text and speech tokens, the seconds sent."""
+
+    def __init__(self) -> None:
+        self.last: AudioChunk | None = None
+        self.text_tokens = self.lm_tokens = 0
+        self.audio_s = 0.0
+
+    def ended(self, last: AudioChunk) -> None:
+        self.last = last
+        self.text_tokens += last.metrics.text_tokens
+        self.lm_tokens += last.metrics.lm_tokens
+
+    def metrics(self) -> dict[str, Any] | None:
+        if self.last is None:
+            return None
+        totals = {"text_tokens": self.text_tokens, "lm_tokens": self.lm_tokens, "audio_s": self.audio_s}
+        return asdict(self.last.metrics) | totals
+
+
+async def speak_segment(
+    ctx: ApiContext,
+    req: SynthesisRequest,
+    deliver: Callable[[np.ndarray], Awaitable[None]],
+    said: Said,
+    text: TextInput,
+) -> AudioChunk | None:
+    """One segment's engine request, its audio delivered as it comes -> its last chunk (None: no audio)."""
+    last: AudioChunk | None = None
     stream = ctx.engine.stream(req)
     try:
         async for chunk in stream:
-            if last is None:
+            if said.last is None and last is None:
                 ctx.telemetry.first_audio(chunk.metrics)
             last = chunk
-            if data := encoder.feed(chunk.pcm):
-                await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(data).decode())
+            await deliver(chunk.pcm)
     except EngineError as err:
-        raise from_engine(err, SPEECH_PARAMS) from err  # the session's fields are speech's
+        raise text.failure or from_engine(err, REALTIME_PARAMS) from err
     finally:
-        ctx.telemetry.api_streams.dec()
         await close(stream)  # a send that failed (the client left) frees the request now
-    if tail := encoder.finish():
-        await out.send("response.audio.delta", response_id=rid, delta=base64.b64encode(tail).decode())
-    done = last is not None and last.is_last
-    await out.send("response.audio.done", response_id=rid)
-    metrics = asdict(last.metrics) if last is not None else None
-    response = {"id": rid, "status": "completed" if done else "cancelled", "metrics": metrics}
-    await out.send("response.done", response=response)
+    if text.failure is not None:
+        raise text.failure
+    if last is not None:
+        said.ended(last)
+    return last
 
 
 class Resampled:

@@ -31,7 +31,8 @@ class SpeechRequest(BaseModel):
     input: str
     voice: str | VoiceRef | None = None  # a saved voice id; ``ref_audio`` wins when both are given
     response_format: ResponseFormat = "wav"
-    speed: StrictFloat = Field(1.0, ge=0.5, le=2.0)  # narrower than OpenAI's 0.25-4: the engine's range
+    # OpenAI's range; the model does 0.5-2 itself, the rest is a time-stretch of its audio (api/stretch.py)
+    speed: StrictFloat = Field(1.0, ge=0.25, le=4.0)
     # True: chunked bytes as produced; False: one file with exact sizes and RTF headers; None: per format
     # (flac whole, as a streamed FLAC cannot carry its length and libsndfile refuses such files).
     stream: StrictBool | None = None
@@ -44,8 +45,8 @@ class SpeechRequest(BaseModel):
     seed: StrictInt | None = Field(None, ge=0, lt=2**63)
     mode: Mode | None = None  # default: vc with source_audio, instruct with instructions, else zero_shot
     # benchmarking extension: exactly this many speech tokens (25 a second); ignored unless the server
-    # allows it (Limits.forced_tokens, app.py --allow-forced-tokens)
-    forced_tokens: StrictInt | None = Field(None, ge=1, le=3000)
+    # allows it (Limits.forced_tokens, app.py --allow-forced-tokens), and only then range-checked (1-3000)
+    forced_tokens: StrictInt | None = None
 
     def streams(self) -> bool:
         if self.stream_format == "sse":

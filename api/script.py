@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.auth import require_key
 from api.context import ApiContext, EngineLike
+from api.contract import check_fields
 from api.encode import MEDIA_TYPES, encode_audio, stream_encoder
 from api.errors import ApiError, from_engine
 from api.ops import check_model
@@ -34,15 +35,23 @@ from api.schemas import ResponseFormat, StreamFormat
 from api.speech import check_format, check_ready, delta, sse_event
 from api.streaming import EngineStreamResponse, cut_stream
 from api.voices import call
-from engine.errors import EngineError
+from engine.errors import EngineError, TooLarge
 from engine.request import SynthesisRequest
 from engine.serving.performance import PartDone, perform
 from engine.serving.subtitles import Word, WordTimer, to_srt, to_vtt
-from engine.text.script import MAX_SCRIPT_CHARS, Part, Speech, compile_script, parse_script
+from engine.text.script import (
+    MAX_SCRIPT_AUDIO_S,
+    MAX_SCRIPT_CHARS,
+    Part,
+    Speech,
+    compile_script,
+    parse_script,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_SPEAKERS = 8
+MAX_RESPONSE_BYTES = 64 * 2**20  # one whole (unstreamed) response: about 23 min of 24 kHz wav
 PARAMS = {"text": "script", "voices": "voices", "gap": "gap_ms", "voice_id": "voices", "language": "language"}
 Item = np.ndarray | PartDone
 
@@ -82,6 +91,7 @@ async def perform_script(ctx: ApiContext, body: ScriptRequest, request: Request,
     check_ready(ctx.engine)
     check_model(body.model, ctx.engine)
     check_format(body.response_format)
+    check_fields({"script": body.script}, MAX_SCRIPT_CHARS)  # the contract's characters, as every text
     try:
         lines = parse_script(body.script, list(body.voices))
         parts = compile_script(lines, ctx.engine.family, body.gap_ms / 1000)
@@ -90,7 +100,7 @@ async def perform_script(ctx: ApiContext, body: ScriptRequest, request: Request,
         raise from_engine(err, PARAMS) from err
     # a local engine's Whisper; a remote engine has none
     timer: WordTimer | None = getattr(ctx.engine, "word_timer", None)
-    gen = perform(ctx.engine, parts, cast, timer, timings=body.timestamps)
+    gen = bounded(perform(ctx.engine, parts, cast, timer, timings=body.timestamps), ctx.engine.sample_rate)
     first = await open_performance(gen)
     if not body.streams():
         return await whole(ctx, request, gen, first, body)
@@ -129,6 +139,28 @@ async def build_cast(engine: EngineLike, body: ScriptRequest, owner: str) -> dic
         except ValueError as err:
             raise ApiError(422, str(err), code="invalid_value") from err
     return cast
+
+
+async def bounded(gen: AsyncGenerator[Item, None], rate: int) -> AsyncGenerator[Item, None]:
+    """The performance, failing (``TooLarge``) once its audio passes ``MAX_SCRIPT_AUDIO_S``: the pauses
+    are bounded before it starts, the speech only as it is made."""
+    limit, made = round(MAX_SCRIPT_AUDIO_S * rate), 0
+    try:
+        async for item in gen:
+            made += item.size if isinstance(item, np.ndarray) else 0
+            if made > limit:
+                message = f"the script's audio has passed {MAX_SCRIPT_AUDIO_S:g} s, the limit"
+                raise TooLarge(message, field="text", code="script_too_long")
+            yield item
+    finally:
+        await gen.aclose()
+
+
+def response_bytes(samples: int, body: ScriptRequest) -> int:
+    """The most a whole response may take: 16-bit samples (wav/pcm; the compressed formats take less),
+    base64 (4/3) inside the JSON with timestamps."""
+    size = 2 * samples
+    return size * 4 // 3 if body.timestamps else size
 
 
 async def open_performance(gen: AsyncGenerator[Item, None]) -> Item:
@@ -199,9 +231,17 @@ async def whole(
     """Every part, then one file (or JSON with the file, the parts, the words and their subtitles)."""
     pcm: list[np.ndarray] = []
     parts: list[PartDone] = []
+    samples = 0
     try:
         async for item in items(gen, first):
             (parts if isinstance(item, PartDone) else pcm).append(item)  # type: ignore[arg-type]
+            samples += item.size if isinstance(item, np.ndarray) else 0
+            if response_bytes(samples, body) > MAX_RESPONSE_BYTES:
+                message = (
+                    f"the response would pass {MAX_RESPONSE_BYTES} bytes, the limit of a whole response:"
+                    " shorten the script, or stream it (stream: true)"
+                )
+                raise ApiError(413, message, param="script", code="response_too_large")
             if await request.is_disconnected():
                 ctx.telemetry.disconnects.inc()
                 raise ApiError(499, "client closed the request", code="client_closed")

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -22,12 +23,14 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from api.auth import require_key
 from api.context import ApiContext, EngineLike
+from api.contract import check_fields
 from api.encode import MEDIA_TYPES, StreamEncoder, encode_audio, stream_encoder, supported_formats
 from api.errors import ApiError, from_engine, retry_after
 from api.ops import check_model
 from api.route import guarded_route
 from api.schemas import SpeechRequest
 from api.streaming import EngineStreamResponse, cut_stream
+from api.stretch import split_speed, time_stretch
 from api.telemetry import Telemetry
 from engine.errors import EngineError
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -78,6 +81,9 @@ async def speak(ctx: ApiContext, body: SpeechRequest, request: Request, owner: s
         gen, first = await open_stream(ctx.engine, req)
     except EngineError as err:
         raise from_engine(err, SPEECH_PARAMS) from err
+    stretch = split_speed(body.speed)[1]
+    if stretch != 1.0:  # beyond the model's own 0.5-2: the rest as a time-stretch of its audio
+        gen, first = stretched(gen, stretch), stretch_chunk(first, stretch)
     ctx.telemetry.first_audio(first.metrics)
     if encoder is None:
         return await whole_file(ctx, request, gen, first, body.response_format)
@@ -140,11 +146,12 @@ def check_length(text: str, param: str, max_chars: int) -> None:
 
 
 async def build_request(ctx: ApiContext, body: SpeechRequest, owner: str | None = None) -> SynthesisRequest:
-    for param in ("input", "ref_text", "instructions"):
-        check_length(getattr(body, param), param, ctx.limits.max_text_chars)
     mode = body.resolved_mode()
-    if mode != Mode.VC and not body.input.strip():
+    texts = {"input": body.input, "ref_text": body.ref_text, "instructions": body.instructions}
+    if mode != Mode.VC and not body.input.strip() and len(body.input) <= ctx.limits.max_text_chars:
         raise ApiError(422, "input is empty", param="input", code="empty_input")
+    spoken = "input" if mode != Mode.VC else None  # vc speaks source_audio: its input is not read
+    check_fields(texts, ctx.limits.max_text_chars, spoken=spoken, family=ctx.engine.family)
     check_mode_inputs(body, mode, bool(ctx.engine.asr_model))  # before decoding: cheap refusals first
     prompt = await decode_audio_field(body.ref_audio, "ref_audio", ctx) if body.ref_audio else None
     source = await decode_audio_field(body.source_audio, "source_audio", ctx) if body.source_audio else None
@@ -163,12 +170,14 @@ async def build_request(ctx: ApiContext, body: SpeechRequest, owner: str | None 
             source_audio=source,
             language=body.language,
             stream=body.streams(),
-            speed=body.speed,
+            speed=split_speed(body.speed)[0],
             seed=body.seed,
             forced_tokens=body.forced_tokens if ctx.limits.forced_tokens else None,
         )
-    except ValueError as err:
-        raise ApiError(422, str(err), code="invalid_value") from err
+    except ValueError as err:  # the request's own range checks: "<field> must be ..."
+        field = str(err).split(" ", 1)[0]
+        param = field if field in ("speed", "seed", "forced_tokens") else None
+        raise ApiError(422, str(err), param=param, code="invalid_value") from err
 
 
 def check_mode_inputs(body: SpeechRequest, mode: Mode, has_asr: bool = False) -> None:
@@ -261,6 +270,19 @@ async def open_stream(
     return gen, first
 
 
+def stretch_chunk(chunk: AudioChunk, rate: float) -> AudioChunk:
+    return replace(chunk, pcm=time_stretch(chunk.pcm, rate, chunk.sample_rate))
+
+
+async def stretched(gen: AsyncIterator[AudioChunk], rate: float) -> AsyncIterator[AudioChunk]:
+    """Each chunk time-stretched (at a speed off 1 the model sends whole segments, not pieces of one)."""
+    try:
+        async for chunk in gen:
+            yield stretch_chunk(chunk, rate)
+    finally:
+        await close(gen)
+
+
 async def close(gen: AsyncIterator[AudioChunk]) -> None:
     """Close the engine's stream now, so its ``finally:`` frees the request (async generators have
     ``aclose``; any other async iterator has nothing to close)."""
@@ -335,7 +357,7 @@ async def sse_events(
     except EngineError as err:
         telemetry.stream_errors.inc()
         log.warning("request %s failed mid-stream: %s", first.metrics.request_id, err)
-        yield sse_event({"type": "error", **from_engine(err).body()})
+        yield sse_event({"type": "error", **from_engine(err, SPEECH_PARAMS).body()})
     finally:
         await close(gen)
 

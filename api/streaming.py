@@ -28,13 +28,13 @@ class StreamCut(Exception):
 
 
 def cut_stream(err: EngineError, what: str) -> StreamCut:
-    """Log why ``what`` ended mid-stream and return the ``StreamCut`` to raise from ``err``. An end the
-    server chose (shutting down, or the engine stopped: ``NotReady``) is one line; anything else keeps its
-    trace."""
-    if isinstance(err, NotReady):
+    """Log why ``what`` ended mid-stream, in one line as the SSE route does (an engine error's message says
+    what went wrong; the engine logged its own faults where they happened), and return the ``StreamCut``
+    to raise from ``err``."""
+    if isinstance(err, NotReady):  # an end the server chose: shutting down, or the engine stopped
         log.warning("%s ended mid-stream: %s", what, err)
     else:
-        log.error("%s failed mid-stream", what, exc_info=err)
+        log.warning("%s failed mid-stream: %s", what, err)
     return StreamCut(str(err))
 
 

@@ -27,7 +27,9 @@ from api.context import ApiContext
 from api.errors import ApiError, from_engine
 from api.ops import transcription_ids
 from api.route import guarded_route
+from api.speech import check_ready
 from engine.errors import EngineError
+from engine.text.checks import shown
 
 Format = Literal["json", "text", "srt", "vtt", "verbose_json"]
 FORM_SLACK_BYTES = 64 * 1024
@@ -71,12 +73,13 @@ def routes(ctx: ApiContext) -> APIRouter:
 def check_request(
     ctx: ApiContext, model: str, response_format: str, granularities: Sequence[str], stream: bool
 ) -> None:
+    check_ready(ctx.engine)  # while loading, whether it will transcribe is not known yet: 503 as elsewhere
     served = transcription_ids(ctx.engine)
     if not served:
         message = "transcription is off on this server (started with --asr-model none)"
         raise ApiError(501, message, code="asr_disabled")
     if model not in served:
-        message = f"model {model!r} is not a transcription model here; use one of {', '.join(served)}"
+        message = f"model {shown(model)} is not a transcription model here; use one of {', '.join(served)}"
         raise ApiError(404, message, param="model", code="model_not_found")
     if stream:
         message = "streamed transcription is not supported: send stream=false (or leave it out)"

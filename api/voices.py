@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 
 from api.auth import require_key
 from api.context import ApiContext
+from api.contract import check_fields
 from api.errors import ApiError, from_engine
 from api.route import guarded_route
 from api.schemas import VoiceDeleted, VoiceInfo, VoiceList
@@ -32,6 +33,8 @@ from api.speech import read_prompt, transcribe_prompt
 from engine.errors import EngineError
 
 MAX_NAME_CHARS = 64
+# the engine's field -> this route's form field, for an error's ``param``
+VOICE_PARAMS = {"name": "name", "prompt_text": "ref_text", "consent": "consent", "prompt_wav": "audio_sample"}
 MAX_CONSENT_CHARS = 256
 FORM_SLACK_BYTES = 64 * 1024  # multipart boundaries, headers and the text fields
 
@@ -106,9 +109,7 @@ def check_form(ctx: ApiContext, form: VoiceForm, upload: UploadFile | None) -> U
     if not form.ref_text.strip() and not ctx.engine.asr_model:
         message = "ref_text (the transcript of the audio) is required: this server has no ASR to make it"
         raise ApiError(422, message, param="ref_text", code="missing_ref_text")
-    if len(form.ref_text) > ctx.limits.max_text_chars:
-        message = f"ref_text has {len(form.ref_text)} characters; the limit is {ctx.limits.max_text_chars}"
-        raise ApiError(413, message, param="ref_text", code="text_too_long")
+    check_fields({"ref_text": form.ref_text}, ctx.limits.max_text_chars)  # the contract's, as every text
     if upload is None:
         raise ApiError(422, "audio_sample (a file) is required", param="audio_sample", code="missing_audio")
     if upload.size is not None and upload.size > ctx.limits.max_upload_bytes:
@@ -143,4 +144,6 @@ async def save_voice(ctx: ApiContext, form: VoiceForm, upload: UploadFile | None
         try:
             return await call(add, form.name.strip(), path, ref_text, owner, form.consent.strip())
         except EngineError as err:
-            raise from_engine(err) from err
+            mapped = from_engine(err, VOICE_PARAMS)
+            mapped.param = mapped.param or "audio_sample"  # the engine's audio checks name no field
+            raise mapped from err

@@ -256,6 +256,9 @@ class Limits:
     max_queue: int = 64  # requests waiting for a slot
     request_timeout_s: float = 300.0
     text_idle_s: float = 30.0  # a text-streaming request fails when no piece comes for this long
+    # an HTTP request body: each piece within this many seconds of the last (the whole within 30 times
+    # it), else 408 and the connection closed
+    body_timeout_s: float = 10.0
     # benchmarks over HTTP: the API takes ``forced_tokens`` (a fixed speech length, end-of-speech ignored)
     # so every request costs the same; off by default, as it lets a short text ask for 120 s of audio
     forced_tokens: bool = False
@@ -272,6 +275,8 @@ class Limits:
             raise ValueError("max_concurrency >= 1, max_queue >= 0, request_timeout_s > 0 required")
         if self.text_idle_s <= 0:
             raise ValueError(f"text_idle_s must be > 0, got {self.text_idle_s}")
+        if self.body_timeout_s <= 0:
+            raise ValueError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
         if self.admit_slack_s is not None and not 0 <= self.admit_slack_s <= 10:
             raise ValueError(f"admit_slack_s must be within [0, 10] s or None, got {self.admit_slack_s}")
 

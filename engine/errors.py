@@ -6,13 +6,14 @@ from __future__ import annotations
 class EngineError(Exception):
     """Base class. ``str(err)`` is a message fit to show a user as is; ``field`` names the
     ``SynthesisRequest`` field at fault (``"voice_id"``, ``"language"`` ...) where there is one, so an API
-    can name its own parameter."""
+    can name its own parameter; ``code`` the error's code in the API's vocabulary, where it has one."""
 
     status = 500
 
-    def __init__(self, message: str = "", *, field: str | None = None):
+    def __init__(self, message: str = "", *, field: str | None = None, code: str | None = None):
         super().__init__(message)
         self.field = field
+        self.code = code  # the API's error code where the check has its own (``engine.text.checks``)
 
 
 class InvalidInput(EngineError):

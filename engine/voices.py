@@ -176,6 +176,7 @@ class VoiceLibrary:
         public or an example voice, compared case-insensitively) is a ``Conflict``. ``consent``: the
         speaker's consent reference, stored and shown with the voice."""
         name = validate_name(name)
+        check_not_stock(name)
         prompt_text = _validate_prompt_text(prompt_text)
         consent = _validate_consent(consent)
         folder = self._folder(check_owner(owner), create=True)
@@ -229,7 +230,7 @@ class VoiceLibrary:
 
     def example(self, voice_id: str, owner: str | None = None) -> ExampleVoice | None:
         """The example ``voice_id`` (or the stock OpenAI name) names, unless a saved voice the owner can
-        see has that id (saved voices win, so an operator can rebind ``alloy``)."""
+        see has that id (saved voices win; a stock name is never a saved voice's: ``check_not_stock``)."""
         if not isinstance(voice_id, str):
             return None
         key = OPENAI_VOICES.get(voice_id.lower(), voice_id)
@@ -367,15 +368,25 @@ def validate_name(name: str) -> str:
     """A display name: 1-64 characters, no control/format characters. Path-like names are fine (the id is
     a slug), but NUL, newlines and other controls are refused."""
     if not isinstance(name, str):
-        raise InvalidInput("voice name must be a string")
+        raise InvalidInput("voice name must be a string", field="name")
     name = unicodedata.normalize("NFC", name).strip()
     if not name:
-        raise InvalidInput("voice name is empty")
+        raise InvalidInput("voice name is empty", field="name")
     if len(name) > MAX_NAME_CHARS:
-        raise InvalidInput(f"voice name is {len(name)} characters; at most {MAX_NAME_CHARS} are allowed")
+        raise InvalidInput(
+            f"voice name is {len(name)} characters; at most {MAX_NAME_CHARS} are allowed", field="name"
+        )
     if any(unicodedata.category(ch).startswith("C") for ch in name):
-        raise InvalidInput("voice name contains control characters")
+        raise InvalidInput("voice name contains control characters", field="name")
     return name
+
+
+def check_not_stock(name: str) -> None:
+    """The stock OpenAI names (alloy, nova ...) are reserved: a voice saved as ``alloy`` would replace the
+    stock one for every client that shares its namespace (every client, on a server without keys)."""
+    if name.strip().casefold() in OPENAI_VOICES or slugify(name) in OPENAI_VOICES:
+        stock = ", ".join(OPENAI_VOICES)
+        raise Conflict(f"{name!r} is a stock voice name ({stock}): choose another name", field="name")
 
 
 def slugify(name: str) -> str:
@@ -400,10 +411,11 @@ def _validate_consent(consent: str) -> str:
 
 def _validate_prompt_text(text: str) -> str:
     if not isinstance(text, str) or "\x00" in text:
-        raise InvalidInput("prompt text must be a string without NUL characters")
+        raise InvalidInput("prompt text must be a string without NUL characters", field="prompt_text")
     if len(text) > MAX_PROMPT_TEXT_CHARS:
         raise InvalidInput(
-            f"prompt text is {len(text)} characters; at most {MAX_PROMPT_TEXT_CHARS} are allowed"
+            f"prompt text is {len(text)} characters; at most {MAX_PROMPT_TEXT_CHARS} are allowed",
+            field="prompt_text",
         )
     return text
 

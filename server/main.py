@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 import traceback
 from types import FrameType
+from typing import NoReturn
 
 from engine.config import DEMO_TINY
+from engine.errors import ModelError
 from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
 from server.cli import build_engine, engine_config
 from server.pending_engine import PendingEngine
@@ -32,6 +35,28 @@ def log_stacks(signum: int, frame: FrameType | None) -> None:
         log.warning("stack of thread %s (signal %d):\n%s", names.get(ident, ident), signum, stack)
 
 
+def config_error(message: str) -> NoReturn:
+    """One line that says what to fix, and the status a supervisor does not restart on."""
+    from server.shutdown import EXIT_CONFIG  # uvicorn's import: not at app.py's import
+
+    log.critical("cannot start: %s", message)
+    sys.exit(EXIT_CONFIG)
+
+
+def check_model_dir(model: str, llm_variant: str) -> None:
+    """A ``--model`` that names a local path must be a complete model directory, checked before the server
+    listens (file names only: milliseconds); a hub id is resolved by the load."""
+    from engine.hub import validate_model_dir
+
+    looks_local = model.startswith(("/", "./", "../", "~")) or os.path.exists(os.path.expanduser(model))
+    if model == DEMO_TINY or not looks_local:
+        return
+    try:
+        validate_model_dir(model, llm_variant)
+    except ModelError as err:
+        config_error(f"{err} (fix --model: a CosyVoice2/3 model directory, a hub id, or demo-tiny)")
+
+
 def prepare_process() -> None:
     """Logging, and `kill -USR1 PID` (every thread's stack to the log, the server serving on), before
     anything reads the engine's configuration: a slow start can be looked into from its first second."""
@@ -45,6 +70,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.replicas > 0:
         raise ValueError("--replicas runs on Ray Serve: start it with app.py / cosystream, not server.serve")
     cfg = engine_config(args)
+    check_model_dir(cfg.model, cfg.llm_variant)
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
     timeline = Timeline()  # the engine's phases, timed from this process's launch
     # the server listens first (/health answers at once, /ready once warm); the engine loads behind it

@@ -16,7 +16,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from engine.errors import NotReady
+from engine.errors import ModelError, NotReady
 from engine.serving.metrics import ServerStats
 from engine.serving.startup import Timeline
 
@@ -36,6 +36,7 @@ class PendingEngine:
         self._loaded: Any = None  # the engine once built (maybe still warming up)
         self._engine: Any = None  # the engine once warm: every use goes to it
         self._failed = False
+        self.config_error: str | None = None  # why the configured model cannot load (``ModelError``)
         self._built = asyncio.Event()  # set once the load has ended, built or failed
 
     async def start(self) -> None:
@@ -47,6 +48,9 @@ class PendingEngine:
             finally:
                 self._built.set()
             await self._loaded.warmup()
+        except ModelError as err:  # the configuration's fault (the model dir): one line, its own exit status
+            self._failed, self.config_error = True, str(err)
+            return
         except Exception:
             self._failed = True
             log.exception("the engine could not be loaded")

@@ -28,6 +28,9 @@ log = logging.getLogger("cosystream")
 SHUTTING_DOWN = "the server is shutting down; retry in a moment (another replica may take the request)"
 RETRY_AFTER_S = 5
 EXIT_UNHEALTHY = 3  # the status a supervisor sees when the engine died under the server
+# a configuration the server cannot start with (no such model directory, a broken one, a flag whose
+# optional dependency is missing): sysexits' EX_CONFIG, which a supervisor must not restart on
+EXIT_CONFIG = 78
 HEALTH_EVERY_S = 1.0
 STOPPED = "the speech engine has stopped (its LM backend or vocoder worker died); the server is restarting"
 LAST_STEPS_S = 1.0  # after the grace: streams end within a chunk, then uvicorn closes and the engine frees
@@ -150,6 +153,13 @@ class GracefulServer(uvicorn.Server):
         while getattr(self.engine, "healthy", True) and not self.should_exit:
             await asyncio.sleep(every_s)
         if self.should_exit:
+            return
+        config_error = getattr(self.engine, "config_error", None)
+        if config_error:  # the model could not be loaded as configured: a restart would fail the same way
+            log.critical("cannot start: %s (exiting with status %d)", config_error, EXIT_CONFIG)
+            self.exit_status = EXIT_CONFIG
+            self.config.timeout_graceful_shutdown = 1
+            self.should_exit = True
             return
         self.gate.closed = True
         log.critical("%s: ending %d stream(s), exiting with status %d", STOPPED, self.end_streams(STOPPED),

@@ -236,6 +236,7 @@ def web_server(
     import uvicorn
 
     from api.streaming import QUIET_CUTS
+    from server.header_timeout import headers_timeout
     from server.shutdown import Gate, GracefulServer
 
     class Server(GracefulServer):
@@ -248,6 +249,7 @@ def web_server(
             await super().shutdown(sockets)
 
     gate = Gate(app)
-    config = uvicorn.Config(gate, host=host, port=port, log_level="info")  # configures uvicorn's loggers
+    # log_level configures uvicorn's loggers; a client must send its request head within 10 s
+    config = uvicorn.Config(gate, host=host, port=port, log_level="info", http=headers_timeout())
     logging.getLogger("uvicorn.error").addFilter(QUIET_CUTS)  # a cut stream's trace: logged by its route
     return Server(config, gate, engine, grace_s, model)

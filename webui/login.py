@@ -83,8 +83,9 @@ class KeyLogin:
 
 
 def login_message(ui_lang: str) -> str:
-    """The login page's words: the product's name and how to sign in (both languages for ``auto``)."""
-    langs = UI_LANGS if ui_lang not in UI_LANGS else (ui_lang,)
+    """The login page's words: the product's name and how to sign in (both languages for ``auto``, English
+    first: the page is one for every browser, and one that sends no language gets English)."""
+    langs = ("en", *(lang for lang in UI_LANGS if lang != "en")) if ui_lang not in UI_LANGS else (ui_lang,)
     lines = [html.escape(Texts(lang)("login_hint")) for lang in langs]
     return f"<b>{html.escape(Texts(langs[0])('title'))}</b><br>" + "<br>".join(lines)
 

@@ -44,6 +44,7 @@ from engine.lm.speech_lm import SpeechLM
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.serving.admission import Admission
 from engine.serving.metrics import ServerStats, Stopwatch
+from engine.serving.pauses import has_pauses, with_pauses
 from engine.serving.plan import Plan, Planner
 from engine.serving.playback import Playback
 from engine.serving.startup import Timeline
@@ -342,6 +343,19 @@ class TTSEngine:
         return self.backend.healthy and self.token2wav.healthy
 
     async def stream(self, req: SynthesisRequest) -> AsyncIterator[AudioChunk]:
+        """The request's audio chunks; a text with ``<break/>`` tags is spoken piece by piece around them
+        (``engine.serving.pauses``), checked whole first."""
+        if not has_pauses(req):
+            async with contextlib.aclosing(self._stream(req)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            return
+        self.planner.check(req)
+        async with contextlib.aclosing(with_pauses(self._stream, req, self.sample_rate)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _stream(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         if self._ended is not None:
             raise NotReady(self._ended, retry_after_s=5.0)
         if not self.ready:
@@ -507,7 +521,7 @@ class TTSEngine:
         interleaver = Interleaver(Layout.of(self.model.lm.config), prompt_ids, speech_ids)
         limits = self.cfg.limits
         pieces = text_pieces(self.text, req.language, req.text_frontend, limits.max_text_chars)
-        ids = token_pieces(text.pieces(), pieces, self.text.tokenize, limits.text_idle_s)
+        ids = counted(token_pieces(text.pieces(), pieces, self.text.tokenize, limits.text_idle_s), watch)
         session = self.backend.session(f"{req.request_id}:{seed}", seed)
         try:
             tokens = bistream_tokens(session, interleaver, ids, self.cfg.sampling, req.forced_tokens)
@@ -572,7 +586,7 @@ class TTSEngine:
         """Save a voice for ``owner`` (a browser id or API key; None: a public voice, the operator's);
         ``consent`` is the speaker's consent reference, stored with it."""
         if not prompt_text.strip():
-            raise InvalidInput("a saved voice needs the transcript of its prompt audio")
+            raise InvalidInput("a saved voice needs the transcript of its prompt audio", field="prompt_text")
         features = self.frontend.extract(prompt_wav, trim=True)
         return self.voices.add(name, features, prompt_text.strip(), self.family, prompt_wav, owner, consent)
 
@@ -830,3 +844,11 @@ def _or_close(fn: Callable[[], object], *closers: Callable[[], object]) -> None:
 def _timed(timeline: Timeline, name: str, fn: Callable[..., T], *args: object) -> T:
     with timeline.phase(name):
         return fn(*args)
+
+
+async def counted(ids: AsyncIterator[list[int]], watch: Stopwatch) -> AsyncIterator[list[int]]:
+    """A streamed text's ids, each piece counted as it passes (the usage's input tokens, as for a whole
+    text)."""
+    async for piece in ids:
+        watch.add_text_tokens(len(piece))
+        yield piece

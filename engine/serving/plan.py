@@ -8,13 +8,13 @@ cross_lingual neither (v3: the system prompt leads the text), instruct the instr
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 
 from engine.config import Limits
-from engine.errors import InvalidInput, TooLarge
+from engine.errors import InvalidInput
 from engine.frontend import Frontend, PromptFeatures
 from engine.request import Mode, SynthesisRequest
+from engine.text.checks import check_text
 from engine.text.frontend import TextFrontend, format_cross_lingual
 from engine.text.pool import TextIds, text_ids, text_job
 from engine.voices import Voice, VoiceLibrary
@@ -57,15 +57,10 @@ class Planner:
             raise InvalidInput(message, field="prompt_text")
 
     def _check_text(self, what: str, text: str, field: str) -> None:
-        """Length, control characters and lone surrogates (they break the normaliser and tokenizer)."""
-        limit = self.limits.max_text_chars
-        if len(text) > limit:
-            raise TooLarge(f"{what} has {len(text)} characters; the limit is {limit}", field=field)
-        if any(unicodedata.category(c) == "Cc" and c not in "\n\r\t" for c in text):
-            raise InvalidInput(f"{what} contains control characters", field=field)
-        if any(unicodedata.category(c) == "Cs" for c in text):
-            message = f"{what} is not valid Unicode (it has lone surrogate characters)"
-            raise InvalidInput(message, field=field)
+        """The contract's checks (``engine.text.checks``): the same table every door applies; the text
+        to speak also needs something to say and only the supported markup."""
+        spoken = field == "text"
+        check_text(text, what, field, self.limits.max_text_chars, spoken=spoken, family=self.family)
 
     def plan(self, req: SynthesisRequest) -> Plan:
         """All of it in this thread (the engine splits it: ``prompt`` in a thread, ``text_ids`` wherever

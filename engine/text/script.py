@@ -33,6 +33,11 @@ from engine.text.split import cut_sentences, is_punctuation_only, merge_sentence
 MAX_BREAK_S = 10.0  # one break; longer silences are a sign of a typo ("5000s")
 MAX_GAP_S = 5.0  # between turns
 MAX_SCRIPT_CHARS = 20_000  # the whole script (each part stays far below the engine's max_text_chars)
+# silence one text or script may ask for (breaks and gaps together), checked before any work: 1000 breaks
+# of 10 s are 19 KB of text and would be 2.8 hours of audio
+MAX_PAUSE_S = 300.0
+# audio one script may produce (speech and silence), checked as it is produced
+MAX_SCRIPT_AUDIO_S = 1800.0
 PART_CHARS = 200  # sentences are merged into parts of up to about this many characters
 _NAME = r"[^\W\d_][\w .'\-]{0,31}?"
 _TURN = re.compile(rf"^(?P<name>{_NAME})\s*(?:\((?P<instruct>[^()]*)\))?\s*:\s*(?P<text>.*)$")
@@ -131,11 +136,11 @@ def break_seconds(tag: str, line: int = 1) -> float:
     timing = _BREAK_TIME.match(match["attrs"]) if match else None
     if timing is None:
         message = f'line {line}: {tag!r} is not a pause; write <break time="500ms"/> or "1.5s"'
-        raise InvalidInput(message, field="text")
+        raise InvalidInput(message, field="text", code="invalid_break")
     seconds = float(timing["value"]) / (1000.0 if timing["unit"] == "ms" else 1.0)
     if seconds > MAX_BREAK_S:
         message = f"line {line}: a break of {seconds:g} s is over the limit of {MAX_BREAK_S:g} s"
-        raise InvalidInput(message, field="text")
+        raise InvalidInput(message, field="text", code="break_too_long")
     return seconds
 
 
@@ -145,16 +150,41 @@ def model_tags(family: str) -> frozenset[str]:
     return frozenset(t for t in special_tokens(family) if not t.startswith("<|"))
 
 
-def check_tags(text: str, family: str, line: int = 1) -> None:
-    """Refuse any ``<...>`` or ``[...]`` that is neither a break nor one of the model's tags."""
+def unsupported_tag(text: str, family: str) -> str | None:
+    """The first ``<...>`` or ``[...]`` in ``text`` that is neither a break nor one of the model's tags."""
     allowed = model_tags(family)
     for match in _TAG.finditer(text):
         tag = match.group()
         if tag not in allowed and not _BREAK.fullmatch(tag):
-            shown = ", ".join(TAG_HELP)
-            pause = '<break time="500ms"/>'
-            message = f"line {line}: unknown tag {tag!r}; pauses are {pause}, the model knows {shown}"
-            raise InvalidInput(message, field="text")
+            return tag
+    return None
+
+
+def check_tags(text: str, family: str, line: int = 1) -> None:
+    """Refuse any ``<...>`` or ``[...]`` that is neither a break nor one of the model's tags."""
+    tag = unsupported_tag(text, family)
+    if tag is not None:
+        shown = ", ".join(TAG_HELP)
+        pause = '<break time="500ms"/>'
+        quoted = repr(tag) if len(tag) <= 40 else repr(tag[:40]) + "..."
+        message = f"line {line}: unknown tag {quoted}; pauses are {pause}, the model knows {shown}"
+        raise InvalidInput(message, field="text", code="unsupported_markup")
+
+
+def cut_at_breaks(text: str) -> list[str | Pause]:
+    """``text`` as its pieces (unstripped, as written) and the pauses of its breaks, empty pieces dropped:
+    for text that arrives in pieces, where the spaces between pieces matter."""
+    out: list[str | Pause] = []
+    pos = 0
+    for match in _BREAK.finditer(text):
+        out += [text[pos : match.start()], Pause(break_seconds(match.group()))]
+        pos = match.end()
+    out.append(text[pos:])
+    return [p for p in out if not isinstance(p, str) or p]
+
+
+def has_break(text: str) -> bool:
+    return _BREAK.search(text) is not None
 
 
 def split_pauses(text: str, line: int = 1) -> list[str | Pause]:
@@ -194,4 +224,13 @@ def compile_script(lines: Iterable[Line], family: str, gap_s: float = 0.3) -> li
             parts += [Speech(line.speaker, s, line.instruct, line.number) for s in sentences(piece)]
     if not any(isinstance(p, Speech) for p in parts):
         raise InvalidInput("the script has only pauses: nothing to speak", field="text")
+    check_pauses(parts)
     return parts
+
+
+def check_pauses(parts: Iterable[object]) -> None:
+    """Refuse more silence than ``MAX_PAUSE_S`` in all (``TooLarge``, code ``too_much_silence``)."""
+    total = sum(p.seconds for p in parts if isinstance(p, Pause))
+    if total > MAX_PAUSE_S:
+        message = f"the pauses add up to {total:g} s of silence; the limit is {MAX_PAUSE_S:g} s"
+        raise TooLarge(message, field="text", code="too_much_silence")

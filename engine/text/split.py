@@ -47,6 +47,24 @@ def cut_sentences(text: str, terminals: frozenset[str]) -> list[str]:
     return sentences
 
 
+# A "sentence" longer than this (characters) is cut before merging: text without marks (2000 Chinese
+# characters, a pasted list) would otherwise be one LM segment whose speech is minutes long, past what one
+# flow pass takes. Cut at the last comma or space before the bound, or at the bound.
+MAX_SENTENCE_CHARS = 200
+SOFT_BREAKS = frozenset("，,、 \t\u3000")
+
+
+def cut_long(sentence: str, max_chars: int = MAX_SENTENCE_CHARS) -> list[str]:
+    """``sentence`` in pieces of at most ``max_chars`` characters, every character kept in order."""
+    pieces: list[str] = []
+    while len(sentence) > max_chars:
+        soft = max((i for i in range(max_chars // 2, max_chars) if sentence[i] in SOFT_BREAKS), default=None)
+        end = soft + 1 if soft is not None else max_chars
+        pieces.append(sentence[:end])
+        sentence = sentence[end:]
+    return [*pieces, sentence] if sentence else pieces
+
+
 def merge_sentences(
     sentences: list[str], length: Callable[[str], int], max_n: int, min_n: int, merge_len: int
 ) -> list[str]:
@@ -89,5 +107,6 @@ def split_sentences(
     if text[-1] not in terminals:
         text += "." if lang == "en" else "。"
     length = token_len_fn if lang == "en" and token_len_fn is not None else len
-    segments = merge_sentences(cut_sentences(text, terminals), length, max_n, min_n, merge_len)
+    sentences = [piece for sentence in cut_sentences(text, terminals) for piece in cut_long(sentence)]
+    segments = merge_sentences(sentences, length, max_n, min_n, merge_len)
     return [s for s in (seg.strip() for seg in segments) if not is_punctuation_only(s)]

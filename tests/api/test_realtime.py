@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -161,6 +162,7 @@ def test_a_refused_session_event_gets_an_error_and_a_fixed_one_is_served(
 
 
 def test_an_unknown_voice_ends_the_session_with_one_error(url: str) -> None:
+    """The error names the event's field (before: the speech route's name, "voice")."""
     with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         send(ws, "session.update", session={"voice": "nobody"})
         send(ws, "input_text_buffer.append", text="Hello there.")
@@ -168,7 +170,9 @@ def test_an_unknown_voice_ends_the_session_with_one_error(url: str) -> None:
             send(ws, "input_text_buffer.commit")
         got = [e for e in events(ws) if e["type"] == "error"]
     assert (
-        len(got) == 1 and got[0]["error"]["code"] == "voice_not_found" and got[0]["error"]["param"] == "voice"
+        len(got) == 1
+        and got[0]["error"]["code"] == "voice_not_found"
+        and got[0]["error"]["param"] == "session.voice"
     )
 
 
@@ -228,7 +232,7 @@ def test_too_much_text_is_an_error_event_and_the_server_keeps_serving(url: str) 
     with open_session(url) as ws:
         send(ws, "input_text_buffer.append", text="word " * 80)
         errors = [e["error"] for e in events(ws) if e["type"] == "error"]
-    assert errors and errors[0]["code"] == "too_large" and "300 characters" in errors[0]["message"]
+    assert errors and errors[0]["code"] == "text_too_long" and "the limit is 300" in errors[0]["message"]
     with open_session(url) as ws:
         send(ws, "input_text_buffer.append", text="Hello there.")
         send(ws, "input_text_buffer.commit")
@@ -270,5 +274,136 @@ def test_text_with_nothing_speakable_is_a_422_error_event(url: str) -> None:
         send(ws, "input_text_buffer.append", text="\u0301\u0302\ufeff")
         send(ws, "input_text_buffer.commit")
         errors = [e["error"] for e in events(ws) if e["type"] == "error"]
-    assert len(errors) == 1 and errors[0]["code"] == "invalid_input"
+    assert len(errors) == 1 and errors[0]["code"] == "nothing_to_speak"
     assert errors[0]["type"] == "invalid_request_error" and "nothing to speak" in errors[0]["message"]
+
+
+# ------------------------------------------------------------------ the same contract as HTTP (issue 58)
+
+
+def raw_append(ws: ClientConnection, text_json: str) -> None:
+    """An append whose text is written as raw JSON (a lone surrogate travels as an escape)."""
+    ws.send('{"type": "input_text_buffer.append", "text": ' + text_json + "}")
+
+
+def closing(ws: ClientConnection) -> tuple[list[dict[str, Any]], int | None]:
+    """Every event up to the close, and the close code."""
+    got: list[dict[str, Any]] = []
+    try:
+        while True:
+            got.append(json.loads(ws.recv(timeout=120)))
+    except ConnectionClosed as closed:
+        return got, closed.rcvd.code if closed.rcvd is not None else None
+
+
+@pytest.mark.parametrize(
+    ("text_json", "code", "words"),
+    [
+        ('"bad \\ud800 x"', "invalid_unicode", "Unicode"),
+        ('"a \\u0000 b"', "control_characters", "control characters"),
+        ('"bell \\u0007"', "control_characters", "control characters"),
+    ],
+    ids=["lone-surrogate", "nul", "bell"],
+)
+def test_a_piece_http_refuses_is_refused_and_the_text_goes_on(
+    url: str, text_json: str, code: str, words: str
+):
+    """Before: a lone surrogate gave internal_error, close 1011 and a traceback; NUL was spoken."""
+    with open_session(url) as ws:
+        raw_append(ws, text_json)
+        send(ws, "input_text_buffer.append", text="Hello there.")
+        send(ws, "input_text_buffer.commit")
+        got, close_code = closing(ws)
+    errors = [e["error"] for e in got if e["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["code"] == code and words in errors[0]["message"], errors
+    assert errors[0]["param"] == "text" and got[-1]["type"] == "response.done", got[-1]
+    assert got[-1]["response"]["status"] == "completed" and close_code == 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [("\U0001f600\U0001f389", "nothing_to_speak"), ("Hi <speak>there</speak>", "unsupported_markup"),
+     ("Hi [foo] there", "unsupported_markup"), ('Hi <break time="99s"/> there', "break_too_long")],
+    ids=["emoji-only", "speak-tag", "bracket-tag", "long-break"],
+)  # fmt: skip
+def test_text_http_refuses_ends_the_request_before_any_audio(url: str, text: str, code: str) -> None:
+    """Before: emoji-only text and unknown markup were spoken (the markup read aloud)."""
+    with open_session(url) as ws:
+        send(ws, "input_text_buffer.append", text=text)
+        send(ws, "input_text_buffer.commit")
+        got, close_code = closing(ws)
+    kinds = [e["type"] for e in got]
+    assert kinds == ["session.updated", "error"], kinds
+    assert got[-1]["error"]["code"] == code and close_code == 1000
+
+
+def test_text_over_the_limit_is_refused_at_once_not_after_its_audio(url: str, engine: TTSEngine) -> None:
+    """Before: the limit was met by the engine as it reached that text, after the audio before it."""
+    with open_session(url) as ws:
+        send(ws, "input_text_buffer.append", text="Hello there. " * 20)  # 260 of the 300 characters
+        send(ws, "input_text_buffer.append", text="And more text here. " * 3)
+        got, close_code = closing(ws)
+    errors = [e for e in got if e["type"] == "error"]
+    assert [e["error"]["code"] for e in errors] == ["text_too_long"] and close_code == 1000
+    assert "response.done" not in [e["type"] for e in got]
+    assert wait_until(lambda: engine.stats().active_streams == 0)
+
+
+def test_voice_as_an_object_and_text_tokens_in_the_metrics(url: str, engine: TTSEngine, tmp_path) -> None:
+    """Before: {"id": ...} was refused (HTTP takes it) and metrics.text_tokens was 0."""
+    wav = tmp_path / "v.wav"
+    sf.write(wav, speech_like(2.0), 24000)
+    voice = engine.add_voice("object form", str(wav), "Hello there.", None, "")
+    with open_session(url, ref_audio=None, mode=None, voice={"id": voice.id}) as ws:
+        assert next(events(ws))["type"] == "session.updated"
+        send(ws, "input_text_buffer.append", text="Hello there, again.")
+        send(ws, "input_text_buffer.commit")
+        got, _ = closing(ws)
+    done = got[-1]["response"]
+    assert done["status"] == "completed" and done["metrics"]["text_tokens"] > 0, done["metrics"]
+
+
+def longest_zero_run(pcm: np.ndarray) -> int:
+    zero = np.concatenate([[0], (pcm == 0).astype(np.int8), [0]])
+    edges = np.flatnonzero(np.diff(zero))
+    return int((edges[1::2] - edges[0::2]).max()) if edges.size else 0
+
+
+def test_a_break_on_the_speech_route_is_exact_silence_not_words(url: str, engine: TTSEngine) -> None:
+    """Before: <break time="..."/> was read aloud ("break time equal sign ..."): now the real engine speaks
+    the text around it and puts exact silence in its place, as scripts do."""
+    base = url.replace("ws://", "http://").removesuffix("/v1/audio/speech/realtime")
+    body = {
+        "input": 'Hi. <break time="600ms"/> Yo.',
+        "mode": "cross_lingual",
+        "ref_audio": ref_audio(),
+        "response_format": "pcm",
+        "stream": False,
+        "seed": 3,
+    }
+    r = httpx.post(
+        f"{base}/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120
+    )
+    assert r.status_code == 200, r.text
+    pcm = np.frombuffer(r.content, "<i2")
+    assert longest_zero_run(pcm) >= 0.6 * 24000 and len(pcm) > 0.6 * 24000 + 2400
+    assert wait_until(lambda: engine.stats().active_streams == 0)
+
+
+def test_a_break_in_streamed_text_is_exact_silence_between_its_segments(url: str, engine: TTSEngine) -> None:
+    """Before: the socket read the tag aloud. Now it means what it means on the speech route and in
+    scripts, even when the tag arrives split over pieces; each segment is a request under the one id."""
+    with open_session(url) as ws:
+        opened = next(events(ws))
+        for piece in ["Hi there. <bre", 'ak time="700ms"', "/> Yo", " again."]:
+            send(ws, "input_text_buffer.append", text=piece)
+        send(ws, "input_text_buffer.commit")
+        got, close_code = closing(ws)
+    kinds = [e["type"] for e in got]
+    assert "error" not in kinds and kinds[-2:] == ["response.audio.done", "response.done"], kinds
+    pcm = np.frombuffer(b"".join(base64.b64decode(e["delta"]) for e in got[:-2]), "<i2")
+    done = got[-1]["response"]
+    assert done["status"] == "completed" and done["id"] == opened["session"]["id"] and close_code == 1000
+    assert longest_zero_run(pcm) >= 0.7 * 24000 and len(pcm) > 0.7 * 24000 + 4800
+    assert abs(done["metrics"]["audio_s"] - len(pcm) / 24000) < 0.05 and done["metrics"]["text_tokens"] > 0
+    assert wait_until(lambda: engine.stats().active_streams == 0)

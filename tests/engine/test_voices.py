@@ -335,8 +335,10 @@ def test_examples_are_public_read_only_and_answer_to_openai_names(tmp_path):
     assert lib.example("nova") is None  # its example (zh-lan) is not in this folder
     with pytest.raises(Forbidden):
         lib.delete("en-amy")
-    lib.add("alloy", features(), "operator's own alloy")
-    assert lib.example("alloy") is None  # a saved voice with that id wins
+    for stock in ("alloy", "ALLOY", "Nova"):  # reserved: a saved one would shadow the stock voice
+        with pytest.raises(Conflict, match="stock voice name"):
+            lib.add(stock, features(), "my own alloy")
+    assert lib.example("alloy").id == "en-amy"
     with pytest.raises(Conflict, match="example voice"):
         lib.add("En-Amy", features(), "mine", owner="anyone")
 

@@ -368,7 +368,7 @@ HTTP_CASES = [
         "unknown_response_format", speech(response_format="xyz"), 422, "response_format: Input should be"
     ),
     HttpCase("unknown_stream_format", speech(stream_format="xyz"), 422, "stream_format: Input should be"),
-    HttpCase("speed_out_of_range", speech(speed=9), 422, "speed: Input should be less than or equal to 2"),
+    HttpCase("speed_out_of_range", speech(speed=9), 422, "speed: Input should be less than or equal to 4"),
     HttpCase("negative_seed", speech(seed=-1), 422, "seed: Input should be greater than or equal to 0"),
     HttpCase(
         "unknown_voice",

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
+import sys
 import threading
 
 import pytest
+import uvicorn
 
+import app
 import server.main as entry
+from engine.errors import ModelError
+from engine.serving.startup import Timeline
 from server import cli
+from server.pending_engine import PendingEngine
+from server.shutdown import EXIT_CONFIG, EXIT_UNHEALTHY, Gate, GracefulServer
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
@@ -46,3 +54,56 @@ def test_the_stacks_name_each_thread_and_where_it_waits(caplog):
     text = caplog.text
     assert "stack of thread graph-builder" in text and "waiting_for_the_flow_compile" in text
     assert "stack of thread MainThread" in text and "test_the_stacks_name_each_thread" in text
+
+
+# ---------------------------------------------------------------------- configuration errors (issue 58)
+
+
+def fail_if_started(*args, **kwargs):
+    raise AssertionError("a configuration error must stop before the server starts")
+
+
+@pytest.mark.parametrize("case", ["missing", "broken"])
+def test_a_bad_model_dir_exits_with_the_config_status_and_one_line(monkeypatch, caplog, tmp_path, case):
+    """Before: a traceback, a false "worker died; restarting" and status 3, which supervisors restart on."""
+    model = tmp_path / "no" / "such" / "dir" if case == "missing" else tmp_path  # broken: no model files
+    monkeypatch.setattr(entry, "web_server", fail_if_started)
+    with caplog.at_level(logging.CRITICAL, "cosystream"), pytest.raises(SystemExit) as stop:
+        app.main(["--model", str(model)])
+    assert stop.value.code == EXIT_CONFIG == 78 and EXIT_CONFIG != EXIT_UNHEALTHY
+    lines = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    message = lines[0].getMessage()
+    assert str(model) in message and "fix --model" in message and "restart" not in message
+
+
+def test_replicas_without_ray_is_one_line(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    monkeypatch.delitem(sys.modules, "cluster.application", raising=False)
+    with caplog.at_level(logging.CRITICAL, "cosystream"), pytest.raises(SystemExit) as stop:
+        app.main(["--model", "demo-tiny", "--replicas", "2"])
+    assert stop.value.code == EXIT_CONFIG
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "--replicas needs Ray Serve" in line and "requirements-cluster.txt" in line
+
+
+async def test_a_model_the_load_cannot_read_exits_with_the_config_status(caplog) -> None:
+    """A hub id or a directory that breaks only while loading: the same status and one line."""
+
+    def load() -> None:
+        raise ModelError("model directory /models/x (cosyvoice3) is missing: flow.pt")
+
+    engine = PendingEngine("/models/x", load, Timeline())
+    with caplog.at_level(logging.INFO, "cosystream"):
+        await engine.start()
+        assert not engine.healthy and engine.config_error and "flow.pt" in engine.config_error
+
+        async def app(scope, receive, send):
+            raise AssertionError("no request is sent")
+
+        gate = Gate(app)
+        srv = GracefulServer(uvicorn.Config(gate), gate, engine, 1.0, "x")
+        await asyncio.wait_for(srv.watch_health(every_s=0.01), 30)
+    assert srv.should_exit and srv.exit_status == EXIT_CONFIG
+    assert not any(r.exc_info for r in caplog.records) and "restarting" not in caplog.text
+    assert "cannot start: model directory /models/x" in caplog.text

@@ -6,7 +6,9 @@ import pytest
 
 from engine.text.split import (
     EN_TERMINALS,
+    MAX_SENTENCE_CHARS,
     ZH_TERMINALS,
+    cut_long,
     cut_sentences,
     is_punctuation_only,
     merge_sentences,
@@ -85,3 +87,16 @@ def test_punctuation_only_segments_are_dropped():
 def test_segments_are_stripped():
     segments = split_sentences("a" * 70 + ". " + "b" * 70 + ".  ", "en", len)
     assert segments == ["a" * 70 + ".", "b" * 70 + "."]
+
+
+def test_text_without_marks_is_cut_into_bounded_sentences_keeping_every_character():
+    """Before: 2000 Chinese characters without punctuation were one segment (minutes of speech for one LM
+    pass, past what one flow pass takes: 413 after 9.8 s, or a stream cut at the request timeout)."""
+    text = "".join(chr(0x4E00 + i % 500) for i in range(2000))
+    segments = split_sentences(text, "zh")
+    assert len(segments) >= 10 and max(map(len, segments)) <= MAX_SENTENCE_CHARS + 1
+    assert "".join(segments) == text + "。"
+    words = " ".join(["word"] * 600)
+    pieces = cut_long(words)
+    assert "".join(pieces) == words and all(len(p) <= MAX_SENTENCE_CHARS for p in pieces)
+    assert all(p.endswith(" ") for p in pieces[:-1])  # cut at a space, not inside a word
