@@ -107,27 +107,29 @@ def applied_header(applied: Applied | None) -> dict[str, str]:
     return {HEADER: json.dumps(applied.counts(), separators=(",", ":"))} if applied is not None else {}
 
 
-def routes(ctx: ApiContext) -> APIRouter:
-    router = APIRouter(route_class=guarded_route(ctx.telemetry, BODY_CAP))
-    owner_dep = Depends(require_key(ctx.api_keys))
+def routes(ctx: ApiContext, prefix: str = "/v1/audio/lexicons", owner: Any = None) -> APIRouter:
+    """The lexicon routes under ``prefix``; ``owner``: the dependency that answers whose lexicons (the API
+    key's by default; the studio's lab passes its browser id's)."""
+    router = APIRouter(prefix=prefix, route_class=guarded_route(ctx.telemetry, BODY_CAP))
+    owner_dep = owner if owner is not None else Depends(require_key(ctx.api_keys))
 
-    @router.get("/v1/audio/lexicons")
+    @router.get("")
     async def list_lexicons(owner: str = owner_dep) -> dict[str, Any]:
         found = await run(library(ctx).list, owner)
         return {"object": "list", "data": [as_json(x, entries=False) for x in found]}
 
-    @router.get("/v1/audio/lexicons/{lexicon_id}")
+    @router.get("/{lexicon_id}")
     async def get_lexicon(lexicon_id: str, owner: str = owner_dep) -> dict[str, Any]:
         return as_json(await run(library(ctx).get, lexicon_id, owner))
 
-    @router.post("/v1/audio/lexicons", status_code=201)
+    @router.post("", status_code=201)
     async def create_lexicon(body: LexiconBody, owner: str = owner_dep) -> dict[str, Any]:
         if body.name is None:
             raise ApiError(422, "name is required", param="name", code="missing_name")
         entries = [e.model_dump() for e in body.entries]
         return as_json(await run(library(ctx).save, body.name, entries, owner, False))
 
-    @router.put("/v1/audio/lexicons/{lexicon_id}")
+    @router.put("/{lexicon_id}")
     async def replace_lexicon(lexicon_id: str, body: LexiconBody, owner: str = owner_dep) -> dict[str, Any]:
         store = library(ctx)
         current: Lexicon = await run(store.get, lexicon_id, owner)
@@ -141,12 +143,12 @@ def routes(ctx: ApiContext) -> APIRouter:
             await run(store.delete, current.id, owner)
         return as_json(saved)
 
-    @router.delete("/v1/audio/lexicons/{lexicon_id}")
+    @router.delete("/{lexicon_id}")
     async def delete_lexicon(lexicon_id: str, owner: str = owner_dep) -> dict[str, Any]:
         await run(library(ctx).delete, lexicon_id, owner)
         return {"object": "audio.lexicon.deleted", "id": lexicon_id, "deleted": True}
 
-    @router.post("/v1/audio/lexicons/apply")
+    @router.post("/apply")
     async def apply(body: ApplyBody, owner: str = owner_dep) -> dict[str, Any]:
         if len(body.input) > ctx.limits.max_text_chars:
             message = f"input has {len(body.input)} characters; the limit is {ctx.limits.max_text_chars}"
