@@ -227,7 +227,11 @@ def _csv_lines(text: str) -> list[BatchLine]:
         line = BatchLine(
             reader.line_num, values.get("text", ""), values.get("voice", ""), values.get("instruct", "")
         )
-        out.append(replace(line, error="the row has more cells than the header") if extra else line)
+        if extra:
+            line = replace(line, error="the row has more cells than the header")
+        elif not line.text and (line.voice or line.instruct):
+            line = replace(line, error="the text is empty")
+        out.append(line)
     return out
 
 
