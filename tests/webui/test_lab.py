@@ -63,7 +63,7 @@ def test_batch_files_txt_and_csv_with_a_bad_line():
     lines = parse_batch("a.txt", b"one\n\n" + b"x" * 50 + b"\nthree\n", 40)
     assert [(x.number, x.error != "") for x in lines] == [(1, False), (3, True), (4, False)]
     assert "50 characters" in lines[1].error
-    rows = parse_batch("a.csv", "text,voice,instruct\nHello,amy,\n,amy,\nHi,,speak slowly\n".encode(), 40)
+    rows = parse_batch("a.csv", b"text,voice,instruct\nHello,amy,\n,amy,\nHi,,speak slowly\n", 40)
     assert [(x.number, x.text, x.voice, x.instruct, bool(x.error)) for x in rows] == [
         (2, "Hello", "amy", "", False), (3, "", "amy", "", True), (4, "Hi", "", "speak slowly", False)
     ]  # fmt: skip
