@@ -114,6 +114,28 @@ async def test_the_speech_field_applies_the_lexicon_and_says_where(api, recordin
     ]
 
 
+async def test_a_script_applies_the_lexicon_to_spoken_lines_not_to_speaker_names(api, recording, tmp_path):
+    await api.post(
+        "/v1/audio/lexicons",
+        json=BRANDS | {"entries": [{"word": "Alice", "hint": "AE1 L IH0 S"}]},
+        headers=auth(KEYS[0]),
+    )
+    wav = tmp_path / "v.wav"
+    wav.write_bytes(wav_bytes(3.0))
+    voice = recording.add_voice("Amy", str(wav), "A prompt.", None).id
+    script = {
+        "script": "Alice: Hello, Alice.\nBob: Hi.",
+        "voices": {"Alice": voice, "Bob": voice},
+        "lexicon": "Brands",
+    }
+    r = await api.post("/v1/audio/script", json=script, headers=auth(KEYS[0]))
+    assert r.status_code == 200, r.text
+    assert [q.text for q in recording.requests] == ["Hello, [AE1][L][IH0][S].", "Hi."]
+    assert json.loads(r.headers["X-Lexicon-Applied"]) == {"Alice": 1}
+    missing = await api.post("/v1/audio/script", json=script | {"lexicon": "nope"}, headers=auth(KEYS[0]))
+    assert_openai_error(missing, 404, "lexicon")
+
+
 @pytest.fixture(scope="module")
 def tiny_v3(tmp_path_factory):
     root = tmp_path_factory.mktemp("lex")

@@ -265,7 +265,7 @@
     }
     const actions = el("div", { class: "lab-card-actions" },
       el("button", { type: "button", "data-act": "play", onclick: () => play(index) }, T.play),
-      el("button", { type: "button", "data-act": "favourite", "aria-pressed": String(!!r.favourite), onclick: () => { r.favourite = !r.favourite; drawResults(); } }, `☆ ${T.favourite}`),
+      el("button", { type: "button", "data-act": "favourite", "aria-pressed": String(!!r.favourite), onclick: () => { r.favourite = !r.favourite; drawResults(); } }, `${r.favourite ? "★" : "☆"} ${T.favourite}`),
       el("button", { type: "button", "data-act": "regenerate", onclick: () => render(r) }, T.regenerate));
     if (!hidden) {
       actions.append(
