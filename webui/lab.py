@@ -91,7 +91,13 @@ class Snippets:
 STANDARD = ("model", "voice", "input", "response_format", "speed")  # the openai client's own arguments
 
 
-def code_for(settings: TakeSettings, base_url: str, model: str, private_voice: bool = False) -> Snippets:
+def code_for(
+    settings: TakeSettings,
+    base_url: str,
+    model: str,
+    private_voice: bool = False,
+    private_lexicon: bool = False,
+) -> Snippets:
     """curl, Python (the stock ``openai`` client) and a realtime WebSocket client for ``settings`` against
     ``base_url`` (the server as the browser reached it). The key comes from ``$COSYSTREAM_API_KEY``."""
     base = base_url.rstrip("/")
@@ -99,6 +105,8 @@ def code_for(settings: TakeSettings, base_url: str, model: str, private_voice: b
     notes = []
     if private_voice:
         notes.append("private_voice")  # saved in this browser: an API key has its own voices
+    if private_lexicon:
+        notes.append("private_lexicon")  # the same: an API key has its own lexicons
     if settings.seed is None:
         notes.append("no_seed")
     return Snippets(_curl(base, body), _python(base, body), _realtime(base, settings), notes)

@@ -127,7 +127,10 @@ def router(ctx: ApiContext, signed_in: Callable[[Request], bool] | None = None) 
             raise ApiError(422, str(err), code="invalid_value") from err
         private = await is_private_voice(ctx, settings.voice, owner)
         base = str(request.base_url).rstrip("/")
-        snippets = code_for(settings, base, str(ctx.engine.model_name), private)
+        private_lexicon = settings.lexicon is not None and await is_private_lexicon(
+            ctx, settings.lexicon, owner
+        )
+        snippets = code_for(settings, base, str(ctx.engine.model_name), private, private_lexicon)
         return {
             "curl": snippets.curl,
             "python": snippets.python,
@@ -203,6 +206,14 @@ async def lab_config(ctx: ApiContext, owner: str) -> dict[str, Any]:
         "limits": {"max_takes": MAX_TAKES, "max_text_chars": ctx.limits.max_text_chars},
         "llm_variants": [],  # one speech LM per server: nothing to pick between here
     }
+
+
+async def is_private_lexicon(ctx: ApiContext, lexicon: str, owner: str) -> bool:
+    store = getattr(ctx.engine, "lexicons", None)
+    if not isinstance(store, LexiconLibrary):
+        return False
+    found = [x for x in await asyncio.to_thread(store.list, owner) if lexicon in (x.id, x.name)]
+    return any(not x.public for x in found)
 
 
 async def is_private_voice(ctx: ApiContext, voice: str, owner: str) -> bool:

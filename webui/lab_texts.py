@@ -59,6 +59,8 @@ EN: dict[str, str] = {
     "restored_missing": "Not on this server, left out: {items}",
     "note_private_voice": "This voice is saved in this browser only: an API key has its own voices. "
     "Save it with POST /v1/audio/voices to use it from code.",
+    "note_private_lexicon": "This lexicon is saved in this browser only: create it for your API key with "
+    "POST /v1/audio/lexicons (same name and entries) to use it from code.",
     "note_no_seed": "No seed was given; the server's seed for this take is in the code.",
     "note_realtime": "The realtime socket streams the text in: the same settings, another take.",
     "lex_title": "Pronunciation",
@@ -152,6 +154,8 @@ ZH: dict[str, str] = {
     "restored_missing": "本服务器上没有，已略过：{items}",
     "note_private_voice": "该音色只保存在本浏览器中：API 密钥有自己的音色。"
     "请先用 POST /v1/audio/voices 保存后再在代码中使用。",
+    "note_private_lexicon": "该词典只保存在本浏览器中：请先用 POST /v1/audio/lexicons "
+    "为你的 API 密钥创建同名同内容的词典，再在代码中使用。",
     "note_no_seed": "未指定种子；代码中已填入服务器为该版本选用的种子。",
     "note_realtime": "实时 WebSocket 以流式输入文本：设置相同，但会是另一个版本。",
     "lex_title": "发音词典",
