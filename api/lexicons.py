@@ -18,6 +18,7 @@ synthesis and the response's ``X-Lexicon-Applied`` header counts each applied wo
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -29,7 +30,7 @@ from api.context import ApiContext
 from api.errors import ApiError, from_engine
 from api.route import guarded_route
 from engine.errors import EngineError
-from engine.lexicons import MAX_ENTRIES, Applied, Lexicon, LexiconLibrary, make_entries
+from engine.lexicons import MAX_ENTRIES, Applied, Lexicon, LexiconLibrary, StreamApplier, make_entries
 
 BODY_CAP = MAX_ENTRIES * 2048 + 64 * 1024  # entries of at most ~600 characters, JSON-escaped
 HEADER = "X-Lexicon-Applied"
@@ -101,6 +102,25 @@ async def apply_lexicon(ctx: ApiContext, name: str | None, text: str, owner: str
         return None
     lexicon: Lexicon = await run(library(ctx).get, name, owner)
     return lexicon.apply(text)
+
+
+async def lexicon_pieces(
+    ctx: ApiContext, name: str | None, pieces: AsyncIterator[str], owner: str | None
+) -> AsyncIterator[str]:
+    """Text arriving in pieces with the lexicon ``name`` applied as it goes (``StreamApplier``); the lexicon
+    is looked up now, so an unknown name is refused before any text is read."""
+    if name is None or not name.strip():
+        return pieces
+    applier = StreamApplier(await run(library(ctx).get, name, owner))
+
+    async def applied() -> AsyncIterator[str]:
+        async for piece in pieces:
+            if text := applier.feed(piece):
+                yield text
+        if rest := applier.end():
+            yield rest
+
+    return applied()
 
 
 def applied_header(applied: Applied | None) -> dict[str, str]:

@@ -41,6 +41,7 @@ from api.auth import bearer_token, matching_key, owner_of
 from api.context import ApiContext
 from api.encode import StreamEncoder, stream_encoder
 from api.errors import ApiError, from_engine
+from api.lexicons import lexicon_pieces
 from api.ops import check_model
 from api.speech import SPEECH_PARAMS, check_length, check_ready, close, decode_audio_field
 from engine.errors import EngineError
@@ -99,6 +100,7 @@ class Session(BaseModel):
     response_format: Literal["pcm", "wav"] = "pcm"
     sample_rate: int = Field(24000, ge=8000, le=48000)
     seed: int | None = Field(None, ge=0, lt=2**63)
+    lexicon: str | None = Field(None, max_length=64)  # a saved lexicon, applied as the text arrives
 
     def resolved_mode(self) -> Mode:
         if self.mode is not None:
@@ -225,6 +227,7 @@ async def build_request(
         message = "mode 'instruct' needs instructions"
         raise ApiError(422, message, param="session.instructions", code="missing_instructions")
     prompt = await decode_audio_field(session.ref_audio, "ref_audio", ctx) if session.ref_audio else None
+    text = await lexicon_pieces(ctx, session.lexicon, text, owner)
     return SynthesisRequest(
         mode=mode,
         prompt_audio=prompt,

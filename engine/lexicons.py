@@ -138,6 +138,44 @@ class Lexicon:
         return {"id": self.id, "name": self.name, "public": self.public, "entries": len(self.entries)}
 
 
+class StreamApplier:
+    """A lexicon applied to text that arrives in pieces (the realtime socket): ``feed`` returns the text that
+    can no longer change, ``end`` the rest. Held back: a trailing Latin word (it may go on), the longest tail
+    that starts or is some entry's word ("New" of "New York", "给" of "给予"), and an unclosed ``[`` or ``<``.
+    The joined output equals ``lexicon.apply`` of the joined input."""
+
+    def __init__(self, lexicon: Lexicon):
+        self.lexicon, self.buffer = lexicon, ""
+        self.hits: list[Hit] = []
+        words = [e.word.casefold() for e in lexicon.entries]
+        self._starts = sorted({w[:n] for w in words for n in range(1, len(w) + 1)})
+
+    def feed(self, piece: str) -> str:
+        self.buffer += piece
+        cut = len(self.buffer) - self._held()
+        return self._emit(cut)
+
+    def end(self) -> str:
+        return self._emit(len(self.buffer))
+
+    def _emit(self, cut: int) -> str:
+        ready, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        done = self.lexicon.apply(ready)
+        self.hits += done.hits
+        return done.text
+
+    def _held(self) -> int:
+        text = self.buffer
+        word = re.search(r"[0-9A-Za-z\u00c0-\u024f]+$", text)
+        held = len(word.group()) if word else 0
+        folded = text.casefold()
+        held = max([held, *(len(s) for s in self._starts if folded.endswith(s))])
+        opened = max(text.rfind("["), text.rfind("<"))
+        if opened > max(text.rfind("]"), text.rfind(">")):
+            held = max(held, len(text) - opened)
+        return min(held, len(text))
+
+
 def _pattern(entries: tuple[Entry, ...]) -> re.Pattern[str]:
     """One alternation, longest word first, each alternative a named group ``e<index>``."""
     order = sorted(range(len(entries)), key=lambda i: -len(entries[i].word))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -177,3 +178,40 @@ async def test_the_lm_input_ids_carry_the_hint_tokens(tiny_v3, monkeypatch):
     gei = [tok.token_id(t) for t in ("[j]", "[ǐ]")]
     joined = ",".join(map(str, ids))
     assert ",".join(map(str, nike)) in joined and ",".join(map(str, gei)) in joined
+
+
+class PieceEngine(RecordingEngine):
+    """Reads a streamed request's text pieces (what the speech LM's input grows by), then speaks."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.pieces: list[str] = []
+
+    async def stream(self, req):
+        if req.text_stream is not None:
+            self.pieces += [p async for p in req.text_stream]
+            req = replace(req, text="".join(self.pieces), text_stream=None)
+        async for chunk in super().stream(req):
+            yield chunk
+
+
+def test_the_realtime_socket_applies_the_lexicon_across_pieces(tmp_path):
+    from fastapi.testclient import TestClient
+
+    engine = PieceEngine(n_chunks=1, chunk_s=0.1, delay_s=0.0)
+    engine.lexicons = LexiconLibrary(tmp_path, engine.family)  # type: ignore[attr-defined]
+    engine.lexicons.save("Brands", BRANDS["entries"], "api:anonymous")
+    voice = {"ref_audio": b64(wav_bytes()), "mode": "cross_lingual"}
+    with TestClient(build_api(engine, Limits(), api_key="")) as client:
+        with client.websocket_connect("/v1/audio/speech/realtime") as ws:
+            ws.send_json({"type": "session.update", "session": voice | {"lexicon": "nope"}})
+            assert ws.receive_json()["error"]["param"] == "lexicon"
+        with client.websocket_connect("/v1/audio/speech/realtime") as ws:
+            ws.send_json({"type": "session.update", "session": voice | {"lexicon": "Brands"}})
+            assert ws.receive_json()["type"] == "session.updated"
+            for piece in ["I wear Ni", "ke, ", "报道给", "予好评"]:
+                ws.send_json({"type": "input_text_buffer.append", "text": piece})
+            ws.send_json({"type": "input_text_buffer.commit"})
+            while ws.receive_json()["type"] != "response.done":
+                pass
+    assert "".join(engine.pieces) == "I wear [N][AY1][K][IY0], 报道[j][ǐ]予好评"

@@ -123,3 +123,25 @@ def test_a_lexicon_saved_for_v3_names_its_entry_when_read_by_v2(tmp_path):
     LexiconLibrary(tmp_path, "cosyvoice3").save("Brands", [{"word": "Nike", "hint": "N AY1 K IY0"}], "a")
     with pytest.raises(InvalidInput, match="Nike"):
         LexiconLibrary(tmp_path, "cosyvoice2").get("Brands", "a")
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        ["I love Ni", "ke and New", " York, 报道", "给", "予好评 [Ni", "ke] nike", "s Nike"],
+        list("I love Nike and New York, 报道给予好评 [Nike] nikes Nike"),
+        ["I love Nike and New York, 报道给予好评 [Nike] nikes Nike"],
+    ],
+)
+def test_text_in_pieces_gets_what_the_whole_text_gets(pieces):
+    from engine.lexicons import StreamApplier
+
+    lex = lexicon(
+        {"word": "Nike", "hint": "N AY1 K IY0"},
+        {"word": "New York", "hint": "Noo York"},
+        {"word": "给予", "hint": "ji3 yu3"},
+    )
+    stream = StreamApplier(lex)
+    out = "".join(stream.feed(p) for p in pieces) + stream.end()
+    whole = lex.apply("".join(pieces))
+    assert out == whole.text and len(stream.hits) == len(whole.hits) == 4
