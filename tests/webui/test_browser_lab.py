@@ -95,6 +95,12 @@ def test_compare_play_favourite_code_share_blind_and_lexicon(browser, server, tm
     original = take_audio(page, "A")
     assert again.shape == original.shape and np.abs(again - original).max() <= ATOL
 
+    cards.nth(3).locator("[data-act=regenerate]").click()  # another draw: a new seed, the rest kept
+    page.wait_for_function(
+        "window.labState.results[3].status === 'done' && window.labState.results[3].settings.seed !== 1003"
+    )
+    assert page.evaluate("window.labState.results[3].settings.speed") == 1.5
+
     page.click("#lab-share")
     link = page.input_value("#lab-share-url")
     other = lab_page(browser.new_context(viewport={"width": 390, "height": 844}), link, errors)

@@ -266,7 +266,7 @@
     const actions = el("div", { class: "lab-card-actions" },
       el("button", { type: "button", "data-act": "play", onclick: () => play(index) }, T.play),
       el("button", { type: "button", "data-act": "favourite", "aria-pressed": String(!!r.favourite), onclick: () => { r.favourite = !r.favourite; drawResults(); } }, `${r.favourite ? "★" : "☆"} ${T.favourite}`),
-      el("button", { type: "button", "data-act": "regenerate", onclick: () => render(r) }, T.regenerate));
+      el("button", { type: "button", "data-act": "regenerate", onclick: () => regenerate(r) }, T.regenerate));
     if (!hidden) {
       actions.append(
         el("button", { type: "button", "data-act": "promote", onclick: () => promote(r) }, T.promote),
@@ -274,6 +274,13 @@
     }
     node.append(actions);
     return node;
+  }
+
+  // another draw of the same settings: a new seed (the same seed would give the same audio)
+  function regenerate(r) {
+    r.asked = { ...(r.settings || r.asked), seed: Math.floor(Math.random() * 1e9) };
+    r.rating = 0;
+    return render(r);
   }
 
   function drawWave(canvas, values) {
