@@ -113,7 +113,8 @@ def create_app(
     if api_ctx is not None:  # the lab's takes are API requests in the browser's namespace
         from webui import lab_route
 
-        app.include_router(lab_route.router(api_ctx, signed_in))
+        account = (lambda r: login.owner(login.session_user(r))) if login else None
+        app.include_router(lab_route.router(api_ctx, signed_in, account))
     if login is not None:  # a middleware joins before the app starts, so before a later mount too
         app.add_middleware(TaggedLogin, login=login)
     if studio_later:

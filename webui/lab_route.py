@@ -90,12 +90,23 @@ class BatchFiles:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def router(ctx: ApiContext, signed_in: Callable[[Request], bool] | None = None) -> APIRouter:
+def router(
+    ctx: ApiContext,
+    signed_in: Callable[[Request], bool] | None = None,
+    account: Callable[[Request], str | None] | None = None,
+) -> APIRouter:
+    """``signed_in``/``account`` (with a login): whether a request carries the studio's session, and the
+    namespace of its key (the studio's voices after signing in are the key's: the lab uses the same)."""
+
     def session(request: Request) -> None:
         if signed_in is not None and not signed_in(request):
             raise ApiError(401, "sign in to the studio first", code="not_signed_in")
 
-    owner_dep = Depends(browser_owner)
+    def caller(request: Request, x_cosy_browser: Annotated[str | None, Header()] = None) -> str:
+        signed = account(request) if account is not None else None
+        return signed if signed is not None else browser_owner(x_cosy_browser)
+
+    owner_dep = Depends(caller)
     files = BatchFiles()
     routes = APIRouter(
         prefix="/lab",

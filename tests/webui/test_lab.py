@@ -163,3 +163,21 @@ async def test_code_for_a_take_names_the_server_as_reached(lab):
     assert 'base_url="http://lab.test/v1"' in code["python"] and code["notes"] == []
     bad = await lab.post("/lab/code", json=take | {"secret": 1}, headers=as_browser(ALICE))
     assert bad.status_code == 422
+
+
+def test_with_a_login_the_lab_needs_it_and_works_in_the_key_namespace(tmp_path):
+    """As the studio's voices after signing in: the lab's lexicons are the key's, whichever browser id."""
+    from fastapi.testclient import TestClient
+
+    from api.auth import owner_of
+
+    engine = RecordingEngine(n_chunks=1, chunk_s=0.1, delay_s=0.0)
+    engine.lexicons = LexiconLibrary(tmp_path, engine.family)  # type: ignore[attr-defined]
+    with TestClient(web.create_app(engine, ui_lang="en", api_key=["k1", "k2"])) as client:
+        assert client.get("/lab/config", headers=as_browser(ALICE)).status_code == 401
+        form = [("username", (None, "alice")), ("password", (None, "k1"))]
+        assert client.post("/login", files=form).status_code == 200
+        lexicon = {"name": "Keyed", "entries": [{"word": "Nike", "hint": "N AY1 K IY0"}]}
+        assert client.post("/lab/lexicons", json=lexicon, headers=as_browser(BOB)).status_code == 201
+    assert [x.name for x in engine.lexicons.list(owner_of("k1"))] == ["Keyed"]
+    assert engine.lexicons.list("studio:" + BOB) == []
