@@ -229,6 +229,7 @@
         let v = s[k];
         if (k === "voice") v = voiceName(v);
         if (k === "mode") v = T["mode_" + v] || v;
+        if (k === "language") v = T["lang_" + v] || v;
         if (k === "instructions" && s.mode !== "instruct") continue;
         if (v === null || v === undefined || v === "") continue;
         list.append(el("div", { class: diff.has(k) ? "lab-diff" : "" }, el("dt", {}, T[k === "instructions" ? "instruct" : k] || k), el("dd", {}, v)));
