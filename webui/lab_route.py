@@ -25,7 +25,6 @@ import json
 import logging
 import re
 import secrets
-import shutil
 import tempfile
 import time
 import zipfile
@@ -69,13 +68,16 @@ def browser_owner(x_cosy_browser: Annotated[str | None, Header()] = None) -> str
 
 
 class BatchFiles:
-    """Finished batch zips in one temporary folder, by random token; the oldest go past ``keep``."""
+    """Finished batch zips in one temporary folder (made at the first batch), by random token; the oldest
+    go past ``keep``."""
 
     def __init__(self, keep: int = 32):
         self.keep = keep
-        self.root = Path(tempfile.mkdtemp(prefix="cosystream-lab-"))
+        self.root: Path | None = None
 
     def new(self) -> tuple[str, Path]:
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="cosystream-lab-"))
         files = sorted(self.root.glob("*.zip"), key=lambda p: p.stat().st_mtime)
         for old in files[: max(0, len(files) - self.keep + 1)]:
             old.unlink(missing_ok=True)
@@ -83,11 +85,10 @@ class BatchFiles:
         return token, self.root / f"{token}.zip"
 
     def path(self, token: str) -> Path | None:
+        if self.root is None or not TOKEN.match(token):
+            return None
         path = self.root / f"{token}.zip"
-        return path if TOKEN.match(token) and path.is_file() else None
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        return path if path.is_file() else None
 
 
 def router(
@@ -246,16 +247,19 @@ async def render_batch(
     yield event({"type": "start", "total": len(lines), "errors": [bad(x) for x in lines if x.error]})
     rows: list[dict[str, Any]] = []
     written = 0
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
-        for line in lines:
-            row = await render_line(ctx, line, base, owner, zf)
-            rows.append(row)
-            written += not row["error"]
-            yield event({"type": "line", **row})
-        zf.writestr("manifest.json", json.dumps(rows, ensure_ascii=False, indent=1))
-        zf.writestr("manifest.csv", manifest_csv(rows))
-    await asyncio.to_thread(path.write_bytes, buffer.getvalue())
+    partial = path.with_suffix(".part")  # on disk as it grows (a batch may hold minutes of audio)
+    try:
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zf:
+            for line in lines:
+                row = await render_line(ctx, line, base, owner, zf)
+                rows.append(row)
+                written += not row["error"]
+                yield event({"type": "line", **row})
+            zf.writestr("manifest.json", json.dumps(rows, ensure_ascii=False, indent=1))
+            zf.writestr("manifest.csv", manifest_csv(rows))
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)  # cancelled (the client left) or failed: no zip
     yield event({"type": "done", "rendered": written, "failed": len(rows) - written, "zip": url})
 
 

@@ -181,3 +181,30 @@ def test_with_a_login_the_lab_needs_it_and_works_in_the_key_namespace(tmp_path):
         assert client.post("/lab/lexicons", json=lexicon, headers=as_browser(BOB)).status_code == 201
     assert [x.name for x in engine.lexicons.list(owner_of("k1"))] == ["Keyed"]
     assert engine.lexicons.list("studio:" + BOB) == []
+
+
+def test_leaving_a_batch_stops_its_rendering_and_keeps_no_zip(engine):
+    """The client reads two lines' events and leaves: the server renders no more lines and keeps no zip."""
+    import tempfile
+    from pathlib import Path
+
+    from tests.api.support import live_server, wait_until
+
+    engine.delay_s = 0.05  # each line takes a moment, so most are still to come when the client leaves
+    lines = "\n".join(f"Line {i}." for i in range(40)).encode()
+    before = set(Path(tempfile.gettempdir()).glob("cosystream-lab-*"))
+    app = web.create_app(engine, ui_lang="en", studio_later=True)
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        files, data = {"file": ("a.txt", lines)}, {"settings": json.dumps({"voice": "amy"})}
+        with client.stream("POST", "/lab/batch", headers=as_browser(ALICE), files=files, data=data) as r:
+            seen = 0
+            for line in r.iter_lines():
+                seen += json.loads(line)["type"] == "line"
+                if seen == 2:
+                    break
+        (folder,) = set(Path(tempfile.gettempdir()).glob("cosystream-lab-*")) - before  # this app's batches
+        assert wait_until(lambda: not engine.active and not list(folder.iterdir()))  # closed, no zip kept
+        ran = len(engine.requests)
+        assert ran < 10
+        assert client.get("/lab/config", headers=as_browser(ALICE)).status_code == 200  # still serving
+    assert len(engine.requests) == ran  # nothing started after the client left
