@@ -194,14 +194,19 @@ class BatchLine:
 
 
 class BatchError(ValueError):
-    """The file as a whole is refused (too big, too many lines, no text column): nothing is rendered."""
+    """The file as a whole is refused (too big, too many lines, no text column): nothing is rendered.
+    ``too_large``: past a limit of the server (HTTP 413), else malformed (422)."""
+
+    def __init__(self, message: str, too_large: bool = False):
+        super().__init__(message)
+        self.too_large = too_large
 
 
 def parse_batch(name: str, data: bytes, max_chars: int, max_lines: int = MAX_BATCH_LINES) -> list[BatchLine]:
     """The lines of a ``.txt`` (one text per line) or ``.csv`` (a ``text`` column, optional ``voice`` and
     ``instruct``) file. A line over ``max_chars`` is kept with its error; the file past the limits raises."""
     if len(data) > MAX_BATCH_BYTES:
-        raise BatchError(f"the file is {len(data)} bytes; the limit is {MAX_BATCH_BYTES}")
+        raise BatchError(f"the file is {len(data)} bytes; the limit is {MAX_BATCH_BYTES}", too_large=True)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -211,7 +216,8 @@ def parse_batch(name: str, data: bytes, max_chars: int, max_lines: int = MAX_BAT
     if not lines:
         raise BatchError("the file has no line to render")
     if len(lines) > max_lines:
-        raise BatchError(f"the file has {len(lines)} lines; this server renders at most {max_lines} a batch")
+        message = f"the file has {len(lines)} lines; this server renders at most {max_lines} a batch"
+        raise BatchError(message, too_large=True)
     return [_checked(ln, max_chars) for ln in lines]
 
 

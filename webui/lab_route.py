@@ -132,8 +132,8 @@ def router(
 
     @routes.post("/code")
     async def code(request: Request, owner: str = owner_dep) -> dict[str, Any]:
-        data = await request.json()
         try:
+            data = await request.json()
             settings = TakeSettings.of(data if isinstance(data, dict) else {})
         except (ValueError, TypeError) as err:
             raise ApiError(422, str(err), code="invalid_value") from err
@@ -161,12 +161,7 @@ def router(
             lines = parse_batch(file.filename or "lines.txt", data, ctx.limits.max_text_chars)
             base = TakeSettings.of({**json.loads(settings), "input": ""})
         except BatchError as err:
-            raise ApiError(
-                413 if "limit" in str(err) or "at most" in str(err) else 422,
-                str(err),
-                param="file",
-                code="bad_batch",
-            ) from err
+            raise ApiError(413 if err.too_large else 422, str(err), param="file", code="bad_batch") from err
         except (ValueError, TypeError) as err:
             raise ApiError(422, f"settings: {err}", param="settings", code="invalid_value") from err
         token, path = files.new()

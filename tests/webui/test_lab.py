@@ -163,6 +163,8 @@ async def test_code_for_a_take_names_the_server_as_reached(lab):
     assert 'base_url="http://lab.test/v1"' in code["python"] and code["notes"] == []
     bad = await lab.post("/lab/code", json=take | {"secret": 1}, headers=as_browser(ALICE))
     assert bad.status_code == 422
+    broken = await lab.post("/lab/code", content=b"{", headers=as_browser(ALICE))
+    assert broken.status_code == 422 and broken.json()["error"]["code"] == "invalid_value"
 
 
 def test_with_a_login_the_lab_needs_it_and_works_in_the_key_namespace(tmp_path):
