@@ -211,7 +211,8 @@ async def lab_config(ctx: ApiContext, owner: str) -> dict[str, Any]:
         "lexicons": lexicons,
         "presets": presets,
         "limits": {"max_takes": MAX_TAKES, "max_text_chars": ctx.limits.max_text_chars},
-        "llm_variants": [],  # one speech LM per server: nothing to pick between here
+        # one speech LM per server (--llm-variant base | rl): shown and exported, not picked per take
+        "llm_variant": str(getattr(getattr(engine, "cfg", None), "llm_variant", "") or ""),
     }
 
 

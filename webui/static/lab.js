@@ -353,6 +353,7 @@
       const r = state.results[index];
       const s = r.settings || r.asked;
       return { take: r.label, position: position + 1, blind: state.blind, rating: r.rating || null,
+        model: state.cfg.model, llm_variant: state.cfg.llm_variant || "",
         favourite: !!r.favourite, winner: winner() === index, voice: s.voice, voice_name: voiceName(s.voice), mode: s.mode,
         instructions: s.mode === "instruct" ? s.instructions : "", seed: s.seed, speed: s.speed, language: s.language,
         lexicon: s.lexicon || "", text: s.input, ttfa_ms: r.metrics ? r.metrics.ttfa_ms : null,
@@ -605,6 +606,7 @@
   async function start() {
     await loadConfig();
     const cfg = state.cfg;
+    $("lab-model").textContent = [cfg.model, cfg.family, cfg.llm_variant && `LLM ${cfg.llm_variant}`].filter(Boolean).join(" · ");
     voiceOptions($("lab-voice"), false);
     const preset = $("lab-preset");
     preset.replaceChildren(el("option", { value: "" }, "—"), ...cfg.presets.map((p) => el("option", { value: p.instruct }, p.label)));
