@@ -36,8 +36,17 @@ def server(tmp_path_factory) -> Iterator[str]:
     model = build_model_dir(root / "m", "cosyvoice3", "tiny")
     cfg = EngineConfig(model=str(model), device="cpu", backend="native", voices_dir=str(root / "v"))
     engine = TTSEngine.load(cfg)
+    engine.lm_inputs = []  # the text ids of every segment the speech LM is given (the planner's output)
+    assemble = engine.planner.assemble
+
+    def spy(req: Any, prompt: Any, ids: Any) -> Any:
+        plan = assemble(req, prompt, ids)
+        engine.lm_inputs += [list(text) for text, _, _ in plan.segments]
+        return plan
+
+    engine.planner.assemble = spy  # type: ignore[method-assign]
     with serving(web.create_app(engine, ui_lang="en", studio_later=True)) as url:
-        yield url.rstrip("/")
+        yield url.rstrip("/"), engine
 
 
 def lab_page(context: Any, url: str, errors: list[str]) -> Any:
@@ -61,6 +70,7 @@ def take_audio(page: Any, label: str) -> np.ndarray:
 
 
 def test_compare_play_favourite_code_share_blind_and_lexicon(browser, server, tmp_path) -> None:
+    server, engine = server
     errors: list[str] = []
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     page = lab_page(context, f"{server}/lab?lang=en", errors)
@@ -112,6 +122,16 @@ def test_compare_play_favourite_code_share_blind_and_lexicon(browser, server, tm
     ]  # fmt: skip
     other.context.close()
 
+    page.fill("#lab-lex-name", "Brands")
+    page.fill("#lab-lex-entries", "Nike = N AY1 K IY0")
+    page.click("#lab-lex-save")
+    page.wait_for_function("document.getElementById('lab-lexicon').options.length > 1")
+    page.click("#lab-lex-try")
+    page.wait_for_selector("#lab-lex-out mark")
+    assert "[N][AY1][K][IY0]" in page.inner_text("#lab-lex-out")
+    page.select_option("#lab-lexicon", "brands")
+    engine.lm_inputs.clear()
+
     page.check("#lab-blind")
     page.click("#lab-generate")
     page.wait_for_selector("#lab-results[data-done='true']")
@@ -122,18 +142,15 @@ def test_compare_play_favourite_code_share_blind_and_lexicon(browser, server, tm
     page.locator(".lab-result").nth(1).get_by_label("Rating 2").click()
     page.click("#lab-reveal")
     assert "Winner" in page.inner_text("#lab-status") and "Take" in page.inner_text("#lab-results")
+    assert page.locator(".lab-applied").count() == 4 and "Nike×1" in page.inner_text(".lab-applied >> nth=0")
+    tok = engine.text.tokenizer
+    hint = ",".join(str(tok.token_id(t)) for t in ("[N]", "[AY1]", "[K]", "[IY0]"))
+    assert len(engine.lm_inputs) >= 4 and all(hint in ",".join(map(str, ids)) for ids in engine.lm_inputs)
     with page.expect_download() as got:
         page.click("#lab-export-csv")
     csv_text = got.value.path().read_text(encoding="utf-8")
     assert csv_text.startswith("take,position,blind,rating") and len(csv_text.splitlines()) == 5
 
-    page.fill("#lab-lex-name", "Brands")
-    page.fill("#lab-lex-entries", "Nike = N AY1 K IY0")
-    page.click("#lab-lex-save")
-    page.wait_for_function("document.getElementById('lab-lexicon').options.length > 1")
-    page.click("#lab-lex-try")
-    page.wait_for_selector("#lab-lex-out mark")
-    assert "[N][AY1][K][IY0]" in page.inner_text("#lab-lex-out")
     page.fill("#lab-lex-entries", "Nike = N AY9")
     page.click("#lab-lex-save")
     page.wait_for_selector("#lab-notice[data-kind=error]")
