@@ -215,3 +215,12 @@ def test_the_realtime_socket_applies_the_lexicon_across_pieces(tmp_path):
             while ws.receive_json()["type"] != "response.done":
                 pass
     assert "".join(engine.pieces) == "I wear [N][AY1][K][IY0], 报道[j][ǐ]予好评"
+
+
+async def test_an_engine_without_lexicons_answers_501(client):
+    """A remote engine (the Ray Serve ingress) has no lexicon store: a clear 501, the server keeps serving."""
+    error = assert_openai_error(await client.get("/v1/audio/lexicons"), 501)
+    assert error["code"] == "no_lexicons"
+    speech = {"input": "Nike", "ref_audio": b64(wav_bytes()), "ref_text": "A prompt.", "lexicon": "Brands"}
+    assert_openai_error(await client.post("/v1/audio/speech", json=speech), 501, "lexicon")
+    assert (await client.post("/v1/audio/speech", json=speech | {"lexicon": None})).status_code == 200
