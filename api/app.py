@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from fastapi import FastAPI
 
-from api import ops, realtime, script, speech, transcriptions, voices
+from api import lexicons, ops, realtime, script, speech, transcriptions, voices
 from api.auth import resolve_api_keys
 from api.body_timeout import BodyTimeout
 from api.context import ApiContext, EngineLike
@@ -26,7 +26,8 @@ def mount_api(
     back to ``COSYSTREAM_API_KEY``; empty = no key."""
     ctx = ApiContext(engine, limits or Limits(), resolve_api_keys(api_key), Telemetry(engine))
     app.add_middleware(BodyTimeout, idle_s=ctx.limits.body_timeout_s)  # every route's body, the studio's too
-    routers = [module.routes(ctx) for module in (ops, speech, script, realtime, voices, transcriptions)]
+    modules = (ops, speech, script, realtime, voices, lexicons, transcriptions)
+    routers = [module.routes(ctx) for module in modules]
     for router in routers:
         app.include_router(router)
     app.include_router(fallback_routes((r for router in routers for r in router.routes), ctx.telemetry))

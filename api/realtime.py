@@ -42,6 +42,7 @@ from api.context import ApiContext
 from api.contract import check_fields, check_piece
 from api.encode import StreamEncoder, stream_encoder
 from api.errors import ApiError, from_engine
+from api.lexicons import lexicon_pieces
 from api.ops import check_model
 from api.schemas import VoiceRef
 from api.speech import SPEECH_PARAMS, check_ready, close, decode_audio_field
@@ -105,6 +106,7 @@ class Session(BaseModel):
     response_format: Literal["pcm", "wav"] = "pcm"
     sample_rate: int = Field(24000, ge=8000, le=48000)
     seed: int | None = Field(None, ge=0, lt=2**63)
+    lexicon: str | None = Field(None, max_length=64)  # a saved lexicon, applied as the text arrives
 
     def voice_id(self) -> str | None:
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
@@ -234,6 +236,7 @@ async def build_request(
         message = "mode 'instruct' needs instructions"
         raise ApiError(422, message, param="session.instructions", code="missing_instructions")
     prompt = await decode_audio_field(session.ref_audio, "ref_audio", ctx) if session.ref_audio else None
+    text = await lexicon_pieces(ctx, session.lexicon, text, owner)
     return SynthesisRequest(
         mode=mode,
         prompt_audio=prompt,
@@ -344,7 +347,7 @@ class TextInput:
             if isinstance(item, Silence):
                 self.silence.append(item.seconds)
                 held = ""
-            elif speakable(held + item):
+            elif speakable(held + item, self.family or None):
                 return held + item
             else:
                 held += item

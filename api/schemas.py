@@ -47,6 +47,9 @@ class SpeechRequest(BaseModel):
     # benchmarking extension: exactly this many speech tokens (25 a second); ignored unless the server
     # allows it (Limits.forced_tokens, app.py --allow-forced-tokens), and only then range-checked (1-3000)
     forced_tokens: StrictInt | None = None
+    # a saved pronunciation lexicon (name or id, the caller's own or a public one): applied to ``input``
+    # before synthesis (``api.lexicons``; the X-Lexicon-Applied header counts what it changed)
+    lexicon: str | None = Field(None, max_length=64)
 
     def streams(self) -> bool:
         if self.stream_format == "sse":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import anyio
@@ -29,6 +29,7 @@ from api.context import ApiContext, EngineLike
 from api.contract import check_fields
 from api.encode import MEDIA_TYPES, encode_audio, stream_encoder
 from api.errors import ApiError, from_engine
+from api.lexicons import applied_header, apply_lexicon
 from api.ops import check_model
 from api.route import guarded_route
 from api.schemas import ResponseFormat, StreamFormat
@@ -36,6 +37,7 @@ from api.speech import check_format, check_ready, delta, sse_event
 from api.streaming import EngineStreamResponse, cut_stream
 from api.voices import call
 from engine.errors import EngineError, TooLarge
+from engine.lexicons import Applied, Hit
 from engine.request import SynthesisRequest
 from engine.serving.performance import PartDone, perform
 from engine.serving.subtitles import Word, WordTimer, to_srt, to_vtt
@@ -71,6 +73,7 @@ class ScriptRequest(BaseModel):
     timestamps: bool = False  # word times: JSON beside the whole file, or events in the SSE stream
     language: str = "auto"
     seed: int | None = Field(None, ge=0, lt=2**63)
+    lexicon: str | None = Field(None, max_length=64)  # a saved lexicon applied to every spoken line
 
     def streams(self) -> bool:
         return self.stream or self.stream_format == "sse"
@@ -98,15 +101,19 @@ async def perform_script(ctx: ApiContext, body: ScriptRequest, request: Request,
         cast = await build_cast(ctx.engine, body, owner)
     except EngineError as err:
         raise from_engine(err, PARAMS) from err
+    parts, applied = await lexicon_parts(ctx, body.lexicon, parts, owner)
     # a local engine's Whisper; a remote engine has none
     timer: WordTimer | None = getattr(ctx.engine, "word_timer", None)
     gen = bounded(perform(ctx.engine, parts, cast, timer, timings=body.timestamps), ctx.engine.sample_rate)
     first = await open_performance(gen)
     if not body.streams():
-        return await whole(ctx, request, gen, first, body)
+        response = await whole(ctx, request, gen, first, body)
+        response.headers.update(applied_header(applied))
+        return response
     sse = body.stream_format == "sse"
     content = sse_events(gen, first, body, ctx) if sse else audio_bytes(gen, first, body, ctx)
     headers = {"X-Sample-Rate": str(ctx.engine.sample_rate), "X-Script-Parts": str(spoken(parts))}
+    headers |= applied_header(applied)
     return EngineStreamResponse(
         content,
         on_disconnect=ctx.telemetry.disconnects.inc,  # closing the content aborts every part's request
@@ -115,6 +122,25 @@ async def perform_script(ctx: ApiContext, body: ScriptRequest, request: Request,
         media_type="text/event-stream" if sse else MEDIA_TYPES[body.response_format],
         headers=headers | ({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"} if sse else {}),
     )
+
+
+async def lexicon_parts(
+    ctx: ApiContext, name: str | None, parts: list[Part], owner: str
+) -> tuple[list[Part], Applied | None]:
+    """Each spoken part's text with the lexicon applied (speaker names and tags are never rewritten), and
+    every hit together (offsets within each part)."""
+    if not name:
+        return parts, None
+    out: list[Part] = []
+    hits: list[Hit] = []
+    for part in parts:
+        if isinstance(part, Speech):
+            done = await apply_lexicon(ctx, name, part.text, owner)
+            assert done is not None  # a name was given
+            hits += done.hits
+            part = replace(part, text=done.text)
+        out.append(part)
+    return out, Applied("", tuple(hits))
 
 
 def spoken(parts: list[Part]) -> int:

@@ -26,6 +26,7 @@ from api.context import ApiContext, EngineLike
 from api.contract import check_fields
 from api.encode import MEDIA_TYPES, StreamEncoder, encode_audio, stream_encoder, supported_formats
 from api.errors import ApiError, from_engine, retry_after
+from api.lexicons import applied_header, apply_lexicon
 from api.ops import check_model
 from api.route import guarded_route
 from api.schemas import SpeechRequest
@@ -74,6 +75,10 @@ async def speak(ctx: ApiContext, body: SpeechRequest, request: Request, owner: s
     check_ready(ctx.engine)
     check_model(body.model, ctx.engine)
     check_format(body.response_format)
+    check_length(body.input, "input", ctx.limits.max_text_chars)
+    applied = await apply_lexicon(ctx, body.lexicon, body.input, owner)
+    if applied is not None:
+        body = body.model_copy(update={"input": applied.text})
     req = await build_request(ctx, body, owner)
     # Built before the engine stream opens, so nothing between opening and responding can fail.
     encoder = stream_encoder(body.response_format, ctx.engine.sample_rate) if body.streams() else None
@@ -86,8 +91,11 @@ async def speak(ctx: ApiContext, body: SpeechRequest, request: Request, owner: s
         gen, first = stretched(gen, stretch), stretch_chunk(first, stretch)
     ctx.telemetry.first_audio(first.metrics)
     if encoder is None:
-        return await whole_file(ctx, request, gen, first, body.response_format)
-    return stream_response(ctx, body, req.request_id, gen, first, encoder)
+        response: Response = await whole_file(ctx, request, gen, first, body.response_format)
+    else:
+        response = stream_response(ctx, body, req.request_id, gen, first, encoder)
+    response.headers.update(applied_header(applied))
+    return response
 
 
 def stream_response(

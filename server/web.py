@@ -109,6 +109,12 @@ def create_app(
     app.state.stream_hub = hub  # web_server shuts it before it waits for open responses
     signed_in = login.signed_in if login else None
     app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in))
+    api_ctx = getattr(app.state, "cosystream_api", None)
+    if api_ctx is not None:  # the lab's takes are API requests in the browser's namespace
+        from webui import lab_route
+
+        account = (lambda r: login.owner(login.session_user(r))) if login else None
+        app.include_router(lab_route.router(api_ctx, signed_in, account))
     if login is not None:  # a middleware joins before the app starts, so before a later mount too
         app.add_middleware(TaggedLogin, login=login)
     if studio_later:

@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from engine.config import Limits
-from webui import player, script_tab, views
+from webui import lab_views, player, script_tab, views
 from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import EXAMPLES, LANGUAGES, Labels, Texts, i18n
@@ -52,7 +52,8 @@ def page_options(ui_lang: str = "auto") -> dict[str, Any]:
         font=["Inter", "ui-sans-serif", "system-ui", "-apple-system", "Segoe UI", "sans-serif"],
     )  # fmt: skip
     css = "\n".join((player.css(), mode_css(), script_tab.CSS))
-    options: dict[str, Any] = {"theme": theme, "css": css, "head": player.head_html()}
+    head = player.head_html() + lab_views.promote_script()  # a take promoted from the prompt lab
+    options: dict[str, Any] = {"theme": theme, "css": css, "head": head}
     return options | ({"i18n": i18n()} if ui_lang == "auto" else {})
 
 
@@ -78,6 +79,7 @@ def build_demo(
     studios = Studios(studio, ui_lang, account)
     with gr.Blocks(title=t("title"), analytics_enabled=False) as demo:
         header = gr.HTML(studio.page()[0], js_on_load=None)
+        gr.HTML(lab_views.LAB_LINK, js_on_load=None, elem_id="cosy-lab-link")  # the prompt lab, its own page
         ask = _filled_by_examples(lbl, t)  # placed below; made first so the examples can sit above them
         ask |= _mode_bar(lbl, t)
         with gr.Row(equal_height=False, elem_classes="cosy-main"):

@@ -36,6 +36,7 @@ from engine.flow.graphs import AotRoot, GraphedCFM
 from engine.frontend import Frontend
 from engine.graph_builder import GraphBuilder
 from engine.hub import ModelDir, resolve_model
+from engine.lexicons import LexiconLibrary
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.handover import HandoverLM
@@ -98,6 +99,7 @@ class TTSEngine:
         self.text_pool = text_pool or TextPool(text, 0)
         self.backend, self.voices, self.asr = backend, voices, asr
         self.family, self.sample_rate = model.family, 24000
+        self.lexicons = LexiconLibrary(voices.root, model.family)  # beside the voices, same owners
         self.model_name = str(model.model_dir.name)
         self.planner = Planner(frontend, text, voices, model.family, cfg.limits)
         self._active: set[_Active] = set()  # the worker's thin signal reads it

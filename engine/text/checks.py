@@ -44,10 +44,17 @@ def without_markup(text: str) -> str:
     return _MARKUP.sub(" ", text)
 
 
-def speakable(text: str) -> bool:
-    """Whether ``text`` has anything to say: a letter or a digit outside its tags. Emoji, symbols,
+def speakable(text: str, family: str | None = None) -> bool:
+    """Whether ``text`` has anything to say: a letter or a digit outside its tags, or (with ``family``) one of
+    the family's pronunciation tokens (``[N][AY1]``: a lexicon's hint is speech). Emoji, symbols,
     punctuation, invisible format characters and combining marks alone are not speech."""
-    return any(unicodedata.category(c)[0] in "LN" for c in without_markup(text))
+    if any(unicodedata.category(c)[0] in "LN" for c in without_markup(text)):
+        return True
+    if family is None:
+        return False
+    from engine.text.script import pronunciation_tokens  # the tokenizer's list, read once per family
+
+    return any(tag in pronunciation_tokens(family) for tag in _MARKUP.findall(text))
 
 
 @dataclass(frozen=True)
@@ -55,16 +62,29 @@ class Check:
     """One row of the table: ``fails(text)`` -> refuse with ``error(message, code)``."""
 
     code: str
-    fails: Callable[[str], bool]
+    fails: Callable[[str, str | None], bool]  # (text, model family or None)
     message: str  # formatted with what= (e.g. "input")
     error: type[InvalidInput] = InvalidInput
     spoken_only: bool = False
 
 
 TABLE = (
-    Check("invalid_unicode", has_surrogate, "{what} is not valid Unicode (it has lone surrogate characters)"),
-    Check("control_characters", has_control, "{what} contains control characters (only \\n, \\r and \\t)"),
-    Check("nothing_to_speak", lambda t: not speakable(t), "{what} has nothing to speak", spoken_only=True),
+    Check(
+        "invalid_unicode",
+        lambda t, _: has_surrogate(t),
+        "{what} is not valid Unicode (it has lone surrogate characters)",
+    ),
+    Check(
+        "control_characters",
+        lambda t, _: has_control(t),
+        "{what} contains control characters (only \\n, \\r and \\t)",
+    ),
+    Check(
+        "nothing_to_speak",
+        lambda t, family: not speakable(t, family),
+        "{what} has nothing to speak",
+        spoken_only=True,
+    ),
 )
 
 
@@ -78,7 +98,7 @@ def check_text(
         message = f"{what} has {len(text)} characters; the limit is {max_chars}"
         raise TooLarge(message, field=field, code="text_too_long")
     for check in TABLE:
-        if (spoken or not check.spoken_only) and check.fails(text):
+        if (spoken or not check.spoken_only) and check.fails(text, family):
             raise check.error(check.message.format(what=what), field=field, code=check.code)
     if spoken and family:
         check_markup(text, what, field, family)

@@ -150,6 +150,15 @@ def model_tags(family: str) -> frozenset[str]:
     return frozenset(t for t in special_tokens(family) if not t.startswith("<|"))
 
 
+@cache
+def pronunciation_tokens(family: str) -> frozenset[str]:
+    """The family's phone and pinyin tokens (``[N]``, ``[AY1]``, ``[j]``, ``[ǐ]``): the released list after
+    ``<|endofsystem|>``; none for CosyVoice2, whose tokenizer has no such tokens."""
+    tokens = special_tokens(family)
+    marker = "<|endofsystem|>"
+    return frozenset(tokens[tokens.index(marker) + 1 :]) if marker in tokens else frozenset()
+
+
 def unsupported_tag(text: str, family: str) -> str | None:
     """The first ``<...>`` or ``[...]`` in ``text`` that is neither a break nor one of the model's tags."""
     allowed = model_tags(family)

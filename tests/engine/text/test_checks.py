@@ -52,3 +52,16 @@ def test_what_passes() -> None:
 
 def test_quotes_are_bounded() -> None:
     assert shown("m" * 100_000).endswith("... (100000 characters)") and len(shown("m" * 100_000)) < 80
+
+
+def test_a_text_of_pronunciation_tokens_alone_is_speech_for_the_family_that_has_them():
+    """A lexicon's hint (``Nike.`` -> ``[N][AY1][K][IY0].``) is what v3 says, not markup to strip; v2 has no
+    such tokens, and a model tag alone (``[breath]``) is still nothing to say."""
+    hint = "[N][AY1][K][IY0]."
+    assert speakable(hint, "cosyvoice3")
+    assert not speakable(hint) and not speakable(hint, "cosyvoice2")
+    assert not speakable("[breath]", "cosyvoice3")
+    check_text(hint, "input", "input", 100, spoken=True, family="cosyvoice3")
+    with pytest.raises(InvalidInput) as refused:
+        check_text("[breath].", "input", "input", 100, spoken=True, family="cosyvoice3")
+    assert refused.value.code == "nothing_to_speak"

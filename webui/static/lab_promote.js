@@ -1,0 +1,51 @@
+// A take promoted from the prompt lab (/lab) arrives as "#lab=<base64url JSON>" on the studio's address:
+// fill the studio's text, language, mode, instruction, seed and speed once its form is on the page.
+(() => {
+  "use strict";
+  const m = location.hash.match(/^#lab=([A-Za-z0-9_-]+)/);
+  if (!m) return;
+  let data;
+  try {
+    const bin = atob(m[1].replace(/-/g, "+").replace(/_/g, "/"));
+    data = JSON.parse(new TextDecoder().decode(Uint8Array.from(bin, (c) => c.charCodeAt(0))));
+  } catch (_) {
+    return;
+  }
+  const set = (input, value) => {
+    if (!input || value === null || value === undefined) return;
+    input.value = String(value);
+    input.dispatchEvent(new Event("input", { bubbles: true }));
+    input.dispatchEvent(new Event("change", { bubbles: true }));
+    input.dispatchEvent(new Event("blur", { bubbles: true }));
+  };
+  const stuck = () => {
+    const text = document.querySelector("#cosy-text textarea");
+    return text && text.value === String(data.text);
+  };
+  const fill = () => {
+    const text = document.querySelector("#cosy-text textarea");
+    const mode = document.querySelector(`#cosy-mode input[value="${data.mode}"]`);
+    if (mode && !mode.checked) mode.click();
+    set(text, data.text);
+    set(document.querySelector("#cosy-instruct textarea"), data.instruct || "");
+    const rows = document.querySelectorAll(".cosy-settings");
+    if (rows.length >= 2) {
+      set(rows[0].querySelector("input[type=number]"), data.speed);
+      set(rows[1].querySelector("input[type=number]"), data.seed ?? -1);
+    }
+  };
+  // the page's load events (the session's language, the browser's voices) may re-render the form after it
+  // first shows: fill it, and again whenever it lost the text, until the text has stayed for ~3 s
+  let settled = 0;
+  const timer = setInterval(() => {
+    if (!document.querySelector("#cosy-text textarea")) return;
+    if (stuck()) settled += 1;
+    else { settled = 0; fill(); }
+    if (settled >= 8) {
+      clearInterval(timer);
+      history.replaceState(null, "", location.pathname + location.search);
+      window.cosyLabPromoted = data;
+    }
+  }, 400);
+  setTimeout(() => clearInterval(timer), 60000);
+})();
