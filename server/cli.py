@@ -63,7 +63,8 @@ ENV_DEFAULTS = {  # flags whose default an environment variable sets (the Docker
 EPILOG = "Environment: " + ", ".join(f"{env} ({flag})" for flag, env in ENV_DEFAULTS.items()) + "."
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The server's flags in their ``--help`` groups (docs/configuration.md is checked against it)."""
     p = argparse.ArgumentParser(
         prog="cosystream", description="Streaming CosyVoice2/3 studio and speech API.",
         formatter_class=HelpFormatter, epilog=EPILOG,
@@ -73,6 +74,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_limit_flags(p.add_argument_group("limits (docs/limits.md)"))
     add_gpu_flags(p.add_argument_group("GPU tuning (ignored on the CPU)"))
     add_cluster_flags(p)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if not 0 <= args.shutdown_grace_s <= 600:
         p.error(f"--shutdown-grace-s must be within [0, 600], got {args.shutdown_grace_s}")
