@@ -24,27 +24,39 @@ from tests.test_readme import Server, free_port
 SOURCES = ("engine", "server", "api", "webui", "cluster", "bench", "assets", "pyproject.toml", "README.md")
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtual environment (the machine's packages visible, as after ``pip install -r requirements.txt``)
-    with the project installed from a built wheel, not from the checkout."""
-    tmp = tmp_path_factory.mktemp("install")
-    src = tmp / "src"
-    for name in SOURCES:  # a copy: the build leaves nothing in the checkout
+def copy_sources(dest: Path) -> Path:
+    """The project's files, copied: a build or an editable install leaves nothing in the checkout."""
+    for name in SOURCES:
         path = REPO / name
         ignore = shutil.ignore_patterns("__pycache__", "results")
-        (shutil.copytree(path, src / name, ignore=ignore) if path.is_dir() else shutil.copy(path, src / name))
-    env_dir = tmp / "venv"
+        (
+            shutil.copytree(path, dest / name, ignore=ignore)
+            if path.is_dir()
+            else shutil.copy(path, dest / name)
+        )
+    return dest
+
+
+def fresh_venv(env_dir: Path, *install: str) -> Path:
+    """A virtual environment that sees the machine's packages (as after ``pip install -r requirements.txt``),
+    with ``pip install --no-deps *install`` run into it."""
     venv.create(env_dir, system_site_packages=True, with_pip=False)
-    wheels = tmp / "wheels"
-    pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", str(src), "-w", str(wheels)],
-                   check=True, timeout=600)  # fmt: skip
-    (wheel,) = wheels.glob("cosystream-*.whl")
-    target = env_dir / "bin" / "python"
-    subprocess.run([*pip, "--python", str(target), "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=600)  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install", "-q"]
+    subprocess.run(
+        [*pip, "--no-deps", "--no-index", "--no-build-isolation", *install], check=True, timeout=600
+    )
     return env_dir
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project installed from a wheel built from it (``pip install .``), not from the checkout."""
+    tmp = tmp_path_factory.mktemp("install")
+    src, wheels = copy_sources(tmp / "src"), tmp / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src)]
+    subprocess.run([*build, "-w", str(wheels)], check=True, timeout=600)
+    (wheel,) = wheels.glob("cosystream-*.whl")
+    return fresh_venv(tmp / "venv", str(wheel))
 
 
 def user_env(env_dir: Path, home: Path) -> dict[str, str]:
@@ -88,3 +100,25 @@ def test_the_installed_server_serves_with_its_example_voices(installed: Path, tm
     finally:
         proc.terminate()
         assert proc.wait(60) == 0, "".join(srv.lines[-40:])
+
+
+@pytest.mark.slow
+def test_an_editable_install_gives_the_same_commands(tmp_path: Path) -> None:
+    """README's install line (``pip install -r requirements.txt -e .``) from a clone: the commands work
+    from any folder and run the clone's code."""
+    clone = copy_sources(tmp_path / "clone")
+    env_dir = fresh_venv(tmp_path / "venv", "-e", str(clone))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = user_env(env_dir, tmp_path / "home")
+    shown = subprocess.run(["cosystream", "--help"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert shown.returncode == 0 and "GPU tuning" in shown.stdout, shown.stderr
+    where = subprocess.run(
+        ["python", "-m", "engine", "--help"], cwd=elsewhere, env=env, capture_output=True, text=True
+    )
+    assert where.returncode == 0 and "synth" in where.stdout, where.stderr
+    found = subprocess.run(
+        ["python", "-c", "import engine.voices as v; print(v.DEFAULT_EXAMPLES_DIR)"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(found.stdout.strip()).is_relative_to(clone)
