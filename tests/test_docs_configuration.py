@@ -116,6 +116,8 @@ def test_each_env_variable_sets_what_the_page_says(monkeypatch, tmp_path) -> Non
     monkeypatch.setenv("COSYSTREAM_API_KEY", "k1,k2")
     args = cli.build_parser().parse_args([])
     assert (args.model, args.device) == ("demo-tiny", "cpu")
+    page = DOC.read_text(encoding="utf-8")
+    assert all(f"| `{name}` | `{flag}`" in page for flag, name in cli.ENV_DEFAULTS.items())
     assert cache_root(args.cache_dir) == tmp_path
     assert resolve_api_keys(args.api_key) == ("k1", "k2")
 
