@@ -148,6 +148,7 @@ def fast_start_flag(value: bool | None) -> str:
     return {None: "auto", True: "on", False: "off"}[value]
 
 
+Flags = argparse._ActionsContainer  # a parser or one of its argument groups (the server's --help groups)
 MODEL_HELP = "local model dir, ModelScope / Hugging Face id, or 'demo-tiny' (offline, random weights)"
 
 
@@ -156,9 +157,7 @@ def add_model_flag(parser: Any, default: str | None = DEFAULT_MODEL, text: str =
     parser.add_argument("--model", default=default, help=text)
 
 
-def add_device_flags(
-    parser: argparse.ArgumentParser, device: str = "auto", llm_variant: bool = False
-) -> None:
+def add_device_flags(parser: Flags, device: str = "auto", llm_variant: bool = False) -> None:
     """``--device`` and ``--backend`` (``EngineConfig.device`` / ``.backend``), with ``--llm-variant`` on
     request; ``device`` is the default (the server reads it from COSYSTREAM_DEVICE)."""
     parser.add_argument("--device", choices=DEVICES, default=device, help="auto: CUDA, then NPU, then CPU")
@@ -171,7 +170,7 @@ def add_device_flags(
         )
 
 
-def add_fast_start_flag(parser: argparse.ArgumentParser) -> None:
+def add_fast_start_flag(parser: Flags) -> None:
     """``--fast-start auto|on|off`` -> ``args.fast_start`` (``fast_start_choice`` makes the config value)."""
     parser.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
@@ -179,7 +178,7 @@ def add_fast_start_flag(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
+def add_flow_compile_flags(parser: Flags) -> None:
     """``--flow-compile`` / ``--no-flow-compile`` -> ``args.flow_compile`` (None when neither: auto)."""
     _add_auto_flags(
         parser, "flow-compile", "GPU: compile the flow estimator with TorchInductor (default: v3 only)",
@@ -187,7 +186,7 @@ def add_flow_compile_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_lm_handover_flags(parser: argparse.ArgumentParser) -> None:
+def add_lm_handover_flags(parser: Flags) -> None:
     """``--lm-handover`` / ``--no-lm-handover`` -> ``args.lm_handover`` (None when neither: auto)."""
     _add_auto_flags(
         parser, "lm-handover", "with vLLM: serve on the native LM loop while vLLM starts, then hand over to "
@@ -196,7 +195,7 @@ def add_lm_handover_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_flow_aot_flag(parser: argparse.ArgumentParser) -> None:
+def add_flow_aot_flag(parser: Flags) -> None:
     """``--flow-aot`` -> ``args.flow_aot`` (``EngineConfig.flow_aot``)."""
     parser.add_argument(
         "--flow-aot", action="store_true",
@@ -205,7 +204,7 @@ def add_flow_aot_flag(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_flow_attention_flag(parser: argparse.ArgumentParser) -> None:
+def add_flow_attention_flag(parser: Flags) -> None:
     """``--flow-attention`` -> ``args.flow_attention`` (``EngineConfig.flow_attention``)."""
     parser.add_argument(
         "--flow-attention", choices=FLOW_ATTENTION, default=EngineConfig.flow_attention,
@@ -214,7 +213,7 @@ def add_flow_attention_flag(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
+def add_flow_reuse_flags(parser: Flags) -> None:
     """``--flow-reuse`` / ``--no-flow-reuse`` -> ``args.flow_reuse`` (None when neither: auto)."""
     _add_auto_flags(
         parser, "flow-reuse", "reuse each stream's finished flow frames (default: on, but v2's CUDA graphs)",
@@ -222,7 +221,7 @@ def add_flow_reuse_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def add_overlap_flags(parser: argparse.ArgumentParser) -> None:
+def add_overlap_flags(parser: Flags) -> None:
     """``--cuda-mps``, ``--mps-flow-percent`` -> ``args.cuda_mps``, ``.mps_flow_percent`` (EngineConfig)."""
     _add_auto_flags(
         parser, "cuda-mps",
@@ -233,11 +232,12 @@ def add_overlap_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--mps-flow-percent", type=int, default=None, metavar="PERCENT",
-        help="under MPS: the share of SMs this process's flow and vocoder may fill (the LM: all)",
+        help="under MPS: the share of SMs this process's flow and vocoder may fill (the LM: all; "
+        "default: all)",
     )  # fmt: skip
 
 
-def _add_auto_flags(parser: argparse.ArgumentParser, name: str, on: str, off: str) -> None:
+def _add_auto_flags(parser: Flags, name: str, on: str, off: str) -> None:
     """``--NAME`` (True) / ``--no-NAME`` (False), exclusive, into one dest that stays None (auto) unset."""
     group, dest = parser.add_mutually_exclusive_group(), name.replace("-", "_")
     group.add_argument(f"--{name}", dest=dest, action="store_const", const=True, default=None, help=on)

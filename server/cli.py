@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.config import (
     DEFAULT_MODEL,
     DEMO_TINY,
+    MODEL_HELP,
     EngineConfig,
+    Flags,
     Limits,
     StreamConfig,
     add_device_flags,
@@ -31,9 +33,6 @@ from engine.config import (
 from engine.serving.startup import Timeline
 from webui.texts import UI_LANG_CHOICES
 
-if TYPE_CHECKING:
-    pass
-
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -42,103 +41,45 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+class HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows every flag's default after its help, unless the help already says what it is (an
+    ``auto`` resolved at load, an environment variable)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or "default" in text.lower():
+            return text
+        if action.default is None:  # a paired --no-X flag: its --X says the default
+            return text
+        shown = "off" if action.default is False else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+ENV_DEFAULTS = {  # flags whose default an environment variable sets (the Docker image, a Space)
+    "--model": "COSYSTREAM_MODEL",
+    "--device": "COSYSTREAM_DEVICE",
+    "--cache-dir": "COSYSTREAM_CACHE",
+    "--api-key": "COSYSTREAM_API_KEY",
+}
+EPILOG = "Environment: " + ", ".join(f"{env} ({flag})" for flag, env in ENV_DEFAULTS.items()) + "."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The server's flags in their ``--help`` groups (docs/configuration.md is checked against it)."""
     p = argparse.ArgumentParser(
-        prog="cosystream", description="Streaming CosyVoice2/3 studio and speech API."
-    )
-    add_model_flag(p, os.environ.get("COSYSTREAM_MODEL", DEFAULT_MODEL))
-    add_device_flags(p, os.environ.get("COSYSTREAM_DEVICE", "auto"), llm_variant=True)
-    p.add_argument(
-        "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
-        help="GPU flow solver precision (float32: the reference's, slower under load)",
+        prog="cosystream", description="Streaming CosyVoice2/3 studio and speech API.",
+        formatter_class=HelpFormatter, epilog=EPILOG,
     )  # fmt: skip
-    add_flow_attention_flag(p)
-    add_flow_compile_flags(p)
-    add_flow_aot_flag(p)
-    add_flow_reuse_flags(p)
-    add_overlap_flags(p)
-    p.add_argument(
-        "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
-        help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
-        "Default: 4 eager; with CUDA graphs 40%% of the memory free after vLLM starts",
-    )  # fmt: skip
-    p.add_argument(
-        "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
-        help="capture the flow/HiFT CUDA graphs for mel up to this many seconds at load; 0: on first use",
-    )  # fmt: skip
-    p.add_argument(
-        "--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
-        help="share of GPU memory vLLM takes for the speech LM (weights + KV cache) with --lm-kv-cache-gib 0",
-    )  # fmt: skip
-    p.add_argument(
-        "--lm-kv-cache-gib", type=float, default=EngineConfig.lm_kv_cache_gib,
-        help="vLLM's KV cache at this size (GiB; 6 hold 128 streams of 4096 tokens): vLLM then skips "
-        "profiling the device's memory, so the first graphs are captured beside its start; 0: what "
-        "--gpu-memory-utilization leaves after it profiles, and the first graphs after it",
-    )  # fmt: skip
-    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--share", action="store_true", help="also open a public Gradio share link")
-    p.add_argument(
-        "--max-concurrency", type=_positive_int, default=Limits.max_concurrency,
-        help="requests computing at once (engine slots and the UI's GPU queue)",
-    )  # fmt: skip
-    p.add_argument("--max-queue", type=int, default=Limits.max_queue, help="requests waiting for a slot")
-    p.add_argument("--max-text-chars", type=_positive_int, default=Limits.max_text_chars)
-    p.add_argument("--max-upload-mb", type=float, default=Limits.max_upload_bytes / 2**20)
-    p.add_argument("--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio, at most 30")
-    p.add_argument("--request-timeout-s", type=float, default=Limits.request_timeout_s)
-    p.add_argument(
-        "--admit-slack-s", type=float, default=Limits.admit_slack_s,
-        help="admission by SLO: refuse new requests (429 + Retry-After) while a running stream has this "
-        "little playback slack left (s; default: slots alone)",
-    )  # fmt: skip
-    p.add_argument(
-        "--shutdown-grace-s", type=float, default=5.0,
-        help="on SIGINT/SIGTERM, streams in flight get this long to finish before they end with an error; "
-        "new requests get 503 at once, a second signal exits at once",
-    )  # fmt: skip
-    p.add_argument(
-        "--allow-forced-tokens", action="store_true",
-        help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
-    )  # fmt: skip
-    add_fast_start_flag(p)
-    add_lm_handover_flags(p)
-    p.add_argument(
-        "--cache-dir", default=None,
-        help="the cache root: models, compile caches (Inductor, Triton, vLLM) and saved voices "
-        "(default: COSYSTREAM_CACHE, else ~/.cache/cosystream)",
-    )  # fmt: skip
-    p.add_argument(
-        "--graphs-before-serving", dest="background_graphs", action="store_false",
-        help="capture every CUDA graph before serving (default: the first of each kind, the rest in the "
-        "background while requests run uncaptured)",
-    )  # fmt: skip
-    p.add_argument(
-        "--first-graphs-early", action=argparse.BooleanOptionalAction, default=None,
-        help="capture the first CUDA graphs while vLLM's engine core starts, not after it (default: where "
-        "vLLM's KV cache has a fixed size, --lm-kv-cache-gib; forced on, it races vLLM's memory profiling)",
-    )  # fmt: skip
-    p.add_argument(
-        "--voices-dir", default=None,
-        help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
-    )  # fmt: skip
-    p.add_argument(
-        "--ui-lang", choices=UI_LANG_CHOICES, default="auto",
-        help="language of the web UI (auto: the browser's; zh or en force one)",
-    )  # fmt: skip
-    p.add_argument(
-        "--api-key", action="append", default=None,
-        help="a bearer key the API requires; repeat for several (each its own voice namespace). The studio "
-        "then asks for a login: any user name, one of the keys as the password (default: "
-        "COSYSTREAM_API_KEY, comma-separated)",
-    )  # fmt: skip
-    p.add_argument(
-        "--asr-model", default="auto",
-        help="Whisper that transcribes prompts: auto (large-v3-turbo on GPU, small on CPU), a Hugging Face "
-        f"id or local dir, or none; '{DEMO_TINY}' uses a tiny random-weight Whisper",
-    )  # fmt: skip
+    add_serving_flags(p.add_argument_group("serving"))
+    add_model_flags(p.add_argument_group("model"))
+    add_limit_flags(p.add_argument_group("limits (docs/limits.md)"))
+    add_gpu_flags(p.add_argument_group("GPU tuning (ignored on the CPU)"))
     add_cluster_flags(p)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if not 0 <= args.shutdown_grace_s <= 600:
         p.error(f"--shutdown-grace-s must be within [0, 600], got {args.shutdown_grace_s}")
@@ -153,6 +94,126 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def add_serving_flags(g: Flags) -> None:
+    """Where the studio and the API listen, who may call them, how they stop."""
+    g.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 to serve the network)")
+    g.add_argument("--port", type=int, default=7860, help="the studio at /, the API under /v1")
+    g.add_argument("--share", action="store_true", help="also open a public Gradio share link")
+    g.add_argument(
+        "--api-key", action="append", default=None,
+        help="a bearer key the API requires; repeat for several (each its own voice namespace). The studio "
+        "then asks for a login: any user name, one of the keys as the password (default: "
+        "COSYSTREAM_API_KEY, comma-separated; unset: no key)",
+    )  # fmt: skip
+    g.add_argument(
+        "--ui-lang", choices=UI_LANG_CHOICES, default="auto",
+        help="language of the web UI (auto: the browser's; zh or en force one)",
+    )  # fmt: skip
+    g.add_argument(
+        "--shutdown-grace-s", type=float, default=5.0,
+        help="on SIGINT/SIGTERM, streams in flight get this long to finish before they end with an error; "
+        "new requests get 503 at once, a second signal exits at once",
+    )  # fmt: skip
+
+
+def add_model_flags(g: Flags) -> None:
+    """Which checkpoint, where it runs, where its files and the saved voices live."""
+    model = os.environ.get("COSYSTREAM_MODEL", DEFAULT_MODEL)
+    add_model_flag(g, model, f"{MODEL_HELP}; env COSYSTREAM_MODEL")
+    add_device_flags(g, os.environ.get("COSYSTREAM_DEVICE", "auto"), llm_variant=True)
+    g.add_argument(
+        "--asr-model", default="auto",
+        help="Whisper that transcribes prompts: auto (large-v3-turbo on GPU, small on CPU), a Hugging Face "
+        f"id or local dir, or none; '{DEMO_TINY}' uses a tiny random-weight Whisper",
+    )  # fmt: skip
+    add_fast_start_flag(g)
+    g.add_argument(
+        "--cache-dir", default=None,
+        help="the cache root: models, compile caches (Inductor, Triton, vLLM) and saved voices "
+        "(default: COSYSTREAM_CACHE, else ~/.cache/cosystream)",
+    )  # fmt: skip
+    g.add_argument(
+        "--voices-dir", default=None,
+        help="saved voices (default: the cache's voices/); with replicas on several hosts, a shared mount",
+    )  # fmt: skip
+
+
+def add_limit_flags(g: Flags) -> None:
+    """What one caller may ask for and how many may ask at once (``engine.config.Limits``)."""
+    g.add_argument(
+        "--max-concurrency", type=_positive_int, default=Limits.max_concurrency,
+        help="requests computing at once (engine slots and the UI's GPU queue)",
+    )  # fmt: skip
+    g.add_argument("--max-queue", type=int, default=Limits.max_queue, help="requests waiting for a slot")
+    g.add_argument(
+        "--max-text-chars", type=_positive_int, default=Limits.max_text_chars,
+        help="characters of text, prompt transcript or instruction in one request",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-upload-mb", type=float, default=Limits.max_upload_bytes / 2**20,
+        help="an uploaded or base64 audio file, in MiB",
+    )  # fmt: skip
+    g.add_argument(
+        "--max-prompt-s", type=float, default=Limits.max_prompt_s, help="prompt audio in seconds, at most 30"
+    )
+    g.add_argument(
+        "--request-timeout-s", type=float, default=Limits.request_timeout_s,
+        help="a request's whole time in the engine, in seconds",
+    )  # fmt: skip
+    g.add_argument(
+        "--admit-slack-s", type=float, default=Limits.admit_slack_s,
+        help="admission by SLO: refuse new requests (429 + Retry-After) while a running stream has this "
+        "little playback slack left (s; default: slots alone)",
+    )  # fmt: skip
+    g.add_argument(
+        "--allow-forced-tokens", action="store_true",
+        help="benchmarks over HTTP: the API honours forced_tokens (a fixed length; not for a public server)",
+    )  # fmt: skip
+
+
+def add_gpu_flags(g: Flags) -> None:
+    """The flow solver, CUDA graphs, vLLM's memory and CUDA MPS: none of them changes the audio's words."""
+    g.add_argument(
+        "--flow-dtype", choices=("bfloat16", "float32"), default=EngineConfig.flow_dtype,
+        help="GPU flow solver precision (float32: the reference's, slower under load)",
+    )  # fmt: skip
+    add_flow_attention_flag(g)
+    add_flow_compile_flags(g)
+    add_flow_aot_flag(g)
+    add_flow_reuse_flags(g)
+    add_overlap_flags(g)
+    add_lm_handover_flags(g)
+    g.add_argument(
+        "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
+        help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
+        "Default: 4 eager; with CUDA graphs 40%% of the memory free after vLLM starts",
+    )  # fmt: skip
+    g.add_argument(
+        "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
+        help="capture the flow/HiFT CUDA graphs for mel up to this many seconds at load; 0: on first use",
+    )  # fmt: skip
+    g.add_argument(
+        "--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
+        help="share of GPU memory vLLM takes for the speech LM (weights + KV cache) with --lm-kv-cache-gib 0",
+    )  # fmt: skip
+    g.add_argument(
+        "--lm-kv-cache-gib", type=float, default=EngineConfig.lm_kv_cache_gib,
+        help="vLLM's KV cache at this size (GiB; 6 hold 128 streams of 4096 tokens): vLLM then skips "
+        "profiling the device's memory, so the first graphs are captured beside its start; 0: what "
+        "--gpu-memory-utilization leaves after it profiles, and the first graphs after it",
+    )  # fmt: skip
+    g.add_argument(
+        "--graphs-before-serving", dest="background_graphs", action="store_false",
+        help="capture every CUDA graph before serving (default: the first of each kind, the rest in the "
+        "background while requests run uncaptured)",
+    )  # fmt: skip
+    g.add_argument(
+        "--first-graphs-early", action=argparse.BooleanOptionalAction, default=None,
+        help="capture the first CUDA graphs while vLLM's engine core starts, not after it (default: where "
+        "vLLM's KV cache has a fixed size, --lm-kv-cache-gib; forced on, it races vLLM's memory profiling)",
+    )  # fmt: skip
+
+
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     """Scale-out (``cluster/``, needs requirements-cluster.txt): engine replicas on Ray Serve."""
     g = p.add_argument_group("scale out on Ray Serve (pip install -r requirements-cluster.txt)")
@@ -161,7 +222,9 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
         help="N >= 1: start a local Ray with N engine replicas behind one ingress (0: one process, no Ray)",
     )  # fmt: skip
     g.add_argument("--min-replicas", type=_positive_int, default=1, help="autoscaling floor")
-    g.add_argument("--max-replicas", type=_positive_int, default=None, help="set to autoscale")
+    g.add_argument(
+        "--max-replicas", type=_positive_int, default=None, help="set to autoscale (default: a fixed count)"
+    )
     g.add_argument(
         "--gpus-per-replica", type=float, default=None, help="default: 1 when Ray sees GPUs, else 0"
     )

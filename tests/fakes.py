@@ -1,6 +1,6 @@
 """A small fake of ``engine.serving.engine.TTSEngine`` for UI/API control-logic tests.
 
-It has the same public surface as the real engine (see README "Engine API"): ``stream``, ``synthesize``,
+It has the same public surface as the real engine (docs/engine-api.md): ``stream``, ``synthesize``,
 ``abort``, ``stats``, voices, ``info``. Audio is a 220 Hz sine, produced in ``chunk_s`` pieces with
 ``delay_s`` between them so cancellation and streaming can be observed.
 """

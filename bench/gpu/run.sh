@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 recipe, one step per call: README.md "Reproduce on an H200" says the order and what each call carries.
+# The H200 recipe, one step per call: BENCHMARKS.md "On an H200, step by step" says the order and what each call carries.
 #
 #   bench/gpu/run.sh bundle                       HERE (network): vLLM + the wheels the image lacks, in parts, into .vb/
 #                                                 (CLUSTER=0: without Ray Serve, one part fewer; SERVER=0 also

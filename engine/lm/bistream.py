@@ -9,7 +9,7 @@ backend's decode thread; the vLLM backend re-submits the grown prompt per round 
 
 Reproduced from the reference, step for step: the forced fill positions (the first one a block late when
 the prompt speech length is a multiple of 15), the input of the last call fed a second time in front of
-the final text. Fixed (README, "Text-streaming input"): several text chunks are consumed per piece when
+the final text. Fixed (docs/engine-api.md): several text chunks are consumed per piece when
 they are there (the reference takes one per piece, so text piles up), leftover prompt speech is kept
 (after the task id, where the one-shot layout has it) when the text ends first, v3 with no prompt speech
 waits for a text chunk before decoding, special ids other than fill are masked while streaming (the

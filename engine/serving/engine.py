@@ -28,7 +28,7 @@ from engine.asr import LoadingAsr, Transcript, model_choice
 from engine.audio import AudioInput, AudioLimits
 from engine.cache_root import cache_root, configured_root, use_cache_root
 from engine.checkpoint import LoadedModel, load_model
-from engine.config import AUTO_POOL_SHARE, EngineConfig
+from engine.config import AUTO_POOL_SHARE, DEMO_TINY, EngineConfig
 from engine.errors import InvalidInput, NotReady, SynthesisFailed
 from engine.flow.cfm import CausalCFM
 from engine.flow.compiled_estimator import use_compile_cache
@@ -140,6 +140,11 @@ class TTSEngine:
         is up are skipped (the caller then does them later)."""
         timeline = timeline or Timeline()
         use_cache_root(cache_root(cfg.cache_dir))  # before anything compiles or vLLM reads its variables
+        if cfg.model == DEMO_TINY and model_dir is None:  # the tiny random-weight model, built offline once
+            from engine.demo.make_model import demo_tiny
+
+            with timeline.phase("demo model"):
+                cfg, model_dir = demo_tiny(cfg)
         with timeline.phase("model files"):
             root = configured_root(cfg.cache_dir)  # else the hub's own cache (HF_HOME, MODELSCOPE_CACHE)
             files = resolve_model(str(model_dir or cfg.model), str(root) if root else None, cfg.llm_variant)
