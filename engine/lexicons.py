@@ -35,7 +35,6 @@ import re
 import threading
 import time
 import unicodedata
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from typing import Any
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, TooLarge
 from engine.text.frontend import FAMILIES
 from engine.text.script import pronunciation_tokens
-from engine.voices import OWNERS, check_owner, owner_dir_name, slugify, validate_name
+from engine.voices import OWNERS, atomic_write, check_owner, owner_dir_name, slugify, validate_name
 
 log = logging.getLogger(__name__)
 
@@ -397,7 +396,7 @@ class LexiconLibrary:
             data: dict[str, Any] = {"format": _FORMAT, "name": name, "updated_at": updated}
             data["entries"] = [e.as_json() for e in checked]
             folder.mkdir(parents=True, exist_ok=True)
-            _atomic_write(path, json.dumps(data, ensure_ascii=False, indent=1).encode())
+            atomic_write(path, json.dumps(data, ensure_ascii=False, indent=1).encode())
         log.info(
             "saved lexicon %s (%d entries, %s)",
             lex_id,
@@ -489,12 +488,3 @@ def _files(folder: Path) -> builtins.list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.glob("*.json") if _ID.match(p.stem))
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -423,10 +423,10 @@ def _validate_prompt_text(text: str) -> str:
 def _write_entry(
     directory: Path, meta: dict[str, Any], features: PromptFeatures, preview: AudioInput | None
 ) -> None:
-    _atomic_write(directory / FEATURES, _features_bytes(features))
+    atomic_write(directory / FEATURES, _features_bytes(features))
     if preview is not None:
-        _atomic_write(directory / PREVIEW, _preview_bytes(preview))
-    _atomic_write(directory / META, json.dumps(meta, ensure_ascii=False, indent=1).encode())
+        atomic_write(directory / PREVIEW, _preview_bytes(preview))
+    atomic_write(directory / META, json.dumps(meta, ensure_ascii=False, indent=1).encode())
     _fsync_dir(directory)
 
 
@@ -475,7 +475,7 @@ def _preview_bytes(preview: AudioInput) -> bytes:
     return audio_io.to_wav_bytes(clip.samples, clip.sample_rate)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write beside the target, flush to disk, then os.replace: readers see the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "wb") as f:
