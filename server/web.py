@@ -247,7 +247,9 @@ def web_server(
                 hub.shutdown()
             await super().shutdown(sockets)
 
-    gate = Gate(app)
+    from webui.stream_route import ALIVE_PATH
+
+    gate = Gate(app, uncounted=(ALIVE_PATH,))
     config = uvicorn.Config(gate, host=host, port=port, log_level="info")  # configures uvicorn's loggers
     logging.getLogger("uvicorn.error").addFilter(QUIET_CUTS)  # a cut stream's trace: logged by its route
     return Server(config, gate, engine, grace_s, model)

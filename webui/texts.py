@@ -151,7 +151,11 @@ EN: dict[str, str] = {
     "err_no_voice": "Pick a saved voice first (save one from a prompt in the other modes).",
     "err_no_voice_name": "Give the voice a name first.",
     "err_bad_setting": "Invalid setting: {error}",
-    "err_busy": "The server is busy ({error}): retry in {seconds} s.",
+    "err_busy": "The server is busy: retry in {seconds} s.",
+    "err_starting": "The server is still starting: retry in {seconds} s.",
+    "err_stopping": "The server is shutting down, so this take was cut short. Press Retry once it is back.",
+    "err_unspeakable": "The text has nothing to speak once normalised: write words, not only symbols or "
+    "invisible characters.",
     "err_voice_missing": "That saved voice is gone or not yours; pick another one.",
     "err_voice_public": "That voice is public: only the server's operator can delete it.",
     "err_prompt_bad": "The prompt audio cannot be used: {error}",
@@ -169,6 +173,14 @@ EN: dict[str, str] = {
     # the request's end when it fails, kept transcripts, unknown languages, unreadable files
     "status_failed": "Failed: {message}",
     "status_refused": "Not started: {message}",
+    "status_failed_kept": "Failed: {message} Kept {audio:.1f} s of audio.",
+    "h_failed": "failed",
+    # the studio's own connection to its server (keep.js): the banner while it cannot be reached
+    "conn_down": "The server cannot be reached. Your text, settings and takes are kept in this browser; "
+    "the page reconnects by itself.",
+    "prompt_reupload": "Upload the prompt again: “{name}” could not be kept in this browser.",
+    "kept_take": "Kept in this browser: {audio} s",
+    "kept_download": "Download wav",
     "retry": "Retry",
     "err_internal": "The server could not finish this request (the details are in its log). "
     "Press Retry, or change the text or the voice.",
@@ -338,7 +350,10 @@ ZH: dict[str, str] = {
     "err_no_voice": "请先选择已存音色（可在其他模式下从参考音频保存）。",
     "err_no_voice_name": "请先给音色起个名字。",
     "err_bad_setting": "设置无效：{error}",
-    "err_busy": "服务器繁忙（{error}），请 {seconds} 秒后重试。",
+    "err_busy": "服务器繁忙，请 {seconds} 秒后重试。",
+    "err_starting": "服务器仍在启动，请 {seconds} 秒后重试。",
+    "err_stopping": "服务器正在关闭，本次生成被中断。服务器恢复后请点重试。",
+    "err_unspeakable": "文本规范化后没有可朗读的内容：请输入文字，而不只是符号或不可见字符。",
     "err_voice_missing": "该已存音色不存在或不属于你；请选择其他音色。",
     "err_voice_public": "该音色是公共音色：只有服务器管理员可以删除。",
     "err_prompt_bad": "参考音频无法使用：{error}",
@@ -356,6 +371,13 @@ ZH: dict[str, str] = {
     # the request's end when it fails, kept transcripts, unknown languages, unreadable files
     "status_failed": "失败：{message}",
     "status_refused": "未开始：{message}",
+    "status_failed_kept": "失败：{message}已保留 {audio:.1f} 秒音频。",
+    "h_failed": "失败",
+    # the studio's own connection to its server (keep.js): the banner while it cannot be reached
+    "conn_down": "无法连接服务器。你的文本、设置和生成记录都保存在此浏览器中；页面会自动重新连接。",
+    "prompt_reupload": "请重新上传参考音频：此浏览器未能保存“{name}”。",
+    "kept_take": "已保存在此浏览器：{audio} 秒",
+    "kept_download": "下载 wav",
     "retry": "重试",
     "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",
     "transcript_kept": "保留了你输入的参考文本；识别结果为“{text}”。",
