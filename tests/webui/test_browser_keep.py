@@ -15,6 +15,7 @@ on the page's or the server's state, with ``WAIT_MS`` ceilings.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import threading
@@ -31,6 +32,7 @@ from engine.voices import load_examples
 from server import web
 from tests.conftest import WAIT_S
 from tests.fakes import FakeEngine
+from tests.sounds import write_wav
 from tests.webui.support import TRANSCRIBED, WAIT_MS, free_port
 from webui.texts import Texts
 
@@ -51,6 +53,8 @@ class KeptEngine(FakeEngine):
         self.requests: list[SynthesisRequest] = []
         self.ended = ""
         self.streaming = threading.Event()  # a chunk of some request has gone out
+        self.going = threading.Event()  # cleared: a request waits before its first chunk until it is set
+        self.going.set()
 
     def example_voices(self) -> list[Any]:
         return list(load_examples())
@@ -59,6 +63,8 @@ class KeptEngine(FakeEngine):
         self.requests.append(req)
         if req.text and not SPEAKABLE.search(req.text):
             raise Unspeakable("the text has nothing to speak after normalisation", field="text")
+        if not self.going.is_set():
+            await asyncio.to_thread(self.going.wait, WAIT_S)
         chunks = super().stream(req)
         try:
             async for chunk in chunks:
@@ -183,6 +189,7 @@ def test_a_restart_mid_visit_keeps_the_visitors_work(browser, port, servers, tmp
     assert page.locator("#cosy-lang input").input_value() == "English"
     page.locator(".cosy-note.cosy-good", has_text="Hz").first.wait_for()  # the prompt is back
     page.locator(".cosy-history", has_text="Kept across a restart.").wait_for()
+    page.wait_for_function("document.querySelector('#cosy-live .cosy-kept audio').duration > 0")  # plays
     page.screenshot(path=str(SHOTS / "restored-en-1440x900.png"))
     assert page.locator("#cosy-generate").is_enabled()
 
@@ -246,3 +253,41 @@ def test_unspeakable_text_is_not_started_in_chinese(browser, port, servers) -> N
     assert t("err_unspeakable") in said and not re.search(r"[A-Za-z]", said), said
     assert page.locator("#cosy-retry").is_hidden()  # it can never succeed as it is
     assert servers[0].engine.requests[-1].text == "……！？"  # the engine's refusal, not the page's check
+
+
+def test_a_replaced_prompt_a_new_take_and_an_example_voice_in_vc(browser, port, servers, tmp_path) -> None:
+    """Three small things a visitor saw: a replaced prompt kept the old prompt's typed transcript; the
+    metric tiles showed the last take until the next one's first chunk; a VC take with an example voice
+    was logged as an upload."""
+    engine = KeptEngine()
+    servers.append(Served(engine, port))
+    page = open_page(browser, servers[0].url)
+    transcript = page.locator("#cosy-transcript textarea")
+    page.locator("#cosy-prompt input[type=file]").set_input_files(str(write_wav(tmp_path / "a.wav", 4.0)))
+    page.wait_for_function(TRANSCRIBED)
+    transcript.fill("the first prompt's words")  # typed for that prompt
+    page.locator("#cosy-prompt button[aria-label='Clear']").first.click()
+    page.locator("#cosy-prompt input[type=file]").set_input_files(
+        str(write_wav(tmp_path / "b.wav", 5.0, seed=2))
+    )
+    page.wait_for_function("document.querySelector('#cosy-transcript textarea').value === 'fake transcript'")
+
+    page.locator("#cosy-text textarea").fill("One take, then another.")
+    page.locator("#cosy-generate").click()
+    page.locator('.cosy-status[data-state="done"]').wait_for()
+    audio_tile = "document.querySelector('[data-metric=\"audio_s\"]').textContent"
+    assert page.evaluate(audio_tile).startswith("1.50")  # six chunks of 0.25 s
+    engine.going.clear()  # the next take waits before its first chunk
+    page.locator("#cosy-generate").click()
+    page.wait_for_function(f"{audio_tile} === '—'")  # the last take's numbers went at the click
+    engine.going.set()
+    page.wait_for_function(f"{audio_tile}.startsWith('1.50')")  # this take's, to its end
+
+    pick_example(page)
+    page.locator('#cosy-mode input[value="vc"]').check()
+    page.locator("#cosy-source input[type=file]").set_input_files(str(write_wav(tmp_path / "s.wav", 2.0)))
+    page.locator("#cosy-source audio, #cosy-source .waveform-container").first.wait_for(state="attached")
+    page.locator("#cosy-generate").click()
+    page.wait_for_function("document.querySelectorAll('.cosy-history tbody tr').length === 3")
+    newest = page.locator(".cosy-history tbody tr").first.inner_text()
+    assert "en-amy" in newest and "upload" not in newest, newest

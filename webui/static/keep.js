@@ -152,7 +152,18 @@
   // ---- the history and its takes -----------------------------------------------------------------------
   function history() {
     restored.history = true;
-    return localStorage.getItem(HISTORY) || "[]";
+    const json = localStorage.getItem(HISTORY) || "[]";
+    showLastTake(json);
+    return json;
+  }
+
+  async function showLastTake(json) {
+    // The page came back (a reload, a new server): the last take plays and downloads from this browser.
+    let last = null;
+    try { last = JSON.parse(json).pop(); } catch (e) { return; }
+    const kept = last && (await get("take:" + last.request_id));
+    await mounted(["#cosy-live"]);
+    if (kept && window.cosyPlayer) window.cosyPlayer.showKept(kept.blob, last.audio_s, takeName(last.request_id, kept.at));
   }
 
   function saveHistory() {

@@ -58,8 +58,9 @@
     // The last take's tiles go at the click: the server writes this take's at its first chunk.
     for (const el of document.querySelectorAll(".cosy-metrics [data-metric]")) el.textContent = "—";
     for (const el of document.querySelectorAll(".cosy-metrics .cosy-seg")) el.style.width = "0";
-    const kept = document.querySelector("#cosy-live .cosy-kept");
-    if (kept) kept.remove();
+    if (kept) { URL.revokeObjectURL(kept.url); kept = null; }
+    const box = document.querySelector("#cosy-live .cosy-kept");
+    if (box) box.remove();
   }
 
   function start(rid) {
@@ -226,15 +227,25 @@
     return new Blob([head.buffer, ...take.parts], { type: "audio/wav" });
   }
 
+  let kept = null; // {url, seconds, name}: the take shown as kept, until the next take starts
+
   function showKept(blob, seconds, name) {
     // Play and download what the browser kept of a take the server cannot serve now.
+    if (!blob) return;
+    if (kept) URL.revokeObjectURL(kept.url);
+    kept = { url: URL.createObjectURL(blob), seconds, name };
+    drawKept();
+  }
+
+  function drawKept() {
+    // The server re-renders the live card (on load, in the page's language): the kept take goes back in.
     const root = document.getElementById("cosy-live");
-    if (!root || !blob) return;
-    let box = root.querySelector(".cosy-kept");
-    if (!box) { box = document.createElement("div"); box.className = "cosy-kept"; root.append(box); }
-    const url = URL.createObjectURL(blob);
+    if (!root || !kept || root.querySelector(".cosy-kept")) return;
+    const box = document.createElement("div");
+    box.className = "cosy-kept";
+    root.append(box);
+    const { url, seconds, name } = kept;
     const label = (root.dataset.textKept || "{audio} s").replace("{audio}", seconds.toFixed(1));
-    box.replaceChildren();
     const note = document.createElement("span");
     note.textContent = label;
     const player = document.createElement("audio");
@@ -294,6 +305,8 @@
 
   // Start the audio output at the page's first gesture, so Generate does not pay for the device spin-up.
   document.addEventListener("pointerdown", () => context(), { once: true, capture: true });
+
+  new MutationObserver(drawKept).observe(document.documentElement, { childList: true, subtree: true });
 
   // Gradio's result player aborts the load of a result a newer one replaces: its play() promise then
   // rejects with an AbortError nobody awaits (three uncaught errors per replaced result). A superseded
