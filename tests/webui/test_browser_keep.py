@@ -291,3 +291,27 @@ def test_a_replaced_prompt_a_new_take_and_an_example_voice_in_vc(browser, port, 
     page.wait_for_function("document.querySelectorAll('.cosy-history tbody tr').length === 3")
     newest = page.locator(".cosy-history tbody tr").first.inner_text()
     assert "en-amy" in newest and "upload" not in newest, newest
+
+
+def test_a_result_that_replaces_a_loading_one_throws_nothing(browser, port, servers) -> None:
+    """A long take's result is still loading in Gradio's player when a short take replaces it: the
+    player aborts the load, and that abort rejected a promise nobody handled (an uncaught AbortError,
+    "signal is aborted without reason")."""
+    engine = KeptEngine(n_chunks=240, delay_s=0.0)  # 60 s of audio in a fraction of that
+    servers.append(Served(engine, port))
+    errors: list[str] = []
+    page = open_page(browser, servers[0].url, errors=errors)
+    pick_example(page)
+    for take in range(6):
+        engine.n_chunks = 240 if take % 2 == 0 else 1
+        page.locator("#cosy-generate").click()
+        page.wait_for_function(f"document.querySelectorAll('.cosy-history tbody tr').length === {take + 1}")
+    # The race above is the browser's to win or lose (it threw on some runs, not all): the same rejection
+    # as the player's, then a real failure, both unhandled; the real one must surface, the abort not.
+    with page.expect_event("pageerror") as real:
+        page.evaluate(
+            "() => { Promise.reject(new DOMException('signal is aborted without reason', 'AbortError'));"
+            " setTimeout(() => Promise.reject(new Error('a real failure'))); }"
+        )
+    assert "a real failure" in str(real.value)
+    assert errors == [str(real.value)], errors
