@@ -252,6 +252,9 @@ def test_unspeakable_text_is_not_started_in_chinese(browser, port, servers) -> N
     said = refused.inner_text()
     assert t("err_unspeakable") in said and not re.search(r"[A-Za-z]", said), said
     assert page.locator("#cosy-retry").is_hidden()  # it can never succeed as it is
+    page.locator('#cosy-live[data-state="idle"]').wait_for()  # the live card: nothing was made
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "unspeakable-zh-1440x900.png"))
     assert servers[0].engine.requests[-1].text == "……！？"  # the engine's refusal, not the page's check
 
 

@@ -195,12 +195,15 @@
     const player = window.cosyPlayer;
     const rid = player && player.take.rid;
     if (!rid) return;
-    let blob = null;
-    try {
-      const resp = await fetch(new URL("webui/audio/" + rid + ".wav", document.baseURI), { cache: "no-store" });
-      if (resp.ok) blob = await resp.blob();
-    } catch (e) { /* the server is gone: the player's copy below */ }
-    const served = !!blob;
+    const done = document.querySelector('.cosy-status[data-state="done"]');
+    let blob = done ? player.wav(rid) : null; // a whole streamed take: the page has every sample already
+    let served = !!blob;
+    if (!blob) {
+      try {
+        const resp = await fetch(new URL("webui/audio/" + rid + ".wav", document.baseURI), { cache: "no-store" });
+        if (resp.ok) { blob = await resp.blob(); served = true; }
+      } catch (e) { /* the server is gone: the player's copy below */ }
+    }
     blob = blob || player.wav(rid);
     if (!blob) return;
     const at = Date.now();

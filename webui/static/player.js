@@ -107,6 +107,10 @@
       if (S.rid) { stats.state = "error"; render(); } // what was received played; the card says it failed
       return;
     }
+    if (document.querySelector('.cosy-status[data-state="refused"]')) {
+      if (S.rid) { stats.state = "idle"; render(); } // its input stopped it: nothing was made or played
+      return;
+    }
     if (!rid || S.rid !== rid) return;
     const resp = await fetch(new URL("webui/audio/" + rid + ".wav", document.baseURI), { cache: "no-store" });
     if (resp.status !== 200 || S.rid !== rid) { if (S.rid === rid) { stats.state = "idle"; render(); } return; }
