@@ -54,7 +54,9 @@
     };
     ws.onclose = () => {
       if (socket === ws) socket = null;
-      setDown(true);
+      // only a line that once worked says the server is away: a proxy that passes no WebSocket must not
+      // keep a working page under the banner (the page then simply has no banner)
+      if (instance) setDown(true);
       retry();
     };
   }
