@@ -181,6 +181,7 @@ EN: dict[str, str] = {
     "prompt_reupload": "Upload the prompt again: “{name}” could not be kept in this browser.",
     "kept_take": "Kept in this browser: {audio} s",
     "kept_download": "Download wav",
+    "status_lost": "Failed: the server went away during this take. What was heard is kept in the live card.",
     "retry": "Retry",
     "err_internal": "The server could not finish this request (the details are in its log). "
     "Press Retry, or change the text or the voice.",
@@ -378,6 +379,7 @@ ZH: dict[str, str] = {
     "prompt_reupload": "请重新上传参考音频：此浏览器未能保存“{name}”。",
     "kept_take": "已保存在此浏览器：{audio} 秒",
     "kept_download": "下载 wav",
+    "status_lost": "失败：生成过程中服务器断开了。已听到的部分保存在实时播放卡片中。",
     "retry": "重试",
     "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",
     "transcript_kept": "保留了你输入的参考文本；识别结果为“{text}”。",

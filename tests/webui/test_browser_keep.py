@@ -101,6 +101,14 @@ class Served:
         assert self.up.wait(WAIT_S) and self.srv.started, "the server did not start"
         self.url = f"http://127.0.0.1:{port}/"
 
+    def kill(self) -> None:
+        """As near a SIGKILL as a thread gets: no drain, no last word to the page, the sockets cut."""
+        self.srv.gate.closed = True  # a later shut() must not take a second SIGTERM
+        self.srv.force_exit = True
+        self.srv.should_exit = True
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive(), "the server did not stop"
+
     def shut(self) -> None:
         """SIGTERM, as its handler takes it: refuse new requests, drain, end what is left, exit. (Once: a
         second SIGTERM is the handler's exit-at-once, which would end the test run's process too.)"""
@@ -238,6 +246,28 @@ def test_a_shutdown_mid_take_keeps_the_audio_and_says_why(browser, port, servers
     saved = str(tmp_path / "kept.wav")
     download.value.save_as(saved)
     assert wav_frames(saved) > 0 and sf.info(saved).samplerate == FakeEngine.sample_rate
+
+
+def test_a_killed_server_mid_take_leaves_what_was_heard(browser, port, servers, tmp_path) -> None:
+    engine = KeptEngine(n_chunks=400, delay_s=0.05)
+    servers.append(Served(engine, port))
+    page = open_page(browser, servers[0].url, "zh")
+    pick_example(page)
+    page.locator("#cosy-generate").click()
+    page.wait_for_function("window.cosyPlayer.take.bytes > 0")
+    servers[0].kill()
+    lost = page.locator('.cosy-status[data-state="failed"]')
+    lost.wait_for()
+    assert lost.inner_text() == Texts("zh")("status_lost")  # said by the page: the server said nothing
+    page.wait_for_function("document.querySelector('#cosy-live .cosy-kept audio').duration > 0")
+    page.locator("#cosy-offline").wait_for()
+    assert page.locator("#cosy-generate").is_disabled()
+    page.screenshot(path=str(SHOTS / "killed-mid-take-zh-1440x900.png"))
+    with page.expect_download() as download:
+        page.locator("#cosy-live .cosy-kept a").click()
+    saved = str(tmp_path / "heard.wav")
+    download.value.save_as(saved)
+    assert wav_frames(saved) > 0
 
 
 def test_unspeakable_text_is_not_started_in_chinese(browser, port, servers) -> None:

@@ -195,8 +195,10 @@
     const player = window.cosyPlayer;
     const rid = player && player.take.rid;
     if (!rid) return;
-    const done = document.querySelector('.cosy-status[data-state="done"]');
-    let blob = done ? player.wav(rid) : null; // a whole streamed take: the page has every sample already
+    // a whole streamed take (the server said done, the player read the stream to its end): the page has
+    // every sample already
+    const done = document.querySelector('.cosy-status[data-state="done"]') && ["playing", "done"].includes(player.stats.state);
+    let blob = done ? player.wav(rid) : null;
     let served = !!blob;
     if (!blob) {
       try {

@@ -10,6 +10,7 @@
   "use strict";
   const FIRST_MS = 250, MAX_MS = 4000;
   let instance = "", delay = FIRST_MS, timer = null, socket = null, down = false;
+  let lost = false; // the server went away during a take: no last word will come for it
 
   function banner(show) {
     let el = document.getElementById("cosy-offline");
@@ -36,7 +37,21 @@
     const player = window.cosyPlayer;
     if (now && player && ["waiting", "streaming", "playing"].includes(player.stats.state) && window.cosyKeep) {
       window.cosyKeep.keepTake(); // the server went away mid-take: keep what was heard
+      lost = true;
+      lostTake();
     }
+    if (!now) lost = false;
+  }
+
+  function lostTake() {
+    // No answer will end this take (a killed server says nothing): the status says so itself, unless the
+    // server's own last word (failed, stopped, done) is already there. Gradio redraws the status when it
+    // gives the event up: the observer below puts this back.
+    const status = document.querySelector(".cosy-status");
+    const live = document.getElementById("cosy-live");
+    if (!status || !live || !live.dataset.textLost || !["idle", "running"].includes(status.dataset.state)) return;
+    status.dataset.state = "failed";
+    status.textContent = live.dataset.textLost;
   }
 
   function connect() {
@@ -74,7 +89,7 @@
   });
 
   // Gradio re-renders Generate (its disabled state with it) on its own updates: while away, hold it.
-  new MutationObserver(() => { if (down) banner(true); }).observe(document.documentElement, { childList: true, subtree: true });
+  new MutationObserver(() => { if (down) banner(true); if (lost) lostTake(); }).observe(document.documentElement, { childList: true, subtree: true });
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", connect, { once: true });
   else connect();
