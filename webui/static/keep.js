@@ -66,13 +66,15 @@
   const FIELDS = ["#cosy-mode input", "#cosy-transcript textarea", "#cosy-lang input", "#cosy-text textarea",
     "#cosy-stream input", "#cosy-speed input", "#cosy-seed input", "#cosy-prompt", "#cosy-source"];
 
-  function mounted(selectors) {
+  function mounted(selectors, ceilingMs = 15000) {
+    // (a ceiling, so a field the layout renamed costs its own value, never the rest of the restore)
     const all = () => selectors.every((s) => document.querySelector(s));
     return new Promise((resolve) => {
       const done = () => requestAnimationFrame(() => requestAnimationFrame(resolve));
       if (all()) { done(); return; }
       const watch = new MutationObserver(() => { if (all()) { watch.disconnect(); done(); } });
       watch.observe(document.documentElement, { childList: true, subtree: true });
+      setTimeout(() => { watch.disconnect(); done(); }, ceilingMs);
     });
   }
 
