@@ -523,7 +523,7 @@ def test_the_form_takes_the_pages_values_in_order() -> None:
 
 async def test_transcription_fills_an_untyped_transcript_and_keeps_a_typed_one(studio, prompt) -> None:
     text, offer, note = await studio.transcribe(prompt, "auto", "old words of an example", False)
-    assert (text, offer) == ("fake transcript", "en") and "Transcribed (English)" in note
+    assert (text, offer) == ("fake transcript", "en") and "Transcribed as English;" in note
     text, offer, note = await studio.transcribe(prompt, "auto", "my own words", True)
     assert text == gr.skip() and offer == "en" and "fake transcript" in note and "Kept" in note
     assert studio.transcript_cleared(False) == ("", "")  # filled for the removed audio: it goes too
