@@ -261,8 +261,10 @@ class Studio:
         return user_error(self.engine_message(err))
 
     def engine_message(self, err: EngineError) -> str:
-        """The engine's refusal in the page's language: a refusal's own detail (the visitor's input, the
-        queue) in brackets; any other failure's text stays in the log."""
+        """The engine's refusal or failure in the page's words and language, one sentence each: a server
+        going away is not busy, a busy or starting one says when to retry, a text with nothing to speak
+        says so; only a refusal of the visitor's own input quotes the engine (``err_input``). Every
+        engine text also goes to the log."""
         if isinstance(err, Stopping):  # not busy: this process is going away (another may come back)
             return self.t("err_stopping")
         if isinstance(err, Busy):  # the engine's own words name its queue: the visitor needs the wait
