@@ -268,6 +268,16 @@ def test_a_killed_server_mid_take_leaves_what_was_heard(browser, port, servers, 
     saved = str(tmp_path / "heard.wav")
     download.value.save_as(saved)
     assert wav_frames(saved) > 0
+    lost = page.evaluate("window.cosyPlayer.take.rid")
+
+    servers.append(Served(KeptEngine(), port))  # back: the lost take is in the history, marked failed
+    ready(page, "zh")
+    row = page.locator(".cosy-history tbody tr", has_text=Texts("zh")("h_failed"))
+    row.wait_for()
+    with page.expect_download() as again:
+        row.locator(f'a[href$="{lost}.wav"]').click()
+    again.value.save_as(saved)
+    assert wav_frames(saved) > 0
 
 
 def test_unspeakable_text_is_not_started_in_chinese(browser, port, servers) -> None:

@@ -168,12 +168,13 @@
     if (kept && window.cosyPlayer) window.cosyPlayer.showKept(kept.blob, last.audio_s, takeName(last.request_id, kept.at));
   }
 
+  let shownHistory = null; // the entries the server last rendered: saved when they change, not before
+
   function saveHistory() {
     if (!restored.history) return;
     const box = document.querySelector("[data-kept-history]");
-    if (!box) return;
-    const json = box.dataset.keptHistory;
-    if (json === localStorage.getItem(HISTORY)) return;
+    if (!box || box.dataset.keptHistory === shownHistory) return;
+    const json = (shownHistory = box.dataset.keptHistory);
     write(HISTORY, json);
     let rids = [];
     try { rids = JSON.parse(json).map((e) => e.request_id); } catch (e) { return; }
@@ -214,7 +215,26 @@
     await put("take:" + rid, { blob, at }).catch(() => undefined);
     lastKept = rid;
     const failed = document.querySelector('.cosy-status[data-state="failed"]');
-    if (!served || failed) player.showKept(blob, (blob.size - 44) / 2 / (player.take.rate || 24000), takeName(rid, at));
+    const seconds = (blob.size - 44) / 2 / (player.take.rate || 24000);
+    if (!served || failed) player.showKept(blob, seconds, takeName(rid, at));
+    if (!served && window.cosyLink && window.cosyLink.down) keepLost(seconds);
+  }
+
+  function keepLost(seconds) {
+    // A take the server went away during (no last word, so no history entry from it): the page writes
+    // its entry from the form it was made with, marked failed, so it comes back with the page.
+    const rid = window.cosyPlayer && window.cosyPlayer.take.rid;
+    let entries = [];
+    try { entries = JSON.parse(localStorage.getItem(HISTORY) || "[]"); } catch (e) { entries = []; }
+    if (!rid || entries.some((e) => e.request_id === rid)) return;
+    const form = read(FORM, {});
+    entries.push({
+      request_id: rid, created_at: Date.now() / 1000, mode: form.mode || "zero_shot",
+      text: form.mode === "vc" ? "" : String(form.text || ""), language: form.language || "auto", voice: "—",
+      speed: Number(form.speed) || 1, seed: Number.isInteger(Number(form.seed)) ? Number(form.seed) : -1, stream: !!form.stream,
+      ttfa_ms: null, rtf: null, audio_s: seconds, stopped: true, failed: true,
+    });
+    write(HISTORY, JSON.stringify(entries.slice(-MAX_TAKES)));
   }
 
   function download(blob, name) {
