@@ -22,6 +22,11 @@ class InvalidInput(EngineError):
     status = 422
 
 
+class Unspeakable(InvalidInput):
+    """The text holds nothing to speak once normalised (only symbols, marks or invisible characters): the
+    same request can never succeed, so a UI offers no retry."""
+
+
 class TooLarge(InvalidInput):
     """An input is over a configured limit (text length, upload bytes, prompt seconds): HTTP 413."""
 
@@ -58,6 +63,11 @@ class Busy(EngineError):
 
 class NotReady(Busy):
     status = 503
+
+
+class Stopping(NotReady):
+    """The server is going away (shut down, or restarting after its engine stopped) and ended this stream:
+    not a busy server, and nothing another request to this process can fix."""
 
 
 class ModelError(EngineError):

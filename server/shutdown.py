@@ -39,8 +39,9 @@ LAST_STEPS_S = 1.0  # after the grace: streams end within a chunk, then uvicorn 
 class Gate:
     """Requests in flight, and the door: open until ``close``; then every new request is refused."""
 
-    def __init__(self, app: ASGIApp):
+    def __init__(self, app: ASGIApp, uncounted: tuple[str, ...] = ()):
         self.app = app
+        self.uncounted = uncounted  # sockets held open while idle (a page's line): no drain waits on them
         self.closed = False
         self.in_flight = 0
         self.idle = asyncio.Event()
@@ -52,6 +53,9 @@ class Gate:
             return
         if self.closed:
             await refuse(scope, receive, send)
+            return
+        if scope["type"] == "websocket" and scope["path"] in self.uncounted:
+            await self.app(scope, receive, send)
             return
         self.in_flight += 1
         self.idle.clear()

@@ -254,7 +254,9 @@ def web_server(
                 hub.shutdown()
             await super().shutdown(sockets)
 
-    gate = Gate(app)
+    from webui.stream_route import ALIVE_PATH
+
+    gate = Gate(app, uncounted=(ALIVE_PATH,))
     # log_level configures uvicorn's loggers; a client must send its request head within 10 s
     config = uvicorn.Config(gate, host=host, port=port, log_level="info", http=headers_timeout())
     logging.getLogger("uvicorn.error").addFilter(QUIET_CUTS)  # a cut stream's trace: logged by its route

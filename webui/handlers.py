@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import gradio as gr
@@ -34,7 +35,16 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import Limits
-from engine.errors import Busy, EngineError, Forbidden, InvalidInput, NotFound
+from engine.errors import (
+    Busy,
+    EngineError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    NotReady,
+    Stopping,
+    Unspeakable,
+)
 from engine.request import AudioChunk, Mode, SynthesisRequest, new_request_id
 from engine.serving.metrics import RequestMetrics, ServerStats
 from webui import views
@@ -129,6 +139,13 @@ async def _noted(work: Awaitable[tuple[Any, str]]) -> tuple[Any, str]:
         return await work
     except gr.Error as err:
         return gr.skip(), views.note_html(str(err.message), "bad")
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    try:
+        return a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
+    except OSError:  # a file gone from the cache: not that example
+        return False
 
 
 def audio_seconds(path: str) -> tuple[float, int]:
@@ -244,11 +261,17 @@ class Studio:
         return user_error(self.engine_message(err))
 
     def engine_message(self, err: EngineError) -> str:
-        """The engine's refusal in the page's language: a refusal's own detail (the visitor's input, the
-        queue) in brackets; any other failure's text stays in the log."""
-        if isinstance(err, Busy):
+        """The engine's refusal or failure in the page's words and language, one sentence each: a server
+        going away is not busy, a busy or starting one says when to retry, a text with nothing to speak
+        says so; only a refusal of the visitor's own input quotes the engine (``err_input``). Every
+        engine text also goes to the log."""
+        if isinstance(err, Stopping):  # not busy: this process is going away (another may come back)
+            return self.t("err_stopping")
+        if isinstance(err, Busy):  # the engine's own words name its queue: the visitor needs the wait
             seconds = max(1, math.ceil(err.retry_after_s))  # the engine's estimate, as the API's Retry-After
-            return self.t("err_busy", error=str(err), seconds=seconds)
+            return self.t("err_starting" if isinstance(err, NotReady) else "err_busy", seconds=seconds)
+        if isinstance(err, Unspeakable):
+            return self.t("err_unspeakable")
         if isinstance(err, Forbidden):
             return self.t("err_voice_public")
         if isinstance(err, NotFound):
@@ -304,7 +327,7 @@ class Studio:
         if req.stream:
             self.hub.open(rid, self.engine.sample_rate)
         chunks = self.engine.stream(req)
-        failure = ""
+        failure, refusal = "", False
         try:
             async for chunk in chunks:
                 parts.append(chunk.pcm)
@@ -315,7 +338,7 @@ class Studio:
                 yield gr.skip(), views.metrics_html(chunk.metrics, self.t), running, gr.skip(), gr.skip()
         except EngineError as err:  # a refusal or a failure the engine names
             log.warning("request %s ended by the engine: %r", rid, err)
-            failure = self.engine_message(err)
+            failure, refusal = self.engine_message(err), isinstance(err, InvalidInput)
         except Exception:  # an engine bug: its text and traceback go to the log, not to the visitor
             log.exception("request %s failed", rid)
             failure = self.t("err_internal")
@@ -324,7 +347,12 @@ class Studio:
             if last is None or not last.is_last:
                 self.engine.abort(rid)  # closed mid-stream (tab closed, event cancelled): free the engine
             await chunks.aclose()
-        yield self.failed(failure, last) if failure else self.finish(req, parts, last, history)
+        if not failure:
+            yield self.finish(req, parts, last, history)
+        elif refusal and last is None:  # its own input stops it before any audio: retrying cannot help
+            yield self.refused(failure)
+        else:
+            yield self.failed(failure, req, parts, last, history)
 
     def refused(self, message: str) -> tuple[Any, ...]:
         """The update for a request its own inputs stop before it starts: the status says why, in red beside
@@ -333,13 +361,23 @@ class Studio:
         metrics = views.metrics_html(None, self.t)
         return gr.skip(), metrics, self.status("refused", message=message), gr.skip(), gr.skip()
 
-    def failed(self, message: str, last: AudioChunk | None) -> tuple[Any, ...]:
+    def failed(
+        self, message: str, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
+        history: list[views.HistoryEntry],
+    ) -> tuple[Any, ...]:  # fmt: skip
         """The update that ends a failed request: a toast, and the status says so (with its Retry button,
         shown by css while the status is "failed"); the event itself succeeds, so the page is not left with
-        Gradio's error state on the status."""
+        Gradio's error state on the status. Audio made before the failure is kept, as Stop keeps it: the
+        result plays it and the history lists it (marked failed) with its downloads."""
         gr.Warning(message)
         metrics = views.metrics_html(last.metrics if last is not None else None, self.t)
-        return gr.skip(), metrics, self.status("failed", message=message), gr.skip(), gr.skip()
+        if last is None or not any(len(p) for p in parts):
+            return gr.skip(), metrics, self.status("failed", message=message), gr.skip(), gr.skip()
+        path = self.store.save(req.request_id, np.concatenate(parts), self.engine.sample_rate)
+        history = [*(history or []), self.history_entry(req, last.metrics, True, failed=True)][-MAX_HISTORY:]
+        status = self.status("failed", "failed_kept", message=message, audio=last.metrics.audio_s)
+        audio = gr.update(value=str(path), autoplay=False)
+        return audio, metrics, status, history, self.history_view(history)
 
     def finish(
         self, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
@@ -366,14 +404,33 @@ class Studio:
         audio = gr.update(value=str(path), autoplay=False)
         return (audio, views.metrics_html(metrics, self.t), status, history, self.history_view(history))
 
-    def history_entry(self, req: SynthesisRequest, m: RequestMetrics, stopped: bool) -> views.HistoryEntry:
-        voice = req.voice_id or ("upload" if req.prompt_wav else "—")
+    def history_entry(
+        self, req: SynthesisRequest, m: RequestMetrics, stopped: bool, failed: bool = False
+    ) -> views.HistoryEntry:
+        voice = req.voice_id or (self.prompt_name(req.prompt_wav) if req.prompt_wav else "—")
         mode = "voice" if req.voice_id else str(req.mode)
         return views.HistoryEntry(
             request_id=req.request_id, created_at=time.time(), mode=mode, text=req.text,
             language=req.language, voice=voice, speed=req.speed, seed=m.seed, stream=req.stream,
-            ttfa_ms=m.ttfa_ms, rtf=m.rtf, audio_s=m.audio_s, stopped=stopped,
+            ttfa_ms=m.ttfa_ms, rtf=m.rtf, audio_s=m.audio_s, stopped=stopped, failed=failed,
         )  # fmt: skip
+
+    def prompt_name(self, path: str) -> str:
+        """The example voice a prompt file is ("en-amy"), or "upload". Gradio hands the handler its own
+        cached copy of an example's file, under the example's file name: the name and the bytes must both
+        match, so an upload that happens to share a name stays an upload."""
+        given = Path(path)
+        for ex in self.engine.example_voices():
+            wav = Path(ex.wav)
+            if wav.name == given.name and _same_bytes(wav, given):
+                return str(ex.name)
+        return "upload"
+
+    def restore_history(self, kept: Any) -> tuple[list[views.HistoryEntry], str]:
+        """On load: the history the browser kept (``keep.js``, JSON) -> (the history state, its table).
+        Whatever does not read as entries is dropped: the browser's storage is the visitor's to edit."""
+        history = views.history_from_json(kept)[-MAX_HISTORY:]
+        return history, self.history_view(history)
 
     def stop(self, rid: str) -> None:
         """Abort the engine request: its stream ends, and ``generate`` keeps the audio made so far.
@@ -390,8 +447,10 @@ class Studio:
             self.engine.abort(rid)
             self.hub.close(rid)
 
-    def status(self, state: str, **fields: Any) -> str:
-        text = html.escape(self.t(f"status_{state}", **fields))
+    def status(self, state: str, key: str = "", **fields: Any) -> str:
+        """The status line in ``state`` (css and the page's scripts read it), worded by ``key`` (the
+        state's own words by default)."""
+        text = html.escape(self.t(f"status_{key or state}", **fields))
         return f'<div class="cosy-status" data-state="{state}">{text}</div>'
 
     def history_view(self, history: list[views.HistoryEntry]) -> str:
@@ -532,7 +591,8 @@ class Studio:
     def page(self) -> tuple[Any, ...]:
         """On load: every server-rendered text and choice list in this studio's language (labels follow
         the browser through Gradio's i18n): header, mode, language, mode help, prompt note, counter,
-        status, metrics, live card, history, instruction presets."""
+        status, metrics, live card, instruction presets (the history: ``restore_history``, with what the
+        browser kept)."""
         from webui import player
 
         modes = gr.update(choices=[(self.mode_labels[m], m) for m in UI_MODES])
@@ -542,7 +602,7 @@ class Studio:
             views.header_html(self.t, self.chips, banner), modes, langs,
             views.mode_help_html(UI_MODES, self.t), self.prompt_info(None),
             views.counter_text("", self.limits.max_text_chars, 0, self.t), self.status("idle"),
-            views.metrics_html(None, self.t), player.card_html(self.t), self.history_view([]),
+            views.metrics_html(None, self.t), player.card_html(self.t),
             gr.update(choices=views.preset_choices(self.engine.instruct_presets(), self.t)),
         )  # fmt: skip
 

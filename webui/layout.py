@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 
 from engine.config import Limits
-from webui import lab_views, player, script_tab, views
+from webui import keep, lab_views, player, script_tab, views
 from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import EXAMPLES, LANGUAGES, Labels, Texts, i18n
@@ -95,6 +95,7 @@ def build_demo(
             answer["history"] = gr.HTML(views.note_html(t("history_empty")), js_on_load=None)
         answer["header"] = header
         history = gr.State([])
+        answer["kept_history"] = gr.Textbox(visible=False)  # the browser's kept history, on load (keep.js)
         rid = gr.Textbox(visible=False)
         ask["owner"] = gr.Textbox(visible=False, elem_id="cosy-owner")  # the browser's id (localStorage)
         script_tab.build(studios, lbl, ask["owner"], ask["prompt"], ask["prompt_text"], demo)
@@ -213,10 +214,18 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             c["stream"] = gr.Checkbox(
                 True, label=lbl("streaming"), info=lbl("streaming_info"), scale=1, elem_id="cosy-stream"
             )
-            c["speed"] = gr.Slider(0.5, 2.0, value=1.0, step=0.05, label=lbl("speed"), scale=2)
+            c["speed"] = gr.Slider(
+                0.5, 2.0, value=1.0, step=0.05, label=lbl("speed"), scale=2, elem_id="cosy-speed"
+            )
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
             c["seed"] = gr.Number(
-                -1, label=lbl("seed"), info=lbl("seed_info"), precision=0, minimum=-1, scale=3
+                -1,
+                label=lbl("seed"),
+                info=lbl("seed_info"),
+                precision=0,
+                minimum=-1,
+                scale=3,
+                elem_id="cosy-seed",
             )
             # an SVG die, not an emoji: it draws without an emoji font (the label is for screen readers)
             die = str(player.STATIC / "dice.svg")
@@ -323,8 +332,27 @@ def _listen(
     a["text"].input(on("live_typed"), [a["text"], rid], None, js=player.TYPED_JS, **keys)
     gr.Timer(1.0).tick(on("server_panel"), None, b["server"], **light)
     page = [b["header"], a["mode"], a["language"], a["mode_help"], a["prompt_note"], a["counter"]]
-    page += [b["status"], b["metrics"], b["live"], b["history"], a["preset"]]
+    page += [b["status"], b["metrics"], b["live"], a["preset"]]
     demo.load(on("page"), None, page, **light)
+    _keep(demo, on, a, b, history, light)
     # the script draws or reads the id in the browser and hands it over as the input
     demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)
     demo.load(on("server_panel"), None, b["server"], **light)
+
+
+def _keep(
+    demo: gr.Blocks, on: Callable[..., Any], a: dict[str, Any], b: dict[str, Any], history: gr.State,
+    light: dict[str, Any],
+) -> None:  # fmt: skip
+    """The visit kept in the browser (``keep.py``): the form saved on every change and put back on load,
+    the prompt and source files kept and uploaded again, the history restored in the page's language."""
+    fields = {"instruct": a["instruct"], "live": a["live_text"], "wps": a["live_wps"]}
+    form = [fields.get(name) or a[name] for name in keep.FORM_KEPT]
+    gr.on([c.change for c in form], None, form, None, js=keep.save_form_js(), **light)
+    demo.load(None, form, form, js=keep.restore_form_js(), **light)
+    audio = [a[kind] for kind in keep.AUDIO_KEPT]
+    for kind, component in zip(keep.AUDIO_KEPT, audio, strict=True):
+        component.change(None, component, None, js=keep.keep_audio_js(kind), **light)
+    demo.load(None, audio, audio, js=keep.restore_audio_js(), **light)
+    kept = b["kept_history"]
+    demo.load(on("restore_history"), kept, [history, b["history"]], js=keep.RESTORE_HISTORY_JS, **light)

@@ -19,7 +19,8 @@ LIVE_STATES = ("idle", "waiting", "streaming", "playing", "done", "stopped", "er
 
 def head_html() -> str:
     """``<script>`` with the player and the toast titles, for ``gr.mount_gradio_app(head=...)``."""
-    scripts = ((STATIC / name).read_text(encoding="utf-8") for name in ("player.js", "toast.js"))
+    names = ("player.js", "toast.js", "keep.js", "link.js")
+    scripts = ((STATIC / name).read_text(encoding="utf-8") for name in names)
     return "".join(f"<script>\n{js}\n</script>" for js in scripts)
 
 
@@ -30,6 +31,10 @@ def css() -> str:
 def card_html(t: Texts) -> str:
     """Static markup the script fills in (``data-live`` fields); state labels ride on data attributes."""
     labels = " ".join(f'data-label-{s}="{html.escape(t(f"live_{s}"))}"' for s in LIVE_STATES)
+    # the words keep.js and link.js write (the banner, a kept take, a prompt to upload again)
+    texts = {"conn-down": "conn_down", "kept": "kept_take", "download": "kept_download"}
+    texts |= {"reupload": "prompt_reupload", "lost": "status_lost"}
+    labels += "".join(f' data-text-{k}="{html.escape(t(key))}"' for k, key in texts.items())
     fields = "".join(
         f'<div><span class="cosy-k">{html.escape(t(f"live_{key}"))}</span>'
         f'<span class="cosy-live-v" data-live="{key}">—</span></div>'
@@ -65,7 +70,11 @@ TRANSCRIBE_JS = "(path, language, text, typed) => [path, language, text, !!windo
 CLEARED_JS = "(typed) => [!!window.cosyTyped]"
 
 # After Generate's event ends: with streaming off the player plays the finished file.
-FINISHED_JS = "() => { const p = window.cosyPlayer; if (p) p.finished(); return []; }"
+# Every take's wav is kept in the browser too (keep.js), for the history after a restart.
+FINISHED_JS = (
+    "() => { const p = window.cosyPlayer; if (p) p.finished();"
+    " if (window.cosyKeep) window.cosyKeep.keepTake(); return []; }"
+)
 
 # The text box's input event in live-text mode: the handler gets the box and the live player's request id.
 TYPED_JS = "(text, rid) => { const p = window.cosyPlayer; return [text, p && p.rid ? p.rid : rid]; }"

@@ -15,8 +15,10 @@ login (``signed_in``) every route answers 401 to a request without the studio's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -26,12 +28,14 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import FileResponse, StreamingResponse
+from starlette.requests import HTTPConnection
 
 log = logging.getLogger(__name__)
 
 RID = re.compile(r"^[0-9a-f]{32}$")
+ALIVE_PATH = "/webui/alive"  # the page's line to its server (``link.js``): held open, never work in flight
 MEDIA_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 
 
@@ -198,16 +202,19 @@ def encode_mp3(wav: Path, mp3: Path) -> None:
 
 def router(
     hub: StreamHub, store: AudioStore, open_timeout_s: float = 300.0,
-    signed_in: Callable[[Request], bool] | None = None,
+    signed_in: Callable[[HTTPConnection], bool] | None = None,
 ) -> APIRouter:  # fmt: skip
-    """``/webui/pcm/{rid}`` (announce, then live PCM) and ``/webui/audio/{rid}.{wav|mp3}`` (finished audio).
-    ``signed_in``: whether a request carries the studio's login (None: the studio has no login)."""
+    """``/webui/pcm/{rid}`` (announce, then live PCM), ``/webui/audio/{rid}.{wav|mp3}`` (finished audio) and
+    the ``/webui/alive`` socket. ``signed_in``: whether a request carries the studio's login (None: the
+    studio has no login)."""
 
     def session(request: Request) -> None:
         if signed_in is not None and not signed_in(request):
             raise HTTPException(401, "sign in to the studio first")
 
     routes = APIRouter(prefix="/webui", dependencies=[Depends(session)])
+    outer = APIRouter()  # the socket: a Request dependency cannot serve one, so it checks the login itself
+    instance = secrets.token_hex(8)  # this server process: a page that sees another one reloads
 
     @routes.post("/pcm/{rid}", status_code=204)
     async def announce(rid: str) -> Response:
@@ -236,4 +243,19 @@ def router(
             raise HTTPException(404, f"no audio {name!r} in this server's history")
         return FileResponse(path, media_type=MEDIA_TYPES[ext], filename=f"cosystream-{rid[:8]}.{ext}")
 
-    return routes
+    @outer.websocket(ALIVE_PATH)
+    async def alive(ws: WebSocket) -> None:
+        """The page learns which server process answers (``instance``) and, by the socket's close, when
+        it goes away: uvicorn closes every socket with 1012 when it stops, a killed process drops it. It
+        waits for the page's close, never on a timer."""
+        if signed_in is not None and not signed_in(ws):
+            await ws.close(code=1008)  # policy: sign in first
+            return
+        await ws.accept()
+        await ws.send_json({"instance": instance})
+        with contextlib.suppress(WebSocketDisconnect):
+            while True:
+                await ws.receive_text()  # the page sends nothing: this returns at the close
+
+    outer.include_router(routes)
+    return outer

@@ -7,8 +7,10 @@ look of the studio is unit-testable. CSS classes (``cosy-*``) are styled in ``we
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import itertools
+import json
 import re
 import time
 from collections import Counter
@@ -44,6 +46,49 @@ class HistoryEntry:
     rtf: float | None
     audio_s: float
     stopped: bool = False
+    failed: bool = False  # ended by a failure, with the audio made before it
+
+
+def history_from_json(kept: Any) -> list[HistoryEntry]:
+    """History entries from what a browser kept (a JSON text or its parsed list of objects, oldest
+    first); an item that is not an entry (unknown or missing fields, wrong types, a request id that is no
+    32-hex id) is dropped, never guessed at."""
+    if isinstance(kept, str):
+        try:
+            kept = json.loads(kept) if kept.strip() else []
+        except ValueError:
+            return []
+    if not isinstance(kept, list):
+        return []
+    return [entry for item in kept if (entry := _entry(item)) is not None]
+
+
+def _entry(item: Any) -> HistoryEntry | None:
+    if not isinstance(item, dict) or set(item) - _ENTRY_TYPES.keys():
+        return None
+    try:
+        entry = HistoryEntry(**item)
+    except TypeError:  # a required field is missing
+        return None
+    for name, kinds in _ENTRY_TYPES.items():
+        value = getattr(entry, name)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            return None
+    return entry if RID_TEXT.match(entry.request_id) else None
+
+
+def history_to_json(entries: Sequence[HistoryEntry]) -> str:
+    """The entries as the browser keeps them (``history_from_json`` reads them back)."""
+    return json.dumps([dataclasses.asdict(e) for e in entries], ensure_ascii=False)
+
+
+_NUM = (int, float)
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "request_id": (str,), "created_at": _NUM, "mode": (str,), "text": (str,), "language": (str,),
+    "voice": (str,), "speed": _NUM, "seed": (int,), "stream": (bool,), "ttfa_ms": (*_NUM, type(None)),
+    "rtf": (*_NUM, type(None)), "audio_s": _NUM, "stopped": (bool,), "failed": (bool,),
+}  # fmt: skip
+RID_TEXT = re.compile(r"^[0-9a-f]{32}$")
 
 
 def fmt_ms(value: float | None) -> str:
@@ -262,13 +307,16 @@ def _in_language(label: str, t: Texts | None) -> str:
 
 
 def history_html(entries: Sequence[HistoryEntry], t: Texts, mode_label: dict[str, str]) -> str:
-    """Newest-first table of this session's generations with links to wav and mp3 downloads."""
+    """Newest-first table of this visitor's generations with links to wav and mp3 downloads. The entries
+    ride along as JSON (``data-kept-history``): the browser keeps them for the next visit (``keep.js``)."""
+    kept = f'<div class="cosy-history-box" data-kept-history="{html.escape(history_to_json(entries))}">'
     if not entries:
-        return note_html(t("history_empty"))
+        return kept + note_html(t("history_empty")) + "</div>"
     head = "".join(f"<th>{html.escape(t(k))}</th>" for k in ("h_time", "h_mode", "h_text", "h_settings"))
     head += f"<th>{html.escape(t('h_metrics'))}</th><th>{html.escape(t('h_files'))}</th>"
     rows = [_history_row(e, mode_label, t) for e in reversed(entries)]
-    return f'<table class="cosy-history"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    body = f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody>"
+    return f'{kept}<table class="cosy-history">{body}</table></div>'
 
 
 def _history_row(e: HistoryEntry, mode_label: dict[str, str], t: Texts) -> str:
@@ -278,7 +326,7 @@ def _history_row(e: HistoryEntry, mode_label: dict[str, str], t: Texts) -> str:
     language = language_name(e.language, t)
     settings = f"{language} · {voice} · ×{e.speed:g} · {t('h_seed')} {e.seed} · {stream}"
     # a word, not a symbol: "⏹" is missing from common fonts and rendered as an empty box
-    flag = f" · {t('live_stopped')}" if e.stopped else ""
+    flag = f" · {t('h_failed')}" if e.failed else f" · {t('live_stopped')}" if e.stopped else ""
     metrics = f"{t('h_ttfa')} {fmt_ms(e.ttfa_ms)} ms · RTF {fmt_num(e.rtf, 3)} · {e.audio_s:.1f} s{flag}"
     base = f"webui/audio/{e.request_id}"
     links = f'<a href="{base}.wav" download>wav</a> · <a href="{base}.mp3" download>mp3</a>'

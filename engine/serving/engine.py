@@ -29,7 +29,7 @@ from engine.audio import AudioInput, AudioLimits
 from engine.cache_root import cache_root, configured_root, use_cache_root
 from engine.checkpoint import LoadedModel, load_model
 from engine.config import AUTO_POOL_SHARE, DEMO_TINY, EngineConfig
-from engine.errors import InvalidInput, NotReady, SynthesisFailed
+from engine.errors import InvalidInput, NotReady, Stopping, SynthesisFailed
 from engine.flow.cfm import CausalCFM
 from engine.flow.compiled_estimator import use_compile_cache
 from engine.flow.graphs import AotRoot, GraphedCFM
@@ -117,7 +117,7 @@ class TTSEngine:
             self._least_slack_s,
             cfg.limits.admit_slack_s,
         )
-        self._ended: str | None = None  # end_streams' reason: streams stopped by it fail with NotReady
+        self._ended: str | None = None  # end_streams' reason: streams stopped by it fail with Stopping
         self._counts = {"completed": 0, "failed": 0, "cancelled": 0, "audio_s": 0.0, "tokens": 0}
         self.ready = False
         self._settings = contextlib.ExitStack()  # process-wide settings held while open (load: cudnn)
@@ -275,14 +275,15 @@ class TTSEngine:
 
     def end_streams(self, reason: str) -> int:
         """Stop every stream in flight within a chunk (the server is going away): each fails with
-        NotReady(reason), so its client gets an error, not a silent end; new requests get it at once.
+        Stopping(reason) (a NotReady), so its client gets an error, not a silent end; new requests get it
+        at once.
         Returns how many were in flight."""
         self._ended = reason
         active = list(self._active)
         for each in active:
             each.cancelled.set()
             if each.text is not None:
-                each.text.end(NotReady(reason, retry_after_s=5.0))
+                each.text.end(Stopping(reason, retry_after_s=5.0))
         return len(active)
 
     def stats(self) -> ServerStats:
@@ -364,7 +365,7 @@ class TTSEngine:
 
     async def _stream(self, req: SynthesisRequest) -> AsyncGenerator[AudioChunk, None]:
         if self._ended is not None:
-            raise NotReady(self._ended, retry_after_s=5.0)
+            raise Stopping(self._ended, retry_after_s=5.0)
         if not self.ready:
             raise NotReady("the model is still loading", retry_after_s=5.0)
         if not self.healthy:
@@ -393,7 +394,7 @@ class TTSEngine:
             finally:
                 self.admission.release(time.perf_counter() - admitted)
             if active.cancelled.is_set() and self._ended is not None:
-                raise NotReady(self._ended, retry_after_s=5.0)
+                raise Stopping(self._ended, retry_after_s=5.0)
             self._counts["cancelled" if active.cancelled.is_set() else "completed"] += 1
         except (GeneratorExit, asyncio.CancelledError):  # the caller went away: not a failure
             self._counts["cancelled"] += 1

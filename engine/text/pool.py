@@ -23,7 +23,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from engine.errors import InvalidInput, SynthesisFailed
+from engine.errors import SynthesisFailed, Unspeakable
 from engine.request import Mode, SynthesisRequest
 from engine.text.frontend import TextFrontend, load_normalizers, load_tokenizer
 
@@ -57,7 +57,7 @@ def text_ids(text: TextFrontend, job: TextJob) -> TextIds:
     cross = job.mode == Mode.CROSS_LINGUAL
     segments = text.prepare(job.text, job.language, job.text_frontend, cross_lingual=cross)
     if not segments:
-        raise InvalidInput("the text has nothing to speak after normalisation", field="text")
+        raise Unspeakable("the text has nothing to speak after normalisation", field="text")
     prompt: list[int] = []
     if job.mode == Mode.ZERO_SHOT:
         prompt = text.tokenize(text.prompt_text(job.transcript, job.language, job.text_frontend))

@@ -14,7 +14,7 @@ import contextlib
 import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 
-from engine.errors import InvalidInput, SynthesisFailed, TooLarge
+from engine.errors import InvalidInput, SynthesisFailed, TooLarge, Unspeakable
 from engine.text.frontend import TextFrontend, has_speech, normalize_text, resolve_language, trim_marks
 
 # A cut may follow these: CJK ideographs and the CJK / full-width punctuation (no spaces in that text).
@@ -151,4 +151,4 @@ async def token_pieces(
         said = True
         yield ids
     if not said:
-        raise InvalidInput("the text has nothing to speak (it is empty, or only invisible characters)")
+        raise Unspeakable("the text has nothing to speak (it is empty, or only invisible characters)")

@@ -250,3 +250,23 @@ async def test_a_dead_engine_makes_the_server_exit_non_zero_for_its_supervisor()
     await asyncio.wait_for(watch, 30)
     assert srv.should_exit and srv.exit_status == EXIT_UNHEALTHY == 3 and gate.closed
     assert engine.ended and "stopped" in engine.ended[0]
+
+
+async def test_a_pages_idle_line_is_no_request_in_flight() -> None:
+    """A studio page holds ``/webui/alive`` open while idle: a drain must not wait on it (it would wait
+    the whole grace on every shutdown with a page open), while any other socket counts."""
+    release = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await release.wait()
+
+    gate = Gate(app, uncounted=("/webui/alive",))
+    line = asyncio.create_task(gate({"type": "websocket", "path": "/webui/alive"}, None, None))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert gate.in_flight == 0 and gate.idle.is_set()
+    work = asyncio.create_task(gate({"type": "websocket", "path": "/v1/realtime"}, None, None))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert gate.in_flight == 1 and not gate.idle.is_set()
+    release.set()
+    await asyncio.wait_for(asyncio.gather(line, work), 30)
+    assert gate.in_flight == 0 and gate.idle.is_set()

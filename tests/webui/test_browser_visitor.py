@@ -148,7 +148,7 @@ def test_upload_fills_the_transcript_and_offers_the_language(browser, server, tm
         page.wait_for_function(
             "document.querySelector('#cosy-transcript textarea').value === 'fake transcript'", timeout=WAIT_MS
         )
-        page.locator("#cosy-asr-note", has_text="Transcribed (English)").wait_for(timeout=WAIT_MS)
+        page.locator("#cosy-asr-note", has_text="Transcribed as English").wait_for(timeout=WAIT_MS)
         assert page.locator("#cosy-lang input").input_value() == "English"  # offered while on Auto
         # the prompt note (the audio's length, written on every change) is a note of its own
         page.locator(".cosy-note.cosy-good", has_text="4.0 s").first.wait_for(timeout=WAIT_MS)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gradio as gr
@@ -15,11 +18,12 @@ import pytest
 import soundfile as sf
 
 from engine.config import Limits
-from engine.errors import Busy
+from engine.errors import Busy, NotReady, Stopping, Unspeakable
 from engine.request import Mode, SynthesisRequest
 from engine.serving.metrics import ServerStats
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
+from webui import views
 from webui.handlers import FORM_FIELDS, Account, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
@@ -179,7 +183,92 @@ async def test_engine_busy_becomes_a_busy_message(studio, engine, prompt, monkey
     # the engine's Retry-After estimate, rounded up: the visitor is told when to come back
     status = (await run(studio, prompt_wav=prompt))[-1][2]
     assert 'data-state="failed"' in status
-    assert "server is busy (64 requests are waiting): retry in 8 s" in status
+    assert "The server is busy: retry in 8 s." in status and "64" not in status  # the queue is the log's
+
+
+class EndingEngine(FakeEngine):
+    """Streams ``ok_chunks`` chunks, then fails the way ``fail`` says (an engine error to raise)."""
+
+    def __init__(self, fail: Exception, ok_chunks: int = 2):
+        super().__init__(n_chunks=6, chunk_s=0.1, delay_s=0.0)
+        self.fail, self.ok_chunks = fail, ok_chunks
+
+    async def stream(self, req: SynthesisRequest) -> AsyncIterator:  # type: ignore[override]
+        n = 0
+        async for chunk in super().stream(req):
+            if n == self.ok_chunks:
+                raise self.fail
+            n += 1
+            yield chunk
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+async def test_a_shutdown_mid_take_is_no_busy_server_and_keeps_the_audio(prompt, tmp_path, lang) -> None:
+    t = Texts(lang)
+    engine = EndingEngine(Stopping("the server is shutting down; retry in a moment", retry_after_s=5.0))
+    studio = Studio(engine, Limits(), t, StreamHub(), AudioStore(tmp_path))
+    audio, _, status, history, table = (await run(studio, prompt_wav=prompt))[-1]
+    assert 'data-state="failed"' in status and t("err_stopping") in status  # Retry: it may come back
+    assert t("err_busy", seconds=5) not in status and "moment" not in status and "replica" not in status
+    assert sf.info(audio["value"]).duration == pytest.approx(0.2)  # the two chunks made before the end
+    assert history[-1].failed and history[-1].audio_s == pytest.approx(0.2)
+    assert t("h_failed") in table and f"webui/audio/{RID}.wav" in table
+
+
+async def test_a_failure_before_any_audio_keeps_nothing(prompt, tmp_path) -> None:
+    engine = EndingEngine(RuntimeError("frame 349"), ok_chunks=0)
+    studio = Studio(engine, Limits(), T, StreamHub(), AudioStore(tmp_path))
+    audio, _, status, _, _ = (await run(studio, prompt_wav=prompt))[-1]
+    assert 'data-state="failed"' in status and T("err_internal") in status and "frame" not in status
+    assert audio is gr.skip() or audio == gr.skip()
+    assert studio.store.path(RID, "wav") is None
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+async def test_unspeakable_text_is_not_started_in_the_pages_language(prompt, tmp_path, lang) -> None:
+    t = Texts(lang)
+    engine = EndingEngine(Unspeakable("the text has nothing to speak after normalisation"), ok_chunks=0)
+    studio = Studio(engine, Limits(), t, StreamHub(), AudioStore(tmp_path))
+    status = (await run(studio, prompt_wav=prompt, text="…！？"))[-1][2]
+    assert 'data-state="refused"' in status and t("err_unspeakable") in status  # no Retry (css: on failed)
+    if lang == "zh":
+        assert not re.search(r"[A-Za-z]", html.unescape(re.sub(r"<[^>]+>", " ", status)))
+
+
+def test_the_starting_server_is_said_so(studio) -> None:
+    assert studio.engine_message(NotReady("the model is still loading", 4.2)) == T("err_starting", seconds=5)
+
+
+async def test_an_example_voice_is_named_in_the_history(tmp_path) -> None:
+    """Gradio hands the handler its cached copy of an example's file: same name, same bytes."""
+    for folder in ("voices", "gradio", "upload"):
+        (tmp_path / folder).mkdir()
+    example = write_wav(tmp_path / "voices" / "en-amy.wav", seconds=4.0)
+    cached = tmp_path / "gradio" / "en-amy.wav"
+    cached.write_bytes(example.read_bytes())
+    other = write_wav(tmp_path / "upload" / "en-amy.wav", seconds=4.0, seed=3)  # an upload with its name
+
+    class Examples(FakeEngine):
+        def example_voices(self) -> list[object]:
+            return [SimpleNamespace(name="en-amy", wav=example, transcript="hi", language="en")]
+
+    studio = Studio(Examples(delay_s=0.0), Limits(), T, StreamHub(), AudioStore(tmp_path / "store"))
+    for path, voice in ((cached, "en-amy"), (other, "upload")):
+        outs = await run(studio, mode="vc", prompt_wav=str(path), source_wav=str(other), text="")
+        assert outs[-1][3][-1].voice == voice
+
+
+def test_the_kept_history_comes_back_and_junk_is_dropped(studio) -> None:
+    good = views.HistoryEntry(
+        request_id="c" * 32, created_at=1.0, mode="zero_shot", text="hi", language="en", voice="upload",
+        speed=1.0, seed=3, stream=True, ttfa_ms=None, rtf=0.5, audio_s=1.0, failed=True,
+    )  # fmt: skip
+    kept = json.loads(views.history_to_json([good]))
+    junk = [{"request_id": "../x"}, {**kept[0], "request_id": "d" * 31}, {**kept[0], "seed": "7"}, 5, None]
+    history, table = studio.restore_history(json.dumps(kept + junk))
+    assert history == [good] and "c" * 32 in table
+    assert studio.restore_history("not json") == ([], studio.history_view([]))
+    assert studio.restore_history(None)[0] == []
 
 
 async def test_stop_aborts_the_engine_and_keeps_the_partial_audio(prompt, tmp_path) -> None:
@@ -258,7 +347,7 @@ async def test_voices_belong_to_their_browser(studio, engine, prompt) -> None:
     refused(await studio.delete_voice("alice", BROWSER_B), "gone or not yours")
     refused(await studio.delete_voice("shared", BROWSER_A), "only the server's operator")
     used = await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_B)
-    assert 'data-state="failed"' in used[-1][2] and "gone or not yours" in used[-1][2]
+    assert 'data-state="refused"' in used[-1][2] and "gone or not yours" in used[-1][2]
     assert (await run(studio, mode="voice", voice_id="alice", browser_id=BROWSER_A))[-1][0] is not None
     for bad in ("", "not-a-browser-id", "A1" * 16):  # only ids drawn by the page's script are owners
         refused(await studio.save_voice("Eve", prompt, "t", bad), "browser id")
@@ -407,12 +496,12 @@ async def test_an_engine_failure_ends_the_request_in_the_pages_language(
     assert "frame 349" not in status and "RuntimeError" not in status  # the engine's words stay in the log
     assert "frame 349" in caplog.text and "RuntimeError" in caplog.text
     assert not engine.active  # the engine is freed
-    assert audio is gr.skip() or audio == gr.skip()
+    assert sf.info(audio["value"]).duration == pytest.approx(0.2)  # the chunk made before it is kept
 
 
 async def test_a_missing_saved_voice_fails_with_the_translated_refusal(studio, engine) -> None:
     status = (await run(studio, mode="voice", voice_id="ghost", prompt_wav=None))[-1][2]
-    assert 'data-state="failed"' in status and "gone or not yours" in status
+    assert 'data-state="refused"' in status and "gone or not yours" in status  # no Retry: it cannot work
 
 
 def test_the_form_takes_the_pages_values_in_order() -> None:
@@ -434,7 +523,7 @@ def test_the_form_takes_the_pages_values_in_order() -> None:
 
 async def test_transcription_fills_an_untyped_transcript_and_keeps_a_typed_one(studio, prompt) -> None:
     text, offer, note = await studio.transcribe(prompt, "auto", "old words of an example", False)
-    assert (text, offer) == ("fake transcript", "en") and "Transcribed (English)" in note
+    assert (text, offer) == ("fake transcript", "en") and "Transcribed as English;" in note
     text, offer, note = await studio.transcribe(prompt, "auto", "my own words", True)
     assert text == gr.skip() and offer == "en" and "fake transcript" in note and "Kept" in note
     assert studio.transcript_cleared(False) == ("", "")  # filled for the removed audio: it goes too

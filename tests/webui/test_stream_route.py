@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
+from typing import Any
 
 import httpx
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 import soundfile as sf
 from fastapi import FastAPI
 
-from webui.stream_route import AudioStore, StreamHub, router
+from webui.stream_route import ALIVE_PATH, AudioStore, StreamHub, router
 
 RID = "0123456789abcdef0123456789abcdef"
 
@@ -189,3 +191,29 @@ async def test_every_route_needs_the_session_when_there_is_a_login(tmp_path) -> 
         client.cookies.set("session", "ok")
         assert (await client.get(f"/webui/audio/{RID}.wav")).status_code == 200
         assert (await client.post(f"/webui/pcm/{RID}")).status_code == 204
+
+
+def test_the_alive_socket_names_its_server_and_needs_the_session(tmp_path) -> None:
+    """The page's line (``link.js``): each server process names itself once; with a login, a socket
+    without the studio's session is closed with 1008 (policy) before anything is said."""
+    from fastapi.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    def app_with(signed_in: Any = None) -> FastAPI:
+        app = FastAPI()
+        app.include_router(router(StreamHub(), AudioStore(tmp_path), 2.0, signed_in=signed_in))
+        return app
+
+    first, again = TestClient(app_with()), TestClient(app_with())
+    with first.websocket_connect(ALIVE_PATH) as ws, first.websocket_connect(ALIVE_PATH) as same:
+        name = ws.receive_json()["instance"]
+        assert re.fullmatch(r"[0-9a-f]{16}", name) and same.receive_json()["instance"] == name
+    with again.websocket_connect(ALIVE_PATH) as ws:
+        assert ws.receive_json()["instance"] != name  # a restarted server is another process
+    locked = TestClient(app_with(lambda conn: conn.cookies.get("session") == "ok"))
+    with pytest.raises(WebSocketDisconnect) as refused, locked.websocket_connect(ALIVE_PATH) as ws:
+        ws.receive_json()
+    assert refused.value.code == 1008
+    locked.cookies.set("session", "ok")
+    with locked.websocket_connect(ALIVE_PATH) as ws:
+        assert "instance" in ws.receive_json()

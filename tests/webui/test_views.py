@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import re
 
 import numpy as np
@@ -160,12 +162,23 @@ def entry(rid: str, text: str, created_at: float, stopped: bool = False) -> view
 def test_history_is_newest_first_escaped_with_downloads() -> None:
     old, new = "a" * 32, "b" * 32
     html = views.history_html([entry(old, "<b>old</b>", 1.0), entry(new, "new", 2.0, True)], T, {})
-    assert html.index(new) < html.index(old)
+    table = html[html.index("<table") :]
+    assert table.index(new) < table.index(old)
     assert "<b>old</b>" not in html and "&lt;b&gt;old&lt;/b&gt;" in html
     assert f'href="webui/audio/{new}.wav"' in html and f'href="webui/audio/{new}.mp3"' in html
     assert "seed 7" in html and "×1.25" in html and "TTFA 91 ms" in html
     assert html.count("2.5 s · stopped") == 1  # the stopped entry says so, in words
     assert "appear here" in views.history_html([], T, {})
+
+
+def test_the_history_rides_along_for_the_browser_to_keep() -> None:
+    entries = [entry("a" * 32, 'say "<hi>" & go', 1.0), entry("b" * 32, "你好", 2.0, True)]
+    html_text = views.history_html(entries, T, {})
+    kept = re.search(r'data-kept-history="([^"]*)"', html_text)
+    assert kept is not None and views.history_from_json(html.unescape(kept.group(1))) == entries
+    assert 'data-kept-history="[]"' in views.history_html([], T, {})
+    failed = dataclasses.replace(entries[0], failed=True, stopped=True)
+    assert "2.5 s · failed" in views.history_html([failed], T, {})  # failed, not merely stopped
 
 
 def test_header_banner_only_when_asked() -> None:

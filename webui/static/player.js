@@ -14,6 +14,9 @@
   const PEAK_BINS = 180; // bars in the live waveform
 
   const S = { rid: "", fileRid: "", ctx: null, ctrl: null, nextAt: 0, pending: [], pendingN: 0, sources: [], peaks: [], top: 0 };
+  // the take's PCM as received (int16 LE, the wire format): what the browser keeps of a take the server
+  // could not finish or can no longer serve (keep.js); {rid, rate, parts: Uint8Array[]}
+  let take = { rid: "", rate: 0, parts: [] };
   let stats = fresh("");
 
   function fresh(rid) {
@@ -51,8 +54,19 @@
     document.documentElement.style.setProperty("--cosy-bttfa", JSON.stringify(text));
   }
 
+  function resetMetrics() {
+    // The last take's tiles go at the click: the server writes this take's at its first chunk.
+    for (const el of document.querySelectorAll(".cosy-metrics [data-metric]")) el.textContent = "—";
+    for (const el of document.querySelectorAll(".cosy-metrics .cosy-seg")) el.style.width = "0";
+    if (kept) { URL.revokeObjectURL(kept.url); kept = null; }
+    const box = document.querySelector("#cosy-live .cosy-kept");
+    if (box) box.remove();
+  }
+
   function start(rid) {
     stop();
+    resetMetrics();
+    take = { rid, rate: 0, parts: [] };
     const ctx = context();
     S.rid = rid; S.nextAt = 0; S.pending = []; S.pendingN = 0; S.sources = []; S.peaks = []; S.top = 0;
     stats = fresh(rid);
@@ -75,6 +89,8 @@
     // Streaming is off: remember the id (Stop needs it), show no live numbers, and wake the output inside
     // the click, so the finished file may play when the request ends (finished()).
     stop();
+    resetMetrics();
+    take = { rid, rate: 0, parts: [] };
     context();
     S.rid = rid; S.fileRid = rid; stats = fresh(rid); stats.state = "waiting";
     setBrowserTtfa("—");
@@ -89,6 +105,10 @@
     S.fileRid = "";
     if (document.querySelector('.cosy-status[data-state="failed"]')) {
       if (S.rid) { stats.state = "error"; render(); } // what was received played; the card says it failed
+      return;
+    }
+    if (document.querySelector('.cosy-status[data-state="refused"]')) {
+      if (S.rid) { stats.state = "idle"; render(); } // its input stopped it: nothing was made or played
       return;
     }
     if (!rid || S.rid !== rid) return;
@@ -113,6 +133,7 @@
   async function pump(resp, rid, ctx) {
     if (resp.status !== 200) { stats.state = "idle"; setBrowserTtfa("—"); render(); return; }
     stats.sampleRate = Number(resp.headers.get("X-Sample-Rate"));
+    if (take.rid === rid) take.rate = stats.sampleRate;
     stats.state = "streaming";
     const reader = resp.body.getReader();
     let carry = null; // a read may end inside a 2-byte sample
@@ -123,6 +144,7 @@
       if (carry) { bytes = new Uint8Array(carry.length + value.length); bytes.set(carry); bytes.set(value, carry.length); }
       const n = bytes.length >> 1;
       carry = bytes.length & 1 ? bytes.slice(-1) : null;
+      if (take.rid === rid) take.parts.push(bytes.slice(0, n * 2));
       const view = new DataView(bytes.buffer, bytes.byteOffset, n * 2);
       const pcm = new Float32Array(n);
       for (let i = 0; i < n; i++) pcm[i] = view.getInt16(2 * i, true) / 32768;
@@ -195,6 +217,48 @@
     render();
   }
 
+  function wav(rid) {
+    // The take's received PCM as a 16-bit mono wav (44-byte RIFF header), or null if none was received.
+    if (!rid || take.rid !== rid || !take.rate) return null;
+    const size = take.parts.reduce((n, p) => n + p.length, 0);
+    if (!size) return null;
+    const head = new DataView(new ArrayBuffer(44));
+    const text = (at, word) => { for (let i = 0; i < 4; i++) head.setUint8(at + i, word.charCodeAt(i)); };
+    text(0, "RIFF"); head.setUint32(4, 36 + size, true); text(8, "WAVE"); text(12, "fmt ");
+    head.setUint32(16, 16, true); head.setUint16(20, 1, true); head.setUint16(22, 1, true);
+    head.setUint32(24, take.rate, true); head.setUint32(28, take.rate * 2, true);
+    head.setUint16(32, 2, true); head.setUint16(34, 16, true); text(36, "data"); head.setUint32(40, size, true);
+    return new Blob([head.buffer, ...take.parts], { type: "audio/wav" });
+  }
+
+  let kept = null; // {url, seconds, name}: the take shown as kept, until the next take starts
+
+  function showKept(blob, seconds, name) {
+    // Play and download what the browser kept of a take the server cannot serve now.
+    if (!blob) return;
+    if (kept) URL.revokeObjectURL(kept.url);
+    kept = { url: URL.createObjectURL(blob), seconds, name };
+    drawKept();
+  }
+
+  function drawKept() {
+    // The server re-renders the live card (on load, in the page's language): the kept take goes back in.
+    const root = document.getElementById("cosy-live");
+    if (!root || !kept || root.querySelector(".cosy-kept")) return;
+    const box = document.createElement("div");
+    box.className = "cosy-kept";
+    root.append(box);
+    const { url, seconds, name } = kept;
+    const label = (root.dataset.textKept || "{audio} s").replace("{audio}", seconds.toFixed(1));
+    const note = document.createElement("span");
+    note.textContent = label;
+    const player = document.createElement("audio");
+    player.controls = true; player.src = url; player.preload = "auto";
+    const link = document.createElement("a");
+    link.href = url; link.download = name; link.textContent = root.dataset.textDownload || "wav";
+    box.append(note, player, link);
+  }
+
   function addPeaks(pcm) {
     const step = Math.max(1, Math.round(stats.sampleRate * 0.02)); // one bar per 20 ms
     for (let i = 0; i < pcm.length; i += step) {
@@ -232,20 +296,32 @@
     });
   }
 
-  // The transcript field holds the visitor's own words while they have typed (or pasted) some: every edit
-  // of theirs fires a DOM input event, a value set by the server or an example does not. Transcription
-  // and clearing the prompt read the flag (player.py, TRANSCRIBE_JS / CLEARED_JS).
+  // The transcript field holds the visitor's own words for the next prompt while they have typed (or
+  // pasted) some with no prompt given: every edit of theirs fires a DOM input event, a value set by the
+  // server or an example does not. Words written while a prompt is there are that prompt's: a prompt that
+  // replaces it is transcribed afresh. Transcription and clearing the prompt read the flag (player.py,
+  // TRANSCRIBE_JS / CLEARED_JS); the prompt's change hook keeps window.cosyPrompt (layout.py).
   document.addEventListener("input", (e) => {
     if (e.target instanceof HTMLTextAreaElement && e.target.closest("#cosy-transcript")) {
-      window.cosyTyped = e.target.value.trim() !== "";
+      window.cosyTyped = e.target.value.trim() !== "" && !window.cosyPrompt;
     }
   }, { capture: true });
 
   // Start the audio output at the page's first gesture, so Generate does not pay for the device spin-up.
   document.addEventListener("pointerdown", () => context(), { once: true, capture: true });
 
+  new MutationObserver(drawKept).observe(document.documentElement, { childList: true, subtree: true });
+
+  // Gradio's result player aborts the load of a result a newer one replaces: its play() promise then
+  // rejects with an AbortError nobody awaits (three uncaught errors per replaced result). A superseded
+  // load is no failure: those rejections are handled here; every other error still surfaces.
+  window.addEventListener("unhandledrejection", (e) => {
+    if (e.reason && e.reason.name === "AbortError") e.preventDefault();
+  });
+
   window.cosyPlayer = {
-    newRid, start, idle, finished, stop,
+    newRid, start, idle, finished, stop, wav, showKept,
+    get take() { return { rid: take.rid, rate: take.rate, bytes: take.parts.reduce((n, p) => n + p.length, 0) }; },
     get rid() { return S.rid; },
     get stats() { return { ...stats }; },
   };

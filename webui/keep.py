@@ -1,0 +1,45 @@
+"""What the browser keeps of a visit (``static/keep.js``): the listeners' js hooks that save and restore it.
+
+The form's fields are saved on every change and put back on load; the prompt and the source speech are
+kept as files (IndexedDB) and uploaded again to the page's own server on load; the history rides on its
+table (``views.history_html``) and comes back through ``Studio.restore_history``. Each hook runs in the
+browser (Gradio's ``js=``) and does nothing where the script is missing.
+"""
+
+from __future__ import annotations
+
+import json
+
+# the form's fields kept, by the names keep.js stores them under (layout.py lists the components in order)
+FORM_KEPT = ("mode", "prompt_text", "instruct", "language", "text", "stream", "speed", "seed", "live", "wps")
+AUDIO_KEPT = ("prompt", "source")
+
+
+def save_form_js(names: tuple[str, ...] = FORM_KEPT) -> str:
+    """A change of any kept field: the whole form is saved (js only: no request to the server)."""
+    call = f"window.cosyKeep.saveForm({json.dumps(names)}, v)"
+    return f"(...v) => {{ if (window.cosyKeep) {call}; return []; }}"
+
+
+def restore_form_js(names: tuple[str, ...] = FORM_KEPT) -> str:
+    """On load: the kept values in place of the page's defaults (a field never kept keeps its default)."""
+    return f"(...v) => window.cosyKeep ? window.cosyKeep.restoreForm({json.dumps(names)}, v) : v"
+
+
+def keep_audio_js(kind: str) -> str:
+    """The prompt or source audio changed: kept (or forgotten, when cleared); the transcript's typed flag
+    learns whether a prompt is there (``player.js``)."""
+    if kind not in AUDIO_KEPT:
+        raise ValueError(f"kept audio is one of {AUDIO_KEPT}, got {kind!r}")
+    seen = "window.cosyPrompt = !!v; " if kind == "prompt" else ""
+    call = f"window.cosyKeep.keepAudio({json.dumps(kind)}, v)"
+    return f"(v) => {{ {seen}if (window.cosyKeep) {call}; return []; }}"
+
+
+def restore_audio_js(kinds: tuple[str, ...] = AUDIO_KEPT) -> str:
+    """On load: each kept file uploaded again to this server, as the component's value."""
+    return f"(...v) => window.cosyKeep ? window.cosyKeep.restoreAudio({json.dumps(kinds)}, v) : v"
+
+
+# On load: the kept history (JSON) in place of the hidden input, for ``Studio.restore_history``.
+RESTORE_HISTORY_JS = "(kept) => [window.cosyKeep ? window.cosyKeep.history() : '[]']"
