@@ -19,7 +19,7 @@ from engine.config import Limits
 from webui import player, script_tab, views
 from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
-from webui.texts import EXAMPLES, LANGUAGES, Labels, Texts, i18n
+from webui.texts import EXAMPLES, LANGUAGES, NATIVE_NAMES, Labels, Texts, i18n
 
 GPU = "gpu"  # one concurrency group for every listener that computes on the device
 CARD = ["cosy-card"]
@@ -43,6 +43,14 @@ def mode_css() -> str:
         checked = f'#cosy-mode input[value="{m}"][aria-checked="true"]'
         rules.append(f".gradio-container:has({checked}) .cosy-for-{m} {{ display: flex !important; }}")
     return "\n".join(rules)
+
+
+def audio_buttons() -> list[str]:
+    """An audio input's buttons: Share only on a Hugging Face Space, the one place Gradio can share to (off a
+    Space its button did nothing but log a ShareError)."""
+    from gradio.utils import get_space
+
+    return ["download", "share"] if get_space() else ["download"]
 
 
 def page_options(ui_lang: str = "auto") -> dict[str, Any]:
@@ -107,7 +115,7 @@ def _filled_by_examples(lbl: Labels, t: Texts) -> dict[str, Any]:
     return {
         "prompt": gr.Audio(
             sources=["upload", "microphone"], type="filepath", label=lbl("prompt_audio"),
-            waveform_options=wave, elem_id="cosy-prompt", render=False,
+            waveform_options=wave, elem_id="cosy-prompt", render=False, buttons=audio_buttons(),
         ),
         "prompt_text": gr.Textbox(
             label=lbl("prompt_text"), placeholder=lbl("prompt_text_ph"), lines=2, elem_id="cosy-transcript",
@@ -189,6 +197,7 @@ def _source_card(lbl: Labels) -> dict[str, Any]:
             type="filepath",
             label=lbl("source_audio"),
             elem_id="cosy-source",
+            buttons=audio_buttons(),
         )
     return c
 
@@ -206,6 +215,15 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             with gr.Accordion(lbl("live_text"), open=False, elem_id="cosy-live-text"):
                 c["live_text"] = gr.Checkbox(False, label=lbl("live_text"), info=lbl("live_text_info"))
                 c["live_wps"] = gr.Slider(1, 20, value=4, step=1, label=lbl("live_wps"))
+    # Generate / Stop right under the text, above the settings: sticky at the window's bottom, the bar
+    # covers nothing while its own place is on the screen (a bar below the settings covered the Seed
+    # field at 1440x900); on a phone it is fixed at the bottom (studio.css)
+    with gr.Column(elem_classes=[*CARD, "cosy-actions"]), gr.Row():
+        go = "cosy-go"
+        c["generate"] = gr.Button(
+            lbl("generate"), variant="primary", scale=3, elem_id="cosy-generate", elem_classes=go
+        )
+        c["stop"] = gr.Button(lbl("stop"), variant="stop", scale=1, elem_id="cosy-stop", elem_classes=go)
     with gr.Column(elem_classes=CARD):
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
             c["stream"] = gr.Checkbox(
@@ -219,14 +237,6 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             # an SVG die, not an emoji: it draws without an emoji font (the label is for screen readers)
             die = str(player.STATIC / "dice.svg")
             c["dice"] = gr.Button(lbl("dice"), icon=die, elem_classes="cosy-dice", scale=0, min_width=52)
-    # only the buttons stay in view at the window's bottom: a taller sticky card hid what was above it
-    # (the split preview and live-text controls on the first screen)
-    with gr.Column(elem_classes=[*CARD, "cosy-actions"]), gr.Row():
-        go = "cosy-go"
-        c["generate"] = gr.Button(
-            lbl("generate"), variant="primary", scale=3, elem_id="cosy-generate", elem_classes=go
-        )
-        c["stop"] = gr.Button(lbl("stop"), variant="stop", scale=1, elem_id="cosy-stop", elem_classes=go)
     return c
 
 
@@ -265,9 +275,10 @@ def _example_texts(lbl: Labels, t: Texts, filled: dict[str, Any]) -> None:
     code has loaded; when that runs in a later Svelte batch while the one that first set the table's props
     is still pending, the props read as unset and ``component_props[i]`` throws "Cannot read properties
     of undefined (reading '0')", on most uncached loads of this page. Its headers also showed the fields'
-    i18n keys raw. Labelled examples are plain buttons: no cell components, no headers."""
+    i18n keys raw. Labelled examples are plain buttons: no cell components, no headers. A label is built
+    once for both UI languages, so it names the language in itself ("日本語", never "日本語 (Japanese)")."""
     rows = [[text, lang] for lang, text in EXAMPLES]
-    labels = [f"{t(f'lang_{lang}')} · {text}" for lang, text in EXAMPLES]
+    labels = [f"{NATIVE_NAMES[lang]} · {text}" for lang, text in EXAMPLES]
     fields = [filled["text"], filled["language"]]
     gr.Examples(rows, fields, label=lbl("examples"), example_labels=labels, elem_id="cosy-example-texts")
 

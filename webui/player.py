@@ -18,8 +18,10 @@ LIVE_STATES = ("idle", "waiting", "streaming", "playing", "done", "stopped", "er
 
 
 def head_html() -> str:
-    """``<script>`` with the player and the toast titles, for ``gr.mount_gradio_app(head=...)``."""
-    scripts = ((STATIC / name).read_text(encoding="utf-8") for name in ("player.js", "toast.js"))
+    """``<script>`` with the player, the toast titles and the keyboard / screen-reader mending
+    (``keys.js``), for ``gr.mount_gradio_app(head=...)``."""
+    names = ("player.js", "toast.js", "keys.js")
+    scripts = ((STATIC / name).read_text(encoding="utf-8") for name in names)
     return "".join(f"<script>\n{js}\n</script>" for js in scripts)
 
 

@@ -395,6 +395,9 @@ TABLES = {"en": EN, "zh": ZH}
 # with each language's own name: a choice list's labels are not translated by Gradio's i18n, so a value set
 # by an example keeps its first label, and a native name reads right in either UI language.
 LANGUAGES = ("auto", "zh", "en", "ja", "ko", "yue")
+# each language's name in itself: labels the page builds once for every UI language (the example texts'
+# chips: Gradio cannot translate them) read right on an English and on a Chinese page
+NATIVE_NAMES = {"zh": "中文", "en": "English", "ja": "日本語", "ko": "한국어", "yue": "粵語"}
 
 EXAMPLES = (
     ("zh", "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"),

@@ -185,8 +185,11 @@ def split_text(text: str, language: str = "auto", max_len: int = 80) -> list[str
 
 
 def counter_text(text: str, limit: int, segments: int, t: Texts) -> str:
-    over = " cosy-over" if len(text) > limit else ""
-    label = html.escape(t("counter", chars=len(text), limit=limit, segments=segments))
+    """The characters Generate will count (the text without its outer blanks, as ``Studio.check_text``
+    gets it: a trailing newline once made the counter say 2200 where the error said 2199)."""
+    chars = len(text.strip())
+    over = " cosy-over" if chars > limit else ""
+    label = html.escape(t("counter", chars=chars, limit=limit, segments=segments))
     return f'<div class="cosy-counter{over}" data-metric="chars">{label}</div>'
 
 
@@ -300,7 +303,7 @@ def header_html(t: Texts, chips: dict[str, str], banner: str | None = None) -> s
         for k, v in chips.items()
     )
     top = (
-        f'<div class="cosy-header" data-error-title="{html.escape(t("err_title"))}">'
+        f'<div class="cosy-header" data-lang="{t.lang}" data-error-title="{html.escape(t("err_title"))}">'
         f'<div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
         f'<div class="cosy-sub">{html.escape(t("subtitle"))}</div></div>'
         f'<div class="cosy-chips">{chip_html}</div></div>'
