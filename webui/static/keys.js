@@ -1,8 +1,8 @@
 // The studio by keyboard and screen reader: what Gradio 6.17's components do not do themselves.
 // - The mode radios are one group: Gradio gives each radio input its own name ("radio-11", "radio-12", ...),
 //   which makes five Tab stops and no arrow keys; one shared name makes them the browser's own radio group
-//   (arrows move and pick), and a roving tabindex leaves one Tab stop, the picked mode. Re-applied whenever
-//   Gradio re-renders the choices.
+//   (its arrow keys are handled here: Chromium's own skipped a mode), and a roving tabindex leaves one
+//   Tab stop, the picked mode. Re-applied whenever Gradio re-renders the choices.
 // - Ctrl+Enter (Cmd+Enter on a Mac) presses Generate, or "Perform the script" inside the script desk.
 // - On a Chinese page, the English aria-labels and titles Gradio hard-codes in its audio, slider, number
 //   and footer components are put in Chinese (those Gradio translates itself are left alone).
@@ -29,6 +29,25 @@
     }
   }
 
+  const STEPS = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 };
+
+  function moveMode(event) {
+    // the arrows in the mode group, by hand: Chromium's own walk over the shared name skipped the first
+    // mode going left; Home / End go to the first / last (WAI-ARIA radio group)
+    const input = event.target;
+    if (!(input instanceof HTMLInputElement) || !input.closest("#cosy-mode")) return;
+    const inputs = [...input.closest("#cosy-mode").querySelectorAll('input[type="radio"]')];
+    const at = inputs.indexOf(input);
+    let to = null;
+    if (event.key in STEPS) to = (at + STEPS[event.key] + inputs.length) % inputs.length;
+    if (event.key === "Home") to = 0;
+    if (event.key === "End") to = inputs.length - 1;
+    if (to === null || event.altKey || event.ctrlKey || event.metaKey) return;
+    event.preventDefault();
+    inputs[to].focus();
+    inputs[to].click(); // checks it and fires the events Gradio listens to
+  }
+
   function pressGenerate(event) {
     if (event.key !== "Enter" || !(event.ctrlKey || event.metaKey) || event.altKey || event.shiftKey) return;
     const inScript = event.target instanceof Element && event.target.closest("#cosy-script");
@@ -50,11 +69,13 @@
     "Remove": "移除", "Select input device": "选择输入设备", "Loading": "加载中", "Fullscreen": "全屏",
     "Error": "错误", "Info": "提示", "Warning": "警告", "Success": "成功",
     "number input for {x}": "{x}：数值", "range slider for {x}": "{x}：滑块",
-    "Adjust playback speed to {x}": "播放速度 {x}", "Play {x}": "播放 {x}",
+    "Adjust playback speed to {x}": "播放速度 {x}", "Play {x}": "播放 {x}", "Adjust volume": "调节音量",
+    "undo": "撤销", "Skip backwards by {n} seconds": "后退 {n} 秒", "Skip forward by {n} seconds": "前进 {n} 秒",
   };
+  // "{n}": a number Gradio prints unrounded ("0.31586249999999993 seconds"), shown to two decimals at most
   const PATTERNS = Object.entries(ZH)
-    .filter(([en]) => en.includes("{x}"))
-    .map(([en, zh]) => [new RegExp("^" + en.replace("{x}", "(.+)") + "$"), zh]);
+    .filter(([en]) => /\{[xn]\}/.test(en))
+    .map(([en, zh]) => [new RegExp("^" + en.replace("{x}", "(.+)").replace("{n}", "([0-9.]+)") + "$"), zh]);
   const ATTRS = ["aria-label", "title"];
 
   function inChinese(text) {
@@ -62,7 +83,7 @@
     if (ZH[t] !== undefined) return ZH[t];
     for (const [re, zh] of PATTERNS) {
       const m = t.match(re);
-      if (m) return zh.replace("{x}", m[1]);
+      if (m) return zh.replace("{x}", m[1]).replace("{n}", String(Math.round(Number(m[1]) * 100) / 100));
     }
     return null;
   }
@@ -108,6 +129,7 @@
   }
 
   document.addEventListener("keydown", pressGenerate, true);
+  document.addEventListener("keydown", moveMode, true);
   document.addEventListener("change", (e) => {
     if (e.target instanceof Element && e.target.closest("#cosy-mode")) oneGroup(document);
   }, true);
