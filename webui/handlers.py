@@ -390,6 +390,10 @@ class Studio:
             self.engine.abort(rid)
             self.hub.close(rid)
 
+    def was_stopped(self, rid: str) -> bool:
+        """Stop was pressed for this request id (the script desk's performance reads it between pieces)."""
+        return bool(rid) and rid in self._stopped
+
     def status(self, state: str, **fields: Any) -> str:
         text = html.escape(self.t(f"status_{state}", **fields))
         return f'<div class="cosy-status" data-state="{state}">{text}</div>'

@@ -11,7 +11,7 @@ Gradio 6: pass ``page_options(ui_lang)`` to ``gr.mount_gradio_app``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import gradio as gr
 
@@ -45,7 +45,7 @@ def mode_css() -> str:
     return "\n".join(rules)
 
 
-def audio_buttons() -> list[str]:
+def audio_buttons() -> list[Literal["download", "share"] | gr.Button]:
     """An audio input's buttons: Share only on a Hugging Face Space, the one place Gradio can share to (off a
     Space its button did nothing but log a ShareError)."""
     from gradio.utils import get_space

@@ -163,6 +163,7 @@ class AudioStore:
             _, old = self._items.popitem(last=False)
             for stale in old.parent.glob(f"{old.stem}.*"):
                 stale.unlink(missing_ok=True)
+            shutil.rmtree(old.parent / old.stem, ignore_errors=True)  # its copies named for people
         return path
 
     def path(self, rid: str, ext: str) -> Path | None:

@@ -197,6 +197,8 @@ EN: dict[str, str] = {
     "script_tag_noise": "a short noise",
     "script_progress": "Sentences {done} / {total} · {audio:.1f} s of audio",
     "script_eta": " · about {left:.0f} s left",
+    "script_stopped": "Stopped after sentence {done} of {total}: kept {audio:.1f} s of audio and its "
+    "subtitles.",
     "script_noise": "demo-tiny has random weights: its speech is noise, so the word timings are noise too.",
     "script_err_no_voice": "speaker '{name}' has no voice: pick one",
     "script_err_no_cast": "name at least one speaker and pick a voice for it",
@@ -383,6 +385,7 @@ ZH: dict[str, str] = {
     "script_tag_noise": "一声短噪音",
     "script_progress": "句子 {done} / {total} · 已生成 {audio:.1f} s 音频",
     "script_eta": " · 约剩 {left:.0f} s",
+    "script_stopped": "已在第 {done} / {total} 句后停止：保留了 {audio:.1f} s 音频及其字幕。",
     "script_noise": "演示模型为随机权重：生成的语音是噪声，因此逐词时间也是噪声。",
     "script_err_no_voice": "角色“{name}”没有音色：请选择一个。",
     "script_err_no_cast": "请至少填写一个角色名并为其选择音色。",

@@ -184,6 +184,20 @@ def split_text(text: str, language: str = "auto", max_len: int = 80) -> list[str
     return [s.strip() for s in segments if s.strip()]
 
 
+def download_stem(created_at: float, voice: str, text: str, words: int = 6) -> str:
+    """A file name for people, without its extension: local date and time, the voice, the first words
+    ("2026-12-04_1532_Alice-Bob_Hello-Bob-how-are-you-today"); letters of any script are kept, every run
+    of anything else is one "-" (nothing a file system or a URL chokes on)."""
+
+    def slug(s: str, limit: int) -> str:
+        return re.sub(r"[\W_]+", "-", s).strip("-")[:limit].strip("-")
+
+    text = re.sub(r"<[^<>]*>|\[[^\[\]]*\]", " ", text)  # the script's tags and pauses are no words
+    first = " ".join(text.split()[:words]) if not CJK.search(text) else text.strip()[:16]
+    parts = [time.strftime("%Y-%m-%d_%H%M", time.localtime(created_at)), slug(voice, 40), slug(first, 48)]
+    return "_".join(p for p in parts if p)
+
+
 def counter_text(text: str, limit: int, segments: int, t: Texts) -> str:
     """The characters Generate will count (the text without its outer blanks, as ``Studio.check_text``
     gets it: a trailing newline once made the counter say 2200 where the error said 2199)."""
