@@ -297,8 +297,9 @@ def _history_row(e: HistoryEntry, mode_label: dict[str, str], t: Texts) -> str:
     # a word, not a symbol: "⏹" is missing from common fonts and rendered as an empty box
     flag = f" · {t('live_stopped')}" if e.stopped else ""
     metrics = f"{t('h_ttfa')} {fmt_ms(e.ttfa_ms)} ms · RTF {fmt_num(e.rtf, 3)} · {e.audio_s:.1f} s{flag}"
-    base = f"webui/audio/{e.request_id}"
-    links = f'<a href="{base}.wav" download>wav</a> · <a href="{base}.mp3" download>mp3</a>'
+    base, name = f"webui/audio/{e.request_id}", html.escape(download_stem(e.created_at, voice, e.text))
+    # the browser saves the file under a name for people (date, voice, first words), not the request id
+    links = " · ".join(f'<a href="{base}.{x}" download="{name}.{x}">{x}</a>' for x in ("wav", "mp3"))
     cells = (
         time.strftime("%H:%M:%S", time.localtime(e.created_at)),
         html.escape(mode_label.get(e.mode, e.mode)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -166,6 +167,19 @@ def test_history_is_newest_first_escaped_with_downloads() -> None:
     assert "seed 7" in html and "×1.25" in html and "TTFA 91 ms" in html
     assert html.count("2.5 s · stopped") == 1  # the stopped entry says so, in words
     assert "appear here" in views.history_html([], T, {})
+
+
+def test_downloads_are_named_by_date_voice_and_first_words() -> None:
+    when = time.mktime((2026, 12, 4, 15, 32, 0, 0, 0, -1))
+    assert views.download_stem(when, "Alice Bob", "Hello <strong>Bob</strong>, [breath] how are you?") == (
+        "2026-12-04_1532_Alice-Bob_Hello-Bob-how-are-you"
+    )
+    assert views.download_stem(when, "zh-lan", "收到好友从远方寄来的生日礼物，那份意外") == (
+        "2026-12-04_1532_zh-lan_收到好友从远方寄来的生日礼物-那"
+    )
+    html = views.history_html([entry("c" * 32, "A take / with: odd chars?", when)], T, {})
+    assert 'download="2026-12-04_1532_upload_A-take-with-odd-chars.wav"' in html
+    assert 'download="2026-12-04_1532_upload_A-take-with-odd-chars.mp3"' in html
 
 
 def test_header_banner_only_when_asked() -> None:
