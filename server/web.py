@@ -108,7 +108,8 @@ def create_app(
     mount_api(app, engine, limits, api_key)
     app.state.stream_hub = hub  # web_server shuts it before it waits for open responses
     signed_in = login.signed_in if login else None
-    app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in))
+    previews = getattr(engine, "voice_preview", None)  # the voice library's play buttons
+    app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in, previews))
     if login is not None:  # a middleware joins before the app starts, so before a later mount too
         app.add_middleware(TaggedLogin, login=login)
     if studio_later:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import gradio as gr
 
 from engine.config import Limits
-from webui import player, script_tab, views
+from webui import player, script_tab, views, voice_library
 from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import EXAMPLES, LANGUAGES, NATIVE_NAMES, Labels, Texts, i18n
@@ -138,6 +138,14 @@ def _voice_column(
     """The prompt (examples, audio, transcript, instruction, save) or the saved voice, as the mode needs."""
     c: dict[str, Any] = {}
     with gr.Column(elem_classes=CARD):
+        # every mode's one voice picker (``voice_library``); the id the browser tests knew the chips by
+        cards = voice_library.voice_cards(engine.example_voices(), [], t)
+        c["library"] = gr.HTML(
+            voice_library.library_html(cards, t), js_on_load=None, elem_id="cosy-examples", padding=False
+        )
+        c["library_action"] = gr.Textbox(
+            "", show_label=False, container=False, elem_id="cosy-lib-action", elem_classes="cosy-unseen"
+        )  # library.js writes a card's action here
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["prompt_box"])) as c["prompt_box"]:
             _example_voices(lbl, studio, filled)
             filled["prompt"].render()
@@ -167,12 +175,8 @@ def _voice_column(
                 c["save"] = gr.Button(lbl("save_btn"), scale=0, min_width=124, size="md", elem_id="cosy-save")
             c["save_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-save-note")
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["voice_box"])) as c["voice_box"]:
-            with gr.Row(equal_height=True):
-                c["voice"] = gr.Dropdown([], label=lbl("saved_voice"), scale=4, elem_id="cosy-voice")
-                c["delete"] = gr.Button(
-                    lbl("delete_btn"), variant="stop", size="md", scale=1, elem_id="cosy-delete"
-                )
-            c["voice_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-voice-note")
+            # deleting is the library's (a card's Delete, with Undo): no one-click delete here
+            c["voice"] = gr.Dropdown([], label=lbl("saved_voice"), elem_id="cosy-voice")
     return c
 
 
@@ -261,11 +265,14 @@ def _answer_column(lbl: Labels, t: Texts) -> dict[str, Any]:
 
 
 def _example_voices(lbl: Labels, studio: Studio, filled: dict[str, Any]) -> None:
-    """The example voices as chips: a click fills prompt, transcript, language and a text to speak."""
+    """The example voices as chips: a click fills prompt, transcript, language and a text to speak. Unseen:
+    the library's cards show the voices, and a card's use in a prompt mode clicks its chip (library.js)."""
     rows, labels = studio.example_rows()
     if rows:
         fields = [filled[k] for k in ("prompt", "prompt_text", "language", "text")]
-        gr.Examples(rows, fields, label=lbl("example_voices"), example_labels=labels, elem_id="cosy-examples")
+        gr.Examples(
+            rows, fields, label=lbl("example_voices"), example_labels=labels, elem_id="cosy-example-fill"
+        )
 
 
 def _example_texts(lbl: Labels, t: Texts, filled: dict[str, Any]) -> None:
@@ -308,8 +315,14 @@ def _listen(
     a["dice"].click(on("dice"), None, a["seed"], **light)
     owner = a["owner"]
     save_inputs = [a["save_name"], a["prompt"], a["prompt_text"], owner]
-    a["save"].click(on("save_voice"), save_inputs, [a["voice"], a["save_note"]], **gpu)
-    a["delete"].click(on("delete_voice"), [a["voice"], owner], [a["voice"], a["voice_note"]], **light)
+    shelf = [a["library"]]
+    saved = a["save"].click(on("save_voice"), save_inputs, [a["voice"], a["save_note"]], **gpu)
+    saved.then(voice_library.routed(studios, "saved", 0), [owner, a["voice"]], shelf, **light)
+    trash = gr.State([])  # the voices this page deleted, for Undo
+    act_in = [a["library_action"], a["mode"], owner, trash]
+    act_out = [a["prompt"], a["prompt_text"], a["language"], a["voice"], a["library"], trash]
+    act = voice_library.routed(studios, "act", 2)
+    a["library_action"].input(act, act_in, act_out, show_progress="hidden", **gpu)  # Undo saves again
     form = {
         "mode": a["mode"], "prompt_wav": a["prompt"], "prompt_text": a["prompt_text"],
         "instruct_text": a["instruct"], "source_wav": a["source"], "voice_id": a["voice"],
@@ -336,4 +349,5 @@ def _listen(
     demo.load(on("page"), None, page, **light)
     # the script draws or reads the id in the browser and hands it over as the input
     demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)
+    owner.change(voice_library.routed(studios, "page", 0), owner, shelf, **light)  # the id came
     demo.load(on("server_panel"), None, b["server"], **light)

@@ -29,9 +29,14 @@ import soundfile as sf
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
+from engine.errors import EngineError
+
 log = logging.getLogger(__name__)
 
 RID = re.compile(r"^[0-9a-f]{32}$")
+BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (handlers.OWNER_JS)
+STUDIO_OWNER = "studio:"  # keeps browser ids apart from API keys in the voice library
+VOICE_ID = re.compile(r"^[\w.-]{1,128}$")  # a library id (a slug of its name) or an example's
 MEDIA_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 
 
@@ -197,12 +202,20 @@ def encode_mp3(wav: Path, mp3: Path) -> None:
     tmp.replace(mp3)
 
 
+def browser_owner(browser_id: str | None) -> str | None:
+    """The voice namespace of a browser id the page drew (``handlers.OWNER_JS``); None for anything else."""
+    return STUDIO_OWNER + browser_id if browser_id and BROWSER_ID.match(browser_id) else None
+
+
 def router(
     hub: StreamHub, store: AudioStore, open_timeout_s: float = 300.0,
     signed_in: Callable[[Request], bool] | None = None,
+    previews: Callable[[str, str | None], Path | None] | None = None,
 ) -> APIRouter:  # fmt: skip
-    """``/webui/pcm/{rid}`` (announce, then live PCM) and ``/webui/audio/{rid}.{wav|mp3}`` (finished audio).
-    ``signed_in``: whether a request carries the studio's login (None: the studio has no login)."""
+    """``/webui/pcm/{rid}`` (announce, then live PCM), ``/webui/audio/{rid}.{wav|mp3}`` (finished audio)
+    and ``/webui/voice/{id}?owner=<browser id>`` (a voice's recording, for the voice library's preview).
+    ``signed_in``: whether a request carries the studio's login (None: the studio has no login);
+    ``previews``: the engine's ``voice_preview`` (None: no previews)."""
 
     def session(request: Request) -> None:
         if signed_in is not None and not signed_in(request):
@@ -236,5 +249,17 @@ def router(
         if path is None:
             raise HTTPException(404, f"no audio {name!r} in this server's history")
         return FileResponse(path, media_type=MEDIA_TYPES[ext], filename=f"cosystream-{rid[:8]}.{ext}")
+
+    @routes.get("/voice/{voice_id}")
+    async def voice(voice_id: str, owner: str = "") -> Response:
+        path = None
+        if previews is not None and VOICE_ID.match(voice_id):
+            try:
+                path = await asyncio.to_thread(previews, voice_id, browser_owner(owner))
+            except EngineError:  # not found, not this browser's: as for no recording
+                path = None
+        if path is None:
+            raise HTTPException(404, f"no recording of voice {voice_id!r}")
+        return FileResponse(path, media_type="audio/wav", headers={"Cache-Control": "private, max-age=60"})
 
     return routes
