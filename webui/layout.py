@@ -143,9 +143,8 @@ def _voice_column(
         c["library"] = gr.HTML(
             voice_library.library_html(cards, t), js_on_load=None, elem_id="cosy-examples", padding=False
         )
-        c["library_action"] = gr.Textbox(
-            "", show_label=False, container=False, elem_id="cosy-lib-action", elem_classes="cosy-unseen"
-        )  # library.js writes a card's action here
+        c["library_action"] = gr.Textbox("", visible=False)  # a card's action, as JSON (library.js)
+        c["library_go"] = gr.Button("", elem_id="cosy-lib-go", elem_classes="cosy-unseen")
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["prompt_box"])) as c["prompt_box"]:
             _example_voices(lbl, studio, filled)
             filled["prompt"].render()
@@ -322,7 +321,10 @@ def _listen(
     act_in = [a["library_action"], a["mode"], owner, trash]
     act_out = [a["prompt"], a["prompt_text"], a["language"], a["voice"], a["library"], trash]
     act = voice_library.routed(studios, "act", 2)
-    a["library_action"].input(act, act_in, act_out, show_progress="hidden", **gpu)  # Undo saves again
+    # library.js puts a card's action in window.cosyLibAction and clicks the unseen button (a value typed
+    # into an unseen text box by a script fired no event in Gradio 6.17); Undo saves again: the GPU group
+    go = "(action, mode, owner, trash) => [window.cosyLibAction || '', mode, owner, trash]"
+    a["library_go"].click(act, act_in, act_out, js=go, show_progress="hidden", **gpu)
     form = {
         "mode": a["mode"], "prompt_wav": a["prompt"], "prompt_text": a["prompt_text"],
         "instruct_text": a["instruct"], "source_wav": a["source"], "voice_id": a["voice"],

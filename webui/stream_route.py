@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 RID = re.compile(r"^[0-9a-f]{32}$")
 BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (handlers.OWNER_JS)
 STUDIO_OWNER = "studio:"  # keeps browser ids apart from API keys in the voice library
-VOICE_ID = re.compile(r"^[\w.-]{1,128}$")  # a library id (a slug of its name) or an example's
+# a voice id as the page may send it: the engine's library judges it; no path separators, no "." or ".."
+VOICE_ID = re.compile(r"^(?!\.\.?$)[^/\\\x00]{1,128}$")
 MEDIA_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 
 

@@ -99,7 +99,14 @@ def latin_labels(page: Any) -> list[str]:
         "Array.from(document.querySelectorAll('[aria-label], [title]'))"
         ".flatMap((e) => [e.getAttribute('aria-label'), e.getAttribute('title')]).filter(Boolean)"
     )
-    return [s for s in labels if set(re.findall(r"[A-Za-z]{2,}", s)) - LATIN_OK]
+    names = [e.name for e in load_examples()]  # voices' names are names
+
+    def words(label: str) -> set[str]:
+        for name in names:
+            label = label.replace(name, "")
+        return set(re.findall(r"[A-Za-z]{2,}", label))
+
+    return [s for s in labels if words(s) - LATIN_OK]
 
 
 def test_a_phone_shows_one_column_before_and_after_two_takes(page_at) -> None:
@@ -179,3 +186,27 @@ def test_tab_arrows_and_ctrl_enter_drive_a_take(page_at) -> None:
     page.locator('.cosy-status[data-state="done"]').wait_for()
     assert page.locator(".cosy-history tbody tr").count() == 1
     assert "Typed, then sent" in page.locator(".cosy-history").inner_text()
+
+
+def test_the_voice_library_plays_saves_deletes_and_undoes(page_at, server) -> None:
+    page, engine = page_at(DESKTOP, "en"), server[1]
+    library = page.locator("#cosy-examples")
+    library.locator('.cosy-vcard[data-voice="en-ben"] [data-lib-op="play"]').click()
+    page.locator('#cosy-examples .cosy-vcard[data-voice="en-ben"][data-playing]').wait_for()  # it plays
+    library.get_by_text("en-amy", exact=True).click()  # a card's name uses it: the prompt is filled
+    page.wait_for_function("document.querySelector('#cosy-transcript textarea').value !== ''")
+    page.get_by_label("Save this prompt as").fill("Amy again")
+    page.locator("#cosy-save").click()
+    own = library.locator('.cosy-vcard[data-kind="own"]', has_text="Amy again")
+    own.wait_for()
+    page.locator(".cosy-lib-note", has_text="Saved voice “Amy again”").wait_for()  # at the column's top
+    assert len(engine.voices) == 1
+    own.locator('[data-lib-op="delete"]').click()
+    library.locator('[data-lib-op="undo"]').wait_for()
+    assert own.count() == 0 and len(engine.voices) == 0  # gone, and Undo offered
+    library.locator('[data-lib-op="undo"]').click()
+    page.locator(".cosy-lib-note", has_text="Restored voice “Amy again”").wait_for()
+    assert own.count() == 1 and [v.name for v in engine.voices.values()] == ["Amy again"]
+    page.locator('#cosy-mode input[value="voice"]').check()
+    own.locator(".cosy-vname").click()  # in Saved voice mode the card is picked in the list
+    page.wait_for_function("document.querySelector('#cosy-voice input').value === 'Amy again'")

@@ -1,7 +1,7 @@
 // The voice library's cards (webui/voice_library.py): play a voice's recording, use it, rename or delete it.
 // Play is the browser's alone (one <audio> for the page, GET webui/voice/<id>?owner=<browser id>); an
-// example used in a prompt mode clicks its hidden example chip, Gradio's own fill; every other action is
-// written as JSON into the hidden #cosy-lib-action box, whose input event runs VoiceShelf.act.
+// example used in a prompt mode clicks its hidden example chip, Gradio's own fill; every other action goes
+// as JSON (window.cosyLibAction) through the unseen #cosy-lib-go button's click to VoiceShelf.act.
 (() => {
   "use strict";
   let audio = null;
@@ -17,10 +17,10 @@
   }
 
   function send(action) {
-    const box = document.querySelector("#cosy-lib-action textarea, #cosy-lib-action input");
-    if (!box) return;
-    box.value = JSON.stringify({ ...action, n: Date.now() }); // a new value even for the same action
-    box.dispatchEvent(new Event("input", { bubbles: true }));
+    const go = document.getElementById("cosy-lib-go");
+    if (!go) return;
+    window.cosyLibAction = JSON.stringify(action); // read by the button's js hook (layout.py)
+    go.click();
   }
 
   function mark(id) {
