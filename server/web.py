@@ -108,7 +108,12 @@ def create_app(
     mount_api(app, engine, limits, api_key)
     app.state.stream_hub = hub  # web_server shuts it before it waits for open responses
     signed_in = login.signed_in if login else None
-    previews = getattr(engine, "voice_preview", None)  # the voice library's play buttons
+
+    def previews(voice_id: str, owner: str | None) -> Any:
+        """The voice library's play buttons: looked up per call (a PendingEngine has it once loaded)."""
+        preview = getattr(engine, "voice_preview", None)
+        return preview(voice_id, owner) if preview is not None else None
+
     app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in, previews))
     if login is not None:  # a middleware joins before the app starts, so before a later mount too
         app.add_middleware(TaggedLogin, login=login)

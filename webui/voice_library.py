@@ -59,7 +59,8 @@ class Deleted:
 
 
 def voice_cards(examples: Sequence[Any], voices: Sequence[Any], t: Texts) -> list[VoiceCard]:
-    """Examples first (as the engine lists them), then the saved voices, public and own, by name."""
+    """The browser's own voices first (what the visitor made), then the examples (as the engine lists
+    them), then the public ones, each by name."""
     out = [
         VoiceCard(
             str(e.id),
@@ -76,7 +77,7 @@ def voice_cards(examples: Sequence[Any], voices: Sequence[Any], t: Texts) -> lis
         kind = "public" if getattr(v, "public", False) else "own"
         detail = t("library_seconds", seconds=float(getattr(v, "duration_s", 0.0) or 0.0))
         out.append(VoiceCard(str(v.id), str(v.name), kind, detail, str(getattr(v, "prompt_text", ""))))
-    return out
+    return sorted(out, key=lambda c: ("own", "example", "public").index(c.kind))  # stable: by name within
 
 
 def _button(op: str, card: VoiceCard, label: str, cls: str = "", inner: str = "") -> str:
