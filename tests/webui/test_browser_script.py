@@ -102,6 +102,8 @@ def test_stop_ends_a_long_script_and_aborts_its_parts(page, server) -> None:
     before = len(engine.requests)
     page.locator("#cosy-script-go").click()
     page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=WAIT_MS)
+    done = "+document.querySelector('#cosy-script-progress .cosy-progress').dataset.done >= 1"
+    page.wait_for_function(done, timeout=WAIT_MS)  # a sentence whole, so its subtitle is kept too
     page.locator("#cosy-script-stop").click()
     stopped = page.locator('#cosy-script-progress .cosy-progress[data-state="stopped"]')
     stopped.wait_for(timeout=WAIT_MS)  # a stopped state, not "1 / 8 ... about 6 s left"
