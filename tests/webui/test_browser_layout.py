@@ -23,7 +23,7 @@ import pytest
 from engine.voices import load_examples
 from server import web
 from tests.fakes import FakeEngine
-from tests.webui.support import OUT, WAIT_MS, serving
+from tests.webui.support import OUT, WAIT_MS, on_top, serving
 
 pytestmark = pytest.mark.browser
 PHONE = {"width": 390, "height": 844}
@@ -140,6 +140,8 @@ def test_the_sticky_bar_covers_no_field_at_1440x900(page_at) -> None:
     text.fill(("A long text to speak, one sentence after another. " * 40)[:1899] + ".")
     page.locator(".cosy-counter", has_text="1900 /").wait_for()  # the box has grown with the text
     assert page.evaluate(UNCOVERED_JS) == []
+    for selector in ("#cosy-generate", "#cosy-stop"):  # and no label paints over the bar
+        assert on_top(page, selector), f"{selector} is covered"
     # every field after the text reached by Tab is scrolled where the bar does not cover it
     text.focus()
     seen = set()
