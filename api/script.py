@@ -40,7 +40,7 @@ from engine.errors import EngineError, TooLarge
 from engine.lexicons import Applied, Hit
 from engine.request import SynthesisRequest
 from engine.serving.performance import PartDone, perform
-from engine.serving.subtitles import Word, WordTimer, to_srt, to_vtt
+from engine.serving.subtitles import Turn, Word, WordTimer, to_srt, to_vtt
 from engine.text.script import (
     MAX_SCRIPT_AUDIO_S,
     MAX_SCRIPT_CHARS,
@@ -281,6 +281,7 @@ async def whole(
         media = MEDIA_TYPES[body.response_format]
         return Response(data, media_type=media, headers={"X-Sample-Rate": str(rate)})
     words: list[Word] = [w for p in parts for w in p.words]
+    turns = [Turn(p.speaker, p.words) for p in parts]  # the subtitles name each cue's speaker
     return JSONResponse(
         {
             "audio": base64.b64encode(data).decode("ascii"),
@@ -289,7 +290,7 @@ async def whole(
             "duration_s": sum(a.size for a in pcm) / rate,
             "parts": [part_json(p) for p in parts],
             "words": [asdict(w) for w in words],
-            "srt": to_srt(words),
-            "vtt": to_vtt(words),
+            "srt": to_srt(turns),
+            "vtt": to_vtt(turns),
         }
     )

@@ -108,7 +108,13 @@ def create_app(
     mount_api(app, engine, limits, api_key)
     app.state.stream_hub = hub  # web_server shuts it before it waits for open responses
     signed_in = login.signed_in if login else None
-    app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in))
+
+    def previews(voice_id: str, owner: str | None) -> Any:
+        """The voice library's play buttons: looked up per call (a PendingEngine has it once loaded)."""
+        preview = getattr(engine, "voice_preview", None)
+        return preview(voice_id, owner) if preview is not None else None
+
+    app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in, previews))
     api_ctx = getattr(app.state, "cosystream_api", None)
     if api_ctx is not None:  # the lab's takes are API requests in the browser's namespace
         from webui import lab_route

@@ -31,6 +31,7 @@ class FakeVoice:
     public: bool = True
     example: bool = False
     consent: str = ""
+    wav: str = ""  # the prompt it was saved from (``voice_preview``)
 
 
 class FakeEngine:
@@ -120,7 +121,7 @@ class FakeEngine:
         voice_id = name.lower()
         while self._find(voice_id, owner) is not None:  # the real library's -2, -3 ... suffixes
             voice_id += "-2"
-        voice = FakeVoice(voice_id, name, prompt_text, public=owner is None, consent=consent)
+        voice = FakeVoice(voice_id, name, prompt_text, public=owner is None, consent=consent, wav=prompt_wav)
         self.voices[(owner, voice.id)] = voice
         return voice
 
@@ -137,6 +138,16 @@ class FakeEngine:
             )
         else:
             raise NotFound(f"no saved voice {voice_id!r}", field="voice_id")
+
+    def voice_preview(self, voice_id: str, owner: str | None = None) -> Path | None:
+        """The saved voice's prompt file, the example's wav; NotFound as ``delete_voice``."""
+        for example in self.example_voices():
+            if getattr(example, "id", None) == voice_id:
+                return Path(example.wav)  # type: ignore[attr-defined]
+        voice = self._find(voice_id, owner)
+        if voice is None:
+            raise NotFound(f"no saved voice {voice_id!r}", field="voice_id")
+        return Path(voice.wav) if voice.wav else None
 
     def example_voices(self) -> list[object]:
         return []

@@ -22,7 +22,6 @@ import inspect
 import logging
 import math
 import random
-import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -49,7 +48,8 @@ from engine.request import AudioChunk, Mode, SynthesisRequest, new_request_id
 from engine.serving.metrics import RequestMetrics, ServerStats
 from webui import views
 from webui.live_text import LiveTexts
-from webui.stream_route import RID, AudioStore, StreamHub
+from webui.stream_route import RID, AudioStore, StreamHub, browser_owner
+from webui.stream_route import STUDIO_OWNER as STUDIO_OWNER  # where the voice namespaces were named first
 from webui.texts import EXAMPLES, LANGUAGES, UI_LANGS, Texts, browser_lang, language_name
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,6 @@ log = logging.getLogger(__name__)
 UI_MODES = ("zero_shot", "cross_lingual", "instruct", "vc", "voice")  # "voice" = zero-shot with a saved voice
 PROMPT_MIN_S = 3.0  # shorter prompts clone poorly; the engine's own floor (Limits.min_prompt_s) is lower
 MAX_HISTORY = 50
-BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (OWNER_JS)
-STUDIO_OWNER = "studio:"  # keeps browser ids apart from API keys in the voice library
 # Reads the browser's id from localStorage, drawing one on the first visit (never a server-side guess).
 OWNER_JS = """(current) => {
   const key = "cosystream-browser-id";
@@ -177,7 +175,7 @@ def owner_of(browser_id: str | None) -> str | None:
     """The voice namespace of a browser id; None (public voices only) for anything not drawn by OWNER_JS."""
     if isinstance(browser_id, Account):
         return str(browser_id) or None
-    return STUDIO_OWNER + browser_id if browser_id and BROWSER_ID.match(browser_id) else None
+    return browser_owner(browser_id)
 
 
 class Studio:
@@ -446,6 +444,10 @@ class Studio:
                 self._stopped.popitem(last=False)
             self.engine.abort(rid)
             self.hub.close(rid)
+
+    def was_stopped(self, rid: str) -> bool:
+        """Stop was pressed for this request id (the script desk's performance reads it between pieces)."""
+        return bool(rid) and rid in self._stopped
 
     def status(self, state: str, key: str = "", **fields: Any) -> str:
         """The status line in ``state`` (css and the page's scripts read it), worded by ``key`` (the

@@ -11,15 +11,15 @@ Gradio 6: pass ``page_options(ui_lang)`` to ``gr.mount_gradio_app``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import gradio as gr
 
 from engine.config import Limits
-from webui import keep, lab_views, player, script_tab, views
+from webui import keep, lab_views, player, script_tab, views, voice_library
 from webui.handlers import FORM_FIELDS, OWNER_JS, UI_MODES, Engine, Form, Studio, Studios
 from webui.stream_route import AudioStore, StreamHub
-from webui.texts import EXAMPLES, LANGUAGES, Labels, Texts, i18n
+from webui.texts import EXAMPLES, LANGUAGES, NATIVE_NAMES, Labels, Texts, i18n
 
 GPU = "gpu"  # one concurrency group for every listener that computes on the device
 CARD = ["cosy-card"]
@@ -43,6 +43,14 @@ def mode_css() -> str:
         checked = f'#cosy-mode input[value="{m}"][aria-checked="true"]'
         rules.append(f".gradio-container:has({checked}) .cosy-for-{m} {{ display: flex !important; }}")
     return "\n".join(rules)
+
+
+def audio_buttons() -> list[Literal["download", "share"] | gr.Button]:
+    """An audio input's buttons: Share only on a Hugging Face Space, the one place Gradio can share to (off a
+    Space its button did nothing but log a ShareError)."""
+    from gradio.utils import get_space
+
+    return ["download", "share"] if get_space() else ["download"]
 
 
 def page_options(ui_lang: str = "auto") -> dict[str, Any]:
@@ -110,7 +118,7 @@ def _filled_by_examples(lbl: Labels, t: Texts) -> dict[str, Any]:
     return {
         "prompt": gr.Audio(
             sources=["upload", "microphone"], type="filepath", label=lbl("prompt_audio"),
-            waveform_options=wave, elem_id="cosy-prompt", render=False,
+            waveform_options=wave, elem_id="cosy-prompt", render=False, buttons=audio_buttons(),
         ),
         "prompt_text": gr.Textbox(
             label=lbl("prompt_text"), placeholder=lbl("prompt_text_ph"), lines=2, elem_id="cosy-transcript",
@@ -133,6 +141,13 @@ def _voice_column(
     """The prompt (examples, audio, transcript, instruction, save) or the saved voice, as the mode needs."""
     c: dict[str, Any] = {}
     with gr.Column(elem_classes=CARD):
+        # every mode's one voice picker (``voice_library``); the id the browser tests knew the chips by
+        cards = voice_library.voice_cards(engine.example_voices(), [], t)
+        c["library"] = gr.HTML(
+            voice_library.library_html(cards, t), js_on_load=None, elem_id="cosy-examples", padding=False
+        )
+        c["library_action"] = gr.Textbox("", visible=False)  # a card's action, as JSON (library.js)
+        c["library_go"] = gr.Button("", elem_id="cosy-lib-go", elem_classes="cosy-unseen")
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["prompt_box"])) as c["prompt_box"]:
             _example_voices(lbl, studio, filled)
             filled["prompt"].render()
@@ -162,12 +177,8 @@ def _voice_column(
                 c["save"] = gr.Button(lbl("save_btn"), scale=0, min_width=124, size="md", elem_id="cosy-save")
             c["save_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-save-note")
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["voice_box"])) as c["voice_box"]:
-            with gr.Row(equal_height=True):
-                c["voice"] = gr.Dropdown([], label=lbl("saved_voice"), scale=4, elem_id="cosy-voice")
-                c["delete"] = gr.Button(
-                    lbl("delete_btn"), variant="stop", size="md", scale=1, elem_id="cosy-delete"
-                )
-            c["voice_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-voice-note")
+            # deleting is the library's (a card's Delete, with Undo): no one-click delete here
+            c["voice"] = gr.Dropdown([], label=lbl("saved_voice"), elem_id="cosy-voice")
     return c
 
 
@@ -192,6 +203,7 @@ def _source_card(lbl: Labels) -> dict[str, Any]:
             type="filepath",
             label=lbl("source_audio"),
             elem_id="cosy-source",
+            buttons=audio_buttons(),
         )
     return c
 
@@ -209,6 +221,15 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             with gr.Accordion(lbl("live_text"), open=False, elem_id="cosy-live-text"):
                 c["live_text"] = gr.Checkbox(False, label=lbl("live_text"), info=lbl("live_text_info"))
                 c["live_wps"] = gr.Slider(1, 20, value=4, step=1, label=lbl("live_wps"))
+    # Generate / Stop right under the text, above the settings: sticky at the window's bottom, the bar
+    # covers nothing while its own place is on the screen (a bar below the settings covered the Seed
+    # field at 1440x900); on a phone it is fixed at the bottom (studio.css)
+    with gr.Column(elem_classes=[*CARD, "cosy-actions"]), gr.Row():
+        go = "cosy-go"
+        c["generate"] = gr.Button(
+            lbl("generate"), variant="primary", scale=3, elem_id="cosy-generate", elem_classes=go
+        )
+        c["stop"] = gr.Button(lbl("stop"), variant="stop", scale=1, elem_id="cosy-stop", elem_classes=go)
     with gr.Column(elem_classes=CARD):
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
             c["stream"] = gr.Checkbox(
@@ -230,14 +251,6 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             # an SVG die, not an emoji: it draws without an emoji font (the label is for screen readers)
             die = str(player.STATIC / "dice.svg")
             c["dice"] = gr.Button(lbl("dice"), icon=die, elem_classes="cosy-dice", scale=0, min_width=52)
-    # only the buttons stay in view at the window's bottom: a taller sticky card hid what was above it
-    # (the split preview and live-text controls on the first screen)
-    with gr.Column(elem_classes=[*CARD, "cosy-actions"]), gr.Row():
-        go = "cosy-go"
-        c["generate"] = gr.Button(
-            lbl("generate"), variant="primary", scale=3, elem_id="cosy-generate", elem_classes=go
-        )
-        c["stop"] = gr.Button(lbl("stop"), variant="stop", scale=1, elem_id="cosy-stop", elem_classes=go)
     return c
 
 
@@ -262,11 +275,14 @@ def _answer_column(lbl: Labels, t: Texts) -> dict[str, Any]:
 
 
 def _example_voices(lbl: Labels, studio: Studio, filled: dict[str, Any]) -> None:
-    """The example voices as chips: a click fills prompt, transcript, language and a text to speak."""
+    """The example voices as chips: a click fills prompt, transcript, language and a text to speak. Unseen:
+    the library's cards show the voices, and a card's use in a prompt mode clicks its chip (library.js)."""
     rows, labels = studio.example_rows()
     if rows:
         fields = [filled[k] for k in ("prompt", "prompt_text", "language", "text")]
-        gr.Examples(rows, fields, label=lbl("example_voices"), example_labels=labels, elem_id="cosy-examples")
+        gr.Examples(
+            rows, fields, label=lbl("example_voices"), example_labels=labels, elem_id="cosy-example-fill"
+        )
 
 
 def _example_texts(lbl: Labels, t: Texts, filled: dict[str, Any]) -> None:
@@ -276,9 +292,10 @@ def _example_texts(lbl: Labels, t: Texts, filled: dict[str, Any]) -> None:
     code has loaded; when that runs in a later Svelte batch while the one that first set the table's props
     is still pending, the props read as unset and ``component_props[i]`` throws "Cannot read properties
     of undefined (reading '0')", on most uncached loads of this page. Its headers also showed the fields'
-    i18n keys raw. Labelled examples are plain buttons: no cell components, no headers."""
+    i18n keys raw. Labelled examples are plain buttons: no cell components, no headers. A label is built
+    once for both UI languages, so it names the language in itself ("日本語", never "日本語 (Japanese)")."""
     rows = [[text, lang] for lang, text in EXAMPLES]
-    labels = [f"{t(f'lang_{lang}')} · {text}" for lang, text in EXAMPLES]
+    labels = [f"{NATIVE_NAMES[lang]} · {text}" for lang, text in EXAMPLES]
     fields = [filled["text"], filled["language"]]
     gr.Examples(rows, fields, label=lbl("examples"), example_labels=labels, elem_id="cosy-example-texts")
 
@@ -308,8 +325,17 @@ def _listen(
     a["dice"].click(on("dice"), None, a["seed"], **light)
     owner = a["owner"]
     save_inputs = [a["save_name"], a["prompt"], a["prompt_text"], owner]
-    a["save"].click(on("save_voice"), save_inputs, [a["voice"], a["save_note"]], **gpu)
-    a["delete"].click(on("delete_voice"), [a["voice"], owner], [a["voice"], a["voice_note"]], **light)
+    shelf = [a["library"]]
+    saved = a["save"].click(on("save_voice"), save_inputs, [a["voice"], a["save_note"]], **gpu)
+    saved.then(voice_library.routed(studios, "saved", 0), [owner, a["voice"]], shelf, **light)
+    trash = gr.State([])  # the voices this page deleted, for Undo
+    act_in = [a["library_action"], a["mode"], owner, trash]
+    act_out = [a["prompt"], a["prompt_text"], a["language"], a["voice"], a["library"], trash]
+    act = voice_library.routed(studios, "act", 2)
+    # library.js puts a card's action in window.cosyLibAction and clicks the unseen button (a value typed
+    # into an unseen text box by a script fired no event in Gradio 6.17); Undo saves again: the GPU group
+    go = "(action, mode, owner, trash) => [window.cosyLibAction || '', mode, owner, trash]"
+    a["library_go"].click(act, act_in, act_out, js=go, show_progress="hidden", **gpu)
     form = {
         "mode": a["mode"], "prompt_wav": a["prompt"], "prompt_text": a["prompt_text"],
         "instruct_text": a["instruct"], "source_wav": a["source"], "voice_id": a["voice"],
@@ -337,6 +363,7 @@ def _listen(
     _keep(demo, on, a, b, history, light)
     # the script draws or reads the id in the browser and hands it over as the input
     demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)
+    owner.change(voice_library.routed(studios, "page", 0), owner, shelf, **light)  # the id came
     demo.load(on("server_panel"), None, b["server"], **light)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import inspect
 import logging
+import shutil
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from pathlib import Path
@@ -24,9 +25,9 @@ import numpy as np
 from engine.errors import EngineError
 from engine.request import Mode, SynthesisRequest, new_request_id
 from engine.serving.performance import PartDone, perform
-from engine.serving.subtitles import Word, to_srt, to_vtt
+from engine.serving.subtitles import Turn, to_srt, to_vtt
 from engine.text.script import Part, Speech, compile_script, parse_script
-from webui import views
+from webui import player, views
 from webui.handlers import RID, Studio, Studios, call_engine, owner_of, user_error
 from webui.texts import Labels, Texts
 
@@ -39,7 +40,6 @@ EXAMPLE_SCRIPT = (
     "Bob (speaking slowly and calmly): Thanks, Alice. [breath] It is <strong>really</strong> fast now.\n"
     "Alice: Let us hear it."
 )
-STOP_JS = "() => { const p = window.cosyPlayer; if (p) p.stop(); return []; }"  # silence the player now
 BREAK_TAG = '<break time="500ms"/>'
 # each tag of ``engine.text.script.TAG_HELP`` (and the pause) -> the text key of what it does
 TAG_KEYS = {
@@ -97,14 +97,21 @@ def start_js(rid_index: int) -> str:
     )
 
 
-def progress_html(done: int, total: int, audio_s: float, elapsed_s: float, t: Texts) -> str:
-    """Sentences done / total, audio so far, and the time left at the pace so far."""
+def progress_html(
+    done: int, total: int, audio_s: float, elapsed_s: float, t: Texts, state: str = "running"
+) -> str:
+    """Sentences done / total, audio so far, and the time left at the pace so far; ``state`` "stopped":
+    what Stop kept, with no time left."""
     share = done / total if total else 0.0
-    left = elapsed_s / done * (total - done) if done else None
-    eta = t("script_eta", left=left) if left is not None and done < total else ""
+    if state == "stopped":
+        line = t("script_stopped", done=done, total=total, audio=audio_s)
+    else:
+        left = elapsed_s / done * (total - done) if done else None
+        eta = t("script_eta", left=left) if left is not None and done < total else ""
+        line = t("script_progress", done=done, total=total, audio=audio_s) + eta
     return (
-        f'<div class="cosy-progress" data-done="{done}" data-total="{total}">'
-        f"{html.escape(t('script_progress', done=done, total=total, audio=audio_s) + eta)}"
+        f'<div class="cosy-progress" data-state="{state}" data-done="{done}" data-total="{total}">'
+        f"{html.escape(line)}"
         f'<div class="cosy-bar"><div style="width:{100 * share:.1f}%"></div></div></div>'
     )
 
@@ -187,12 +194,16 @@ class ScriptDesk:
             if rid:
                 hub.close(rid)
             raise
-        async for update in self._run(parts, cast, rid):
+        said = " ".join(p.text for p in parts if isinstance(p, Speech))
+        stem = views.download_stem(time.time(), " ".join(cast), said)  # the take's files' names
+        async for update in self._run(parts, cast, rid, stem):
             yield update
 
     async def _run(
-        self, parts: list[Part], cast: dict[str, SynthesisRequest], rid: str
+        self, parts: list[Part], cast: dict[str, SynthesisRequest], rid: str, stem: str
     ) -> AsyncGenerator[tuple[Any, ...], None]:
+        """Progress as each sentence is done, then the take: the whole script's, or (Stop pressed: the
+        studio's ``stop`` remembers the id) what was made until then, with its own stopped line."""
         engine, hub = self.studio.engine, self.studio.hub
         if rid:
             hub.open(rid, engine.sample_rate)
@@ -203,8 +214,11 @@ class ScriptDesk:
         total = sum(1 for p in parts if isinstance(p, Speech))
         yield progress_html(0, total, 0.0, 0.0, self.t), gr.skip(), gr.skip()
         gen = perform(engine, parts, cast, timer, timings=True)
+        stopped = self.studio.was_stopped(rid)
         try:
             async for item in gen:
+                if stopped := self.studio.was_stopped(rid):
+                    break  # the finally below closes the performance: it aborts the parts under way
                 if isinstance(item, PartDone):
                     done.append(item)
                     elapsed = time.monotonic() - t0
@@ -222,21 +236,31 @@ class ScriptDesk:
             await gen.aclose()
             if rid:
                 hub.close(rid)
-        yield await self._finish(pcm, done, rid)
+        yield await self._finish(pcm, done, rid, total, stem, stopped)
 
-    async def _finish(self, pcm: list[np.ndarray], done: list[PartDone], rid: str) -> tuple[Any, ...]:
+    async def _finish(
+        self, pcm: list[np.ndarray], done: list[PartDone], rid: str, total: int, stem: str, stopped: bool
+    ) -> tuple[Any, ...]:
+        """(progress, the take's player and words, its files). The files are named for people (date,
+        speakers, first words: ``views.download_stem``) in a folder of the take's id; the player reads the
+        store's own ``<id>.wav``. A stop before any audio keeps nothing."""
         rid = rid or new_request_id()
         rate = self.studio.engine.sample_rate
         audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+        state = "stopped" if stopped else "done"
+        progress = progress_html(len(done), total, audio.size / rate, 0.0, self.t, state)
+        if not audio.size:
+            return progress, "", None
         wav = await call_engine(self.studio.store.save, rid, audio, rate)
-        words: list[Word] = [w for p in done for w in p.words]
-        srt, vtt = Path(wav).with_suffix(".srt"), Path(wav).with_suffix(".vtt")
-        srt.write_text(to_srt(words), encoding="utf-8")
-        vtt.write_text(to_vtt(words), encoding="utf-8")
-        total = len(done)
-        progress = progress_html(total, total, audio.size / rate, 0.0, self.t)
+        turns = [Turn(p.speaker, p.words) for p in done]
+        named = Path(wav).parent / rid
+        named.mkdir(exist_ok=True)
+        files = [named / f"{stem}.{ext}" for ext in ("wav", "srt", "vtt")]
+        shutil.copyfile(wav, files[0])
+        files[1].write_text(to_srt(turns), encoding="utf-8")
+        files[2].write_text(to_vtt(turns), encoding="utf-8")
         page = result_html(f"webui/audio/{rid}.wav", done, self.t, self.studio.random_weights)
-        return progress, page, [str(wav), str(srt), str(vtt)]
+        return progress, page, [str(f) for f in files]
 
 
 def routed(studios: Studios, name: str, owner_at: int) -> Callable[..., Any]:
@@ -300,10 +324,11 @@ def build(
     inputs = [text, gap, *names, *voices, rid, owner, prompt, prompt_text]
     js = start_js(inputs.index(rid))
     perform = routed(studios, "perform", inputs.index(owner))
-    run = go.click(perform, inputs, [progress, result, files], js=js, show_progress="hidden")
+    go.click(perform, inputs, [progress, result, files], js=js, show_progress="hidden")
     light: dict[str, Any] = {"queue": False, "show_progress": "hidden"}
-    # cancelling closes the listener's generator: its finally closes the performance, aborting every part
-    stop.click(None, None, None, js=STOP_JS, cancels=[run], **light)
+    # the studio's Stop: the player falls silent at the click and hands over its request id, which the
+    # performance reads as "stop here and keep what was made" (``ScriptDesk._run``)
+    stop.click(studios.listener("stop"), rid, None, js=player.STOP_JS, **light)
     demo.load(routed(studios, "page", 0), owner, [*voices, tags, progress], **light)
     owner.change(routed(studios, "voices", 0), owner, voices, **light)  # the id arrives after the load
 

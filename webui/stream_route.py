@@ -32,10 +32,16 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response, WebSoc
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.requests import HTTPConnection
 
+from engine.errors import EngineError
+
 log = logging.getLogger(__name__)
 
 RID = re.compile(r"^[0-9a-f]{32}$")
 ALIVE_PATH = "/webui/alive"  # the page's line to its server (``link.js``): held open, never work in flight
+BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (handlers.OWNER_JS)
+STUDIO_OWNER = "studio:"  # keeps browser ids apart from API keys in the voice library
+# a voice id as the page may send it: the engine's library judges it; no path separators, no "." or ".."
+VOICE_ID = re.compile(r"^(?!\.\.?$)[^/\\\x00]{1,128}$")
 MEDIA_TYPES = {"wav": "audio/wav", "mp3": "audio/mpeg"}
 
 
@@ -167,6 +173,7 @@ class AudioStore:
             _, old = self._items.popitem(last=False)
             for stale in old.parent.glob(f"{old.stem}.*"):
                 stale.unlink(missing_ok=True)
+            shutil.rmtree(old.parent / old.stem, ignore_errors=True)  # its copies named for people
         return path
 
     def path(self, rid: str, ext: str) -> Path | None:
@@ -200,13 +207,20 @@ def encode_mp3(wav: Path, mp3: Path) -> None:
     tmp.replace(mp3)
 
 
+def browser_owner(browser_id: str | None) -> str | None:
+    """The voice namespace of a browser id the page drew (``handlers.OWNER_JS``); None for anything else."""
+    return STUDIO_OWNER + browser_id if browser_id and BROWSER_ID.match(browser_id) else None
+
+
 def router(
     hub: StreamHub, store: AudioStore, open_timeout_s: float = 300.0,
     signed_in: Callable[[HTTPConnection], bool] | None = None,
+    previews: Callable[[str, str | None], Path | None] | None = None,
 ) -> APIRouter:  # fmt: skip
-    """``/webui/pcm/{rid}`` (announce, then live PCM), ``/webui/audio/{rid}.{wav|mp3}`` (finished audio) and
-    the ``/webui/alive`` socket. ``signed_in``: whether a request carries the studio's login (None: the
-    studio has no login)."""
+    """``/webui/pcm/{rid}`` (announce, then live PCM), ``/webui/audio/{rid}.{wav|mp3}`` (finished audio),
+    ``/webui/voice/{id}?owner=<browser id>`` (a voice's recording, for the voice library's preview) and the
+    ``/webui/alive`` socket. ``signed_in``: whether a request carries the studio's login (None: the studio
+    has no login); ``previews``: the engine's ``voice_preview`` (None: no previews)."""
 
     def session(request: Request) -> None:
         if signed_in is not None and not signed_in(request):
@@ -242,6 +256,18 @@ def router(
         if path is None:
             raise HTTPException(404, f"no audio {name!r} in this server's history")
         return FileResponse(path, media_type=MEDIA_TYPES[ext], filename=f"cosystream-{rid[:8]}.{ext}")
+
+    @routes.get("/voice/{voice_id}")
+    async def voice(voice_id: str, owner: str = "") -> Response:
+        path = None
+        if previews is not None and VOICE_ID.match(voice_id):
+            try:
+                path = await asyncio.to_thread(previews, voice_id, browser_owner(owner))
+            except EngineError:  # not found, not this browser's: as for no recording
+                path = None
+        if path is None:
+            raise HTTPException(404, f"no recording of voice {voice_id!r}")
+        return FileResponse(path, media_type="audio/wav", headers={"Cache-Control": "private, max-age=60"})
 
     @outer.websocket(ALIVE_PATH)
     async def alive(ws: WebSocket) -> None:

@@ -186,6 +186,22 @@ EN: dict[str, str] = {
     "err_internal": "The server could not finish this request (the details are in its log). "
     "Press Retry, or change the text or the voice.",
     "transcript_kept": "Kept the transcript you typed; the recognizer heard “{text}”.",
+    # the voice library (voice_library.py): example and saved voices as cards
+    "library_title": "Voices (▶ to listen, the name to use it)",
+    "library_example": "example",
+    "library_public": "public",
+    "library_own": "yours",
+    "library_seconds": "{seconds:.1f} s",
+    "library_play": "Play {name}",
+    "library_use": "Use {name}",
+    "library_rename": "Rename",
+    "library_delete": "Delete",
+    "library_undo": "Undo",
+    "library_rename_ask": "New name for this voice:",
+    "library_picked": "Using “{name}”.",
+    "library_no_recording": "“{name}” has no recording kept: use it in Saved voice mode.",
+    "library_restored": "Restored voice “{name}”.",
+    "library_renamed": "Renamed “{old}” to “{name}”.",
     # the script desk (script_tab.py): dialogue scripts with a voice per speaker
     "script_title": "Script: dialogue, pauses, long texts",
     "script_text": "Script",
@@ -210,6 +226,8 @@ EN: dict[str, str] = {
     "script_tag_noise": "a short noise",
     "script_progress": "Sentences {done} / {total} · {audio:.1f} s of audio",
     "script_eta": " · about {left:.0f} s left",
+    "script_stopped": "Stopped after sentence {done} of {total}: kept {audio:.1f} s of audio and its "
+    "subtitles.",
     "script_noise": "demo-tiny has random weights: its speech is noise, so the word timings are noise too.",
     "script_err_no_voice": "speaker '{name}' has no voice: pick one",
     "script_err_no_cast": "name at least one speaker and pick a voice for it",
@@ -383,6 +401,22 @@ ZH: dict[str, str] = {
     "retry": "重试",
     "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",
     "transcript_kept": "保留了你输入的参考文本；识别结果为“{text}”。",
+    # the voice library (voice_library.py): example and saved voices as cards
+    "library_title": "音色库（▶ 试听，点名字使用）",
+    "library_example": "示例",
+    "library_public": "公共",
+    "library_own": "我的",
+    "library_seconds": "{seconds:.1f} 秒",
+    "library_play": "试听 {name}",
+    "library_use": "使用 {name}",
+    "library_rename": "重命名",
+    "library_delete": "删除",
+    "library_undo": "撤销",
+    "library_rename_ask": "此音色的新名称：",
+    "library_picked": "正在使用“{name}”。",
+    "library_no_recording": "“{name}”没有保存录音：请在“已存音色”模式下使用。",
+    "library_restored": "已恢复音色“{name}”。",
+    "library_renamed": "已将“{old}”重命名为“{name}”。",
     # the script desk (script_tab.py): dialogue scripts with a voice per speaker
     "script_title": "剧本：对话、停顿、长文本",
     "script_text": "剧本",
@@ -407,6 +441,7 @@ ZH: dict[str, str] = {
     "script_tag_noise": "一声短噪音",
     "script_progress": "句子 {done} / {total} · 已生成 {audio:.1f} s 音频",
     "script_eta": " · 约剩 {left:.0f} s",
+    "script_stopped": "已在第 {done} / {total} 句后停止：保留了 {audio:.1f} s 音频及其字幕。",
     "script_noise": "演示模型为随机权重：生成的语音是噪声，因此逐词时间也是噪声。",
     "script_err_no_voice": "角色“{name}”没有音色：请选择一个。",
     "script_err_no_cast": "请至少填写一个角色名并为其选择音色。",
@@ -419,6 +454,9 @@ TABLES = {"en": EN, "zh": ZH}
 # with each language's own name: a choice list's labels are not translated by Gradio's i18n, so a value set
 # by an example keeps its first label, and a native name reads right in either UI language.
 LANGUAGES = ("auto", "zh", "en", "ja", "ko", "yue")
+# each language's name in itself: labels the page builds once for every UI language (the example texts'
+# chips: Gradio cannot translate them) read right on an English and on a Chinese page
+NATIVE_NAMES = {"zh": "中文", "en": "English", "ja": "日本語", "ko": "한국어", "yue": "粵語"}
 
 EXAMPLES = (
     ("zh", "收到好友从远方寄来的生日礼物，那份意外的惊喜与深深的祝福让我心中充满了甜蜜的快乐。"),

@@ -229,9 +229,26 @@ def split_text(text: str, language: str = "auto", max_len: int = 80) -> list[str
     return [s.strip() for s in segments if s.strip()]
 
 
+def download_stem(created_at: float, voice: str, text: str, words: int = 6) -> str:
+    """A file name for people, without its extension: local date and time, the voice, the first words
+    ("2026-12-04_1532_Alice-Bob_Hello-Bob-how-are-you-today"); letters of any script are kept, every run
+    of anything else is one "-" (nothing a file system or a URL chokes on)."""
+
+    def slug(s: str, limit: int) -> str:
+        return re.sub(r"[\W_]+", "-", s).strip("-")[:limit].strip("-")
+
+    text = re.sub(r"<[^<>]*>|\[[^\[\]]*\]", " ", text)  # the script's tags and pauses are no words
+    first = " ".join(text.split()[:words]) if not CJK.search(text) else text.strip()[:16]
+    parts = [time.strftime("%Y-%m-%d_%H%M", time.localtime(created_at)), slug(voice, 40), slug(first, 48)]
+    return "_".join(p for p in parts if p)
+
+
 def counter_text(text: str, limit: int, segments: int, t: Texts) -> str:
-    over = " cosy-over" if len(text) > limit else ""
-    label = html.escape(t("counter", chars=len(text), limit=limit, segments=segments))
+    """The characters Generate will count (the text without its outer blanks, as ``Studio.check_text``
+    gets it: a trailing newline once made the counter say 2200 where the error said 2199)."""
+    chars = len(text.strip())
+    over = " cosy-over" if chars > limit else ""
+    label = html.escape(t("counter", chars=chars, limit=limit, segments=segments))
     return f'<div class="cosy-counter{over}" data-metric="chars">{label}</div>'
 
 
@@ -328,8 +345,9 @@ def _history_row(e: HistoryEntry, mode_label: dict[str, str], t: Texts) -> str:
     # a word, not a symbol: "⏹" is missing from common fonts and rendered as an empty box
     flag = f" · {t('h_failed')}" if e.failed else f" · {t('live_stopped')}" if e.stopped else ""
     metrics = f"{t('h_ttfa')} {fmt_ms(e.ttfa_ms)} ms · RTF {fmt_num(e.rtf, 3)} · {e.audio_s:.1f} s{flag}"
-    base = f"webui/audio/{e.request_id}"
-    links = f'<a href="{base}.wav" download>wav</a> · <a href="{base}.mp3" download>mp3</a>'
+    base, name = f"webui/audio/{e.request_id}", html.escape(download_stem(e.created_at, voice, e.text))
+    # the browser saves the file under a name for people (date, voice, first words), not the request id
+    links = " · ".join(f'<a href="{base}.{x}" download="{name}.{x}">{x}</a>' for x in ("wav", "mp3"))
     cells = (
         time.strftime("%H:%M:%S", time.localtime(e.created_at)),
         html.escape(mode_label.get(e.mode, e.mode)),
@@ -348,7 +366,7 @@ def header_html(t: Texts, chips: dict[str, str], banner: str | None = None) -> s
         for k, v in chips.items()
     )
     top = (
-        f'<div class="cosy-header" data-error-title="{html.escape(t("err_title"))}">'
+        f'<div class="cosy-header" data-lang="{t.lang}" data-error-title="{html.escape(t("err_title"))}">'
         f'<div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
         f'<div class="cosy-sub">{html.escape(t("subtitle"))}</div></div>'
         f'<div class="cosy-chips">{chip_html}</div></div>'

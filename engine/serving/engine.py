@@ -605,6 +605,12 @@ class TTSEngine:
     def delete_voice(self, voice_id: str, owner: str | None = None) -> None:
         self.voices.delete(voice_id, owner)
 
+    def voice_preview(self, voice_id: str, owner: str | None = None) -> Path | None:
+        """The recording a voice was made from (an example's own wav, a saved voice's kept prompt), for a
+        preview or to save it again; None when none was kept. NotFound as ``delete_voice``."""
+        example = self.voices.examples.get(voice_id)
+        return example.wav if example is not None else self.voices.preview_path(voice_id, owner)
+
     @property
     def asr_model(self) -> str | None:
         """The Whisper's name (loaded, or loading: a transcription waits for it), None when it is off."""

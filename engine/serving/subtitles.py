@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 _TAG = re.compile(r"<[^<>]*>|\[[^\[\]]*\]")  # tags and breaks are not words
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 SILENCE_RATIO = 0.05  # a sample counts as voiced above this share of the part's peak
-CUE_WORDS, CUE_SECONDS = 10, 4.0  # a subtitle cue holds up to this many words / this long
+CUE_SECONDS = 7.0  # a subtitle cue is on screen at most this long
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class WordTimer(Protocol):
 
 
 def words_of(text: str) -> list[str]:
-    """The words to time: whitespace-separated, tags removed; CJK characters one by one."""
+    """The words to time: whitespace-separated, tags removed; CJK characters one by one (with the
+    punctuation after them)."""
     out: list[str] = []
     for token in _TAG.sub(" ", text).split():
         out += _cjk_split(token) if _CJK.search(token) else [token]
@@ -55,9 +56,12 @@ def words_of(text: str) -> list[str]:
 
 
 def _cjk_split(token: str) -> list[str]:
+    """A CJK character is a word; punctuation stays with the word before it (a cue ends at "。")."""
     pieces: list[str] = []
     for char in token:
-        if _CJK.match(char) or not pieces or _CJK.match(pieces[-1][-1]):
+        if pieces and not char.isalnum() and not _CJK.match(char):
+            pieces[-1] += char
+        elif _CJK.match(char) or not pieces or not pieces[-1][-1].isalnum() or _CJK.match(pieces[-1][-1]):
             pieces.append(char)
         else:
             pieces[-1] += char
@@ -135,6 +139,23 @@ def align_words(
 
 
 # ------------------------------------------------------------------------------------------ subtitles
+# A cue is one sentence, or a clause of a sentence too long for one cue; it never ends mid-clause unless a
+# clause alone is too long, and then it is cut where its two halves last about as long as each other (the
+# old word-count cut left 0.37 s tails of a sentence). Limits after common subtitle guides: two lines of
+# about 42 characters (16 for Chinese script), at most 7 s on screen.
+CUE_CHARS, CUE_CJK_CHARS = 84, 32
+SENTENCE_END = tuple(".?!。？！…")
+CLAUSE_END = tuple(",;:，；：、—")
+CLOSERS = "\"'”’)）」』】"
+SHORT_CUE_S = 1.2  # a sentence this short shares its cue with the next one of its speaker, where it fits
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One speaker's timed words, e.g. a spoken part of a script; ``speaker`` "" names nobody."""
+
+    speaker: str
+    words: tuple[Word, ...]
 
 
 @dataclass(frozen=True)
@@ -142,30 +163,81 @@ class Cue:
     start_s: float
     end_s: float
     text: str
+    speaker: str = ""
+    words: tuple[Word, ...] = ()
 
 
-def groups(words: Sequence[Word], max_words: int = CUE_WORDS, max_s: float = CUE_SECONDS) -> list[list[Word]]:
-    """Words grouped for subtitle cues: a new group after ``max_words``, ``max_s`` or a sentence end."""
-    out: list[list[Word]] = []
-    group: list[Word] = []
-    for word in words:
-        if group and (len(group) >= max_words or word.end_s - group[0].start_s > max_s):
-            out.append(group)
-            group = []
-        group.append(word)
-        if word.text[-1] in ".?!。？！":
-            out.append(group)
-            group = []
-    return [*out, group] if group else out
+def _ends(word: Word, marks: tuple[str, ...]) -> bool:
+    return word.text.rstrip(CLOSERS).endswith(marks)
 
 
-def cues(words: Sequence[Word]) -> list[Cue]:
-    return [_cue(g) for g in groups(words)]
-
-
-def _cue(words: Sequence[Word]) -> Cue:
+def _joined(words: Sequence[Word]) -> str:
     joiner = "" if all(_CJK.search(w.text) for w in words) else " "
-    return Cue(words[0].start_s, words[-1].end_s, joiner.join(w.text for w in words))
+    return joiner.join(w.text for w in words)
+
+
+def _fits(words: Sequence[Word], max_chars: int | None, max_s: float) -> bool:
+    text = _joined(words)
+    limit = max_chars if max_chars is not None else (CUE_CJK_CHARS if _CJK.search(text) else CUE_CHARS)
+    return len(text) <= limit and words[-1].end_s - words[0].start_s <= max_s
+
+
+def _runs(words: Sequence[Word], marks: tuple[str, ...]) -> list[list[Word]]:
+    """``words`` cut after each word that ends with one of ``marks``."""
+    out: list[list[Word]] = [[]]
+    for word in words:
+        out[-1].append(word)
+        if _ends(word, marks):
+            out.append([])
+    return [run for run in out if run]
+
+
+def _split(words: list[Word], max_chars: int | None, max_s: float) -> list[list[Word]]:
+    """A sentence as cues: whole if it fits; else cut at the clause end (or, with none, the word gap)
+    that leaves the two sides closest in duration, and each side the same way."""
+    if len(words) < 2 or _fits(words, max_chars, max_s):
+        return [words]
+    clause_cuts = [i for i in range(1, len(words)) if _ends(words[i - 1], CLAUSE_END)]
+    cuts = clause_cuts or list(range(1, len(words)))
+    middle = (words[0].start_s + words[-1].end_s) / 2
+    cut = min(cuts, key=lambda i: abs(words[i - 1].end_s - middle))
+    return _split(words[:cut], max_chars, max_s) + _split(words[cut:], max_chars, max_s)
+
+
+def _merge_short(groups: list[list[Word]], max_chars: int | None, max_s: float) -> list[list[Word]]:
+    """A very short sentence ("Hi.") joins the next one where the two fit one cue."""
+    out: list[list[Word]] = []
+    for group in groups:
+        last = out[-1] if out else None
+        if last and last[-1].end_s - last[0].start_s < SHORT_CUE_S and _fits(last + group, max_chars, max_s):
+            out[-1] = last + group
+        else:
+            out.append(group)
+    return out
+
+
+def _turns(said: Sequence[Word] | Sequence[Turn]) -> list[Turn]:
+    if all(isinstance(x, Word) for x in said):
+        return [Turn("", tuple(said))] if said else []  # type: ignore[arg-type]
+    return [x for x in said if isinstance(x, Turn)]
+
+
+def cues(
+    said: Sequence[Word] | Sequence[Turn], max_chars: int | None = None, max_s: float = CUE_SECONDS
+) -> list[Cue]:
+    """Subtitle cues of timed words (one unnamed speaker) or of speakers' turns: a cue never spans two
+    turns, and each holds a sentence, short sentences joined, long ones cut at clauses (``_split``).
+    ``max_chars`` None: 84 characters, 32 for Chinese script."""
+    out: list[Cue] = []
+    for turn in _turns(said):
+        sentences = [
+            piece
+            for sentence in _runs(turn.words, SENTENCE_END)
+            for piece in _split(sentence, max_chars, max_s)
+        ]
+        for group in _merge_short(sentences, max_chars, max_s):
+            out.append(Cue(group[0].start_s, group[-1].end_s, _joined(group), turn.speaker, tuple(group)))
+    return out
 
 
 def _clock(seconds: float, separator: str) -> str:
@@ -176,23 +248,32 @@ def _clock(seconds: float, separator: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{separator}{ms:03d}"
 
 
-def to_srt(words: Sequence[Word]) -> str:
-    """SubRip: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, a blank line after each."""
+def to_srt(said: Sequence[Word] | Sequence[Turn]) -> str:
+    """SubRip: numbered cues, ``HH:MM:SS,mmm --> HH:MM:SS,mmm``, a blank line after each; a named
+    speaker's cue starts "Name: "."""
     blocks = [
-        f"{i}\n{_clock(c.start_s, ',')} --> {_clock(c.end_s, ',')}\n{c.text}\n"
-        for i, c in enumerate(cues(words), 1)
+        f"{i}\n{_clock(c.start_s, ',')} --> {_clock(c.end_s, ',')}\n"
+        f"{c.speaker + ': ' if c.speaker else ''}{c.text}\n"
+        for i, c in enumerate(cues(said), 1)
     ]
     return "\n".join(blocks)
 
 
-def to_vtt(words: Sequence[Word]) -> str:
-    """WebVTT: the header, then cues with ``HH:MM:SS.mmm`` times; each word also timed inline
-    (``<00:00:01.200>``) so players can highlight it."""
+def _vtt_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def to_vtt(said: Sequence[Word] | Sequence[Turn]) -> str:
+    """WebVTT: the header, then cues with ``HH:MM:SS.mmm`` times; a named speaker's cue is a voice span
+    (``<v Name>``), and each word after the first is timed inline (``<00:00:01.200>``) so players can
+    highlight it."""
     blocks = ["WEBVTT\n"]
-    for group in groups(words):
-        c = _cue(group)
-        inline = " ".join(
-            w.text if k == 0 else f"<{_clock(w.start_s, '.')}>{w.text}" for k, w in enumerate(group)
+    for c in cues(said):
+        joiner = "" if all(_CJK.search(w.text) for w in c.words) else " "
+        inline = joiner.join(
+            _vtt_escape(w.text) if k == 0 else f"<{_clock(w.start_s, '.')}>{_vtt_escape(w.text)}"
+            for k, w in enumerate(c.words)
         )
-        blocks.append(f"{_clock(c.start_s, '.')} --> {_clock(c.end_s, '.')}\n{inline}\n")
+        voice = f"<v {_vtt_escape(c.speaker)}>" if c.speaker else ""
+        blocks.append(f"{_clock(c.start_s, '.')} --> {_clock(c.end_s, '.')}\n{voice}{inline}\n")
     return "\n".join(blocks)

@@ -85,9 +85,11 @@ def test_a_two_speaker_script_streams_highlights_and_downloads_subtitles(page, s
     srt = page.request.get(srt_url).text()
     vtt = page.request.get(vtt_url).text()
     assert re.match(
-        r"1\n\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}\nHello Bob, how are you today\?\n", srt
+        r"1\n\d\d:\d\d:\d\d,\d{3} --> \d\d:\d\d:\d\d,\d{3}\nAlice: Hello Bob, how are you today\?\n", srt
     )
     assert vtt.startswith("WEBVTT\n\n") and "I am fine." in re.sub(r"<[^>]+>", "", vtt)
+    assert "\n<v Bob>I <" in vtt  # the speaker as a voice span, each word after the first timed
+    assert re.fullmatch(r".*/\d{4}-\d\d-\d\d_\d{4}_Alice-Bob_Hello-Bob-how-are-you-today\.srt", srt_url)
 
 
 def test_stop_ends_a_long_script_and_aborts_its_parts(page, server) -> None:
@@ -100,7 +102,20 @@ def test_stop_ends_a_long_script_and_aborts_its_parts(page, server) -> None:
     before = len(engine.requests)
     page.locator("#cosy-script-go").click()
     page.wait_for_function("window.cosyPlayer.stats.samples > 0", timeout=WAIT_MS)
+    done = "+document.querySelector('#cosy-script-progress .cosy-progress').dataset.done >= 1"
+    page.wait_for_function(done, timeout=WAIT_MS)  # a sentence whole, so its subtitle is kept too
     page.locator("#cosy-script-stop").click()
+    stopped = page.locator('#cosy-script-progress .cosy-progress[data-state="stopped"]')
+    stopped.wait_for(timeout=WAIT_MS)  # a stopped state, not "1 / 8 ... about 6 s left"
+    assert "Stopped after sentence" in stopped.inner_text() and "left" not in stopped.inner_text()
     assert wait_until(lambda: not engine.active, timeout_s=30)
     # ~0.3 s of compute a part: stopped seconds in, far from the end
     assert len(engine.requests) - before < len(script_sentences(sentences)) // 2
+    # the partial take is kept: its audio plays, its files download, its subtitles name the speaker
+    page.locator("#cosy-script-result audio").wait_for(timeout=WAIT_MS)
+    links = page.locator("#cosy-script-files a")
+    links.first.wait_for(timeout=WAIT_MS)
+    hrefs = [links.nth(i).get_attribute("href") or "" for i in range(links.count())]
+    assert {h.rsplit(".", 1)[-1] for h in hrefs} == {"wav", "srt", "vtt"}
+    srt = page.request.get(next(h for h in hrefs if h.endswith(".srt"))).text()
+    assert srt.startswith("1\n") and "\nAlice: This is sentence number 0" in srt

@@ -96,11 +96,13 @@ def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -
         assert ("studio:" + id_a, "alice private") in engine.voices
         a.locator("#cosy-save").click()  # the same name again: refused beside the button
         a.locator("#cosy-save-note .cosy-bad").get_by_text("already named").wait_for(timeout=WAIT_MS)
-        b.get_by_label("Saved voice", exact=True).first.check()
-        b.locator("#cosy-delete").click()  # nothing picked (a listener outside the queue): said as well
-        b.locator("#cosy-voice-note .cosy-bad").get_by_text("Pick a saved voice first").wait_for(
+        # A's library shows the new voice as A's own, deletable; B's shows no such card
+        a.locator('#cosy-examples .cosy-vcard[data-kind="own"] [data-lib-op="delete"]').wait_for(
             timeout=WAIT_MS
         )
+        b.locator("#cosy-examples .cosy-vcard").first.wait_for(timeout=WAIT_MS)
+        assert b.locator("#cosy-examples .cosy-vcard", has_text="Alice private").count() == 0
+        assert b.locator('#cosy-examples [data-lib-op="delete"]').count() == 0
         a.reload()
         a.wait_for_function("window.cosyPlayer", timeout=WAIT_MS)
         assert browser_id(a) == id_a  # the id lives in the browser, across reloads
@@ -133,7 +135,7 @@ def test_example_voice_fills_the_form_and_generates(browser, server) -> None:
 def test_example_text_fills_the_text_and_its_language(browser, server) -> None:
     ctx, page = open_page(browser, server[0])
     try:
-        page.locator("#cosy-example-texts").get_by_text("日本語 (Japanese) ·").click()
+        page.locator("#cosy-example-texts").get_by_text("日本語 ·").click()  # named in itself
         page.wait_for_function("document.querySelector('#cosy-text textarea').value !== ''", timeout=WAIT_MS)
         assert page.locator("#cosy-text textarea").input_value() == dict(EXAMPLES)["ja"]
         assert page.locator("#cosy-lang input").input_value() == "日本語 (Japanese)"

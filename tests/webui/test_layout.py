@@ -67,3 +67,16 @@ def test_each_mode_shows_exactly_its_inputs_through_css() -> None:
         rule = f'#cosy-mode input[value="{mode}"][aria-checked="true"]) .cosy-for-{mode} {{ display: flex'
         assert rule in css
     assert not any(getattr(f.fn, "__name__", "") == "mode_changed" for f in demo.fns.values())
+
+
+@pytest.mark.parametrize(("space", "share"), [(None, False), ("someone/cosystream", True)])
+def test_the_audio_inputs_offer_share_only_on_a_space(monkeypatch, space, share) -> None:
+    if space:  # what a Hugging Face Space sets (gradio.utils.get_space)
+        monkeypatch.setenv("SYSTEM", "spaces")
+        monkeypatch.setenv("SPACE_ID", space)
+    else:
+        monkeypatch.delenv("SYSTEM", raising=False)
+    config = build_demo(FakeEngine(), "en").get_config_file()
+    buttons = {c["props"].get("elem_id"): c["props"].get("buttons") for c in config["components"]}
+    for elem_id in ("cosy-prompt", "cosy-source"):
+        assert ("share" in buttons[elem_id]) is share and "download" in buttons[elem_id]

@@ -143,9 +143,31 @@ async def test_the_take_is_timed_by_the_engines_word_timer_and_a_bug_is_not_show
     engine.word_timer = Timer()
     updates = [u async for u in desk.perform(*inputs(desk, "Alice: One."))]
     srt = Path(updates[-1][2][1]).read_text()
-    assert "00:00:00,050 --> 00:00:00,150\nOne." in srt
+    assert "00:00:00,050 --> 00:00:00,150\nAlice: One." in srt
     engine.word_timer = Timer(KeyError("a private detail"))
     with pytest.raises(gr.Error) as err:
         async for _ in desk.perform(*inputs(desk, "Alice: One.")):
             pass
     assert err.value.message == Texts("en")("err_internal") and "private" not in err.value.message
+
+
+async def test_stop_keeps_the_take_so_far_with_named_subtitles_and_readable_files(desk):
+    script = "Alice: One. Two!\nBob: Three.\nAlice: Four.\nBob: Five."
+    updates = []
+    async for update in desk.perform(*inputs(desk, script)):
+        updates.append(update)
+        if 'data-done="2"' in update[0]:
+            desk.studio.stop(RID)  # as the page's Stop does, between two sentences
+    progress, page, files = updates[-1]
+    assert 'data-state="stopped"' in progress and 'data-done="2" data-total="4"' in progress
+    assert "Stopped after sentence 2 of 4" in html.unescape(progress)
+    wav, srt, vtt = (Path(f) for f in files)
+    stem = r"\d{4}-\d\d-\d\d_\d{4}_Alice-Bob_One-Two-Three-Four-Five"
+    assert [re.fullmatch(stem + r"\.(wav|srt|vtt)", f.name) is not None for f in (wav, srt, vtt)] == [
+        True
+    ] * 3
+    audio, rate = sf.read(wav, dtype="float32")
+    assert audio.size >= 2 * 2 * int(0.2 * rate)  # both finished sentences, at least
+    assert "Alice: One. Two!" in srt.read_text() and "Bob: Three." in srt.read_text()
+    assert "<v Bob>Three." in vtt.read_text() and "Four" not in srt.read_text()
+    assert f"webui/audio/{RID}.wav" in page

@@ -217,3 +217,20 @@ def test_the_alive_socket_names_its_server_and_needs_the_session(tmp_path) -> No
     locked.cookies.set("session", "ok")
     with locked.websocket_connect(ALIVE_PATH) as ws:
         assert "instance" in ws.receive_json()
+
+
+async def test_a_voice_recording_is_served_to_its_browser_only(tmp_path) -> None:
+    from tests.fakes import FakeEngine
+    from tests.sounds import write_wav
+
+    engine = FakeEngine()
+    wav = write_wav(tmp_path / "v.wav", 1.0)
+    engine.add_voice("Mine", str(wav), "words", "studio:" + "a" * 32)
+    engine.add_voice("Bare", "", "no recording kept", "studio:" + "a" * 32)
+    app = FastAPI()
+    app.include_router(router(StreamHub(), AudioStore(tmp_path / "s"), previews=engine.voice_preview))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        mine = await client.get("/webui/voice/mine", params={"owner": "a" * 32})
+        assert mine.status_code == 200 and mine.content == wav.read_bytes()
+        for path, owner in (("mine", "b" * 32), ("mine", ""), ("bare", "a" * 32), ("..", "a" * 32)):
+            assert (await client.get(f"/webui/voice/{path}", params={"owner": owner})).status_code == 404

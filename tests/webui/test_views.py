@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import re
+import time
 
 import numpy as np
 import pytest
@@ -179,6 +180,19 @@ def test_the_history_rides_along_for_the_browser_to_keep() -> None:
     assert 'data-kept-history="[]"' in views.history_html([], T, {})
     failed = dataclasses.replace(entries[0], failed=True, stopped=True)
     assert "2.5 s · failed" in views.history_html([failed], T, {})  # failed, not merely stopped
+
+
+def test_downloads_are_named_by_date_voice_and_first_words() -> None:
+    when = time.mktime((2026, 12, 4, 15, 32, 0, 0, 0, -1))
+    assert views.download_stem(when, "Alice Bob", "Hello <strong>Bob</strong>, [breath] how are you?") == (
+        "2026-12-04_1532_Alice-Bob_Hello-Bob-how-are-you"
+    )
+    assert views.download_stem(when, "zh-lan", "收到好友从远方寄来的生日礼物，那份意外") == (
+        "2026-12-04_1532_zh-lan_收到好友从远方寄来的生日礼物-那"
+    )
+    page = views.history_html([entry("c" * 32, "A take / with: odd chars?", when)], T, {})
+    assert 'download="2026-12-04_1532_upload_A-take-with-odd-chars.wav"' in page
+    assert 'download="2026-12-04_1532_upload_A-take-with-odd-chars.mp3"' in page
 
 
 def test_header_banner_only_when_asked() -> None:
