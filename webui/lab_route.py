@@ -49,22 +49,21 @@ from engine.lexicons import LexiconLibrary
 from engine.text.frontend import FAMILIES, instruct_presets
 from webui import lab_views
 from webui.lab import MAX_BATCH_BYTES, MAX_TAKES, BatchError, BatchLine, TakeSettings, code_for, parse_batch
+from webui.stream_route import browser_owner as studio_owner
 
 log = logging.getLogger(__name__)
 
 TOKEN = re.compile(r"^[0-9a-f]{32}$")
-# as webui.handlers has them (not imported: it imports Gradio, which the server loads later, on its own)
-BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")
-STUDIO_OWNER = "studio:"
 
 
 def browser_owner(x_cosy_browser: Annotated[str | None, Header()] = None) -> str:
     """The caller's namespace: the studio's browser id, as the studio's own voice events use it."""
-    if not x_cosy_browser or not BROWSER_ID.match(x_cosy_browser):
+    owner = studio_owner(x_cosy_browser)
+    if owner is None:
         raise ApiError(
             400, "the lab needs the browser's id (X-Cosy-Browser: 32 hex digits)", code="no_browser_id"
         )
-    return STUDIO_OWNER + x_cosy_browser
+    return owner
 
 
 class BatchFiles:
