@@ -614,7 +614,9 @@ class Studio:
         now = time.monotonic()
         if not self._samples or now - self._samples[-1][0] >= 0.5:
             self._samples.append((now, stats.audio_s_total))
-        return views.server_html(stats, views.throughput_rates(list(self._samples)), self.t)
+        startup = getattr(self.engine, "startup", None)  # the start-up timeline, where the engine has one
+        warming = startup is not None and startup.stage() == "warming"
+        return views.server_html(stats, views.throughput_rates(list(self._samples)), self.t, warming)
 
 
 class Studios:

@@ -191,8 +191,9 @@ def sparkline_svg(values: Sequence[float], width: int = 260, height: int = 56) -
     )
 
 
-def server_html(stats: ServerStats, rates: Sequence[float], t: Texts) -> str:
-    """The server panel: live gauges plus the throughput sparkline."""
+def server_html(stats: ServerStats, rates: Sequence[float], t: Texts, warming: bool = False) -> str:
+    """The server panel: live gauges plus the throughput sparkline; ``warming``: start-up work is still
+    running beside the requests (``/ready``'s stage): the first audio may be slower, and the panel says so."""
     now, peak = (rates[-1], max(rates)) if rates else (0.0, 0.0)
     tiles = [
         _tile("active", t("active"), str(stats.active_streams)),
@@ -200,8 +201,9 @@ def server_html(stats: ServerStats, rates: Sequence[float], t: Texts) -> str:
         _tile("completed", t("completed"), str(stats.completed)),
         _tile("memory", t("memory"), f"{stats.device_memory_mb:,.0f}", f"MB · {html.escape(stats.device)}"),
     ]
+    note = f'<div class="cosy-warming" role="status">{html.escape(t("warming"))}</div>' if warming else ""
     return (
-        f'<div class="cosy-server"><div class="cosy-tiles cosy-tiles4">{"".join(tiles)}</div>'
+        f'<div class="cosy-server">{note}<div class="cosy-tiles cosy-tiles4">{"".join(tiles)}</div>'
         f'<div class="cosy-k">{html.escape(t("throughput"))} <b data-metric="throughput">{now:.2f}</b>'
         f' · {html.escape(t("peak"))} <b data-metric="throughput_peak">{peak:.2f}</b></div>'
         f"{sparkline_svg(list(rates))}</div>"

@@ -398,6 +398,22 @@ def test_server_panel_tracks_throughput(tmp_path, monkeypatch) -> None:
     assert 'data-metric="throughput">3.00' in html  # (10 - 4) audio s over 2 s
 
 
+def test_server_panel_says_warming_while_start_up_work_runs(tmp_path) -> None:
+    """/ready's stage in the studio: while the engine's start-up timeline has work left (the LM handover,
+    background graphs), the panel tells the visitor that the first audio may be slower; then nothing."""
+    from engine.serving.startup import Timeline
+
+    engine = CountingEngine()
+    engine.startup = Timeline()
+    studio = Studio(engine, Limits(), T, StreamHub(), AudioStore(tmp_path))
+    zh = Studio(engine, Limits(), Texts("zh"), StreamHub(), AudioStore(tmp_path))
+    with engine.startup.phase("flow graphs", background=True):
+        panel = studio.server_panel()
+        assert "cosy-warming" in panel and "first audio may be slower" in panel
+        assert "预热" in zh.server_panel()
+    assert "cosy-warming" not in studio.server_panel()
+
+
 def test_generate_inputs_are_the_engines_files(studio, prompt) -> None:
     req = studio.build_request(Form(**ui(prompt_wav=prompt)))
     assert Path(req.prompt_wav).exists() and req.seed is None and req.language == "auto"
