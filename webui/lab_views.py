@@ -46,13 +46,6 @@ def page_html(lang: str) -> str:
     return _MARK.sub(lambda m: e(m.group(2)) if m.group(1) == "e" else fills[m.group(1)], template)
 
 
-# The studio's way into the lab (both languages: the studio may follow the browser's language).
-LAB_LINK = (
-    '<a class="cosy-lab-link" href="/lab" style="font-weight:600;color:#7c3aed;text-decoration:none">'
-    "Prompt lab · 提示词实验室 →</a>"
-)
-
-
 def promote_script() -> str:
     """``<script>`` for the studio's head: fills the form from a take promoted in the lab."""
     return f"<script>\n{(STATIC / 'lab_promote.js').read_text(encoding='utf-8')}\n</script>"

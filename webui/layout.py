@@ -87,7 +87,6 @@ def build_demo(
     studios = Studios(studio, ui_lang, account)
     with gr.Blocks(title=t("title"), analytics_enabled=False) as demo:
         header = gr.HTML(studio.page()[0], js_on_load=None)
-        gr.HTML(lab_views.LAB_LINK, js_on_load=None, elem_id="cosy-lab-link")  # the prompt lab, its own page
         ask = _filled_by_examples(lbl, t)  # placed below; made first so the examples can sit above them
         ask |= _mode_bar(lbl, t)
         with gr.Row(equal_height=False, elem_classes="cosy-main"):

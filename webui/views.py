@@ -362,7 +362,8 @@ def _history_row(e: HistoryEntry, mode_label: dict[str, str], t: Texts) -> str:
 
 
 def header_html(t: Texts, chips: dict[str, str], banner: str | None = None) -> str:
-    """Title, subtitle, model facts as chips (e.g. model, family, rate) and an optional warning banner."""
+    """Title, subtitle with the way into the prompt lab (its own page, in the same language), model facts as
+    chips (e.g. model, family, rate) and an optional warning banner."""
     chip_html = "".join(
         f'<span class="cosy-chip">{html.escape(t("chip_" + k))} <b>{html.escape(v)}</b></span>'
         for k, v in chips.items()
@@ -370,7 +371,8 @@ def header_html(t: Texts, chips: dict[str, str], banner: str | None = None) -> s
     top = (
         f'<div class="cosy-header" data-lang="{t.lang}" data-error-title="{html.escape(t("err_title"))}">'
         f'<div><h1 class="cosy-title">{html.escape(t("title"))}</h1>'
-        f'<div class="cosy-sub">{html.escape(t("subtitle"))}</div></div>'
+        f'<div class="cosy-sub">{html.escape(t("subtitle"))} · <a class="cosy-lab-link" '
+        f'href="/lab?lang={t.lang}">{html.escape(t("lab_link"))}</a></div></div>'
         f'<div class="cosy-chips">{chip_html}</div></div>'
     )
     return top + (f'<div class="cosy-banner">⚠ {html.escape(banner)}</div>' if banner else "")
