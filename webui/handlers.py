@@ -499,6 +499,13 @@ class Studio:
         mine = [(x.name if not x.public else self.t("lexicon_public", name=x.name), x.id) for x in found]
         return [(self.t("lexicon_none"), ""), *mine]
 
+    async def pick_lexicon(self, wanted: str, browser_id: str | None) -> Any:
+        """The lab's "Use in studio": the picker on ``wanted`` (an id) where this browser has it, else as
+        it was (a lexicon deleted since, or another browser's, is not picked)."""
+        choices = await self.lexicon_choices(browser_id)
+        known = wanted if wanted and wanted in [value for _, value in choices] else None
+        return gr.Dropdown(choices=choices) if known is None else gr.Dropdown(choices=choices, value=known)
+
     async def browser_lexicons(self, browser_id: str | None) -> Any:
         """On load, with the browser's id (OWNER_JS): the Pronunciation picker's choices."""
         return gr.Dropdown(choices=await self.lexicon_choices(browser_id))

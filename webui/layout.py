@@ -243,6 +243,8 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             [(t("lexicon_none"), "")], value="", label=lbl("lexicon"), info=lbl("lexicon_info"),
             elem_id="cosy-lexicon",
         )  # fmt: skip
+        # the lab's "Use in studio" picks a lexicon through it (``lab_promote.js``: window.cosyLexPick)
+        c["lexicon_go"] = gr.Button("", elem_id="cosy-lex-go", elem_classes="cosy-unseen")
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
             c["seed"] = gr.Number(
                 -1,
@@ -370,6 +372,8 @@ def _listen(
     demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)
     owner.change(voice_library.routed(studios, "page", 0), owner, shelf, **light)  # the id came
     demo.load(on("browser_lexicons"), owner, a["lexicon"], js=OWNER_JS, **light)
+    pick = "(wanted, owner) => [window.cosyLexPick || '', owner]"
+    a["lexicon_go"].click(on("pick_lexicon"), [a["lexicon"], owner], a["lexicon"], js=pick, **light)
     demo.load(on("server_panel"), None, b["server"], **light)
 
 

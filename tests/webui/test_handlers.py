@@ -614,3 +614,11 @@ async def test_the_picker_lists_the_public_and_the_browsers_own_lexicons(studio,
     dropdown = await studio.browser_lexicons(BOB)
     assert [c[1] for c in dropdown.choices] == ["", "shared", "theirs"]
     assert await Studio.lexicon_choices(studio, None) == [("None", ""), ("Shared (public)", "shared")]
+
+
+async def test_the_lab_picks_a_lexicon_only_where_this_browser_has_it(studio, lexicons) -> None:
+    lexicons.save("Mine", BRANDS, owner_of(ALICE))
+    lexicons.save("Theirs", BRANDS, owner_of(BOB))
+    assert (await studio.pick_lexicon("mine", ALICE)).value == "mine"
+    assert (await studio.pick_lexicon("theirs", ALICE)).value != "theirs"
+    assert (await studio.pick_lexicon("", ALICE)).value != "mine"
