@@ -21,16 +21,18 @@
   };
   const stuck = () => {
     const text = document.querySelector("#cosy-text textarea");
-    return text && text.value === String(data.text);
+    const mode = modeInput();
+    return text && text.value === String(data.text) && (!mode || mode.checked);
   };
   // a zero-shot take of a saved or example voice is the studio's Saved voice mode
   const card = () => data.voice
     ? [...document.querySelectorAll('#cosy-examples [data-lib-op="use"]')].find((b) => b.dataset.voice === data.voice)
     : null;
-  const studioMode = data.mode === "zero_shot" && card() ? "voice" : data.mode;
+  const studioMode = () => (data.mode === "zero_shot" && card() ? "voice" : data.mode);
+  const modeInput = () => document.querySelector(`#cosy-mode input[value="${studioMode()}"]`);
   const fill = () => {
     const text = document.querySelector("#cosy-text textarea");
-    const mode = document.querySelector(`#cosy-mode input[value="${studioMode}"]`);
+    const mode = modeInput();
     if (mode && !mode.checked) mode.click();
     set(text, data.text);
     set(document.querySelector("#cosy-instruct textarea"), data.instruct || "");
