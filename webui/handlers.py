@@ -308,9 +308,10 @@ class Studio:
             feed = self.live.open(rid, form.text, max(1.0, float(form.wps or 4.0)))
             pieces = feed.pieces()
             req = replace(req, text="", text_stream=pronounced(pieces, applier) if applier else pieces)
-        elif applier is not None:
+        typed = req.text  # the history shows it as typed, not with the lexicon's hints
+        if applier is not None and not form.live:
             req = replace(req, text=applier.feed(req.text) + applier.end())
-        updates = self._generate(req, list(form.history), lambda: self.lexicon_note(applier))
+        updates = self._generate(req, list(form.history), lambda: self.lexicon_note(applier), typed)
         try:
             async for update in updates:
                 yield update
@@ -325,15 +326,17 @@ class Studio:
             self.live.update(rid, text or "")
 
     async def _generate(
-        self, req: SynthesisRequest, history: list[views.HistoryEntry], note: Callable[[], str] = str
-    ) -> AsyncGenerator[tuple[Any, ...], None]:
-        """``note``: read when the take ends, a line the final status adds (where the lexicon applied)."""
+        self, req: SynthesisRequest, history: list[views.HistoryEntry], note: Callable[[], str] = str,
+        typed: str = "",
+    ) -> AsyncGenerator[tuple[Any, ...], None]:  # fmt: skip
+        """``note``: read when the take ends, a line the final status adds (where the lexicon applied);
+        ``typed``: the text as the visitor wrote it, for the history (``req.text`` may carry hints)."""
         rid = req.request_id
         parts: list[np.ndarray] = []
         last: AudioChunk | None = None
         if rid in self._stopped:  # Stop came while this event waited in Gradio's queue
             self.hub.close(rid)
-            yield self.finish(req, parts, last, history, note())
+            yield self.finish(req, parts, last, history, note(), typed)
             return
         if req.stream:
             self.hub.open(rid, self.engine.sample_rate)
@@ -359,11 +362,11 @@ class Studio:
                 self.engine.abort(rid)  # closed mid-stream (tab closed, event cancelled): free the engine
             await chunks.aclose()
         if not failure:
-            yield self.finish(req, parts, last, history, note())
+            yield self.finish(req, parts, last, history, note(), typed)
         elif refusal and last is None:  # its own input stops it before any audio: retrying cannot help
             yield self.refused(failure)
         else:
-            yield self.failed(failure, req, parts, last, history, note())
+            yield self.failed(failure, req, parts, last, history, note(), typed)
 
     def refused(self, message: str) -> tuple[Any, ...]:
         """The update for a request its own inputs stop before it starts: the status says why, in red beside
@@ -374,7 +377,7 @@ class Studio:
 
     def failed(
         self, message: str, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
-        history: list[views.HistoryEntry], note: str = "",
+        history: list[views.HistoryEntry], note: str = "", typed: str = "",
     ) -> tuple[Any, ...]:  # fmt: skip
         """The update that ends a failed request: a toast, and the status says so (with its Retry button,
         shown by css while the status is "failed"); the event itself succeeds, so the page is not left with
@@ -385,14 +388,14 @@ class Studio:
         if last is None or not any(len(p) for p in parts):
             return gr.skip(), metrics, self.status("failed", message=message), gr.skip(), gr.skip()
         path = self.store.save(req.request_id, np.concatenate(parts), self.engine.sample_rate)
-        history = [*(history or []), self.history_entry(req, last.metrics, True, failed=True)][-MAX_HISTORY:]
+        history = [*(history or []), self.history_entry(req, last.metrics, True, True, typed)][-MAX_HISTORY:]
         status = self.status("failed", "failed_kept", note, message=message, audio=last.metrics.audio_s)
         audio = gr.update(value=str(path), autoplay=False)
         return audio, metrics, status, history, self.history_view(history)
 
     def finish(
         self, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
-        history: list[views.HistoryEntry], note: str = "",
+        history: list[views.HistoryEntry], note: str = "", typed: str = "",
     ) -> tuple[Any, ...]:  # fmt: skip
         """The final update: the whole file. Never autoplayed: the live player played the stream, and with
         streaming off it plays this file itself (``player.FINISHED_JS``)."""
@@ -407,7 +410,7 @@ class Studio:
                 gr.skip(),
             )
         path = self.store.save(req.request_id, np.concatenate(parts), self.engine.sample_rate)
-        entry = self.history_entry(req, metrics, stopped)
+        entry = self.history_entry(req, metrics, stopped, typed=typed)
         history = [*(history or []), entry][-MAX_HISTORY:]
         status = self.status("stopped", note=note, audio=metrics.audio_s) if stopped else self.status(
             "done", note=note, audio=metrics.audio_s, seed=metrics.seed
@@ -416,12 +419,13 @@ class Studio:
         return (audio, views.metrics_html(metrics, self.t), status, history, self.history_view(history))
 
     def history_entry(
-        self, req: SynthesisRequest, m: RequestMetrics, stopped: bool, failed: bool = False
+        self, req: SynthesisRequest, m: RequestMetrics, stopped: bool, failed: bool = False, typed: str = ""
     ) -> views.HistoryEntry:
+        """``typed``: the text as written (``req.text`` may carry a lexicon's hints); ``req.text`` if none."""
         voice = req.voice_id or (self.prompt_name(req.prompt_wav) if req.prompt_wav else "—")
         mode = "voice" if req.voice_id else str(req.mode)
         return views.HistoryEntry(
-            request_id=req.request_id, created_at=time.time(), mode=mode, text=req.text,
+            request_id=req.request_id, created_at=time.time(), mode=mode, text=typed or req.text,
             language=req.language, voice=voice, speed=req.speed, seed=m.seed, stream=req.stream,
             ttfa_ms=m.ttfa_ms, rtf=m.rtf, audio_s=m.audio_s, stopped=stopped, failed=failed,
         )  # fmt: skip

@@ -563,6 +563,7 @@ async def test_the_picked_lexicon_is_applied_and_the_status_says_where(
     status = outs[-1][2]
     assert 'data-state="done"' in status
     assert "Pronounced from the lexicon: Nike×2, 行×1." in html.unescape(status)
+    assert outs[-1][3][-1].text == text  # the history and its downloads' names: as typed
 
 
 async def test_no_lexicon_leaves_the_text_and_a_miss_is_said(studio, engine, prompt, lexicons) -> None:
