@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import anyio
@@ -29,7 +29,7 @@ from api.context import ApiContext, EngineLike
 from api.contract import check_fields
 from api.encode import MEDIA_TYPES, encode_audio, stream_encoder
 from api.errors import ApiError, from_engine
-from api.lexicons import applied_header, apply_lexicon
+from api.lexicons import applied_header, library, run
 from api.ops import check_model
 from api.route import guarded_route
 from api.schemas import ResponseFormat, StreamFormat
@@ -37,7 +37,7 @@ from api.speech import check_format, check_ready, delta, sse_event
 from api.streaming import EngineStreamResponse, cut_stream
 from api.voices import call
 from engine.errors import EngineError, TooLarge
-from engine.lexicons import Applied, Hit
+from engine.lexicons import Applied, Lexicon, apply_to_parts
 from engine.request import SynthesisRequest
 from engine.serving.performance import PartDone, perform
 from engine.serving.subtitles import Turn, Word, WordTimer, to_srt, to_vtt
@@ -127,20 +127,12 @@ async def perform_script(ctx: ApiContext, body: ScriptRequest, request: Request,
 async def lexicon_parts(
     ctx: ApiContext, name: str | None, parts: list[Part], owner: str
 ) -> tuple[list[Part], Applied | None]:
-    """Each spoken part's text with the lexicon applied (speaker names and tags are never rewritten), and
-    every hit together (offsets within each part)."""
+    """Each spoken part's text with the lexicon applied (``engine.lexicons.apply_to_parts``), and every
+    hit together; None when no lexicon was asked for."""
     if not name:
         return parts, None
-    out: list[Part] = []
-    hits: list[Hit] = []
-    for part in parts:
-        if isinstance(part, Speech):
-            done = await apply_lexicon(ctx, name, part.text, owner)
-            assert done is not None  # a name was given
-            hits += done.hits
-            part = replace(part, text=done.text)
-        out.append(part)
-    return out, Applied("", tuple(hits))
+    lexicon: Lexicon = await run(library(ctx).get, name, owner)
+    return apply_to_parts(lexicon, parts)
 
 
 def spoken(parts: list[Part]) -> int:

@@ -35,13 +35,14 @@ import re
 import threading
 import time
 import unicodedata
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from engine.errors import Conflict, Forbidden, InvalidInput, NotFound, TooLarge
 from engine.text.frontend import FAMILIES
-from engine.text.script import pronunciation_tokens
+from engine.text.script import Part, Speech, pronunciation_tokens
 from engine.voices import OWNERS, atomic_write, check_owner, owner_dir_name, slugify, validate_name
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,21 @@ class StreamApplier:
         if opened > max(text.rfind("]"), text.rfind(">")):
             held = max(held, len(text) - opened)
         return min(held, len(text))
+
+
+def apply_to_parts(lexicon: Lexicon, parts: Sequence[Part]) -> tuple[list[Part], Applied]:
+    """A script's parts with ``lexicon`` applied to each spoken part's text (speaker names, voices,
+    instructions and pauses are never rewritten), and every hit together (offsets within each part; the
+    ``Applied`` text is empty: there is no one text)."""
+    out: list[Part] = []
+    hits: list[Hit] = []
+    for part in parts:
+        if isinstance(part, Speech):
+            done = lexicon.apply(part.text)
+            hits += done.hits
+            part = replace(part, text=done.text)
+        out.append(part)
+    return out, Applied("", tuple(hits))
 
 
 def _pattern(entries: tuple[Entry, ...]) -> re.Pattern[str]:

@@ -44,6 +44,7 @@ from engine.errors import (
     Stopping,
     Unspeakable,
 )
+from engine.lexicons import Hit, Lexicon, LexiconLibrary, StreamApplier
 from engine.request import AudioChunk, Mode, SynthesisRequest, new_request_id
 from engine.serving.metrics import RequestMetrics, ServerStats
 from webui import views
@@ -108,13 +109,14 @@ class Form:
     browser_id: str = ""  # the browser's voice namespace (``OWNER_JS``)
     live: bool = False  # the text arrives as it is typed (``live_text.py``)
     wps: float = 4.0  # live text: words per second
+    lexicon: str = ""  # a saved lexicon's id applied to the text before synthesis (``engine.lexicons``)
 
     @classmethod
     def from_ui(cls, *values: Any) -> Form:
         """The listener's positional values; Gradio's None for an empty field becomes the field's default."""
         names = [f.name for f in fields(cls)]
         given = {k: v for k, v in zip(names, values, strict=True) if v is not None}
-        text_fields = ("prompt_text", "instruct_text", "text", "language", "rid", "browser_id")
+        text_fields = ("prompt_text", "instruct_text", "text", "language", "rid", "browser_id", "lexicon")
         # a str subclass stays itself: a signed-in session's ``Account`` must reach ``owner_of`` as one
         given |= {
             k: given[k] if isinstance(given[k], str) else str(given[k]) for k in text_fields if k in given
@@ -295,10 +297,21 @@ class Studio:
             self.hub.close(rid)
             yield self.refused(str(err.message))
             return
+        try:
+            lexicon = await self.lexicon(form.lexicon, form.browser_id)
+        except gr.Error as err:
+            self.hub.close(rid)
+            yield self.refused(str(err.message))
+            return
+        applier = StreamApplier(lexicon) if lexicon is not None else None
         if form.live:
             feed = self.live.open(rid, form.text, max(1.0, float(form.wps or 4.0)))
-            req = replace(req, text="", text_stream=feed.pieces())
-        updates = self._generate(req, list(form.history))
+            pieces = feed.pieces()
+            req = replace(req, text="", text_stream=pronounced(pieces, applier) if applier else pieces)
+        typed = req.text  # the history shows it as typed, not with the lexicon's hints
+        if applier is not None and not form.live:
+            req = replace(req, text=applier.feed(req.text) + applier.end())
+        updates = self._generate(req, list(form.history), lambda: self.lexicon_note(applier), typed)
         try:
             async for update in updates:
                 yield update
@@ -313,14 +326,17 @@ class Studio:
             self.live.update(rid, text or "")
 
     async def _generate(
-        self, req: SynthesisRequest, history: list[views.HistoryEntry]
-    ) -> AsyncGenerator[tuple[Any, ...], None]:
+        self, req: SynthesisRequest, history: list[views.HistoryEntry], note: Callable[[], str] = str,
+        typed: str = "",
+    ) -> AsyncGenerator[tuple[Any, ...], None]:  # fmt: skip
+        """``note``: read when the take ends, a line the final status adds (where the lexicon applied);
+        ``typed``: the text as the visitor wrote it, for the history (``req.text`` may carry hints)."""
         rid = req.request_id
         parts: list[np.ndarray] = []
         last: AudioChunk | None = None
         if rid in self._stopped:  # Stop came while this event waited in Gradio's queue
             self.hub.close(rid)
-            yield self.finish(req, parts, last, history)
+            yield self.finish(req, parts, last, history, note(), typed)
             return
         if req.stream:
             self.hub.open(rid, self.engine.sample_rate)
@@ -346,11 +362,11 @@ class Studio:
                 self.engine.abort(rid)  # closed mid-stream (tab closed, event cancelled): free the engine
             await chunks.aclose()
         if not failure:
-            yield self.finish(req, parts, last, history)
+            yield self.finish(req, parts, last, history, note(), typed)
         elif refusal and last is None:  # its own input stops it before any audio: retrying cannot help
             yield self.refused(failure)
         else:
-            yield self.failed(failure, req, parts, last, history)
+            yield self.failed(failure, req, parts, last, history, note(), typed)
 
     def refused(self, message: str) -> tuple[Any, ...]:
         """The update for a request its own inputs stop before it starts: the status says why, in red beside
@@ -361,7 +377,7 @@ class Studio:
 
     def failed(
         self, message: str, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
-        history: list[views.HistoryEntry],
+        history: list[views.HistoryEntry], note: str = "", typed: str = "",
     ) -> tuple[Any, ...]:  # fmt: skip
         """The update that ends a failed request: a toast, and the status says so (with its Retry button,
         shown by css while the status is "failed"); the event itself succeeds, so the page is not left with
@@ -372,14 +388,14 @@ class Studio:
         if last is None or not any(len(p) for p in parts):
             return gr.skip(), metrics, self.status("failed", message=message), gr.skip(), gr.skip()
         path = self.store.save(req.request_id, np.concatenate(parts), self.engine.sample_rate)
-        history = [*(history or []), self.history_entry(req, last.metrics, True, failed=True)][-MAX_HISTORY:]
-        status = self.status("failed", "failed_kept", message=message, audio=last.metrics.audio_s)
+        history = [*(history or []), self.history_entry(req, last.metrics, True, True, typed)][-MAX_HISTORY:]
+        status = self.status("failed", "failed_kept", note, message=message, audio=last.metrics.audio_s)
         audio = gr.update(value=str(path), autoplay=False)
         return audio, metrics, status, history, self.history_view(history)
 
     def finish(
         self, req: SynthesisRequest, parts: list[np.ndarray], last: AudioChunk | None,
-        history: list[views.HistoryEntry],
+        history: list[views.HistoryEntry], note: str = "", typed: str = "",
     ) -> tuple[Any, ...]:  # fmt: skip
         """The final update: the whole file. Never autoplayed: the live player played the stream, and with
         streaming off it plays this file itself (``player.FINISHED_JS``)."""
@@ -389,26 +405,27 @@ class Studio:
             return (
                 None,
                 views.metrics_html(metrics, self.t),
-                self.status("stopped", audio=0.0),
+                self.status("stopped", note=note, audio=0.0),
                 history,
                 gr.skip(),
             )
         path = self.store.save(req.request_id, np.concatenate(parts), self.engine.sample_rate)
-        entry = self.history_entry(req, metrics, stopped)
+        entry = self.history_entry(req, metrics, stopped, typed=typed)
         history = [*(history or []), entry][-MAX_HISTORY:]
-        status = self.status("stopped", audio=metrics.audio_s) if stopped else self.status(
-            "done", audio=metrics.audio_s, seed=metrics.seed
+        status = self.status("stopped", note=note, audio=metrics.audio_s) if stopped else self.status(
+            "done", note=note, audio=metrics.audio_s, seed=metrics.seed
         )  # fmt: skip
         audio = gr.update(value=str(path), autoplay=False)
         return (audio, views.metrics_html(metrics, self.t), status, history, self.history_view(history))
 
     def history_entry(
-        self, req: SynthesisRequest, m: RequestMetrics, stopped: bool, failed: bool = False
+        self, req: SynthesisRequest, m: RequestMetrics, stopped: bool, failed: bool = False, typed: str = ""
     ) -> views.HistoryEntry:
+        """``typed``: the text as written (``req.text`` may carry a lexicon's hints); ``req.text`` if none."""
         voice = req.voice_id or (self.prompt_name(req.prompt_wav) if req.prompt_wav else "—")
         mode = "voice" if req.voice_id else str(req.mode)
         return views.HistoryEntry(
-            request_id=req.request_id, created_at=time.time(), mode=mode, text=req.text,
+            request_id=req.request_id, created_at=time.time(), mode=mode, text=typed or req.text,
             language=req.language, voice=voice, speed=req.speed, seed=m.seed, stream=req.stream,
             ttfa_ms=m.ttfa_ms, rtf=m.rtf, audio_s=m.audio_s, stopped=stopped, failed=failed,
         )  # fmt: skip
@@ -449,11 +466,53 @@ class Studio:
         """Stop was pressed for this request id (the script desk's performance reads it between pieces)."""
         return bool(rid) and rid in self._stopped
 
-    def status(self, state: str, key: str = "", **fields: Any) -> str:
+    def status(self, state: str, key: str = "", note: str = "", **fields: Any) -> str:
         """The status line in ``state`` (css and the page's scripts read it), worded by ``key`` (the
-        state's own words by default)."""
+        state's own words by default); ``note``: a second line (where the lexicon applied)."""
         text = html.escape(self.t(f"status_{key or state}", **fields))
-        return f'<div class="cosy-status" data-state="{state}">{text}</div>'
+        extra = f'<span class="cosy-lexicon-note">{html.escape(note)}</span>' if note else ""
+        return f'<div class="cosy-status" data-state="{state}">{text}{extra}</div>'
+
+    # ---- pronunciation lexicons (``engine.lexicons``: the public ones and the browser's own) ----------
+    def lexicon_store(self) -> LexiconLibrary | None:
+        store = getattr(self.engine, "lexicons", None)
+        return store if isinstance(store, LexiconLibrary) else None
+
+    async def lexicon(self, lexicon_id: str, browser_id: str | None) -> Lexicon | None:
+        """The picked lexicon (None for none); ``gr.Error`` when it is gone, not this browser's, or the
+        server keeps none."""
+        if not lexicon_id:
+            return None
+        store = self.lexicon_store()
+        if store is None:
+            raise user_error(self.t("err_no_lexicons"))
+        try:
+            return await asyncio.to_thread(store.get, lexicon_id, owner_of(browser_id))
+        except EngineError as err:
+            log.info("lexicon %r refused: %s", lexicon_id, err)
+            raise user_error(self.t("err_lexicon", error=str(err))) from err
+
+    def lexicon_note(self, applier: StreamApplier | None) -> str:
+        """Where the lexicon applied, "Nike×1, 行×2" (empty without a lexicon)."""
+        return lexicon_note(self.t, applier.hits) if applier is not None else ""
+
+    async def lexicon_choices(self, browser_id: str | None = None) -> list[tuple[str, str]]:
+        """("none", "") first, then the public lexicons and the browser's own, by name."""
+        store = self.lexicon_store()
+        found = await asyncio.to_thread(store.list, owner_of(browser_id)) if store is not None else []
+        mine = [(x.name if not x.public else self.t("lexicon_public", name=x.name), x.id) for x in found]
+        return [(self.t("lexicon_none"), ""), *mine]
+
+    async def pick_lexicon(self, wanted: str, browser_id: str | None) -> Any:
+        """The lab's "Use in studio": the picker on ``wanted`` (an id) where this browser has it, else as
+        it was (a lexicon deleted since, or another browser's, is not picked)."""
+        choices = await self.lexicon_choices(browser_id)
+        known = wanted if wanted and wanted in [value for _, value in choices] else None
+        return gr.Dropdown(choices=choices) if known is None else gr.Dropdown(choices=choices, value=known)
+
+    async def browser_lexicons(self, browser_id: str | None) -> Any:
+        """On load, with the browser's id (OWNER_JS): the Pronunciation picker's choices."""
+        return gr.Dropdown(choices=await self.lexicon_choices(browser_id))
 
     def history_view(self, history: list[views.HistoryEntry]) -> str:
         return views.history_html(history or [], self.t, self.mode_labels)
@@ -617,6 +676,25 @@ class Studio:
         startup = getattr(self.engine, "startup", None)  # the start-up timeline, where the engine has one
         warming = startup is not None and startup.stage() == "warming"
         return views.server_html(stats, views.throughput_rates(list(self._samples)), self.t, warming)
+
+
+def lexicon_note(t: Texts, hits: Sequence[Hit]) -> str:
+    """The status's line for a lexicon's ``hits``: each word and how often it applied, or that none did."""
+    counts: dict[str, int] = {}
+    for hit in hits:
+        counts[hit.word] = counts.get(hit.word, 0) + 1
+    if not counts:
+        return t("lexicon_applied_none")
+    return t("lexicon_applied", words=", ".join(f"{word}×{n}" for word, n in counts.items()))
+
+
+async def pronounced(pieces: AsyncIterator[str], applier: StreamApplier) -> AsyncIterator[str]:
+    """Live text with a lexicon applied as it arrives (a word is held back until it cannot go on)."""
+    async for piece in pieces:
+        if text := applier.feed(piece):
+            yield text
+    if rest := applier.end():
+        yield rest
 
 
 class Studios:

@@ -237,6 +237,13 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             c["speed"] = gr.Slider(
                 0.5, 2.0, value=1.0, step=0.05, label=lbl("speed"), scale=2, elem_id="cosy-speed"
             )
+        # the browser's own lexicons and the public ones, filled on load (``Studio.browser_lexicons``)
+        c["lexicon"] = gr.Dropdown(
+            [(t("lexicon_none"), "")], value="", label=lbl("lexicon"), info=lbl("lexicon_info"),
+            elem_id="cosy-lexicon",
+        )  # fmt: skip
+        # the lab's "Use in studio" picks a lexicon through it (``lab_promote.js``: window.cosyLexPick)
+        c["lexicon_go"] = gr.Button("", elem_id="cosy-lex-go", elem_classes="cosy-unseen")
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
             c["seed"] = gr.Number(
                 -1,
@@ -340,7 +347,7 @@ def _listen(
         "instruct_text": a["instruct"], "source_wav": a["source"], "voice_id": a["voice"],
         "language": a["language"], "text": a["text"], "stream": a["stream"], "speed": a["speed"],
         "seed": a["seed"], "rid": rid, "history": history, "browser_id": owner, "live": a["live_text"],
-        "wps": a["live_wps"],
+        "wps": a["live_wps"], "lexicon": a["lexicon"],
     }  # fmt: skip
     inputs = [form[name] for name in FORM_FIELDS]
     outputs = [b["audio"], b["metrics"], b["status"], history, b["history"]]
@@ -363,6 +370,9 @@ def _listen(
     # the script draws or reads the id in the browser and hands it over as the input
     demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)
     owner.change(voice_library.routed(studios, "page", 0), owner, shelf, **light)  # the id came
+    demo.load(on("browser_lexicons"), owner, a["lexicon"], js=OWNER_JS, **light)
+    pick = "(wanted, owner) => [window.cosyLexPick || '', owner]"
+    a["lexicon_go"].click(on("pick_lexicon"), [a["lexicon"], owner], a["lexicon"], js=pick, **light)
     demo.load(on("server_panel"), None, b["server"], **light)
 
 

@@ -23,12 +23,13 @@ import gradio as gr
 import numpy as np
 
 from engine.errors import EngineError
+from engine.lexicons import apply_to_parts
 from engine.request import Mode, SynthesisRequest, new_request_id
 from engine.serving.performance import PartDone, perform
 from engine.serving.subtitles import Turn, to_srt, to_vtt
 from engine.text.script import Part, Speech, compile_script, parse_script
 from webui import player, views
-from webui.handlers import RID, Studio, Studios, call_engine, owner_of, user_error
+from webui.handlers import RID, Studio, Studios, call_engine, lexicon_note, owner_of, user_error
 from webui.texts import Labels, Texts
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class ScriptDesk:
     async def perform(self, script: str, gap: float, *rest: Any) -> AsyncGenerator[tuple[Any, ...], None]:
         """Yields (progress html, result html, files) as each sentence is done, then the finished take."""
         names, voices = rest[:SPEAKERS], rest[SPEAKERS : 2 * SPEAKERS]
-        rid, browser_id, prompt, prompt_text = rest[2 * SPEAKERS :]
+        rid, browser_id, prompt, prompt_text, lexicon_id = rest[2 * SPEAKERS :]
         hub, engine = self.studio.hub, self.studio.engine
         rid = rid if RID.match(rid or "") else ""
         try:
@@ -186,6 +187,7 @@ class ScriptDesk:
                 str(getattr(engine, "family", "cosyvoice3")),
                 float(gap),
             )
+            lexicon = await self.studio.lexicon(lexicon_id or "", browser_id)
         except EngineError as err:
             if rid:
                 hub.close(rid)
@@ -195,15 +197,24 @@ class ScriptDesk:
                 hub.close(rid)
             raise
         said = " ".join(p.text for p in parts if isinstance(p, Speech))
-        stem = views.download_stem(time.time(), " ".join(cast), said)  # the take's files' names
-        async for update in self._run(parts, cast, rid, stem):
+        stem = views.download_stem(time.time(), " ".join(cast), said)  # the take's files' names (as typed)
+        note = ""
+        if lexicon is not None:
+            parts, applied = apply_to_parts(lexicon, parts)
+            note = lexicon_note(self.t, applied.hits)
+        async for update in self._run(parts, cast, rid, stem, note):
             yield update
 
+    async def lexicons(self, browser_id: str) -> Any:
+        """The Pronunciation picker's choices: the public lexicons and this browser's own."""
+        return await self.studio.browser_lexicons(browser_id)
+
     async def _run(
-        self, parts: list[Part], cast: dict[str, SynthesisRequest], rid: str, stem: str
+        self, parts: list[Part], cast: dict[str, SynthesisRequest], rid: str, stem: str, note: str = ""
     ) -> AsyncGenerator[tuple[Any, ...], None]:
         """Progress as each sentence is done, then the take: the whole script's, or (Stop pressed: the
-        studio's ``stop`` remembers the id) what was made until then, with its own stopped line."""
+        studio's ``stop`` remembers the id) what was made until then, with its own stopped line; ``note``:
+        where the lexicon applied, under the take's progress line."""
         engine, hub = self.studio.engine, self.studio.hub
         if rid:
             hub.open(rid, engine.sample_rate)
@@ -236,7 +247,10 @@ class ScriptDesk:
             await gen.aclose()
             if rid:
                 hub.close(rid)
-        yield await self._finish(pcm, done, rid, total, stem, stopped)
+        progress, page, files = await self._finish(pcm, done, rid, total, stem, stopped)
+        if note:
+            progress += f'<div class="cosy-lexicon-note">{html.escape(note.strip())}</div>'
+        yield progress, page, files
 
     async def _finish(
         self, pcm: list[np.ndarray], done: list[PartDone], rid: str, total: int, stem: str, stopped: bool
@@ -312,6 +326,10 @@ def build(
             with gr.Column(scale=2):
                 names, voices = _cast_rows(lbl)
                 gap = gr.Slider(0.0, 2.0, value=0.3, step=0.05, label=lbl("script_gap"))
+                lexicon = gr.Dropdown(
+                    [(t("lexicon_none"), "")], value="", label=lbl("lexicon"), info=lbl("lexicon_info"),
+                    elem_id="cosy-script-lexicon",
+                )  # fmt: skip
                 with gr.Row():
                     go = gr.Button(lbl("script_go"), variant="primary", elem_id="cosy-script-go", scale=3)
                     stop = gr.Button(lbl("stop"), variant="stop", elem_id="cosy-script-stop", scale=1)
@@ -321,7 +339,7 @@ def build(
         result = gr.HTML("", js_on_load=PLAYER_JS, elem_id="cosy-script-result")
         files = gr.File(label=lbl("script_files"), file_count="multiple", elem_id="cosy-script-files")
         rid = gr.Textbox(visible=False)
-    inputs = [text, gap, *names, *voices, rid, owner, prompt, prompt_text]
+    inputs = [text, gap, *names, *voices, rid, owner, prompt, prompt_text, lexicon]
     js = start_js(inputs.index(rid))
     perform = routed(studios, "perform", inputs.index(owner))
     go.click(perform, inputs, [progress, result, files], js=js, show_progress="hidden")
@@ -331,6 +349,7 @@ def build(
     stop.click(studios.listener("stop"), rid, None, js=player.STOP_JS, **light)
     demo.load(routed(studios, "page", 0), owner, [*voices, tags, progress], **light)
     owner.change(routed(studios, "voices", 0), owner, voices, **light)  # the id arrives after the load
+    owner.change(routed(studios, "lexicons", 0), owner, lexicon, **light)
 
 
 def _editor(lbl: Labels) -> tuple[gr.Textbox, gr.HTML]:

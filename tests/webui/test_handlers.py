@@ -19,12 +19,13 @@ import soundfile as sf
 
 from engine.config import Limits
 from engine.errors import Busy, NotReady, Stopping, Unspeakable
+from engine.lexicons import LexiconLibrary
 from engine.request import Mode, SynthesisRequest
 from engine.serving.metrics import ServerStats
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
 from webui import views
-from webui.handlers import FORM_FIELDS, Account, Form, Studio, Studios
+from webui.handlers import FORM_FIELDS, Account, Form, Studio, Studios, owner_of
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
 
@@ -523,7 +524,7 @@ async def test_a_missing_saved_voice_fails_with_the_translated_refusal(studio, e
 
 def test_the_form_takes_the_pages_values_in_order() -> None:
     values = ["instruct", "/p.wav", None, "Speak slowly.", None, None, "en", "Hi.", False, 1.5, 7.0, RID]
-    values += [[], "f" * 32, True, 6]
+    values += [[], "f" * 32, True, 6, "brands"]
     form = Form.from_ui(*values)
     assert (form.mode, form.prompt_wav, form.prompt_text, form.instruct_text) == (
         "instruct",
@@ -534,6 +535,7 @@ def test_the_form_takes_the_pages_values_in_order() -> None:
     assert (form.stream, form.speed, form.seed, form.rid, form.history, form.live, form.wps) == (
         False, 1.5, 7.0, RID, (), True, 6
     )  # fmt: skip
+    assert form.lexicon == "brands"
     with pytest.raises(ValueError):
         Form.from_ui(*values[:-1])  # one value short: the page and the form disagree
 
@@ -554,3 +556,86 @@ async def test_an_unknown_detected_language_is_named_not_coded(studio, engine, p
     monkeypatch.setattr(engine, "transcribe", swahili)
     text, offer, note = await studio.transcribe(prompt, "auto", "", False)
     assert text == "habari" and offer == gr.skip() and "another language" in note and "sw" not in note
+
+
+# ---- the Pronunciation picker (``engine.lexicons``) ------------------------------------------------------
+ALICE, BOB = "a" * 32, "b" * 32
+BRANDS = [{"word": "Nike", "hint": "N AY1 K IY0"}, {"word": "行", "hint": "hang2"}]
+
+
+@pytest.fixture
+def lexicons(engine, tmp_path) -> LexiconLibrary:
+    engine.lexicons = LexiconLibrary(tmp_path / "voices", engine.family)  # type: ignore[attr-defined]
+    return engine.lexicons  # type: ignore[attr-defined]
+
+
+async def test_the_picked_lexicon_is_applied_and_the_status_says_where(
+    studio, engine, prompt, lexicons
+) -> None:
+    mine = lexicons.save("Brands", BRANDS, owner_of(ALICE))
+    text = "Nike, nike 行 and Adidas."
+    outs = await run(studio, prompt_wav=prompt, text=text, browser_id=ALICE, lexicon=mine.id)
+    assert engine.requests[-1].text == "[N][AY1][K][IY0], [N][AY1][K][IY0] [h][áng] and Adidas."
+    status = outs[-1][2]
+    assert 'data-state="done"' in status
+    assert "Pronounced from the lexicon: Nike×2, 行×1." in html.unescape(status)
+    assert outs[-1][3][-1].text == text  # the history and its downloads' names: as typed
+
+
+async def test_no_lexicon_leaves_the_text_and_a_miss_is_said(studio, engine, prompt, lexicons) -> None:
+    mine = lexicons.save("Brands", BRANDS, owner_of(ALICE))
+    outs = await run(studio, prompt_wav=prompt, text="Nike.", browser_id=ALICE)
+    assert engine.requests[-1].text == "Nike." and "lexicon" not in outs[-1][2]
+    outs = await run(studio, prompt_wav=prompt, text="Adidas.", browser_id=ALICE, lexicon=mine.id)
+    assert engine.requests[-1].text == "Adidas."
+    assert "The lexicon matched no word of this text." in html.unescape(outs[-1][2])
+
+
+async def test_another_browsers_lexicon_is_refused_before_the_engine(
+    studio, engine, prompt, lexicons
+) -> None:
+    mine = lexicons.save("Brands", BRANDS, owner_of(ALICE))
+    outs = await run(studio, prompt_wav=prompt, text="Nike.", browser_id=BOB, lexicon=mine.id)
+    assert engine.requests == []
+    status = html.unescape(outs[-1][2])
+    assert 'data-state="refused"' in status and "That lexicon cannot be used" in status
+
+
+async def test_a_server_without_lexicons_refuses_a_picked_one(studio, engine, prompt) -> None:
+    outs = await run(studio, prompt_wav=prompt, text="Nike.", browser_id=ALICE, lexicon="brands")
+    assert engine.requests == [] and "keeps no pronunciation lexicons" in html.unescape(outs[-1][2])
+
+
+async def test_live_text_is_pronounced_as_it_arrives(lexicons) -> None:
+    """Typed text reaches the engine in pieces: a word cut between two ("Ni" + "ke") is still found."""
+    from engine.lexicons import StreamApplier
+    from webui.handlers import lexicon_note, pronounced
+
+    applier = StreamApplier(lexicons.save("Brands", BRANDS, owner_of(ALICE)))
+
+    async def typed() -> AsyncIterator[str]:
+        for piece in ("Ni", "ke says ", "行", " hi"):
+            yield piece
+
+    said = "".join([piece async for piece in pronounced(typed(), applier)])
+    assert said == "[N][AY1][K][IY0] says [h][áng] hi"
+    assert lexicon_note(T, applier.hits) == " Pronounced from the lexicon: Nike×1, 行×1."
+
+
+async def test_the_picker_lists_the_public_and_the_browsers_own_lexicons(studio, lexicons) -> None:
+    lexicons.save("Shared", BRANDS, None)
+    lexicons.save("Mine", BRANDS, owner_of(ALICE))
+    lexicons.save("Theirs", BRANDS, owner_of(BOB))
+    choices = await studio.lexicon_choices(ALICE)
+    assert choices == [("None", ""), ("Mine", "mine"), ("Shared (public)", "shared")]
+    dropdown = await studio.browser_lexicons(BOB)
+    assert [c[1] for c in dropdown.choices] == ["", "shared", "theirs"]
+    assert await Studio.lexicon_choices(studio, None) == [("None", ""), ("Shared (public)", "shared")]
+
+
+async def test_the_lab_picks_a_lexicon_only_where_this_browser_has_it(studio, lexicons) -> None:
+    lexicons.save("Mine", BRANDS, owner_of(ALICE))
+    lexicons.save("Theirs", BRANDS, owner_of(BOB))
+    assert (await studio.pick_lexicon("mine", ALICE)).value == "mine"
+    assert (await studio.pick_lexicon("theirs", ALICE)).value != "theirs"
+    assert (await studio.pick_lexicon("", ALICE)).value != "mine"

@@ -34,7 +34,7 @@ def test_gpu_work_shares_one_concurrency_group_and_the_queue_is_bounded() -> Non
 def test_generate_hook_hands_the_request_id_to_the_handler() -> None:
     gen = listeners(build_demo(FakeEngine(), "en"))["generate"]
     names = [getattr(c, "elem_id", None) for c in gen.inputs]
-    assert len(gen.inputs) == 16 and "slice(0, 16)" in gen.js and "args[11] = rid" in gen.js
+    assert len(gen.inputs) == 17 and "slice(0, 17)" in gen.js and "args[11] = rid" in gen.js
     assert "cosy-prompt" in names and "cosy-text" in names and names[13] == "cosy-owner"
     assert "if (args[8]) p.start(rid)" in gen.js  # input 8 is the Stream checkbox
 

@@ -13,11 +13,12 @@ import pytest
 import soundfile as sf
 
 from engine.config import Limits
+from engine.lexicons import LexiconLibrary
 from engine.request import Mode
 from engine.text.script import TAG_HELP
 from tests.api.support import RecordingEngine
 from tests.sounds import write_wav
-from webui.handlers import Studio
+from webui.handlers import Studio, owner_of
 from webui.script_tab import BREAK_TAG, PROMPT, SPEAKERS, TAG_KEYS, ScriptDesk, progress_html, tags_html
 from webui.stream_route import AudioStore, StreamHub
 from webui.texts import Texts
@@ -34,12 +35,12 @@ def desk(tmp_path) -> ScriptDesk:
     return ScriptDesk(Studio(engine, Limits(), Texts("en"), StreamHub(), AudioStore(tmp_path / "store")))
 
 
-def inputs(desk, script, names=("Alice", "Bob"), voices=None, rid=RID):
+def inputs(desk, script, names=("Alice", "Bob"), voices=None, rid=RID, browser_id="", lexicon=""):
     engine = desk.studio.engine
     voices = voices or (engine.amy, PROMPT)
     names = [*names, *[""] * (SPEAKERS - len(names))]
     voices = [*voices, *[None] * (SPEAKERS - len(voices))]
-    return [script, 0.25, *names, *voices, rid, "", engine.prompt, "A prompt."]
+    return [script, 0.25, *names, *voices, rid, browser_id, engine.prompt, "A prompt.", lexicon]
 
 
 async def test_progress_then_the_take_with_subtitles(desk):
@@ -171,3 +172,40 @@ async def test_stop_keeps_the_take_so_far_with_named_subtitles_and_readable_file
     assert "Alice: One. Two!" in srt.read_text() and "Bob: Three." in srt.read_text()
     assert "<v Bob>Three." in vtt.read_text() and "Four" not in srt.read_text()
     assert f"webui/audio/{RID}.wav" in page
+
+
+BROWSER = "c" * 32
+
+
+async def test_the_lexicon_is_applied_to_every_spoken_line_and_nowhere_else(desk, tmp_path):
+    """Speaker names and tags stay as typed; the progress line of the take says where entries applied."""
+    engine = desk.studio.engine
+    engine.lexicons = LexiconLibrary(tmp_path / "voices", "cosyvoice3")
+    entries = [{"word": "Nike", "hint": "N AY1 K IY0"}, {"word": "Alice", "hint": "AE1 L IH0 S"}]
+    mine = engine.lexicons.save("Brands", entries, owner_of(BROWSER))
+    script = "Alice: Nike [breath] runs.\nBob: Buy nike now."
+    args = inputs(desk, script, browser_id=BROWSER, lexicon=mine.id)
+    updates = [u async for u in desk.perform(*args)]
+    said = [q.text for q in engine.requests]
+    assert said == ["[N][AY1][K][IY0] [breath] runs.", "Buy [N][AY1][K][IY0] now."]
+    assert "Pronounced from the lexicon: Nike×2." in html.unescape(updates[-1][0])
+    assert 'data-state="done"' in updates[-1][0]
+
+
+async def test_a_lexicon_not_of_this_browser_is_refused_before_any_line(desk, tmp_path):
+    engine = desk.studio.engine
+    engine.lexicons = LexiconLibrary(tmp_path / "voices", "cosyvoice3")
+    theirs = engine.lexicons.save("Theirs", [{"word": "Nike", "hint": "N AY1 K IY0"}], owner_of("d" * 32))
+    with pytest.raises(gr.Error, match="That lexicon cannot be used"):
+        async for _ in desk.perform(*inputs(desk, "Alice: Nike.", browser_id=BROWSER, lexicon=theirs.id)):
+            pass
+    assert engine.requests == []
+
+
+async def test_the_desk_lists_the_browsers_lexicons(desk, tmp_path):
+    engine = desk.studio.engine
+    engine.lexicons = LexiconLibrary(tmp_path / "voices", "cosyvoice3")
+    engine.lexicons.save("Mine", [{"word": "Nike", "hint": "N AY1 K IY0"}], owner_of(BROWSER))
+    engine.lexicons.save("Theirs", [{"word": "Nike", "hint": "N AY1 K IY0"}], owner_of("d" * 32))
+    picker = await desk.lexicons(BROWSER)
+    assert [value for _, value in picker.choices] == ["", "mine"]

@@ -405,7 +405,7 @@
   function promote(r) {
     const s = r.settings || r.asked;
     const data = { text: s.input, voice: s.voice, mode: s.mode, instruct: s.mode === "instruct" ? s.instructions : "",
-      seed: s.seed, speed: s.speed, language: s.language };
+      seed: s.seed, speed: s.speed, language: s.language, lexicon: s.lexicon || "" };
     localStorage.setItem("cosystream-lab-promote", JSON.stringify(data));
     window.location.href = "/#lab=" + encode(data);
   }

@@ -1,5 +1,6 @@
 // A take promoted from the prompt lab (/lab) arrives as "#lab=<base64url JSON>" on the studio's address:
-// fill the studio's text, language, mode, instruction, seed and speed once its form is on the page.
+// fill the studio's text, language, mode, instruction, seed and speed once its form is on the page, then
+// pick the take's voice (its card's "use": Saved voice mode for a zero-shot take) and its lexicon.
 (() => {
   "use strict";
   const m = location.hash.match(/^#lab=([A-Za-z0-9_-]+)/);
@@ -20,11 +21,18 @@
   };
   const stuck = () => {
     const text = document.querySelector("#cosy-text textarea");
-    return text && text.value === String(data.text);
+    const mode = modeInput();
+    return text && text.value === String(data.text) && (!mode || mode.checked);
   };
+  // a zero-shot take of a saved or example voice is the studio's Saved voice mode
+  const card = () => data.voice
+    ? [...document.querySelectorAll('#cosy-examples [data-lib-op="use"]')].find((b) => b.dataset.voice === data.voice)
+    : null;
+  const studioMode = () => (data.mode === "zero_shot" && card() ? "voice" : data.mode);
+  const modeInput = () => document.querySelector(`#cosy-mode input[value="${studioMode()}"]`);
   const fill = () => {
     const text = document.querySelector("#cosy-text textarea");
-    const mode = document.querySelector(`#cosy-mode input[value="${data.mode}"]`);
+    const mode = modeInput();
     if (mode && !mode.checked) mode.click();
     set(text, data.text);
     set(document.querySelector("#cosy-instruct textarea"), data.instruct || "");
@@ -32,6 +40,17 @@
     if (rows.length >= 2) {
       set(rows[0].querySelector("input[type=number]"), data.speed);
       set(rows[1].querySelector("input[type=number]"), data.seed ?? -1);
+    }
+  };
+  // once the page's load events are done (they refill the voice and lexicon lists): the voice through its
+  // library card (library.js), the lexicon through the unseen #cosy-lex-go button (Studio.pick_lexicon)
+  const pick = () => {
+    const use = card();
+    if (use) use.click();
+    const go = document.getElementById("cosy-lex-go");
+    if (data.lexicon && go) {
+      window.cosyLexPick = String(data.lexicon);
+      go.click();
     }
   };
   // the page's load events (the session's language, the browser's voices) may re-render the form after it
@@ -44,6 +63,7 @@
     if (settled >= 8) {
       clearInterval(timer);
       history.replaceState(null, "", location.pathname + location.search);
+      pick();
       window.cosyLabPromoted = data;
     }
   }, 400);
