@@ -21,11 +21,23 @@ from tests.conftest import REPO, WAIT_S
 from tests.sounds import write_wav
 from tests.test_readme import Server, free_port
 
-SOURCES = ("engine", "server", "api", "webui", "cluster", "bench", "assets", "pyproject.toml", "README.md")
+SOURCES = (
+    "app.py",
+    "engine",
+    "server",
+    "api",
+    "webui",
+    "cluster",
+    "bench",
+    "assets",
+    "pyproject.toml",
+    "README.md",
+)
 
 
 def copy_sources(dest: Path) -> Path:
     """The project's files, copied: a build or an editable install leaves nothing in the checkout."""
+    dest.mkdir(parents=True, exist_ok=True)
     for name in SOURCES:
         path = REPO / name
         ignore = shutil.ignore_patterns("__pycache__", "results")
