@@ -43,3 +43,16 @@ def restore_audio_js(kinds: tuple[str, ...] = AUDIO_KEPT) -> str:
 
 # On load: the kept history (JSON) in place of the hidden input, for ``Studio.restore_history``.
 RESTORE_HISTORY_JS = "(kept) => [window.cosyKeep ? window.cosyKeep.history() : '[]']"
+
+
+def owner_and_voice_js(owner_js: str) -> str:
+    """On load: the browser's id (``owner_js`` draws or reads it) and the saved voice it picked last, for
+    ``Studio.browser_voices``, which picks it again only while the list still has it."""
+    kept = "window.cosyKeep ? window.cosyKeep.keptVoice() : ''"
+    return f"(current, kept) => [({owner_js})(current), {kept}]"
+
+
+# The saved-voice pick changed (by hand, by a library card, or restored): kept, once the load's own pick
+# is in (``VOICE_RESTORED_JS``), so the list's first empty value never overwrites the kept one.
+KEEP_VOICE_JS = "(v) => { if (window.cosyKeep) window.cosyKeep.keepVoice(v); return []; }"
+VOICE_RESTORED_JS = "() => { if (window.cosyKeep) window.cosyKeep.voiceRestored(); return []; }"

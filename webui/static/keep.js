@@ -10,10 +10,11 @@
   "use strict";
   const FORM = "cosystream-form";
   const HISTORY = "cosystream-history";
+  const VOICE = "cosystream-voice"; // the saved voice picked last (its id)
   const NAMES = "cosystream-audio-names"; // kind -> file name, kept even when the blob could not be
   const DB = "cosystream", STORE = "files";
   const MAX_TAKES = 50; // as the server's history (handlers.MAX_HISTORY)
-  const restored = { form: false, audio: false, history: false };
+  const restored = { form: false, audio: false, history: false, voice: false };
   let dbOpen = null;
   let lastKept = ""; // the last take whose wav is kept here
 
@@ -86,6 +87,22 @@
     if (form.typed) window.cosyTyped = true;
     return names.map((name, i) => (form[name] === undefined || form[name] === null ? current[i] : form[name]));
   }
+
+  // ---- the saved voice --------------------------------------------------------------------------------
+  // Its list comes from the server on load (this browser's voices): the kept id goes there as an input,
+  // and the server picks it only while the list still has it (Studio.browser_voices).
+  function keptVoice() {
+    const id = read(VOICE, "");
+    return typeof id === "string" ? id : "";
+  }
+
+  function keepVoice(value) {
+    if (!restored.voice) return;
+    if (typeof value === "string" && value) write(VOICE, JSON.stringify(value));
+    else { try { localStorage.removeItem(VOICE); } catch (e) { /* nothing kept */ } }
+  }
+
+  function voiceRestored() { restored.voice = true; }
 
   // ---- the prompt and the source speech -----------------------------------------------------------------
   async function keepAudio(kind, value) {
@@ -265,6 +282,6 @@
     childList: true, subtree: true, attributes: true, attributeFilter: ["data-kept-history"],
   });
 
-  window.cosyKeep = { saveForm, restoreForm, keepAudio, restoreAudio, history, keepTake,
+  window.cosyKeep = { saveForm, restoreForm, keepAudio, keptVoice, keepVoice, voiceRestored, restoreAudio, history, keepTake,
     get restored() { return { ...restored }; }, get lastKept() { return lastKept; } };
 })();
