@@ -56,3 +56,20 @@ def owner_and_voice_js(owner_js: str) -> str:
 # is in (``VOICE_RESTORED_JS``), so the list's first empty value never overwrites the kept one.
 KEEP_VOICE_JS = "(v) => { if (window.cosyKeep) window.cosyKeep.keepVoice(v); return []; }"
 VOICE_RESTORED_JS = "() => { if (window.cosyKeep) window.cosyKeep.voiceRestored(); return []; }"
+
+
+def save_script_js(speakers: int) -> str:
+    """A change on the script desk (its text, pause, speakers' names and voices): all of it saved."""
+    return f"(...v) => {{ if (window.cosyKeep) window.cosyKeep.saveScript({speakers}, v); return []; }}"
+
+
+def restore_script_js(speakers: int) -> str:
+    """On load: the kept script text, pause and speakers' names in place of the desk's defaults (the
+    voices are picked by the server, ``ScriptDesk.voices``, from ``SCRIPT_VOICES_JS``)."""
+    return f"(...v) => window.cosyKeep ? window.cosyKeep.restoreScript({speakers}, v) : v"
+
+
+# The speakers' kept voices (JSON list of ids) as the last input, for ``ScriptDesk.voices``.
+SCRIPT_VOICES_JS = (
+    "(...v) => [...v.slice(0, -1), window.cosyKeep ? JSON.stringify(window.cosyKeep.scriptVoices()) : '[]']"
+)
