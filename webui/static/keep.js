@@ -116,8 +116,9 @@
   }
 
   async function restoreScript(speakers, current) {
-    // current: [text, gap, ...names]; the desk sits in a closed accordion, whose fields mount with it
-    await mounted(["#cosy-script-text textarea", "#cosy-sp-name-" + (speakers - 1) + " textarea"]);
+    // current: [text, gap, ...names]; the desk sits in a closed accordion: its fields are drawn when it
+    // opens, with the values the load gave them
+    await mounted(["#cosy-script"]);
     const kept = read(SCRIPT, null);
     restored.script = true;
     if (!kept || typeof kept !== "object") return current;
