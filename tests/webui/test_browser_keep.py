@@ -324,6 +324,9 @@ def test_a_replaced_prompt_a_new_take_and_an_example_voice_in_vc(browser, port, 
     engine.going.clear()  # the next take waits before its first chunk
     page.locator("#cosy-generate").click()
     page.wait_for_function(f"{audio_tile} === '—'")  # the last take's numbers went at the click
+    # and its "Done" with them: the line waits for the server's first word
+    waiting = page.locator('.cosy-status[data-state="waiting"]', has_text=Texts("en")("status_waiting"))
+    waiting.wait_for()
     engine.going.set()
     page.wait_for_function(f"{audio_tile}.startsWith('1.50')")  # this take's, to its end
 
@@ -335,6 +338,15 @@ def test_a_replaced_prompt_a_new_take_and_an_example_voice_in_vc(browser, port, 
     page.wait_for_function("document.querySelectorAll('.cosy-history tbody tr').length === 3")
     newest = page.locator(".cosy-history tbody tr").first.inner_text()
     assert "en-amy" in newest and "upload" not in newest, newest
+
+    # the server cannot be reached for the next take (its request never arrives): no "Done" stays, the
+    # take fails with nothing made, said so
+    page.route("**/gradio_api/queue/join*", lambda route: route.abort())
+    asked = len(engine.requests)
+    page.locator("#cosy-generate").click()
+    failed = page.locator('.cosy-status[data-state="failed"]', has_text=Texts("en")("status_no_answer"))
+    failed.wait_for()
+    assert len(engine.requests) == asked and page.locator('.cosy-status[data-state="done"]').count() == 0
 
 
 def test_a_result_that_replaces_a_loading_one_throws_nothing(browser, port, servers) -> None:
