@@ -114,12 +114,14 @@ def create_app(
         preview = getattr(engine, "voice_preview", None)
         return preview(voice_id, owner) if preview is not None else None
 
-    app.include_router(stream_route.router(hub, store, limits.request_timeout_s, signed_in, previews))
+    # with a login: a signed-in session's voice namespace (its key's), for the previews and the lab
+    account = (lambda r: login.owner(login.session_user(r))) if login else None
+    routes = stream_route.router(hub, store, limits.request_timeout_s, signed_in, previews, account)
+    app.include_router(routes)
     api_ctx = getattr(app.state, "cosystream_api", None)
     if api_ctx is not None:  # the lab's takes are API requests in the browser's namespace
         from webui import lab_route
 
-        account = (lambda r: login.owner(login.session_user(r))) if login else None
         app.include_router(lab_route.router(api_ctx, signed_in, account))
     if login is not None:  # a middleware joins before the app starts, so before a later mount too
         app.add_middleware(TaggedLogin, login=login)

@@ -562,11 +562,19 @@ class Studio:
     async def voice_dropdown(self, browser_id: str | None = None) -> Any:
         return gr.Dropdown(choices=await self.voice_choices(browser_id))
 
-    async def browser_voices(self, browser_id: str | None) -> tuple[str, Any]:
+    async def browser_voices(self, browser_id: str | None, kept_voice: str = "") -> tuple[str, Any, str]:
         """On load, after OWNER_JS put the browser's id in the input: (the id for the hidden field, the
-        saved-voice list this browser (or this login: never written into the page) may use)."""
+        saved-voice list this browser (or this login: never written into the page) may use, a note).
+
+        ``kept_voice``: the saved voice this browser picked last (``keep.js``); picked again only while the
+        list still has it, else the list stays unpicked and the note says the voice is gone."""
         known = browser_id if browser_id and owner_of(browser_id) else ""
-        return ("" if isinstance(known, Account) else known), await self.voice_dropdown(known)
+        choices = await self.voice_choices(known)
+        kept = kept_voice.strip() if isinstance(kept_voice, str) else ""
+        listed = kept in {value for _, value in choices}
+        note = "" if listed or not kept else views.note_html(self.t("voice_not_kept", voice=kept), "bad")
+        picked = gr.Dropdown(choices=choices, value=kept if listed else None)
+        return ("" if isinstance(known, Account) else known), picked, note
 
     async def save_voice(
         self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str = ""

@@ -43,3 +43,33 @@ def restore_audio_js(kinds: tuple[str, ...] = AUDIO_KEPT) -> str:
 
 # On load: the kept history (JSON) in place of the hidden input, for ``Studio.restore_history``.
 RESTORE_HISTORY_JS = "(kept) => [window.cosyKeep ? window.cosyKeep.history() : '[]']"
+
+
+def owner_and_voice_js(owner_js: str) -> str:
+    """On load: the browser's id (``owner_js`` draws or reads it) and the saved voice it picked last, for
+    ``Studio.browser_voices``, which picks it again only while the list still has it."""
+    kept = "window.cosyKeep ? window.cosyKeep.keptVoice() : ''"
+    return f"(current, kept) => [({owner_js})(current), {kept}]"
+
+
+# The saved-voice pick changed (by hand, by a library card, or restored): kept, once the load's own pick
+# is in (``VOICE_RESTORED_JS``), so the list's first empty value never overwrites the kept one.
+KEEP_VOICE_JS = "(v) => { if (window.cosyKeep) window.cosyKeep.keepVoice(v); return []; }"
+VOICE_RESTORED_JS = "() => { if (window.cosyKeep) window.cosyKeep.voiceRestored(); return []; }"
+
+
+def save_script_js(speakers: int) -> str:
+    """A change on the script desk (its text, pause, speakers' names and voices): all of it saved."""
+    return f"(...v) => {{ if (window.cosyKeep) window.cosyKeep.saveScript({speakers}, v); return []; }}"
+
+
+def restore_script_js(speakers: int) -> str:
+    """On load: the kept script text, pause and speakers' names in place of the desk's defaults (the
+    voices are picked by the server, ``ScriptDesk.voices``, from ``SCRIPT_VOICES_JS``)."""
+    return f"(...v) => window.cosyKeep ? window.cosyKeep.restoreScript({speakers}, v) : v"
+
+
+# The speakers' kept voices (JSON list of ids) as the last input, for ``ScriptDesk.voices``.
+SCRIPT_VOICES_JS = (
+    "(...v) => [...v.slice(0, -1), window.cosyKeep ? JSON.stringify(window.cosyKeep.scriptVoices()) : '[]']"
+)

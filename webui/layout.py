@@ -178,6 +178,8 @@ def _voice_column(
         with gr.Column(elem_classes=views.for_modes(SHOWN_IN["voice_box"])) as c["voice_box"]:
             # deleting is the library's (a card's Delete, with Undo): no one-click delete here
             c["voice"] = gr.Dropdown([], label=lbl("saved_voice"), elem_id="cosy-voice")
+            c["voice_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-voice-note")
+            c["kept_voice"] = gr.Textbox("", visible=False)  # the pick this browser kept (keep.js), on load
     return c
 
 
@@ -368,7 +370,10 @@ def _listen(
     demo.load(on("page"), None, page, **light)
     _keep(demo, on, a, b, history, light)
     # the script draws or reads the id in the browser and hands it over as the input
-    demo.load(on("browser_voices"), owner, [owner, a["voice"]], js=OWNER_JS, **light)
+    picked = [owner, a["voice"], a["voice_note"]]
+    js = keep.owner_and_voice_js(OWNER_JS)
+    voices = demo.load(on("browser_voices"), [owner, a["kept_voice"]], picked, js=js, **light)
+    voices.then(None, None, None, js=keep.VOICE_RESTORED_JS, **light)
     owner.change(voice_library.routed(studios, "page", 0), owner, shelf, **light)  # the id came
     demo.load(on("browser_lexicons"), owner, a["lexicon"], js=OWNER_JS, **light)
     pick = "(wanted, owner) => [window.cosyLexPick || '', owner]"
@@ -390,5 +395,6 @@ def _keep(
     for kind, component in zip(keep.AUDIO_KEPT, audio, strict=True):
         component.change(None, component, None, js=keep.keep_audio_js(kind), **light)
     demo.load(None, audio, audio, js=keep.restore_audio_js(), **light)
+    a["voice"].change(None, a["voice"], None, js=keep.KEEP_VOICE_JS, **light)
     kept = b["kept_history"]
     demo.load(on("restore_history"), kept, [history, b["history"]], js=keep.RESTORE_HISTORY_JS, **light)

@@ -36,6 +36,7 @@ def card_html(t: Texts) -> str:
     # the words keep.js and link.js write (the banner, a kept take, a prompt to upload again)
     texts = {"conn-down": "conn_down", "kept": "kept_take", "download": "kept_download"}
     texts |= {"reupload": "prompt_reupload", "lost": "status_lost"}
+    texts |= {"waiting": "status_waiting", "no-answer": "status_no_answer"}
     labels += "".join(f' data-text-{k}="{html.escape(t(key))}"' for k, key in texts.items())
     fields = "".join(
         f'<div><span class="cosy-k">{html.escape(t(f"live_{key}"))}</span>'

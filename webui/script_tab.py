@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import inspect
+import json
 import logging
 import shutil
 import time
@@ -28,7 +29,7 @@ from engine.request import Mode, SynthesisRequest, new_request_id
 from engine.serving.performance import PartDone, perform
 from engine.serving.subtitles import Turn, to_srt, to_vtt
 from engine.text.script import Part, Speech, compile_script, parse_script
-from webui import player, views
+from webui import keep, player, views
 from webui.handlers import RID, Studio, Studios, call_engine, lexicon_note, owner_of, user_error
 from webui.texts import Labels, Texts
 
@@ -140,16 +141,26 @@ class ScriptDesk:
     def __init__(self, studio: Studio):
         self.studio, self.t = studio, studio.t
 
-    async def voices(self, browser_id: str) -> list[Any]:
-        """The cast dropdowns' choices: the prompt box's voice, then examples, public and own voices."""
+    async def voices(self, browser_id: str, kept: str = "[]") -> list[Any]:
+        """The cast dropdowns' choices: the prompt box's voice, then examples, public and own voices.
+
+        ``kept``: the voices this browser picked last (``keep.js``, a JSON list of ids); each is picked
+        again while the list still has it, else the speaker gets the default pick."""
         own = await self.studio.voice_choices(browser_id)
         choices = [(self.t("script_prompt_voice"), PROMPT), *own]
+        listed = {value for _, value in choices}
         defaults = [own[i][1] if i < min(2, len(own)) else None for i in range(SPEAKERS)]
-        return [gr.Dropdown(choices=choices, value=value) for value in defaults]
+        picks = [kept_voice if kept_voice in listed else None for kept_voice in _kept_ids(kept)]
+        picks = [*picks[:SPEAKERS], *[None] * (SPEAKERS - len(picks))]
+        return [gr.Dropdown(choices=choices, value=p or d) for p, d in zip(picks, defaults, strict=True)]
 
-    async def page(self, browser_id: str) -> list[Any]:
+    async def page(self, browser_id: str, kept: str = "[]") -> list[Any]:
         """On load: the cast's voices, the tags' help and the progress line in the session's language."""
-        return [*await self.voices(browser_id), tags_html(self.t), progress_html(0, 0, 0.0, 0.0, self.t)]
+        return [
+            *await self.voices(browser_id, kept),
+            tags_html(self.t),
+            progress_html(0, 0, 0.0, 0.0, self.t),
+        ]
 
     def cast(
         self, names: Sequence[str], voices: Sequence[str | None], browser_id: str, prompt: str | None,
@@ -277,6 +288,16 @@ class ScriptDesk:
         return progress, page, [str(f) for f in files]
 
 
+def _kept_ids(kept: Any) -> list[str | None]:
+    """The browser's kept cast voices: a JSON list of ids; whatever else it holds counts as none kept (the
+    browser's storage is the visitor's to edit)."""
+    try:
+        ids = json.loads(kept) if isinstance(kept, str) else []
+    except json.JSONDecodeError:
+        return []
+    return [v if isinstance(v, str) else None for v in ids] if isinstance(ids, list) else []
+
+
 def routed(studios: Studios, name: str, owner_at: int) -> Callable[..., Any]:
     """``ScriptDesk.<name>`` as a Gradio event function: the request's language picks the studio (notes,
     progress, errors and the toast's heading in the page's language) and, with a login, the session's
@@ -347,9 +368,25 @@ def build(
     # the studio's Stop: the player falls silent at the click and hands over its request id, which the
     # performance reads as "stop here and keep what was made" (``ScriptDesk._run``)
     stop.click(studios.listener("stop"), rid, None, js=player.STOP_JS, **light)
-    demo.load(routed(studios, "page", 0), owner, [*voices, tags, progress], **light)
-    owner.change(routed(studios, "voices", 0), owner, voices, **light)  # the id arrives after the load
+    kept = gr.Textbox("[]", visible=False)  # the speakers' kept voices, filled in the browser (keep.js)
+    cast = keep.SCRIPT_VOICES_JS
+    demo.load(routed(studios, "page", 0), [owner, kept], [*voices, tags, progress], js=cast, **light)
+    # the id arrives after the load
+    owner.change(routed(studios, "voices", 0), [owner, kept], voices, js=cast, **light)
     owner.change(routed(studios, "lexicons", 0), owner, lexicon, **light)
+    _keep(demo, text, gap, names, voices, light)
+
+
+def _keep(
+    demo: gr.Blocks, text: gr.Textbox, gap: gr.Slider, names: list[gr.Textbox], voices: list[gr.Dropdown],
+    light: dict[str, Any],
+) -> None:  # fmt: skip
+    """The desk kept in the browser (``keep.py``) like the studio's form: saved on every change, put back
+    on load (the voices through ``ScriptDesk.voices``, which picks only what is still listed)."""
+    desk: list[Any] = [text, gap, *names, *voices]
+    gr.on([c.change for c in desk], None, desk, None, js=keep.save_script_js(len(names)), **light)
+    shown = [text, gap, *names]
+    demo.load(None, shown, shown, js=keep.restore_script_js(len(names)), **light)
 
 
 def _editor(lbl: Labels) -> tuple[gr.Textbox, gr.HTML]:

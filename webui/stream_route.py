@@ -216,11 +216,17 @@ def router(
     hub: StreamHub, store: AudioStore, open_timeout_s: float = 300.0,
     signed_in: Callable[[HTTPConnection], bool] | None = None,
     previews: Callable[[str, str | None], Path | None] | None = None,
+    account: Callable[[HTTPConnection], str | None] | None = None,
 ) -> APIRouter:  # fmt: skip
     """``/webui/pcm/{rid}`` (announce, then live PCM), ``/webui/audio/{rid}.{wav|mp3}`` (finished audio),
     ``/webui/voice/{id}?owner=<browser id>`` (a voice's recording, for the voice library's preview) and the
     ``/webui/alive`` socket. ``signed_in``: whether a request carries the studio's login (None: the studio
-    has no login); ``previews``: the engine's ``voice_preview`` (None: no previews)."""
+    has no login); ``previews``: the engine's ``voice_preview`` (None: no previews); ``account`` (with a
+    login): the signed-in session's voice namespace, which replaces the page's browser id as a recording's
+    owner (the studio saves a signed-in visitor's voices under its key, never its browser)."""
+
+    def owner_of(request: Request, owner: str) -> str | None:
+        return (account(request) or None) if account is not None else browser_owner(owner)
 
     def session(request: Request) -> None:
         if signed_in is not None and not signed_in(request):
@@ -258,11 +264,11 @@ def router(
         return FileResponse(path, media_type=MEDIA_TYPES[ext], filename=f"cosystream-{rid[:8]}.{ext}")
 
     @routes.get("/voice/{voice_id}")
-    async def voice(voice_id: str, owner: str = "") -> Response:
+    async def voice(request: Request, voice_id: str, owner: str = "") -> Response:
         path = None
         if previews is not None and VOICE_ID.match(voice_id):
             try:
-                path = await asyncio.to_thread(previews, voice_id, browser_owner(owner))
+                path = await asyncio.to_thread(previews, voice_id, owner_of(request, owner))
             except EngineError:  # not found, not this browser's: as for no recording
                 path = None
         if path is None:

@@ -188,9 +188,12 @@ EN: dict[str, str] = {
     # the studio's own connection to its server (keep.js): the banner while it cannot be reached
     "conn_down": "The server cannot be reached. Your text, settings and takes are kept in this browser; "
     "the page reconnects by itself.",
+    "voice_not_kept": "The saved voice “{voice}” you picked last time is no longer listed; pick another one.",
     "prompt_reupload": "Upload the prompt again: “{name}” could not be kept in this browser.",
     "kept_take": "Kept in this browser: {audio} s",
     "kept_download": "Download wav",
+    "status_waiting": "Waiting for the server…",
+    "status_no_answer": "Failed: the server did not answer, and nothing was made. Try again when it is back.",
     "status_lost": "Failed: the server went away during this take. What was heard is kept in the live card.",
     "retry": "Retry",
     "err_internal": "The server could not finish this request (the details are in its log). "
@@ -414,9 +417,12 @@ ZH: dict[str, str] = {
     "h_failed": "失败",
     # the studio's own connection to its server (keep.js): the banner while it cannot be reached
     "conn_down": "无法连接服务器。你的文本、设置和生成记录都保存在此浏览器中；页面会自动重新连接。",
+    "voice_not_kept": "上次选择的已存音色“{voice}”已不在列表中；请选择其他音色。",
     "prompt_reupload": "请重新上传参考音频：此浏览器未能保存“{name}”。",
     "kept_take": "已保存在此浏览器：{audio} 秒",
     "kept_download": "下载 wav",
+    "status_waiting": "正在等待服务器…",
+    "status_no_answer": "失败：服务器没有回应，未生成任何音频。请在服务器恢复后重试。",
     "status_lost": "失败：生成过程中服务器断开了。已听到的部分保存在实时播放卡片中。",
     "retry": "重试",
     "err_internal": "服务器未能完成此请求（详情见服务器日志）。请点重试，或更换文本或音色。",

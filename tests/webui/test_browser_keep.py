@@ -34,6 +34,7 @@ from tests.conftest import WAIT_S
 from tests.fakes import FakeEngine
 from tests.sounds import write_wav
 from tests.webui.support import TRANSCRIBED, WAIT_MS, free_port
+from webui.script_tab import PROMPT
 from webui.texts import Texts
 
 pytestmark = pytest.mark.browser
@@ -323,6 +324,9 @@ def test_a_replaced_prompt_a_new_take_and_an_example_voice_in_vc(browser, port, 
     engine.going.clear()  # the next take waits before its first chunk
     page.locator("#cosy-generate").click()
     page.wait_for_function(f"{audio_tile} === '—'")  # the last take's numbers went at the click
+    # and its "Done" with them: the line waits for the server's first word
+    waiting = page.locator('.cosy-status[data-state="waiting"]', has_text=Texts("en")("status_waiting"))
+    waiting.wait_for()
     engine.going.set()
     page.wait_for_function(f"{audio_tile}.startsWith('1.50')")  # this take's, to its end
 
@@ -358,3 +362,65 @@ def test_a_result_that_replaces_a_loading_one_throws_nothing(browser, port, serv
         )
     assert "a real failure" in str(real.value)
     assert errors == [str(real.value)], errors
+
+
+def test_a_restart_keeps_the_saved_voice_pick_and_the_script(browser, port, servers) -> None:
+    """A voice saved, renamed in the library and picked in Saved voice mode, and a script with its own
+    speakers and voices: after a restart on the same port the page has them back (the server's library
+    outlives the process, as the real one on disk does); a kept voice the list no longer has is a note."""
+    servers.append(Served(KeptEngine(), port))
+    errors: list[str] = []
+    page = open_page(browser, servers[0].url, errors=errors)
+    library = page.locator("#cosy-examples")
+    pick_example(page)
+    page.get_by_label("Save this prompt as").fill("Mine")
+    page.locator("#cosy-save").click()
+    own = library.locator('.cosy-vcard[data-kind="own"]')
+    own.filter(has_text="Mine").wait_for()
+    page.once("dialog", lambda dialog: dialog.accept("Calm me"))  # Rename asks for the new name
+    own.locator('[data-lib-op="rename"]').click()
+    page.locator(".cosy-lib-note", has_text="Renamed “Mine” to “Calm me”").wait_for()
+    assert [v.name for v in servers[0].engine.voices.values()] == ["Calm me"] and own.count() == 1
+    page.locator('#cosy-mode input[value="voice"]').check()
+    own.locator(".cosy-vname").click()  # picked in the saved-voice list
+    page.wait_for_function("document.querySelector('#cosy-voice input').value === 'Calm me'")
+    page.wait_for_function("localStorage.getItem('cosystream-voice') === '\"calm me\"'")
+
+    page.locator("#cosy-script .label-wrap").first.click()
+    page.locator("#cosy-script-text textarea").fill("Carol: a script kept.\nDan: Across a restart.")
+    page.locator("#cosy-sp-name-0 textarea, #cosy-sp-name-0 input").first.fill("Carol")
+    page.locator("#cosy-sp-name-1 textarea, #cosy-sp-name-1 input").first.fill("Dan")
+    page.locator("#cosy-sp-voice-1 input").click()
+    prompt_voice = Texts("en")("script_prompt_voice")  # (the desk's list was drawn before the save)
+    page.get_by_role("option", name=prompt_voice).click()
+    kept_script = "(JSON.parse(localStorage.getItem('cosystream-script')) || {})"
+    page.wait_for_function(f"{kept_script}.voices[1] === '{PROMPT}' && {kept_script}.names[1] === 'Dan'")
+
+    voices = servers[0].engine.voices
+    servers[0].shut()
+    page.locator("#cosy-offline").wait_for()
+    servers.append(Served(KeptEngine(), port))
+    servers[1].engine.voices = voices
+    page.wait_for_function("window.cosyLink && window.cosyLink.instance !== '' && !window.cosyLink.down")
+    ready(page)
+    page.wait_for_function("document.querySelector('#cosy-voice input').value === 'Calm me'")
+    assert page.locator('#cosy-mode input[value="voice"]').is_checked()
+    page.wait_for_function("window.cosyKeep.restored.script")
+    page.locator("#cosy-script .label-wrap").first.click()  # the desk opens with the kept script
+    text = "document.querySelector('#cosy-script-text textarea').value"
+    page.locator("#cosy-script-text textarea").wait_for()
+    page.wait_for_function(f"{text} === 'Carol: a script kept.\\nDan: Across a restart.'")
+    assert page.locator("#cosy-sp-name-0 textarea, #cosy-sp-name-0 input").first.input_value() == "Carol"
+    assert page.locator("#cosy-sp-name-1 textarea, #cosy-sp-name-1 input").first.input_value() == "Dan"
+    page.wait_for_function(f"document.querySelector('#cosy-sp-voice-1 input').value === '{prompt_voice}'")
+    assert page.locator("#cosy-sp-voice-0 input").input_value() == "Calm me"  # the default: the first own
+    page.locator("#cosy-generate").click()
+    page.locator('.cosy-status[data-state="done"]').wait_for()
+    assert servers[1].engine.requests[-1].voice_id == "calm me"
+
+    servers[1].engine.voices = {}  # the voice went (deleted elsewhere): no pick, a note says so
+    page.reload()
+    ready(page)
+    page.locator("#cosy-voice-note .cosy-bad", has_text="“calm me”").wait_for()
+    assert page.locator("#cosy-voice input").input_value() == ""
+    assert not errors, errors

@@ -435,9 +435,9 @@ async def test_a_login_session_saves_lists_and_uses_its_own_namespace(studio, en
     save, choices = studios.listener("save_voice"), studios.listener("browser_voices")
     await save(SignedIn("alice~fp1"), "Mine", prompt, "hello", BROWSER_A)
     assert [owner for owner, _ in engine.voices] == ["api:key:k1"]
-    field, dropdown = await choices(SignedIn("alice~fp1"), BROWSER_B)  # another browser, same key
+    field, dropdown, _ = await choices(SignedIn("alice~fp1"), BROWSER_B)  # another browser, same key
     assert field == "" and ("Mine", "mine") in dropdown.choices  # the namespace is never put in the page
-    _, other = await choices(SignedIn("bob~fp2"), BROWSER_A)  # the browser that saved it, another key
+    _, other, _ = await choices(SignedIn("bob~fp2"), BROWSER_A)  # the browser that saved it, another key
     assert ("Mine", "mine") not in other.choices
     generate = studios.listener("generate", Form.from_ui)
     form = Form(**ui(mode="voice", voice_id="mine", browser_id=BROWSER_B))
@@ -448,6 +448,19 @@ async def test_a_login_session_saves_lists_and_uses_its_own_namespace(studio, en
     refused(await save(SignedIn("mallory"), "Eve", prompt, "t", BROWSER_A), "browser id")
     assert await studio.voice_choices("api:key:k1") == []  # the page's plain string is no namespace
     assert Account("api:key:k1") == "api:key:k1"
+
+
+async def test_the_kept_saved_voice_is_picked_again_only_while_listed(studio, prompt) -> None:
+    """On load the browser sends the voice it picked last (keep.js): picked again while this browser still
+    lists it; a voice gone (deleted, or another browser's) leaves the list unpicked with a note, no error."""
+    await studio.save_voice("Mine", prompt, "hello", BROWSER_A)
+    field, dropdown, note = await studio.browser_voices(BROWSER_A, "mine")
+    assert field == BROWSER_A and dropdown.value == "mine" and note == ""
+    _, theirs, note = await studio.browser_voices(BROWSER_B, "mine")  # not this browser's voice
+    assert theirs.value is None and "cosy-bad" in note and "“mine”" in note
+    assert Texts("en")("voice_not_kept", voice="mine") in html.unescape(note)
+    _, none_kept, note = await studio.browser_voices(BROWSER_A, "")
+    assert none_kept.value is None and note == ""
 
 
 async def test_refusals_are_in_the_page_language(studio, prompt) -> None:

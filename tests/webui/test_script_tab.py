@@ -4,6 +4,7 @@ subtitles, the live channel fed and closed, and bad scripts as gr.Error."""
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 
@@ -209,3 +210,18 @@ async def test_the_desk_lists_the_browsers_lexicons(desk, tmp_path):
     engine.lexicons.save("Theirs", [{"word": "Nike", "hint": "N AY1 K IY0"}], owner_of("d" * 32))
     picker = await desk.lexicons(BROWSER)
     assert [value for _, value in picker.choices] == ["", "mine"]
+
+
+async def test_the_speakers_kept_voices_are_picked_again_while_listed(desk):
+    """On load the browser sends each speaker's voice it picked last (keep.js, JSON): a listed voice or the
+    prompt box is picked again; one no longer listed, or storage that is not a list, gives the default."""
+    engine = desk.studio.engine
+    kept = json.dumps([PROMPT, "gone-voice", None, engine.amy])
+    picks = [d.value for d in await desk.voices("", kept)]
+    assert picks == [PROMPT, None, None, engine.amy] and len(picks) == SPEAKERS
+    defaults = [d.value for d in await desk.voices("", "[]")]
+    assert defaults == [engine.amy, None, None, None]
+    assert [d.value for d in await desk.voices("", "{not json")] == defaults
+    assert [d.value for d in await desk.voices("", '{"a": 1}')] == defaults
+    page = await desk.page("", json.dumps([None, engine.amy]))
+    assert [d.value for d in page[:SPEAKERS]] == [engine.amy, engine.amy, None, None]

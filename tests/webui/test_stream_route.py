@@ -234,3 +234,57 @@ async def test_a_voice_recording_is_served_to_its_browser_only(tmp_path) -> None
         assert mine.status_code == 200 and mine.content == wav.read_bytes()
         for path, owner in (("mine", "b" * 32), ("mine", ""), ("bare", "a" * 32), ("..", "a" * 32)):
             assert (await client.get(f"/webui/voice/{path}", params={"owner": owner})).status_code == 404
+
+
+async def test_with_a_login_a_recording_is_the_signed_in_keys(tmp_path) -> None:
+    """With the key login the studio saves a visitor's voices under the key's namespace, not the browser
+    id: the play button finds them through the session, and a browser id alone finds nothing."""
+    from tests.fakes import FakeEngine
+    from tests.sounds import write_wav
+
+    engine = FakeEngine()
+    wav = write_wav(tmp_path / "v.wav", 1.0)
+    engine.add_voice("Mine", str(wav), "words", "api:key:k1")
+    engine.add_voice("Yours", str(wav), "words", "studio:" + "a" * 32)
+    keys = {"alice": "api:key:k1", "bob": "api:key:k2"}
+    app = FastAPI()
+    app.include_router(
+        router(
+            StreamHub(), AudioStore(tmp_path / "s"), signed_in=lambda conn: "user" in conn.cookies,
+            previews=engine.voice_preview, account=lambda conn: keys.get(conn.cookies.get("user", "")),
+        )
+    )  # fmt: skip
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        client.cookies.set("user", "alice")
+        mine = await client.get("/webui/voice/mine", params={"owner": "a" * 32})
+        assert mine.status_code == 200 and mine.content == wav.read_bytes()
+        # the browser's own namespace is no one's with a login: the page cannot name one
+        assert (await client.get("/webui/voice/yours", params={"owner": "a" * 32})).status_code == 404
+        client.cookies.set("user", "bob")  # another key: not its voice
+        assert (await client.get("/webui/voice/mine")).status_code == 404
+        client.cookies.set("user", "mallory")  # signed in by no key: no namespace at all
+        assert (await client.get("/webui/voice/mine")).status_code == 404
+        client.cookies.clear()
+        assert (await client.get("/webui/voice/mine")).status_code == 401
+
+
+def test_the_studio_with_keys_plays_the_signed_in_keys_own_voice(tmp_path) -> None:
+    """The whole app as ``--api-key`` serves it: after the key login the library's play button finds the
+    voice the studio saved under the key's namespace (it was a 404: the route looked under the browser id)."""
+    from fastapi.testclient import TestClient
+
+    from api.auth import owner_of
+    from server import web
+    from tests.fakes import FakeEngine
+    from tests.sounds import write_wav
+
+    engine = FakeEngine()
+    wav = write_wav(tmp_path / "v.wav", 1.0)
+    engine.add_voice("Mine", str(wav), "words", owner_of("k1"))
+    with TestClient(web.create_app(engine, ui_lang="en", api_key=["k1", "k2"])) as client:
+        assert client.get("/webui/voice/mine", params={"owner": "a" * 32}).status_code == 401
+        form = [("username", (None, "alice")), ("password", (None, "k1"))]
+        assert client.post("/login", files=form).status_code == 200
+        mine = client.get("/webui/voice/mine", params={"owner": "a" * 32})
+        assert mine.status_code == 200 and mine.content == wav.read_bytes()

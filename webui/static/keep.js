@@ -10,10 +10,12 @@
   "use strict";
   const FORM = "cosystream-form";
   const HISTORY = "cosystream-history";
+  const SCRIPT = "cosystream-script"; // the script desk: {text, gap, names, voices}
+  const VOICE = "cosystream-voice"; // the saved voice picked last (its id)
   const NAMES = "cosystream-audio-names"; // kind -> file name, kept even when the blob could not be
   const DB = "cosystream", STORE = "files";
   const MAX_TAKES = 50; // as the server's history (handlers.MAX_HISTORY)
-  const restored = { form: false, audio: false, history: false };
+  const restored = { form: false, audio: false, history: false, voice: false, script: false };
   let dbOpen = null;
   let lastKept = ""; // the last take whose wav is kept here
 
@@ -85,6 +87,50 @@
     if (!form) return current;
     if (form.typed) window.cosyTyped = true;
     return names.map((name, i) => (form[name] === undefined || form[name] === null ? current[i] : form[name]));
+  }
+
+  // ---- the saved voice --------------------------------------------------------------------------------
+  // Its list comes from the server on load (this browser's voices): the kept id goes there as an input,
+  // and the server picks it only while the list still has it (Studio.browser_voices).
+  function keptVoice() {
+    const id = read(VOICE, "");
+    return typeof id === "string" ? id : "";
+  }
+
+  function keepVoice(value) {
+    if (!restored.voice) return;
+    if (typeof value === "string" && value) write(VOICE, JSON.stringify(value));
+    else { try { localStorage.removeItem(VOICE); } catch (e) { /* nothing kept */ } }
+  }
+
+  function voiceRestored() { restored.voice = true; }
+
+  // ---- the script desk ---------------------------------------------------------------------------------
+  // values: [text, gap, ...names, ...voices], `speakers` of each (script_tab.build's order)
+  function saveScript(speakers, values) {
+    if (!restored.script) return;
+    write(SCRIPT, {
+      text: values[0], gap: values[1],
+      names: values.slice(2, 2 + speakers), voices: values.slice(2 + speakers, 2 + 2 * speakers),
+    });
+  }
+
+  async function restoreScript(speakers, current) {
+    // current: [text, gap, ...names]; the desk sits in a closed accordion: its fields are drawn when it
+    // opens, with the values the load gave them
+    await mounted(["#cosy-script"]);
+    const kept = read(SCRIPT, null);
+    restored.script = true;
+    if (!kept || typeof kept !== "object") return current;
+    const names = Array.isArray(kept.names) ? kept.names : [];
+    const pick = (v, fallback, type) => (typeof v === type ? v : fallback);
+    return [pick(kept.text, current[0], "string"), pick(kept.gap, current[1], "number"),
+      ...current.slice(2).map((c, i) => pick(names[i], c, "string"))];
+  }
+
+  function scriptVoices() {
+    const kept = read(SCRIPT, null);
+    return kept && Array.isArray(kept.voices) ? kept.voices.map((v) => (typeof v === "string" ? v : null)) : [];
   }
 
   // ---- the prompt and the source speech -----------------------------------------------------------------
@@ -265,6 +311,7 @@
     childList: true, subtree: true, attributes: true, attributeFilter: ["data-kept-history"],
   });
 
-  window.cosyKeep = { saveForm, restoreForm, keepAudio, restoreAudio, history, keepTake,
+  window.cosyKeep = { saveForm, restoreForm, keepAudio, keptVoice, keepVoice, voiceRestored,
+    saveScript, restoreScript, scriptVoices, restoreAudio, history, keepTake,
     get restored() { return { ...restored }; }, get lastKept() { return lastKept; } };
 })();

@@ -49,9 +49,13 @@
     // gives the event up: the observer below puts this back.
     const status = document.querySelector(".cosy-status");
     const live = document.getElementById("cosy-live");
-    if (!status || !live || !live.dataset.textLost || !["idle", "running"].includes(status.dataset.state)) return;
+    if (!status || !live || !["idle", "waiting", "running"].includes(status.dataset.state)) return;
+    // nothing heard yet (it went before the first chunk): nothing is kept, and the line says so
+    const heard = window.cosyPlayer && window.cosyPlayer.take.bytes > 0;
+    const text = heard ? live.dataset.textLost : live.dataset.textNoAnswer;
+    if (!text) return;
     status.dataset.state = "failed";
-    status.textContent = live.dataset.textLost;
+    status.textContent = text;
   }
 
   function connect() {

@@ -63,9 +63,29 @@
     if (box) box.remove();
   }
 
+  function setStatus(state, text) {
+    // The status line as the page itself words it (the server's next update replaces it)
+    const status = document.querySelector(".cosy-status");
+    if (!status || !text) return;
+    status.dataset.state = state;
+    status.textContent = text;
+  }
+
+  function liveText(key) {
+    const live = document.getElementById("cosy-live");
+    return live ? live.dataset[key] : "";
+  }
+
+  function awaitServer() {
+    // At the click the last take's "Done" goes: until the server's first word the line says it waits
+    // (and, should no word come, finished() or link.js says the take failed)
+    setStatus("waiting", liveText("textWaiting"));
+  }
+
   function start(rid) {
     stop();
     resetMetrics();
+    awaitServer();
     take = { rid, rate: 0, parts: [] };
     const ctx = context();
     S.rid = rid; S.nextAt = 0; S.pending = []; S.pendingN = 0; S.sources = []; S.peaks = []; S.top = 0;
@@ -92,6 +112,7 @@
     resetMetrics();
     take = { rid, rate: 0, parts: [] };
     context();
+    awaitServer();
     S.rid = rid; S.fileRid = rid; stats = fresh(rid); stats.state = "waiting";
     setBrowserTtfa("—");
     render();
@@ -103,6 +124,10 @@
     // waveform player does not play it); a failed request has no file (404) and plays nothing.
     const rid = S.fileRid;
     S.fileRid = "";
+    if (document.querySelector('.cosy-status[data-state="waiting"]')) {
+      // the event ended with no word from the server (it could not be reached): a failure, said so
+      setStatus("failed", liveText(take.parts.length ? "textLost" : "textNoAnswer"));
+    }
     if (document.querySelector('.cosy-status[data-state="failed"]')) {
       if (S.rid) { stats.state = "error"; render(); } // what was received played; the card says it failed
       return;
