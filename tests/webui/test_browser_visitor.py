@@ -77,7 +77,7 @@ def saved_voice_choices(page: Any) -> list[str]:
     page.locator("#cosy-voice input").click()
     options = page.locator("ul.options li").all_inner_texts()
     page.keyboard.press("Escape")
-    return [o.strip() for o in options]
+    return [o.replace("✓", "").strip() for o in options]  # ✓ marks the picked one (kept across reloads)
 
 
 def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -> None:
