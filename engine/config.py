@@ -187,11 +187,11 @@ def add_flow_compile_flags(parser: Flags) -> None:
 
 
 def add_lm_handover_flags(parser: Flags) -> None:
-    """``--lm-handover`` / ``--no-lm-handover`` -> ``args.lm_handover`` (None when neither: auto)."""
-    _add_auto_flags(
-        parser, "lm-handover", "with vLLM: serve on the native LM loop while vLLM starts, then hand over to "
-        "it (default: where --lm-kv-cache-gib fixes vLLM's KV cache)",
-        "with vLLM: ready only once vLLM is up",
+    """``--lm-handover`` / ``--no-lm-handover`` -> ``args.lm_handover`` (``EngineConfig.lm_handover``)."""
+    parser.add_argument(
+        "--lm-handover", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_handover,
+        help="with vLLM and --lm-kv-cache-gib: serve on the native LM loop while vLLM starts, then hand over "
+        "to it (tested on the CPU; not yet measured on a GPU, hence off by default)",
     )  # fmt: skip
 
 
@@ -359,10 +359,10 @@ class EngineConfig:
     first_graphs_early: bool | None = None
     # Serve within seconds, upgrade in place (engine.lm.handover): where vLLM serves the LM, the native loop
     # serves from the moment the weights are loaded while vLLM starts, then hands new requests over (those in
-    # flight finish on it) and is closed. Auto (None): on where vLLM's KV cache has a fixed size
-    # (lm_kv_cache_gib; a vLLM that profiles the device's memory would meet the native loop's KV caches
-    # there). False: ready only once vLLM is up (the start of before)
-    lm_handover: bool | None = None
+    # flight finish on it) and is closed. It needs vLLM's KV cache at a fixed size (lm_kv_cache_gib: a vLLM
+    # that profiles the device's memory would meet the native loop's KV caches there). Off by default until
+    # its GPU test and a start-up measurement have run on a GPU; off: ready only once vLLM is up
+    lm_handover: bool = False
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16
@@ -497,11 +497,6 @@ class EngineConfig:
         if self.first_graphs_early is not None:
             return self.first_graphs_early
         return self.background_graphs and self.lm_kv_cache_gib is not None
-
-    @property
-    def hands_over_lm(self) -> bool:
-        """lm_handover resolved, where vLLM serves the LM (the engine asks only then)."""
-        return self.lm_kv_cache_gib is not None if self.lm_handover is None else self.lm_handover
 
     def compiles_flow(self, family: str) -> bool:
         """Whether the graphed flow solver compiles its estimator: as set, or in auto for v3 only."""

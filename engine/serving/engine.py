@@ -189,7 +189,7 @@ class TTSEngine:
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
         weights: Future[LoadedModel] = Future()
-        handover = cfg.hands_over_lm and _uses_vllm(cfg, devices.is_accelerator(dev))
+        handover = cfg.lm_handover and _uses_vllm(cfg, devices.is_accelerator(dev))
         starter = ThreadPoolExecutor(1, thread_name_prefix="lm-start")
         try:
             lm: tuple[object, ...] = (cfg, files, dev, weights.result)
