@@ -14,11 +14,13 @@ check runs on every load, converted or not.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,12 +59,54 @@ def read_model_config(model_dir: Path) -> tuple[str, dict[str, Any], dict[str, A
 def build_modules(
     family: str, cfg: dict[str, Any], qwen: dict[str, Any]
 ) -> tuple[SpeechLM, Flow, HiFTGenerator | CausalHiFTGenerator]:
-    """Uninitialised modules at the sizes the files describe (use the meta device for structure only)."""
+    """Uninitialised modules at the sizes the files describe (use the meta device for structure only):
+    their parameters are left as allocated (``no_init``), since the strict load overwrites every one."""
     lm_cfg = SpeechLMConfig.from_qwen_config(family, qwen)
     llm_size = cfg.get("llm_input_size")
     if llm_size is not None and llm_size != lm_cfg.hidden_size:
         raise ModelError(f"yaml llm_input_size {llm_size} != Qwen hidden_size {lm_cfg.hidden_size}")
-    return SpeechLM(lm_cfg), build_flow(cfg["flow"]), build_hift(HiftConfig.from_yaml(cfg["hift"]))
+    with no_init():
+        return SpeechLM(lm_cfg), build_flow(cfg["flow"]), build_hift(HiftConfig.from_yaml(cfg["hift"]))
+
+
+# torch.nn.init's in-place initialisers, which layers' reset_parameters call while they are built
+INITIALISERS = (
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "orthogonal_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "sparse_",
+)  # fmt: skip
+
+
+_BUILDING = threading.local()  # .on: this thread is inside no_init
+
+
+@contextlib.contextmanager
+def no_init() -> Iterator[None]:
+    """Layers built on this thread inside skip torch.nn.init's random initialisation (their tensors stay as
+    allocated). Drawing ~0.8 G random numbers for v3's LM and flow took 11 s of a 2-core CPU and most of
+    the weights' phase at start-up, all of it overwritten by the strict load, which checks that every
+    parameter and persistent buffer is in the file. Buffers computed in a constructor (rotary tables,
+    windows) do not use these functions and are built as usual. The functions are swapped process-wide
+    while it lasts, but other threads (the HiFT noise, which replays the reference's draws) still
+    initialise: only this thread's calls are skipped."""
+    saved = {name: getattr(nn.init, name) for name in INITIALISERS}
+    _BUILDING.on = True
+    try:
+        for name, fn in saved.items():
+            setattr(nn.init, name, _skipped_here(fn))
+        yield
+    finally:
+        _BUILDING.on = False
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _skipped_here(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def init(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if getattr(_BUILDING, "on", False):
+            return tensor
+        return fn(tensor, *args, **kwargs)
+
+    return init
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine.checkpoint import build_modules, hift_keys, load_model, load_strict, read_model_config, read_state
+from engine.checkpoint import (
+    build_modules,
+    hift_keys,
+    load_model,
+    load_strict,
+    no_init,
+    read_model_config,
+    read_state,
+)
 from engine.demo.make_model import build_model_dir
 from engine.demo.yaml_templates import FULL, model_yaml, qwen_config
 from engine.errors import ModelError
@@ -165,3 +175,38 @@ def test_a_replaced_checkpoint_is_converted_again_and_its_old_conversion_goes(tm
     model = load_model(files, torch.device("cpu"), cache)
     assert new.exists() and not old.exists()
     assert torch.equal(model.hift.state_dict()["conv_post.bias"], changed["conv_post.bias"])
+
+
+def test_modules_built_without_random_init_keep_their_computed_buffers(tiny_dir):
+    """The build skips nn.init (the load overwrites every parameter) but not what constructors compute."""
+    family, cfg, qwen = read_model_config(tiny_dir)
+    torch.manual_seed(0)
+    usual = build_modules(family, cfg, qwen)  # the same build, initialised as torch does it
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("engine.checkpoint.no_init", contextlib.nullcontext)
+        initialised = build_modules(family, cfg, qwen)
+    for plain, init in zip(usual, initialised, strict=True):
+        buffers = dict(init.named_buffers(remove_duplicate=False))
+        for name, buf in plain.named_buffers(remove_duplicate=False):
+            assert torch.equal(buf, buffers[name]), name
+    assert any(n.endswith("stft_window") for n, _ in usual[2].named_buffers())
+
+
+def test_random_init_is_skipped_on_the_building_thread_only():
+    seen: list[torch.Tensor] = []
+    inside, done = threading.Event(), threading.Event()
+
+    def build() -> None:
+        with no_init():
+            seen.append(torch.nn.init.ones_(torch.zeros(3)))  # skipped: stays zeros
+            inside.set()
+            done.wait(10)
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    assert inside.wait(10)
+    elsewhere = torch.nn.init.ones_(torch.zeros(3))  # another thread meanwhile: initialised
+    done.set()
+    builder.join(10)
+    assert torch.equal(seen[0], torch.zeros(3)) and torch.equal(elsewhere, torch.ones(3))
+    assert torch.equal(torch.nn.init.ones_(torch.zeros(3)), torch.ones(3))  # restored after
