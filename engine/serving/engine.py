@@ -180,6 +180,27 @@ class TTSEngine:
         start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
         started by ``warmup``). With a handover (``EngineConfig.lm_handover``) the load does not wait for
         vLLM: the native loop serves until vLLM is up (``engine.lm.handover``)."""
+        # the text workers first: separate processes, each importing for seconds (10 s of the path to ready
+        # on an H200 when they started after the frontends and the LM did not hide them: the handover)
+        early = _started_pool(cfg, files, dev)
+        try:
+            return cls._assemble_beside(cfg, files, dev, timeline, idle_work, early)
+        except BaseException:
+            if early is not None:
+                early.close()
+            raise
+
+    @classmethod
+    def _assemble_beside(
+        cls,
+        cfg: EngineConfig,
+        files: ModelDir,
+        dev: torch.device,
+        timeline: Timeline,
+        idle_work: Sequence[tuple[str, Callable[[], object]]],
+        early: TextPool | None,
+    ) -> TTSEngine:
+        """``_assemble`` once the text workers (``early``: None where there are none) are starting."""
         # (vLLM started first, beside the weights, with the tokenizer after them made ready later: both
         # loads' Python competed; BENCHMARKS.md, "Start-up")
         # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
@@ -196,7 +217,8 @@ class TTSEngine:
             started = starter.submit(_timed, timeline, "LM backend", _backend, *lm)
             builder = GraphBuilder(timeline)
             try:
-                model, vocoder, parts = _beside_the_lm(cfg, files, dev, timeline, text, weights, builder)
+                loads = (cfg, files, dev, timeline, text, weights, builder, early)
+                model, vocoder, parts = _beside_the_lm(*loads)
             except BaseException as err:
                 if not weights.done():
                     weights.set_exception(err)  # the backend waiting for them stops too
@@ -217,7 +239,7 @@ class TTSEngine:
         finally:
             starter.shutdown(wait=not handover)  # a handover's vLLM start goes on behind the serving engine
         with timeline.phase("text workers"):  # what is left of their start (seconds) once the LM is up
-            _or_close(parts.pool.wait_started, parts.pool.close, backend.close)
+            _or_close(parts.pool.wait_started, backend.close)  # the pool: closed by _assemble
         asr_name = model_choice(cfg.asr_model, dev)
         # Whisper loads beside the first graphs and the warm-up, not before ready: only a prompt without its
         # transcript needs it, and such a request waits for it (after vLLM's start, which sizes its KV cache
@@ -660,6 +682,7 @@ def _beside_the_lm(
     text: TextFrontend,
     weights: Future[LoadedModel],
     builder: GraphBuilder,
+    early: TextPool | None,
 ) -> tuple[LoadedModel, GraphedHiFT | None, _Parts]:
     """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
     vocoder graph wrappers (with ``graphs_early``, their first graphs), the frontends."""
@@ -679,7 +702,7 @@ def _beside_the_lm(
         # measures the device's free memory (with lm_kv_cache_gib it measures nothing); the reuse pool
         # leaves it the share it will take
         _first_graphs(model, vocoder, cfg, dev, builder, lm_share=_lm_share(cfg, dev))
-    return model, vocoder, _frontends(cfg, files, model.family, dev, cache, timeline, text)
+    return model, vocoder, _frontends(cfg, files, model.family, dev, cache, timeline, text, early)
 
 
 def _graphs_early(cfg: EngineConfig, dev: torch.device) -> bool:
@@ -831,18 +854,29 @@ def _frontends(
     cache: Path,
     timeline: Timeline,
     text: TextFrontend,
+    early: TextPool | None,
 ) -> _Parts:
     with timeline.phase("frontends"):
         limits = AudioLimits.for_prompt(cfg.limits)
         frontend = Frontend.from_model_dir(files, dev, limits=limits, cache_size=cfg.prompt_cache_size)
         root = Path(cfg.voices_dir) if cfg.voices_dir else cache / "voices"
         voices = VoiceLibrary(root, family, load_examples(cfg.examples_dir))
+    pool = early or TextPool(text, 0)
+    pool.attach(text)
+    return _Parts(frontend, text, voices, pool)
+
+
+def _started_pool(cfg: EngineConfig, files: ModelDir, dev: torch.device) -> TextPool | None:
+    """The text worker processes, started now without waiting for them (load waits for them after the
+    LM backend's start: ``wait_started``); None where the text runs in this process (the CPU's default)."""
     workers = cfg.text_workers
     if workers is None:
         workers = 4 if devices.is_accelerator(dev) else 0
-    pool = TextPool(text, workers, files.qwen)
-    pool.start()  # their imports run beside the LM backend's start; load waits for them after it
-    return _Parts(frontend, text, voices, pool)
+    if workers == 0:
+        return None
+    pool = TextPool(None, workers, files.qwen, family=files.family)
+    pool.start()
+    return pool
 
 
 def _or_close(fn: Callable[[], object], *closers: Callable[[], object]) -> None:

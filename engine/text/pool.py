@@ -86,24 +86,42 @@ def _ping() -> bool:
 
 class TextPool:
     """``text``: this process's frontend (used with no workers); ``tokenizer_dir``: where workers load
-    theirs from (the model's CosyVoice-BlankEN); needed when ``workers > 0``."""
+    theirs from (the model's CosyVoice-BlankEN); needed when ``workers > 0``. Workers need only the
+    ``family`` and the directory, so a pool with workers may start before this process's frontend has
+    loaded (``text`` None, ``attach`` later): at load their start (seconds of imports each) then runs
+    beside everything else instead of after the tokenizer."""
 
-    def __init__(self, text: TextFrontend, workers: int, tokenizer_dir: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        text: TextFrontend | None,
+        workers: int,
+        tokenizer_dir: str | os.PathLike[str] | None = None,
+        family: str | None = None,
+    ):
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         if workers and tokenizer_dir is None:
             raise ValueError("worker processes need the tokenizer directory to load from")
+        if text is None and not (workers and family):
+            raise ValueError("a pool without its frontend needs workers and the family they load")
         self.text, self.workers, self.tokenizer_dir = text, workers, tokenizer_dir
+        self.family = text.family if text is not None else str(family)
         self._lock = threading.Lock()
         self._pool = self._new_pool()
         self._pings: list[Future[bool]] = []  # one per worker, done once it has started (``start``)
+
+    def attach(self, text: TextFrontend) -> None:
+        """This process's frontend, once loaded (a pool started before it)."""
+        if text.family != self.family:
+            raise ValueError(f"the pool's workers load {self.family}, the frontend is {text.family}")
+        self.text = text
 
     def _new_pool(self) -> ProcessPoolExecutor | None:
         if self.workers == 0:
             return None
         # spawn, not fork: this process runs CUDA, vLLM and worker threads that a fork would copy mid-state
         ctx = multiprocessing.get_context("spawn")
-        args = (os.fspath(self.tokenizer_dir or ""), self.text.family)
+        args = (os.fspath(self.tokenizer_dir or ""), self.family)
         return ProcessPoolExecutor(self.workers, ctx, initializer=_start_worker, initargs=args)
 
     def start(self) -> None:
@@ -120,9 +138,10 @@ class TextPool:
             ping.result(timeout=timeout_s)
 
     async def run(self, job: TextJob) -> TextIds:
-        pool = self._pool
+        pool, text = self._pool, self.text
         if pool is None:
-            return await asyncio.to_thread(text_ids, self.text, job)
+            assert text is not None, "a pool without workers is built with its frontend"
+            return await asyncio.to_thread(text_ids, text, job)
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, _run_in_worker, job)
         except BrokenProcessPool as err:

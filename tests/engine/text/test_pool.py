@@ -130,3 +130,19 @@ def test_start_returns_at_once_and_wait_started_waits_for_every_worker(text, tok
         pool.wait_started(timeout_s=0.05)
     held.release()
     pool.wait_started(timeout_s=0.05)
+
+
+def test_workers_start_before_this_process_has_its_frontend(text, tokenizer_dir):
+    """At load the workers start first (they need only the family and the directory); the frontend joins
+    once loaded, and jobs then come back as this process computes them."""
+    early = TextPool(None, 1, tokenizer_dir, family="cosyvoice3")
+    try:
+        early.wait_started()  # started with no frontend in this process
+        with pytest.raises(ValueError, match="cosyvoice2"):
+            early.attach(TextFrontend(load_tokenizer(tokenizer_dir, "cosyvoice2")))
+        early.attach(text)
+        assert asyncio.run(early.run(JOBS[0])) == text_ids(text, JOBS[0])
+    finally:
+        early.close()
+    with pytest.raises(ValueError, match="needs workers"):
+        TextPool(None, 0, tokenizer_dir, family="cosyvoice3")
