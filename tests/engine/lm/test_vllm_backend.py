@@ -170,13 +170,19 @@ def test_the_engine_serves_on_native_while_vllm_starts_and_hands_over(model_dir)
         )
         return np.concatenate([c.pcm async for c in engine.stream(req)])
 
+    async def on_vllm() -> tuple[np.ndarray, bool]:
+        # health read on the loop that served: vLLM's output handler is a task of that loop, and a loop
+        # closed under it (each asyncio.run) reads as an errored engine; a server keeps one loop
+        audio = await one(1)
+        return audio, engine.healthy
+
     try:
         assert engine.lm_backend == "native"  # vLLM's start takes tens of seconds: it is still on
         before = bounded(one(0))
         assert engine.backend.wait_settled(WAIT_S) and engine.lm_backend == "vllm"
         assert not engine.backend.first.healthy  # retired: its decode thread has ended
-        after = bounded(one(1))
-        assert engine.backend.active == 0 and engine.healthy
+        after, healthy = bounded(on_vllm())
+        assert engine.backend.active == 0 and healthy
     finally:
         engine.close()
     assert all(0 < o.size <= 100 * 960 and np.isfinite(o).all() for o in (before, after))
