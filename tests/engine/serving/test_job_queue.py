@@ -268,10 +268,10 @@ def test_auto_keeps_a_waves_full_batches_and_random_arrivals_short_calls():
 
 
 def test_holding_the_worker_for_a_first_chunk_helps_a_light_load_and_costs_misses_near_capacity():
-    """The design the trace suggested and the engine does not have (worker_sim's ``hold_s``): idling the
-    worker while a request waits for its first chunk and everyone else has seconds buffered. At 1 stream/s
-    the first chunks' p95 falls; at 4/s, near this worker's capacity, the idle time is capacity lost and
-    later chunks miss more of their deadlines."""
+    """The design the trace suggested, the engine's opt-in quiet-first hold (worker_sim's ``hold_s``, an LM
+    that the worker does not slow): idling the worker while a request waits for its first chunk and
+    everyone else has seconds buffered. At 1 stream/s the first chunks' p95 falls; at 4/s, near this
+    worker's capacity, the idle time is capacity lost and later chunks miss more of their deadlines."""
     light = dict(rate=1.0, streams=100)
     assert WorkerSim(**light).run(relaxed=Relaxed(), auto=True, hold_s=0.2).first_p95_s < 0.9 * (
         WorkerSim(**light).run(relaxed=Relaxed(), auto=True).first_p95_s
