@@ -241,6 +241,9 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("burst-start", ["--url", "http://127.0.0.1:9"]),
         ("yield", ["--no-t2w-yield"]),
         ("yield", ["--t2w-fifo"]),
+        ("quiet-first", ["--t2w-quiet-first"]),
+        ("quiet-first", ["--t2w-fifo"]),
+        ("quiet-first", ["--url", "http://127.0.0.1:9"]),
     ],
 )
 def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
@@ -383,6 +386,39 @@ def test_ab_yield_switches_the_seam_of_the_engines_token2wav_worker(tmp_path, mo
     monkeypatch.setattr(ChunkScheduler, "urgent_batch", spy)
     assert ab_arms(tmp_path, "yield") == ["cosystream", "cosystream yield"]
     assert False in seen and seen[-1] is True  # A ran its calls, then B (the engine's default again)
+
+
+def test_ab_quiet_first_switches_the_hold_of_the_engines_token2wav_worker(tmp_path, monkeypatch):
+    """A: calls of buffered chunks run as they come (the engine's default); B: held while a first chunk is
+    decoded; each rate's arms see the switch, and no first chunk is left counted after the runs."""
+    from engine.serving.engine import TTSEngine
+    from engine.serving.token2wav import ChunkScheduler
+
+    seen: list[bool] = []
+    ticket = ChunkScheduler.first_chunk
+    engines: list[TTSEngine] = []
+    close = TTSEngine.close
+
+    def spy(scheduler: ChunkScheduler):
+        seen.append(scheduler.quiet_first)  # as the request's LM starts
+        return ticket(scheduler)
+
+    def closing(engine: TTSEngine) -> None:
+        engines.append(engine)
+        assert engine.token2wav.scheduler.decoding == 0
+        close(engine)
+
+    monkeypatch.setattr(ChunkScheduler, "first_chunk", spy)
+    monkeypatch.setattr(TTSEngine, "close", closing)
+    assert ab_arms(tmp_path, "quiet-first") == ["cosystream", "cosystream quiet-first"]
+    assert seen[0] is False and False in seen[1:] and seen[-1] is True  # warm-up, A, then B
+    assert len(engines) == 1
+
+
+def test_the_quiet_first_flag_needs_the_deadline_order(capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--t2w-fifo", "--t2w-quiet-first"])
+    assert "--t2w-quiet-first" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the steady state: windows, seeds, order
