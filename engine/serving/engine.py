@@ -516,7 +516,7 @@ class TTSEngine:
             tuple(sorted(lm.config.stop_ids)),
             LMRequest.URGENT if urgent else LMRequest.BUFFERED,
         )
-        first = self._first_chunk(active)
+        first = self._first_chunk(active, req.streams_audio)
         try:
             async with contextlib.aclosing(
                 self._speak(utt, self.backend.generate(lm_req), watch, active)
@@ -527,10 +527,12 @@ class TTSEngine:
             if first is not None:
                 first.end()
 
-    def _first_chunk(self, active: _Active) -> FirstChunk | None:
+    def _first_chunk(self, active: _Active, stream: bool) -> FirstChunk | None:
         """The request's first-chunk ticket, taken as its first LM segment starts (None for later ones).
-        A streamed text's decode (``_live``) takes none: it waits on the client's words, not on the GPU."""
-        if active.first is not None:
+        Only a streamed answer's: a whole-file answer's first chunk is all its tokens (seconds of decode,
+        through which the worker would idle in holds). A streamed text's decode (``_live``) takes none
+        either: it waits on the client's words, not on the GPU."""
+        if active.first is not None or not stream:
             return None
         active.first = self.token2wav.first_chunk()
         return active.first

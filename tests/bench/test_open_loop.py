@@ -390,29 +390,27 @@ def test_ab_yield_switches_the_seam_of_the_engines_token2wav_worker(tmp_path, mo
 
 def test_ab_quiet_first_switches_the_hold_of_the_engines_token2wav_worker(tmp_path, monkeypatch):
     """A: calls of buffered chunks run as they come (the engine's default); B: held while a first chunk is
-    decoded; each rate's arms see the switch, and no first chunk is left counted after the runs."""
+    decoded; the worker's takes in each arm see the switch, and no first chunk is left counted."""
     from engine.serving.engine import TTSEngine
-    from engine.serving.token2wav import ChunkScheduler
+    from engine.serving.job_queue import DeadlineQueue
 
     seen: list[bool] = []
-    ticket = ChunkScheduler.first_chunk
-    engines: list[TTSEngine] = []
-    close = TTSEngine.close
+    held_s, close = DeadlineQueue._held_s, TTSEngine.close
+    closed: list[int] = []
 
-    def spy(scheduler: ChunkScheduler):
-        seen.append(scheduler.quiet_first)  # as the request's LM starts
-        return ticket(scheduler)
+    def spy(queue: DeadlineQueue, batch, now: float, since: float) -> float:
+        seen.append(queue.hold is not None)  # each batch the worker takes
+        return held_s(queue, batch, now, since)
 
     def closing(engine: TTSEngine) -> None:
-        engines.append(engine)
-        assert engine.token2wav.scheduler.decoding == 0
+        closed.append(engine.token2wav.scheduler.decoding)
         close(engine)
 
-    monkeypatch.setattr(ChunkScheduler, "first_chunk", spy)
+    monkeypatch.setattr(DeadlineQueue, "_held_s", spy)
     monkeypatch.setattr(TTSEngine, "close", closing)
     assert ab_arms(tmp_path, "quiet-first") == ["cosystream", "cosystream quiet-first"]
     assert seen[0] is False and False in seen[1:] and seen[-1] is True  # warm-up, A, then B
-    assert len(engines) == 1
+    assert closed == [0]
 
 
 def test_the_quiet_first_flag_needs_the_deadline_order(capsys):

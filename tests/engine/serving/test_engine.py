@@ -217,6 +217,9 @@ async def test_a_request_counts_its_first_chunk_as_decoding_until_it_is_queued(e
         at_first = decoding(engine) if at_first is None else at_first
     assert len(seen) >= 2 and seen[0] == 1 and set(seen[1:]) == {0}
     assert at_first == 0 and decoding(engine) == 0
+    seen.clear()
+    await collect(engine, req(engine, stream=False))  # its first chunk is all of its tokens: not counted
+    assert seen == [0] and decoding(engine) == 0
 
 
 @pytest.mark.parametrize("how", ["abort", "leave", "fail"])
