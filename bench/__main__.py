@@ -235,12 +235,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "vocoder: the A/B of EngineConfig.t2w_yield_to_urgent)",
     )  # fmt: skip
     p.add_argument(
+        "--t2w-quiet-first", action="store_true",
+        help="token2wav holds calls of chunks with plenty of audio buffered while a request's LM decodes its "
+        "first chunk (up to 0.25 s; EngineConfig.t2w_quiet_first, off by default)",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", choices=sorted(AB_SWITCHES),
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
         "alternating which goes first: relaxed-cap: the rule of --t2w-relaxed-cap (auto or on); "
         "burst-start: the fast start counted by recent starts (StreamConfig.fast_start_burst_s, the "
         "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
-        "vocoder (A: every call whole); both arms on one machine, load and set of graphs; the search "
+        "vocoder (A: every call whole); quiet-first: calls of buffered chunks held while a first chunk is "
+        "decoded (A: never held, the default); both arms on one machine, load and set of graphs; the search "
         "goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -300,6 +306,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--t2w-fifo (arrival order) has no relaxed rule: leave --t2w-relaxed-cap at auto or off")
     if args.ab == "yield" and (args.no_t2w_yield or args.t2w_fifo):
         p.error("--ab yield switches the seam in token2wav calls: drop --no-t2w-yield and --t2w-fifo")
+    if args.t2w_fifo and args.t2w_quiet_first:
+        p.error("--t2w-fifo (arrival order) has no slack to hold calls on: drop --t2w-quiet-first")
+    if args.ab == "quiet-first" and (args.t2w_quiet_first or args.t2w_fifo):
+        p.error("--ab quiet-first switches the hold in token2wav: drop --t2w-quiet-first and --t2w-fifo")
     if args.ab == "burst-start" and args.fast_start != "auto":
         p.error("--ab burst-start switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -394,6 +404,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_fifo=args.t2w_fifo,
         t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
         t2w_yield_to_urgent=not args.no_t2w_yield,
+        t2w_quiet_first=args.t2w_quiet_first,
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
@@ -586,11 +597,17 @@ def _yield(engine: Any, on: bool) -> None:
     engine.token2wav.scheduler.yield_to_urgent = on
 
 
+def _quiet_first(engine: Any, on: bool) -> None:
+    """A: calls of buffered chunks run as they come; B: held while a first chunk is being decoded."""
+    engine.token2wav.scheduler.quiet_first = on
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
     "burst-start": _burst_start,
     "yield": _yield,
+    "quiet-first": _quiet_first,
 }
 
 

@@ -404,6 +404,15 @@ class EngineConfig:
     # such a call, more of it in the vocoder than in the flow. Exact (the same calls, in another order);
     # False: every call runs whole before the next (the A/B)
     t2w_yield_to_urgent: bool = True
+    # while a streamed request's LM decodes its first chunk's tokens (v3: ~12-16, v2: 41), the token2wav
+    # worker does not start a call whose rows all have over relaxed_slack_s of audio buffered: it waits
+    # until that first chunk is queued, the rows' slack falls to relaxed_slack_s, or 0.25 s passes (urgent
+    # calls never wait). Why: the LM (vLLM's process) and the flow share the GPU under MPS, and a 16-row
+    # flow call slows the LM's decode step 4-5x while it runs (BENCHMARKS.md "CUDA MPS", bench.overlap), so
+    # a new request's first tokens decode slowly behind calls nobody needs yet. The price is the worker's
+    # idle time, which near capacity is throughput lost (tests/engine/serving/worker_sim.py). Off until its
+    # A/B has run on a GPU (bench --ab quiet-first); True: on
+    t2w_quiet_first: bool = False
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
@@ -459,6 +468,10 @@ class EngineConfig:
             raise ValueError(f"t2w_relaxed_cap must be None (auto), True or False: {self.t2w_relaxed_cap!r}")
         if not isinstance(self.t2w_yield_to_urgent, bool):
             raise ValueError(f"t2w_yield_to_urgent must be True or False, got {self.t2w_yield_to_urgent!r}")
+        if not isinstance(self.t2w_quiet_first, bool):
+            raise ValueError(f"t2w_quiet_first must be True or False, got {self.t2w_quiet_first!r}")
+        if self.t2w_fifo and self.t2w_quiet_first:
+            raise ValueError("t2w_fifo (arrival order) has no slack to hold calls on: t2w_quiet_first off")
         if self.t2w_fifo and self.t2w_relaxed_cap:
             raise ValueError("t2w_fifo (arrival order) has no relaxed rule: t2w_relaxed_cap off or auto")
         if self.flow_reuse_gb is not None and not 0.0 <= self.flow_reuse_gb <= 1024.0:

@@ -44,6 +44,7 @@ from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.serving.admission import Admission
+from engine.serving.job_queue import FirstChunk
 from engine.serving.metrics import ServerStats, Stopwatch
 from engine.serving.pauses import has_pauses, with_pauses
 from engine.serving.plan import Plan, Planner
@@ -80,6 +81,9 @@ class _Active:
     # when the audio delivered so far runs out: each chunk's token2wav deadline
     playback: Playback = field(default_factory=lambda: Playback(time.perf_counter))
     text: Prefetch | None = None  # a streamed text: ended by abort, so a decode waiting for text stops too
+    # its first chunk being decoded (the token2wav worker's quiet-first hold counts it), from its first LM
+    # segment's start until that chunk is queued or the segment ends however it ends
+    first: FirstChunk | None = None
 
 
 class TTSEngine:
@@ -107,7 +111,7 @@ class TTSEngine:
             model.flow, model.hift, model.family, model.device, cfg.stream, cfg.flow_batch,
             cfg.t2w_own_stream, hift_graphs, getattr(model.flow.decoder, "frame_bucket", 100),
             fifo=cfg.t2w_fifo, relaxed_cap=cfg.t2w_relaxed_cap, thin=self._thin_stream,
-            yield_to_urgent=cfg.t2w_yield_to_urgent,
+            yield_to_urgent=cfg.t2w_yield_to_urgent, quiet_first=cfg.t2w_quiet_first,
             reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip
@@ -534,11 +538,26 @@ class TTSEngine:
             tuple(sorted(lm.config.stop_ids)),
             LMRequest.URGENT if urgent else LMRequest.BUFFERED,
         )
-        async with contextlib.aclosing(
-            self._speak(utt, self.backend.generate(lm_req), watch, active)
-        ) as audio:
-            async for pcm in audio:
-                yield pcm
+        first = self._first_chunk(active, req.streams_audio)
+        try:
+            async with contextlib.aclosing(
+                self._speak(utt, self.backend.generate(lm_req), watch, active)
+            ) as audio:
+                async for pcm in audio:
+                    yield pcm
+        finally:  # done, failed, aborted or left: a ticket left open would hold the worker's calls
+            if first is not None:
+                first.end()
+
+    def _first_chunk(self, active: _Active, stream: bool) -> FirstChunk | None:
+        """The request's first-chunk ticket, taken as its first LM segment starts (None for later ones).
+        Only a streamed answer's: a whole-file answer's first chunk is all its tokens (seconds of decode,
+        through which the worker would idle in holds). A streamed text's decode (``_live``) takes none
+        either: it waits on the client's words, not on the GPU."""
+        if active.first is not None or not stream:
+            return None
+        active.first = self.token2wav.first_chunk()
+        return active.first
 
     async def _live(
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active, text: Prefetch
@@ -595,7 +614,7 @@ class TTSEngine:
             before = dict(utt.stage_s)
             watch.mark("first_chunk_ready")
             due = playback.deadline()
-            pcm = await self.token2wav.run(utt, job, due)
+            pcm = await self.token2wav.run(utt, job, due, active.first)  # a no-op on the ticket once ended
             if utt.last_times is not None:
                 watch.chunk_computed(utt.last_times, due, job.end)
             if utt.first_job_started is not None:

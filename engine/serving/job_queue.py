@@ -29,6 +29,15 @@ urgent (a first chunk queued meanwhile, a stream about to run dry) and runs it w
 vocoder: a first chunk then waits for the rest of a flow call, not for its vocoder too (EngineConfig.
 t2w_yield_to_urgent; the rows set aside lose a call's time out of their seconds of slack).
 
+The quiet-first hold (``Hold``, EngineConfig.t2w_quiet_first, off until measured on a GPU): the LM and
+the worker share the GPU (CUDA MPS), and a 16-row flow call slows the LM's decode step 4-5x while it runs
+(BENCHMARKS.md, bench.overlap), so a new request's first-chunk tokens decode slowly behind calls nobody
+needs yet. While a request's first chunk is being decoded (``first_chunk`` until its ticket ends), a batch
+whose rows all have over the hold's ``slack_s`` waits: until that first chunk is queued (its urgent batch
+then goes first), its head's slack falls to ``slack_s``, or ``bound_s`` passes, whichever comes first.
+An urgent batch is never held; the rows held lose at most ``bound_s`` out of their seconds of slack. The
+price is the worker's idle time: near its capacity that is throughput lost (worker_sim's ``hold_s``).
+
 Nobody starves: a job queued at ``t`` has a deadline >= ``t`` unless its client already ran dry, so once
 a job's deadline is the earliest in the queue only jobs queued before it can take the head, and the head
 always runs.
@@ -113,6 +122,37 @@ class Relaxed:
         return self.cost.row_frames_within(self.call_s)
 
 
+@dataclass(frozen=True)
+class Hold:
+    """The quiet-first rule (module docstring): while a first chunk is being decoded a batch whose rows all
+    have over ``slack_s`` (s) to spare waits, ``bound_s`` (s) at most."""
+
+    slack_s: float = 2.0
+    bound_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.slack_s < 0 or self.bound_s <= 0:
+            raise ValueError(f"need slack_s >= 0 and bound_s > 0, got {self.slack_s} and {self.bound_s}")
+
+    def wait_s(self, batch: Sequence[Deadlined], now: float, since: float) -> float:
+        """How much longer (s) ``batch`` waits, held since ``since`` (clock s); <= 0: it runs now. Its
+        least slack over ``slack_s`` is what it can give; an urgent or near row makes that <= 0."""
+        spare = min(j.deadline for j in batch) - now - self.slack_s
+        return min(spare, since + self.bound_s - now) if spare > 0 else 0.0
+
+
+class FirstChunk:
+    """A request's first chunk being decoded, counted by its queue from ``DeadlineQueue.first_chunk`` until
+    ``end``: once, whoever comes first (the chunk's ``put``, the request's end however it ends)."""
+
+    def __init__(self, end: Callable[[FirstChunk], None]):
+        self._end = end
+        self.open = True  # changed under the queue's lock
+
+    def end(self) -> None:
+        self._end(self)
+
+
 class DeadlineQueue(Generic[J]):
     """Thread-safe: request threads ``put``, the worker ``take``s batches (blocking, no polling)."""
 
@@ -124,6 +164,7 @@ class DeadlineQueue(Generic[J]):
         urgent_s: float = 0.3,
         relaxed: Relaxed | None = None,  # None: relaxed jobs fill batches like the others
         when: Callable[[], bool] | None = None,  # the relaxed rule holds while this says so (None: always)
+        hold: Hold | None = None,  # the quiet-first hold (None: off)
     ):
         if max_batch < 1 or frame_bucket < 1 or urgent_s < 0:
             raise ValueError("need max_batch >= 1, frame_bucket >= 1 and urgent_s >= 0")
@@ -131,10 +172,12 @@ class DeadlineQueue(Generic[J]):
             raise ValueError("need the relaxed slack_s >= urgent_s (an urgent job is never relaxed)")
         self.clock, self.max_batch = clock, max_batch
         self.frame_bucket, self.urgent_s, self.relaxed = frame_bucket, urgent_s, relaxed
-        self.when = when
+        self.when, self._hold = when, hold
         self._jobs: list[J] = []
         self._closed = False
         self._changed = threading.Condition()
+        self._decoding = 0  # first chunks being decoded (FirstChunk tickets not yet ended)
+        self.holding = threading.Event()  # set while ``take`` holds a batch back (what tests wait on)
 
     def __len__(self) -> int:
         with self._changed:
@@ -145,12 +188,39 @@ class DeadlineQueue(Generic[J]):
         with self._changed:
             return list(self._jobs)
 
-    def put(self, job: J) -> None:
+    @property
+    def decoding(self) -> int:
+        """First chunks being decoded now (tickets from ``first_chunk`` not yet ended)."""
+        with self._changed:
+            return self._decoding
+
+    @property
+    def hold(self) -> Hold | None:
+        return self._hold
+
+    @hold.setter
+    def hold(self, hold: Hold | None) -> None:
+        """Switch the hold (between batches; a take holding now looks again at once)."""
+        with self._changed:
+            self._hold = hold
+            self._changed.notify_all()
+
+    def first_chunk(self) -> FirstChunk:
+        """A request's LM starts decoding its first chunk: counted until the ticket ends."""
+        with self._changed:
+            self._decoding += 1
+        return FirstChunk(self._first_ended)
+
+    def put(self, job: J, first: FirstChunk | None = None) -> None:
+        """Queue ``job``; ``first``: its request's ticket, ended in the same step (the first chunk is queued),
+        so a held take sees the job when it wakes."""
         with self._changed:
             if self._closed:
                 raise RuntimeError("the token2wav queue is closed")
             self._jobs.append(job)
-            self._changed.notify()
+            if first is not None:
+                self._end_first(first)
+            self._changed.notify_all()
 
     def close(self) -> None:
         """``take`` hands out what is queued, then returns None."""
@@ -159,12 +229,40 @@ class DeadlineQueue(Generic[J]):
             self._changed.notify_all()
 
     def take(self) -> list[J] | None:
-        """Block until a job is queued; return the next batch and remove it. None once closed and empty."""
+        """Block until a job is queued and no hold keeps its batch back; return the next batch and remove it.
+        None once closed and empty. Woken by ``put``, an ended ticket, a switched hold or the hold's end."""
         with self._changed:
-            self._changed.wait_for(lambda: self._jobs or self._closed)
-            if not self._jobs:
-                return None
-            return self._remove(self._pick())
+            since: float | None = None  # clock s when this take began holding a batch back
+            while True:
+                self._changed.wait_for(lambda: self._jobs or self._closed)
+                if not self._jobs:
+                    self.holding.clear()
+                    return None
+                batch, now = self._pick(), self.clock()
+                since = now if since is None else since
+                wait_s = self._held_s(batch, now, since)
+                if wait_s <= 0:
+                    self.holding.clear()
+                    return self._remove(batch)
+                self.holding.set()
+                self._changed.wait(wait_s)  # a clock that is not real time: looked at again after this
+
+    def _held_s(self, batch: list[J], now: float, since: float) -> float:
+        """How much longer the hold keeps ``batch`` back (s; <= 0: not at all), the lock held."""
+        if self._hold is None or self._decoding == 0 or self._closed:
+            return 0.0
+        return self._hold.wait_s(batch, now, since)
+
+    def _first_ended(self, first: FirstChunk) -> None:
+        with self._changed:
+            self._end_first(first)
+            self._changed.notify_all()
+
+    def _end_first(self, first: FirstChunk) -> None:
+        """Uncount ``first`` once (the lock held)."""
+        if first.open:
+            first.open = False
+            self._decoding -= 1
 
     def take_urgent(self) -> list[J] | None:
         """Without blocking: the next batch if its head is urgent (a first chunk, a stream about to run

@@ -39,7 +39,7 @@ from engine.flow.cfm import Flow, FlowBatch
 from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
-from engine.serving.job_queue import DeadlineQueue, Relaxed, frame_bucket_of
+from engine.serving.job_queue import DeadlineQueue, FirstChunk, Hold, Relaxed, frame_bucket_of
 from engine.serving.metrics import ChunkTimes
 from engine.serving.streaming import TOKEN_MEL_RATIO, ChunkJob, ChunkPlanner
 from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
@@ -100,7 +100,9 @@ class Batching:
     over ``relaxed_s`` of slack a job joins only while the call stays within about ``relaxed_call_s``
     (False: it fills the batch like the others, the scheduler before that rule; None: auto, only while
     the scheduler's ``thin`` says a stream has little audio buffered); ``yield_to_urgent``: a call whose
-    rows all have over ``relaxed_s`` of slack lets an urgent batch run between its flow and its vocoder."""
+    rows all have over ``relaxed_s`` of slack lets an urgent batch run between its flow and its vocoder;
+    ``quiet_first``: while a first chunk is being decoded, a call whose rows all have over ``relaxed_s``
+    waits for it, ``quiet_hold_s`` at most (``job_queue.Hold``)."""
 
     max_batch: int = EngineConfig.flow_batch
     frame_bucket: int = 100
@@ -110,6 +112,8 @@ class Batching:
     relaxed_s: float = 2.0
     relaxed_call_s: float = 0.2
     yield_to_urgent: bool = True  # an urgent batch may run between the flow and vocoder of a relaxed call
+    quiet_first: bool = False  # relaxed calls wait while a first chunk is being decoded
+    quiet_hold_s: float = 0.25  # s: the longest such a wait (a call of ~16 rows takes about that long)
 
 
 class ChunkScheduler:
@@ -132,6 +136,10 @@ class ChunkScheduler:
         )
         if self.relaxed is not None:
             self.relaxed_cap = batching.relaxed
+        # the quiet-first hold, switchable like the relaxed rule (arrival order has no slack to hold on)
+        self.hold = None if batching.fifo else Hold(batching.relaxed_s, batching.quiet_hold_s)
+        if self.hold is not None:
+            self.quiet_first = batching.quiet_first
         self.pending = 0  # jobs submitted and not yet taken
 
     def job(
@@ -150,9 +158,37 @@ class ChunkScheduler:
             ChunkTimes(now, due if deadline is None else deadline),
         )
 
-    def submit(self, job: _Job) -> None:
+    def submit(self, job: _Job, first: FirstChunk | None = None) -> None:
+        """Queue ``job``; ``first``: its request's first-chunk ticket, ended as it is queued (a no-op once
+        ended)."""
         self.pending += 1
-        self._queue.put(job)
+        self._queue.put(job, first)
+
+    def first_chunk(self) -> FirstChunk:
+        """A request's LM starts on its first chunk: relaxed calls may wait for it until the ticket ends."""
+        return self._queue.first_chunk()
+
+    @property
+    def decoding(self) -> int:
+        """First chunks being decoded now (tickets not yet ended)."""
+        return self._queue.decoding
+
+    @property
+    def holding(self) -> threading.Event:
+        """Set while the worker holds a relaxed call back for a first chunk being decoded."""
+        return self._queue.holding
+
+    @property
+    def quiet_first(self) -> bool:
+        """Whether relaxed calls wait while a first chunk is being decoded (``Batching.quiet_first``)."""
+        return self._queue.hold is not None
+
+    @quiet_first.setter
+    def quiet_first(self, on: bool) -> None:
+        """Switch the hold between batches: the open-loop bench's A/B of both arms in one load."""
+        if self.hold is None:
+            raise ValueError("arrival order (fifo) has no slack to hold relaxed calls on")
+        self._queue.hold = self.hold if on else None
 
     def next_batch(self) -> list[_Job] | None:
         """Block until a batch is due and take it: its rows whose requests are still there (maybe none),
@@ -244,6 +280,7 @@ class Token2Wav:
         relaxed_cap: bool | None = False,  # calls of chunks with slack kept short (Batching.relaxed)
         thin: Callable[[], bool] = never,  # a stream has little audio buffered: auto's (None's) signal
         yield_to_urgent: bool = True,  # urgent batches may run between a relaxed call's flow and vocoder
+        quiet_first: bool = False,  # relaxed calls wait while a first chunk is being decoded
         flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
@@ -267,6 +304,7 @@ class Token2Wav:
             stream_cfg.relaxed_slack_s,
             stream_cfg.relaxed_call_s,
             yield_to_urgent,
+            quiet_first,
         )
         self.scheduler = ChunkScheduler(batching, clock, thin)
         self._thread = threading.Thread(target=self._loop, name="token2wav", daemon=True)
@@ -300,17 +338,24 @@ class Token2Wav:
             return Utterance(tokens, feat, emb, planner, state, gen, speed, flow_cache=cache)
         return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed, flow_cache=cache)
 
-    async def run(self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None) -> np.ndarray:
+    async def run(
+        self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None, first: FirstChunk | None = None
+    ) -> np.ndarray:
         """Compute one chunk's new audio: float32 [samples] at 24 kHz. ``deadline``: when the client
-        needs it (``clock`` s; default now, as for a first chunk)."""
+        needs it (``clock`` s; default now, as for a first chunk); ``first``: the request's first-chunk
+        ticket (``first_chunk``), ended as this chunk is queued."""
         job = self.scheduler.job(utt, chunk, asyncio.get_running_loop(), deadline)
-        self.scheduler.submit(job)
+        self.scheduler.submit(job, first)
         pcm = await job.future
         utt.last_times = job.times
         return pcm
 
     def least_slack_s(self) -> float | None:
         return self.scheduler.least_slack_s()
+
+    def first_chunk(self) -> FirstChunk:
+        """A request's LM starts on its first chunk: a ticket to end (``run``'s ``first``, or ``end``)."""
+        return self.scheduler.first_chunk()
 
     @property
     def pending(self) -> int:

@@ -301,6 +301,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     flags += ["--cuda-mps", "--mps-flow-percent", "60", "--no-ras-graphs", "--lm-kv-cache-gib", "8"]
     flags += ["--no-t2w-yield"]
     knobs = engine_config(parse_args([*base, *flags]))
+    quiet = engine_config(parse_args([*base, "--t2w-quiet-first"]))
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
         defaults.cuda_graphs, defaults.hift_graphs, defaults.flow_batch, defaults.flow_dtype
@@ -322,6 +323,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert defaults.t2w_relaxed_cap is None  # auto: while a stream has little audio buffered
     assert (plain.t2w_yield_to_urgent, knobs.t2w_yield_to_urgent) == (True, False)
     assert defaults.t2w_yield_to_urgent is True
+    assert (plain.t2w_quiet_first, quiet.t2w_quiet_first) == (False, True) and not defaults.t2w_quiet_first
     alone = engine_config(parse_args([*base, "--t2w-relaxed-cap"]))  # the flag alone: always
     assert alone.t2w_relaxed_cap is True
     assert (plain.cuda_mps, knobs.cuda_mps) == (defaults.cuda_mps, True) and defaults.cuda_mps is None  # auto

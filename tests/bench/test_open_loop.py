@@ -241,6 +241,9 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("burst-start", ["--url", "http://127.0.0.1:9"]),
         ("yield", ["--no-t2w-yield"]),
         ("yield", ["--t2w-fifo"]),
+        ("quiet-first", ["--t2w-quiet-first"]),
+        ("quiet-first", ["--t2w-fifo"]),
+        ("quiet-first", ["--url", "http://127.0.0.1:9"]),
     ],
 )
 def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
@@ -383,6 +386,37 @@ def test_ab_yield_switches_the_seam_of_the_engines_token2wav_worker(tmp_path, mo
     monkeypatch.setattr(ChunkScheduler, "urgent_batch", spy)
     assert ab_arms(tmp_path, "yield") == ["cosystream", "cosystream yield"]
     assert False in seen and seen[-1] is True  # A ran its calls, then B (the engine's default again)
+
+
+def test_ab_quiet_first_switches_the_hold_of_the_engines_token2wav_worker(tmp_path, monkeypatch):
+    """A: calls of buffered chunks run as they come (the engine's default); B: held while a first chunk is
+    decoded; the worker's takes in each arm see the switch, and no first chunk is left counted."""
+    from engine.serving.engine import TTSEngine
+    from engine.serving.job_queue import DeadlineQueue
+
+    seen: list[bool] = []
+    held_s, close = DeadlineQueue._held_s, TTSEngine.close
+    closed: list[int] = []
+
+    def spy(queue: DeadlineQueue, batch, now: float, since: float) -> float:
+        seen.append(queue.hold is not None)  # each batch the worker takes
+        return held_s(queue, batch, now, since)
+
+    def closing(engine: TTSEngine) -> None:
+        closed.append(engine.token2wav.scheduler.decoding)
+        close(engine)
+
+    monkeypatch.setattr(DeadlineQueue, "_held_s", spy)
+    monkeypatch.setattr(TTSEngine, "close", closing)
+    assert ab_arms(tmp_path, "quiet-first") == ["cosystream", "cosystream quiet-first"]
+    assert seen[0] is False and False in seen[1:] and seen[-1] is True  # warm-up, A, then B
+    assert closed == [0]
+
+
+def test_the_quiet_first_flag_needs_the_deadline_order(capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--t2w-fifo", "--t2w-quiet-first"])
+    assert "--t2w-quiet-first" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the steady state: windows, seeds, order

@@ -192,6 +192,72 @@ async def test_closing_a_stream_closes_its_lm_request_at_once(engine, monkeypatc
     assert len(closed) == 1  # no await in between: closed down the chain by aclose itself
 
 
+# ------------------------------------------------ first chunks being decoded (EngineConfig.t2w_quiet_first)
+
+
+def decoding(engine) -> int:
+    return engine.token2wav.scheduler.decoding
+
+
+def test_quiet_first_is_off_by_default(engine):
+    assert not engine.cfg.t2w_quiet_first and not engine.token2wav.scheduler.quiet_first
+
+
+async def test_a_request_counts_its_first_chunk_as_decoding_until_it_is_queued(engine, monkeypatch):
+    """The worker's quiet-first hold counts a request from its first LM segment's start until its first
+    chunk is queued: at the first audio it is uncounted; a later segment is never counted."""
+    text = " ".join(
+        f"This is sentence number {n}, which is long enough to be its own piece." for n in range(4)
+    )
+    seen, real = [], engine.backend.generate
+    monkeypatch.setattr(engine.backend, "generate", lambda r: seen.append(decoding(engine)) or real(r))
+    assert decoding(engine) == 0
+    at_first = None
+    async for _ in engine.stream(req(engine, text=text, forced_tokens=60)):
+        at_first = decoding(engine) if at_first is None else at_first
+    assert len(seen) >= 2 and seen[0] == 1 and set(seen[1:]) == {0}
+    assert at_first == 0 and decoding(engine) == 0
+    seen.clear()
+    await collect(engine, req(engine, stream=False))  # its first chunk is all of its tokens: not counted
+    assert seen == [0] and decoding(engine) == 0
+
+
+@pytest.mark.parametrize("how", ["abort", "leave", "fail"])
+async def test_a_request_that_ends_before_its_first_chunk_uncounts_it(engine, monkeypatch, how):
+    """Aborted, left by its client (its task cancelled) or failed while its LM decodes the first chunk: the
+    count is back to 0, so the worker's hold can never wait on a request that is gone. With the hold on."""
+    real, inside = engine.backend.generate, asyncio.Event()
+    r = req(engine, forced_tokens=300)
+
+    async def generate(lm_req):
+        async with contextlib.aclosing(real(lm_req)) as tokens:
+            async for tok in tokens:
+                assert decoding(engine) == 1
+                if how == "abort":
+                    engine.abort(r.request_id)
+                elif how == "fail":
+                    raise RuntimeError("the LM failed")
+                else:
+                    inside.set()
+                    await asyncio.Event().wait()  # decoding until the client leaves
+                yield tok
+
+    monkeypatch.setattr(engine.backend, "generate", generate)
+    scheduler = engine.token2wav.scheduler
+    monkeypatch.setattr(scheduler, "quiet_first", True)
+    task = asyncio.ensure_future(collect(engine, r))
+    if how == "leave":
+        await asyncio.wait_for(inside.wait(), WAIT_S)
+        task.cancel()
+    if how == "abort":
+        assert await task == []  # aborted before any audio: no chunk, not even the last
+    else:
+        with pytest.raises(asyncio.CancelledError if how == "leave" else RuntimeError):
+            await task
+    assert decoding(engine) == 0
+    assert await wait_idle(engine, WAIT_S), idle_state(engine)
+
+
 def test_graphs_are_precaptured_after_the_lm_backend_starts(tmp_path, monkeypatch):
     """vLLM sizes its KV cache from the device memory free when it starts, so the graphs are captured after
     it (captured first, they left vLLM 24 GiB on the H200), the vocoder's before the flow's. Capture itself
@@ -376,11 +442,12 @@ def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(
         model=str(model_dir), device="cpu", backend="native", flow_batch=3, prompt_cache_size=0,
-        t2w_own_stream=True,
+        t2w_own_stream=True, t2w_quiet_first=True,
     )  # fmt: skip
     eng = TTSEngine.load(cfg)
     try:
         assert (eng.token2wav.max_batch, eng.token2wav.own_stream) == (3, True)
+        assert eng.token2wav.scheduler.quiet_first  # off unless asked for (the module's engine)
         eng.frontend.extract(speech_like(3.0, 24000))
         assert eng.frontend.cache_info() == (0, 0)  # recomputed for every request
     finally:
@@ -449,6 +516,7 @@ async def test_abort_mid_stream_frees_everything(engine):
     assert held[0] > 0
     assert await wait_idle(engine, WAIT_S), idle_state(engine)  # the LM and worker threads let go
     assert engine.admission.active == 0 and engine.backend.active == 0 and engine.token2wav.pending == 0
+    assert engine.token2wav.scheduler.decoding == 0  # no first chunk left counted as being decoded
     assert not engine.abort(r.request_id)  # nothing left to abort
     assert await flow_frames_freed(engine), engine.token2wav.reuse_budget.held
 
@@ -458,7 +526,7 @@ async def test_closing_the_stream_frees_everything(engine):
     await gen.__anext__()
     await gen.aclose()
     assert await wait_idle(engine, WAIT_S), idle_state(engine)
-    assert engine.admission.active == 0 and engine.backend.active == 0
+    assert engine.admission.active == 0 and engine.backend.active == 0 and decoding(engine) == 0
     assert await flow_frames_freed(engine), engine.token2wav.reuse_budget.held
 
 

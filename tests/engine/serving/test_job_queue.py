@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from engine.serving.call_cost import CallCost
-from engine.serving.job_queue import DeadlineQueue, Relaxed, frame_bucket_of, pick_batch
+from engine.serving.job_queue import DeadlineQueue, Hold, Relaxed, frame_bucket_of, pick_batch
 from tests.conftest import WAIT_S
 from tests.engine.serving.worker_sim import WorkerSim
 
@@ -268,10 +268,10 @@ def test_auto_keeps_a_waves_full_batches_and_random_arrivals_short_calls():
 
 
 def test_holding_the_worker_for_a_first_chunk_helps_a_light_load_and_costs_misses_near_capacity():
-    """The design the trace suggested and the engine does not have (worker_sim's ``hold_s``): idling the
-    worker while a request waits for its first chunk and everyone else has seconds buffered. At 1 stream/s
-    the first chunks' p95 falls; at 4/s, near this worker's capacity, the idle time is capacity lost and
-    later chunks miss more of their deadlines."""
+    """The design the trace suggested, the engine's opt-in quiet-first hold (worker_sim's ``hold_s``, an LM
+    that the worker does not slow): idling the worker while a request waits for its first chunk and
+    everyone else has seconds buffered. At 1 stream/s the first chunks' p95 falls; at 4/s, near this
+    worker's capacity, the idle time is capacity lost and later chunks miss more of their deadlines."""
     light = dict(rate=1.0, streams=100)
     assert WorkerSim(**light).run(relaxed=Relaxed(), auto=True, hold_s=0.2).first_p95_s < 0.9 * (
         WorkerSim(**light).run(relaxed=Relaxed(), auto=True).first_p95_s
@@ -297,3 +297,143 @@ def test_the_seam_cuts_the_first_chunks_wait_at_every_load_and_costs_nobody_a_de
     w_whole = WorkerSim(**wave).run(relaxed=Relaxed(), auto=True)
     w_seam = WorkerSim(**wave).run(relaxed=Relaxed(), auto=True, seam=True)
     assert w_seam.misses == w_whole.misses == 0 and w_seam.end_s == pytest.approx(w_whole.end_s)
+
+
+# ------------------------------------------------ the quiet-first hold (EngineConfig.t2w_quiet_first)
+
+
+def test_the_hold_waits_out_the_least_spare_slack_or_the_bound_and_never_an_urgent_row():
+    """``Hold.wait_s``: relaxed rows (6 s of slack over 2 s) wait until the bound (0.25 s from the hold's
+    start); rows near the threshold until their slack falls to it; a batch with an urgent or near row not
+    at all."""
+    hold = Hold(slack_s=2.0, bound_s=0.25)
+    relaxed = [Job("r0", 6.0), Job("r1", 7.0)]
+    assert hold.wait_s(relaxed, now=0.0, since=0.0) == pytest.approx(0.25)
+    assert hold.wait_s(relaxed, now=0.2, since=0.0) == pytest.approx(0.05)
+    assert hold.wait_s(relaxed, now=0.3, since=0.0) <= 0  # the bound passed
+    assert hold.wait_s([Job("near", 2.1)], now=0.0, since=0.0) == pytest.approx(0.1)
+    assert hold.wait_s([Job("first", 0.0), *relaxed], now=0.0, since=0.0) == 0.0
+    assert hold.wait_s([Job("two s", 2.0)], now=0.0, since=0.0) == 0.0  # at the threshold: runs
+    with pytest.raises(ValueError):
+        Hold(slack_s=2.0, bound_s=0.0)
+
+
+class Taker:
+    """``take`` on a thread of its own: each batch it took, in order, and an event per batch."""
+
+    def __init__(self, q: DeadlineQueue[Job], takes: int):
+        self.q, self.got = q, []
+        self.took = [threading.Event() for _ in range(takes)]
+        self.thread = threading.Thread(target=self._run, args=(takes,), daemon=True)
+        self.thread.start()
+
+    def _run(self, takes: int) -> None:
+        for i in range(takes):
+            self.got.append(self.q.take())
+            self.took[i].set()
+
+    def batch(self, i: int) -> list[str]:
+        assert self.took[i].wait(WAIT_S), f"take {i} never returned"
+        batch = self.got[i]
+        return names(batch) if batch is not None else ["(closed)"]
+
+
+def quiet_queue(clock: FakeClock, bound_s: float = 0.25) -> DeadlineQueue[Job]:
+    return DeadlineQueue(clock, max_batch=16, frame_bucket=100, hold=Hold(2.0, bound_s))
+
+
+def test_a_relaxed_batch_waits_while_a_first_chunk_is_decoded_and_runs_after_it():
+    """A chunk with 6 s buffered is queued while a request decodes its first chunk: the worker holds it;
+    the first chunk queued (its ticket ended with it) runs first, alone in its 100-frame bucket, then the
+    held one. Nothing is decoding after."""
+    clock = FakeClock()
+    q = quiet_queue(clock)
+    first = q.first_chunk()
+    q.put(Job("buffered", 6.0, frames=640))
+    taker = Taker(q, 2)
+    assert q.holding.wait(WAIT_S) and not taker.took[0].is_set()
+    q.put(Job("first", 0.0, frames=80), first)
+    assert taker.batch(0) == ["first"] and taker.batch(1) == ["buffered"]
+    assert q.decoding == 0 and not first.open and not q.holding.is_set()
+
+
+def test_an_urgent_batch_is_never_held():
+    """With a first chunk being decoded: a stream about to run dry (0.2 s), then one with 1 s buffered
+    (under the 2 s threshold) are taken at once, the latter with a relaxed row that fits its bucket (a batch
+    is held only when all its rows are relaxed)."""
+    clock = FakeClock()
+    q = quiet_queue(clock)
+    q.first_chunk()
+    q.put(Job("dry soon", 0.2))
+    q.put(Job("relaxed", 6.0, frames=640))  # a longer bucket: not in the urgent one's batch
+    q.put(Job("near", 1.0, frames=900))
+    taker = Taker(q, 2)
+    assert taker.batch(0) == ["dry soon"] and taker.batch(1) == ["near", "relaxed"]
+    assert not q.holding.is_set() and q.decoding == 1
+
+
+def test_the_hold_ends_at_its_bound():
+    """No first chunk comes: once the clock passes 0.25 s from the hold's start the batch runs, the
+    request still decoding."""
+    clock = FakeClock()
+    q = quiet_queue(clock)
+    q.first_chunk()
+    q.put(Job("buffered", 6.0))
+    taker = Taker(q, 1)
+    assert q.holding.wait(WAIT_S)
+    clock.now = 0.26
+    assert taker.batch(0) == ["buffered"] and q.decoding == 1
+
+
+def test_the_hold_ends_when_the_rows_slack_falls_to_the_threshold():
+    """A long bound (10 s), a row with 2.5 s of slack: it waits 0.5 s, down to the 2 s threshold, no more."""
+    clock = FakeClock()
+    q = quiet_queue(clock, bound_s=10.0)
+    q.first_chunk()
+    q.put(Job("buffered", 2.5))
+    taker = Taker(q, 1)
+    assert q.holding.wait(WAIT_S)
+    clock.now = 0.5
+    assert taker.batch(0) == ["buffered"]
+
+
+def test_a_ticket_ended_without_its_chunk_releases_the_hold_and_counts_once():
+    """A request that fails or is aborted before its first chunk ends its ticket: the held batch runs at
+    once; ending it again (or queueing a chunk with it) uncounts nothing more."""
+    clock = FakeClock()
+    q = quiet_queue(clock)
+    gone, still = q.first_chunk(), q.first_chunk()
+    assert q.decoding == 2
+    q.put(Job("buffered", 6.0))
+    taker = Taker(q, 2)
+    assert q.holding.wait(WAIT_S)
+    gone.end()
+    gone.end()
+    assert q.decoding == 1 and not taker.took[0].is_set()  # the other one still holds it
+    still.end()
+    assert taker.batch(0) == ["buffered"] and q.decoding == 0
+    q.put(Job("later", 6.0), gone)
+    assert taker.batch(1) == ["later"] and q.decoding == 0
+
+
+def test_switching_the_hold_off_and_closing_release_a_held_take():
+    clock = FakeClock()
+    q = quiet_queue(clock)
+    q.first_chunk()
+    q.put(Job("a", 6.0))
+    taker = Taker(q, 3)
+    assert q.holding.wait(WAIT_S)
+    hold, q.hold = q.hold, None
+    assert taker.batch(0) == ["a"]
+    q.hold = hold
+    q.put(Job("b", 6.0))
+    assert q.holding.wait(WAIT_S)
+    q.close()
+    assert taker.batch(1) == ["b"] and taker.batch(2) == ["(closed)"]
+
+
+def test_without_the_hold_a_relaxed_batch_runs_while_a_first_chunk_is_decoded():
+    q: DeadlineQueue[Job] = DeadlineQueue(FakeClock(), max_batch=16)
+    q.first_chunk()
+    q.put(Job("buffered", 6.0))
+    assert Taker(q, 1).batch(0) == ["buffered"] and not q.holding.is_set()

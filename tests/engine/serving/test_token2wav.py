@@ -484,6 +484,76 @@ def test_auto_keeps_the_calls_short_only_while_the_engine_says_a_stream_is_short
     ]  # fmt: skip
 
 
+def batches_while_a_first_chunk_decodes(
+    tmp_path, quiet_first: bool, switched: bool = False
+) -> list[list[int]]:
+    """The worker's batches (token counts) when a stream with 6 s of audio buffered queues a long chunk
+    while the worker is busy and a new request's LM is decoding its first chunk; that chunk (43 tokens) is
+    queued once the worker, free again, holds the long one back (quiet-first) or has started it (off).
+    ``switched``: built with the other setting, then switched (``ChunkScheduler.quiet_first``)."""
+    from engine.demo.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    t2w = Token2Wav(
+        model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), clock=lambda: 0.0,
+        quiet_first=quiet_first != switched,
+    )  # fmt: skip
+    t2w.scheduler.quiet_first = quiet_first
+    worker = SteppedWorker()
+    t2w._run_batch = worker  # type: ignore[method-assign]
+    features, _ = random_prompt(10, 10)
+
+    async def scenario() -> None:
+        busy = asyncio.ensure_future(t2w.run(t2w.utterance(features, 0, True), ChunkJob(1, 0, False)))
+        await asyncio.to_thread(worker.running, 1)
+        first = t2w.first_chunk()  # the new request's LM starts
+        buffered = asyncio.ensure_future(
+            t2w.run(t2w.utterance(features, 1, True), ChunkJob(400, 0, False), 6.0)
+        )
+        await asyncio.sleep(0)  # queued
+        worker.steps.release()
+        if quiet_first:
+            assert await asyncio.to_thread(t2w.scheduler.holding.wait, WAIT_S)
+            assert worker.batches == [[1]]
+        else:
+            await asyncio.to_thread(worker.running, 2)
+        new = asyncio.ensure_future(
+            t2w.run(t2w.utterance(features, 2, True), ChunkJob(43, 0, False), None, first)
+        )
+        await asyncio.sleep(0)  # queued, its ticket ended with it
+        assert t2w.scheduler.decoding == 0
+        worker.steps.release(2)
+        await asyncio.gather(busy, buffered, new)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        t2w.close()
+    return worker.batches
+
+
+def test_a_relaxed_call_waits_for_a_first_chunk_being_decoded_and_runs_after_it(tmp_path):
+    """Quiet-first: the worker does not start the buffered stream's call while the new request decodes its
+    first chunk (the call would slow that decode on a shared GPU); the first chunk, once queued, runs
+    first. Off (the default): the buffered call runs and the first chunk waits behind it."""
+    assert batches_while_a_first_chunk_decodes(tmp_path / "on", True) == [[1], [43], [400]]
+    assert batches_while_a_first_chunk_decodes(tmp_path / "off", False) == [[1], [400], [43]]
+
+
+def test_quiet_first_switches_at_run_time_as_if_built_that_way(tmp_path):
+    assert batches_while_a_first_chunk_decodes(tmp_path / "on", True, switched=True) == [[1], [43], [400]]
+    assert batches_while_a_first_chunk_decodes(tmp_path / "off", False, switched=True) == [[1], [400], [43]]
+
+
+def test_arrival_order_has_no_slack_to_hold_calls_on():
+    scheduler = ChunkScheduler(Batching(fifo=True, quiet_first=True), clock=lambda: 0.0)
+    assert not scheduler.quiet_first
+    with pytest.raises(ValueError, match="fifo"):
+        scheduler.quiet_first = True
+
+
 class SeamWorker:
     """Fake flow and vocoder stages under the worker's real ``_run_batch``: the flow writes each row's token
     count into one shared output buffer (as a CUDA graph's static output) and returns views of it; a flow

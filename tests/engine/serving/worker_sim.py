@@ -12,12 +12,15 @@ holds only while a stream that has arrived (as the engine counts its requests fr
 first chunk) has less than its ``slack_s`` of audio buffered and more to come.
 ``streams`` arrive at ``rate`` per second; a huge rate is a synchronized wave.
 ``admit(now)`` decides each new stream at its first chunk (refused: it never runs).
-``hold_s``: a design the engine does not have, kept to show its trade-off (bench/results/2026-12-03-h200-
-capacity-relaxed-auto-4e04e18): while a stream that has arrived waits for its first chunk and every queued
-chunk has over the relaxed ``slack_s`` to spare, the worker idles (up to ``hold_s``) rather than start a
-call the first chunk would wait behind. ``seam``: the engine's yield (EngineConfig.t2w_yield_to_urgent):
-between the flow (``1 - VOCODER_SHARE`` of a call) and the vocoder of a call whose rows all have over the
-relaxed ``slack_s``, a batch with an urgent head queued meanwhile runs whole.
+``hold_s``: the engine's quiet-first hold (EngineConfig.t2w_quiet_first, off by default), its trade-off
+(bench/results/2026-12-03-h200-capacity-relaxed-auto-4e04e18): while a stream that has arrived waits for its
+first chunk and every queued chunk has over the relaxed ``slack_s`` to spare, the worker idles (up to
+``hold_s``) rather than start a call the first chunk would wait behind. The model's LM runs at one speed
+whatever the worker does, so it shows only the hold's cost, not what it is for on a GPU the LM shares
+(a flow call there slows the LM's decode step 4-5x: the first tokens come sooner with the worker idle).
+``seam``: the engine's yield (EngineConfig.t2w_yield_to_urgent): between the flow (``1 - VOCODER_SHARE`` of
+a call) and the vocoder of a call whose rows all have over the relaxed ``slack_s``, a batch with an urgent
+head queued meanwhile runs whole.
 """
 
 from __future__ import annotations
