@@ -58,17 +58,9 @@ log = logging.getLogger(__name__)
 UI_MODES = ("zero_shot", "cross_lingual", "instruct", "vc", "voice")  # "voice" = zero-shot with a saved voice
 PROMPT_MIN_S = 3.0  # shorter prompts clone poorly; the engine's own floor (Limits.min_prompt_s) is lower
 MAX_HISTORY = 50
-# Reads the browser's id from localStorage, drawing one on the first visit (never a server-side guess).
-OWNER_JS = """(current) => {
-  const key = "cosystream-browser-id";
-  let id = localStorage.getItem(key);
-  if (!id || !/^[0-9a-f]{32}$/.test(id)) {
-    const bytes = crypto.getRandomValues(new Uint8Array(16));
-    id = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-    localStorage.setItem(key, id);
-  }
-  return id;
-}"""
+# The browser's id, read from localStorage or drawn on the first visit in the browser (never a server-side
+# guess) by ``static/browser_id.js``, the one script that draws it for the studio and the prompt lab alike.
+OWNER_JS = "(current) => (window.cosyBrowserId ? window.cosyBrowserId() : '')"
 SAMPLE_TEXTS = dict(EXAMPLES)  # language -> a text to speak, for the example voices
 
 
