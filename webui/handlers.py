@@ -502,9 +502,19 @@ class Studio:
         known = wanted if wanted and wanted in [value for _, value in choices] else None
         return gr.Dropdown(choices=choices) if known is None else gr.Dropdown(choices=choices, value=known)
 
-    async def browser_lexicons(self, browser_id: str | None) -> Any:
-        """On load, with the browser's id (OWNER_JS): the Pronunciation picker's choices."""
-        return gr.Dropdown(choices=await self.lexicon_choices(browser_id))
+    async def browser_lexicons(self, browser_id: str | None, kept_lexicon: str = "") -> tuple[Any, str]:
+        """On load, with the browser's id (OWNER_JS): (the Pronunciation picker's choices, a note).
+
+        ``kept_lexicon``: the lexicon this browser picked last (``keep.js``); picked again only while the
+        list still has it, else the picker stays on None and the note says the lexicon is gone."""
+        choices = await self.lexicon_choices(browser_id)
+        kept = kept_lexicon.strip() if isinstance(kept_lexicon, str) else ""
+        if not kept:
+            return gr.Dropdown(choices=choices), ""
+        if kept in {value for _, value in choices}:
+            return gr.Dropdown(choices=choices, value=kept), ""
+        note = views.note_html(self.t("lexicon_not_kept", lexicon=kept), "bad")
+        return gr.Dropdown(choices=choices, value=""), note
 
     def history_view(self, history: list[views.HistoryEntry]) -> str:
         return views.history_html(history or [], self.t, self.mode_labels)
