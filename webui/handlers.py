@@ -58,17 +58,9 @@ log = logging.getLogger(__name__)
 UI_MODES = ("zero_shot", "cross_lingual", "instruct", "vc", "voice")  # "voice" = zero-shot with a saved voice
 PROMPT_MIN_S = 3.0  # shorter prompts clone poorly; the engine's own floor (Limits.min_prompt_s) is lower
 MAX_HISTORY = 50
-# Reads the browser's id from localStorage, drawing one on the first visit (never a server-side guess).
-OWNER_JS = """(current) => {
-  const key = "cosystream-browser-id";
-  let id = localStorage.getItem(key);
-  if (!id || !/^[0-9a-f]{32}$/.test(id)) {
-    const bytes = crypto.getRandomValues(new Uint8Array(16));
-    id = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-    localStorage.setItem(key, id);
-  }
-  return id;
-}"""
+# The browser's id, read from localStorage or drawn on the first visit in the browser (never a server-side
+# guess) by ``static/browser_id.js``, the one script that draws it for the studio and the prompt lab alike.
+OWNER_JS = "(current) => (window.cosyBrowserId ? window.cosyBrowserId() : '')"
 SAMPLE_TEXTS = dict(EXAMPLES)  # language -> a text to speak, for the example voices
 
 
@@ -510,9 +502,19 @@ class Studio:
         known = wanted if wanted and wanted in [value for _, value in choices] else None
         return gr.Dropdown(choices=choices) if known is None else gr.Dropdown(choices=choices, value=known)
 
-    async def browser_lexicons(self, browser_id: str | None) -> Any:
-        """On load, with the browser's id (OWNER_JS): the Pronunciation picker's choices."""
-        return gr.Dropdown(choices=await self.lexicon_choices(browser_id))
+    async def browser_lexicons(self, browser_id: str | None, kept_lexicon: str = "") -> tuple[Any, str]:
+        """On load, with the browser's id (OWNER_JS): (the Pronunciation picker's choices, a note).
+
+        ``kept_lexicon``: the lexicon this browser picked last (``keep.js``); picked again only while the
+        list still has it, else the picker stays on None and the note says the lexicon is gone."""
+        choices = await self.lexicon_choices(browser_id)
+        kept = kept_lexicon.strip() if isinstance(kept_lexicon, str) else ""
+        if not kept:
+            return gr.Dropdown(choices=choices), ""
+        if kept in {value for _, value in choices}:
+            return gr.Dropdown(choices=choices, value=kept), ""
+        note = views.note_html(self.t("lexicon_not_kept", lexicon=kept), "bad")
+        return gr.Dropdown(choices=choices, value=""), note
 
     def history_view(self, history: list[views.HistoryEntry]) -> str:
         return views.history_html(history or [], self.t, self.mode_labels)

@@ -1,9 +1,11 @@
 """What the browser keeps of a visit (``static/keep.js``): the listeners' js hooks that save and restore it.
 
-The form's fields are saved on every change and put back on load; the prompt and the source speech are
-kept as files (IndexedDB) and uploaded again to the page's own server on load; the history rides on its
-table (``views.history_html``) and comes back through ``Studio.restore_history``. Each hook runs in the
-browser (Gradio's ``js=``) and does nothing where the script is missing.
+The form's fields are saved on every change and put back on load; the saved voice and the lexicon picked
+are sent back on load, and the server picks them again while this browser still lists them; the prompt
+and the source speech are kept as files (IndexedDB) and uploaded again to the page's own server on load;
+the history rides on its table (``views.history_html``) and comes back through
+``Studio.restore_history``. Each hook runs in the browser (Gradio's ``js=``) and does nothing where the
+script is missing.
 """
 
 from __future__ import annotations
@@ -48,14 +50,26 @@ RESTORE_HISTORY_JS = "(kept) => [window.cosyKeep ? window.cosyKeep.history() : '
 def owner_and_voice_js(owner_js: str) -> str:
     """On load: the browser's id (``owner_js`` draws or reads it) and the saved voice it picked last, for
     ``Studio.browser_voices``, which picks it again only while the list still has it."""
-    kept = "window.cosyKeep ? window.cosyKeep.keptVoice() : ''"
-    return f"(current, kept) => [({owner_js})(current), {kept}]"
+    return _owner_and(owner_js, "keptVoice")
 
 
-# The saved-voice pick changed (by hand, by a library card, or restored): kept, once the load's own pick
-# is in (``VOICE_RESTORED_JS``), so the list's first empty value never overwrites the kept one.
+def owner_and_lexicon_js(owner_js: str) -> str:
+    """On load: the browser's id and the pronunciation lexicon it picked last, for
+    ``Studio.browser_lexicons``, which picks it again only while the list still has it."""
+    return _owner_and(owner_js, "keptLexicon")
+
+
+def _owner_and(owner_js: str, kept: str) -> str:
+    call = f"window.cosyKeep ? window.cosyKeep.{kept}() : ''"
+    return f"(current, kept) => [({owner_js})(current), {call}]"
+
+
+# The saved-voice or lexicon pick changed (by hand, by a library card, from the lab, or restored): kept,
+# once the load's own pick is in (``*_RESTORED_JS``), so the list's first value never overwrites the kept one.
 KEEP_VOICE_JS = "(v) => { if (window.cosyKeep) window.cosyKeep.keepVoice(v); return []; }"
 VOICE_RESTORED_JS = "() => { if (window.cosyKeep) window.cosyKeep.voiceRestored(); return []; }"
+KEEP_LEXICON_JS = "(v) => { if (window.cosyKeep) window.cosyKeep.keepLexicon(v); return []; }"
+LEXICON_RESTORED_JS = "() => { if (window.cosyKeep) window.cosyKeep.lexiconRestored(); return []; }"
 
 
 def save_script_js(speakers: int) -> str:

@@ -40,6 +40,7 @@ def page_html(lang: str) -> str:
         "lang": lang, "other": other, "langs": langs, "modes": modes,
         "labels": json.dumps(t, ensure_ascii=False).replace("</", "<\\/"),
         "css": (STATIC / "lab.css").read_text(encoding="utf-8"),
+        "browser_id": (STATIC / "browser_id.js").read_text(encoding="utf-8"),  # as the studio's head
         "js": (STATIC / "lab.js").read_text(encoding="utf-8"),
     }  # fmt: skip
     template = (STATIC / "lab.html").read_text(encoding="utf-8")

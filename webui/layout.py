@@ -244,6 +244,8 @@ def _text_column(lbl: Labels, t: Texts, limits: Limits, filled: dict[str, Any]) 
             [(t("lexicon_none"), "")], value="", label=lbl("lexicon"), info=lbl("lexicon_info"),
             elem_id="cosy-lexicon",
         )  # fmt: skip
+        c["lexicon_note"] = gr.HTML("", js_on_load=None, elem_id="cosy-lexicon-note")
+        c["kept_lexicon"] = gr.Textbox("", visible=False)  # the pick this browser kept (keep.js), on load
         # the lab's "Use in studio" picks a lexicon through it (``lab_promote.js``: window.cosyLexPick)
         c["lexicon_go"] = gr.Button("", elem_id="cosy-lex-go", elem_classes="cosy-unseen")
         with gr.Row(equal_height=True, elem_classes="cosy-settings"):
@@ -375,7 +377,10 @@ def _listen(
     voices = demo.load(on("browser_voices"), [owner, a["kept_voice"]], picked, js=js, **light)
     voices.then(None, None, None, js=keep.VOICE_RESTORED_JS, **light)
     owner.change(voice_library.routed(studios, "page", 0), owner, shelf, **light)  # the id came
-    demo.load(on("browser_lexicons"), owner, a["lexicon"], js=OWNER_JS, **light)
+    js = keep.owner_and_lexicon_js(OWNER_JS)
+    lexicons = [a["lexicon"], a["lexicon_note"]]
+    listed = demo.load(on("browser_lexicons"), [owner, a["kept_lexicon"]], lexicons, js=js, **light)
+    listed.then(None, None, None, js=keep.LEXICON_RESTORED_JS, **light)
     pick = "(wanted, owner) => [window.cosyLexPick || '', owner]"
     a["lexicon_go"].click(on("pick_lexicon"), [a["lexicon"], owner], a["lexicon"], js=pick, **light)
     demo.load(on("server_panel"), None, b["server"], **light)
@@ -396,5 +401,6 @@ def _keep(
         component.change(None, component, None, js=keep.keep_audio_js(kind), **light)
     demo.load(None, audio, audio, js=keep.restore_audio_js(), **light)
     a["voice"].change(None, a["voice"], None, js=keep.KEEP_VOICE_JS, **light)
+    a["lexicon"].change(None, a["lexicon"], None, js=keep.KEEP_LEXICON_JS, **light)
     kept = b["kept_history"]
     demo.load(on("restore_history"), kept, [history, b["history"]], js=keep.RESTORE_HISTORY_JS, **light)

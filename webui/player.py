@@ -18,10 +18,11 @@ LIVE_STATES = ("idle", "waiting", "streaming", "playing", "done", "stopped", "er
 
 
 def head_html() -> str:
-    """``<script>`` with the player, the toast titles, the visit kept in the browser (``keep.js``), the page's
-    line to its server (``link.js``), the keyboard / screen-reader mending (``keys.js``) and the voice
-    library's cards (``library.js``), for ``gr.mount_gradio_app(head=...)``."""
-    names = ("player.js", "toast.js", "keep.js", "link.js", "keys.js", "library.js")
+    """``<script>`` with the browser's id (``browser_id.js``, first: the load's hooks read it), the player,
+    the toast titles, the visit kept in the browser (``keep.js``), the page's line to its server
+    (``link.js``), the keyboard / screen-reader mending (``keys.js``) and the voice library's cards
+    (``library.js``), for ``gr.mount_gradio_app(head=...)``."""
+    names = ("browser_id.js", "player.js", "toast.js", "keep.js", "link.js", "keys.js", "library.js")
     scripts = ((STATIC / name).read_text(encoding="utf-8") for name in names)
     return "".join(f"<script>\n{js}\n</script>" for js in scripts)
 

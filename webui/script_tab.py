@@ -218,7 +218,7 @@ class ScriptDesk:
 
     async def lexicons(self, browser_id: str) -> Any:
         """The Pronunciation picker's choices: the public lexicons and this browser's own."""
-        return await self.studio.browser_lexicons(browser_id)
+        return gr.Dropdown(choices=await self.studio.lexicon_choices(browser_id))
 
     async def _run(
         self, parts: list[Part], cast: dict[str, SynthesisRequest], rid: str, stem: str, note: str = ""

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 RID = re.compile(r"^[0-9a-f]{32}$")
 ALIVE_PATH = "/webui/alive"  # the page's line to its server (``link.js``): held open, never work in flight
-BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (handlers.OWNER_JS)
+BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")  # 128 random bits drawn in the browser (static/browser_id.js)
 STUDIO_OWNER = "studio:"  # keeps browser ids apart from API keys in the voice library
 # a voice id as the page may send it: the engine's library judges it; no path separators, no "." or ".."
 VOICE_ID = re.compile(r"^(?!\.\.?$)[^/\\\x00]{1,128}$")

@@ -189,6 +189,7 @@ EN: dict[str, str] = {
     "conn_down": "The server cannot be reached. Your text, settings and takes are kept in this browser; "
     "the page reconnects by itself.",
     "voice_not_kept": "The saved voice “{voice}” you picked last time is no longer listed; pick another one.",
+    "lexicon_not_kept": "The lexicon “{lexicon}” you picked last time is no longer listed; pick another.",
     "prompt_reupload": "Upload the prompt again: “{name}” could not be kept in this browser.",
     "kept_take": "Kept in this browser: {audio} s",
     "kept_download": "Download wav",
@@ -418,6 +419,7 @@ ZH: dict[str, str] = {
     # the studio's own connection to its server (keep.js): the banner while it cannot be reached
     "conn_down": "无法连接服务器。你的文本、设置和生成记录都保存在此浏览器中；页面会自动重新连接。",
     "voice_not_kept": "上次选择的已存音色“{voice}”已不在列表中；请选择其他音色。",
+    "lexicon_not_kept": "上次选择的读音词典“{lexicon}”已不在列表中；请选择其他词典或“不使用”。",
     "prompt_reupload": "请重新上传参考音频：此浏览器未能保存“{name}”。",
     "kept_take": "已保存在此浏览器：{audio} 秒",
     "kept_download": "下载 wav",

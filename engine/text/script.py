@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from engine.errors import InvalidInput, TooLarge
+from engine.text.checks import shown
 from engine.text.frontend import resolve_language, special_tokens
 from engine.text.split import cut_sentences, is_punctuation_only, merge_sentences, terminals_for
 
@@ -173,10 +174,9 @@ def check_tags(text: str, family: str, line: int = 1) -> None:
     """Refuse any ``<...>`` or ``[...]`` that is neither a break nor one of the model's tags."""
     tag = unsupported_tag(text, family)
     if tag is not None:
-        shown = ", ".join(TAG_HELP)
+        known = ", ".join(TAG_HELP)
         pause = '<break time="500ms"/>'
-        quoted = repr(tag) if len(tag) <= 40 else repr(tag[:40]) + "..."
-        message = f"line {line}: unknown tag {quoted}; pauses are {pause}, the model knows {shown}"
+        message = f"line {line}: unknown tag {shown(tag)}; pauses are {pause}, the model knows {known}"
         raise InvalidInput(message, field="text", code="unsupported_markup")
 
 

@@ -27,6 +27,7 @@ import pytest
 import soundfile as sf
 
 from engine.errors import Stopping, Unspeakable
+from engine.lexicons import LexiconLibrary
 from engine.request import AudioChunk, SynthesisRequest
 from engine.voices import load_examples
 from server import web
@@ -364,11 +365,17 @@ def test_a_result_that_replaces_a_loading_one_throws_nothing(browser, port, serv
     assert errors == [str(real.value)], errors
 
 
-def test_a_restart_keeps_the_saved_voice_pick_and_the_script(browser, port, servers) -> None:
-    """A voice saved, renamed in the library and picked in Saved voice mode, and a script with its own
-    speakers and voices: after a restart on the same port the page has them back (the server's library
-    outlives the process, as the real one on disk does); a kept voice the list no longer has is a note."""
+def test_a_restart_keeps_the_saved_voice_and_lexicon_picks_and_the_script(
+    browser, port, servers, tmp_path
+) -> None:
+    """A voice saved, renamed in the library and picked in Saved voice mode, a pronunciation lexicon picked,
+    and a script with its own speakers and voices: after a restart on the same port the page has them back
+    (the server's libraries outlive the process, as the real ones on disk do); a kept voice or lexicon the
+    list no longer has is a note."""
+    lexicons = LexiconLibrary(tmp_path / "lexicons", KeptEngine.family)
+    lexicons.save("Brands", [{"word": "Nike", "hint": "N AY1 K IY0"}])  # public: every browser lists it
     servers.append(Served(KeptEngine(), port))
+    servers[0].engine.lexicons = lexicons  # type: ignore[attr-defined]
     errors: list[str] = []
     page = open_page(browser, servers[0].url, errors=errors)
     library = page.locator("#cosy-examples")
@@ -385,6 +392,9 @@ def test_a_restart_keeps_the_saved_voice_pick_and_the_script(browser, port, serv
     own.locator(".cosy-vname").click()  # picked in the saved-voice list
     page.wait_for_function("document.querySelector('#cosy-voice input').value === 'Calm me'")
     page.wait_for_function("localStorage.getItem('cosystream-voice') === '\"calm me\"'")
+    page.locator("#cosy-lexicon input").click()
+    page.get_by_role("option", name="Brands (public)").click()
+    page.wait_for_function("localStorage.getItem('cosystream-lexicon') === '\"brands\"'")
 
     page.locator("#cosy-script .label-wrap").first.click()
     page.locator("#cosy-script-text textarea").fill("Carol: a script kept.\nDan: Across a restart.")
@@ -401,10 +411,12 @@ def test_a_restart_keeps_the_saved_voice_pick_and_the_script(browser, port, serv
     page.locator("#cosy-offline").wait_for()
     servers.append(Served(KeptEngine(), port))
     servers[1].engine.voices = voices
+    servers[1].engine.lexicons = lexicons  # type: ignore[attr-defined]
     page.wait_for_function("window.cosyLink && window.cosyLink.instance !== '' && !window.cosyLink.down")
     ready(page)
     page.wait_for_function("document.querySelector('#cosy-voice input').value === 'Calm me'")
     assert page.locator('#cosy-mode input[value="voice"]').is_checked()
+    page.wait_for_function("document.querySelector('#cosy-lexicon input').value === 'Brands (public)'")
     page.wait_for_function("window.cosyKeep.restored.script")
     page.locator("#cosy-script .label-wrap").first.click()  # the desk opens with the kept script
     text = "document.querySelector('#cosy-script-text textarea').value"
@@ -418,9 +430,12 @@ def test_a_restart_keeps_the_saved_voice_pick_and_the_script(browser, port, serv
     page.locator('.cosy-status[data-state="done"]').wait_for()
     assert servers[1].engine.requests[-1].voice_id == "calm me"
 
-    servers[1].engine.voices = {}  # the voice went (deleted elsewhere): no pick, a note says so
+    servers[1].engine.voices = {}  # the voice and the lexicon went (deleted elsewhere): no pick, a note
+    lexicons.delete("brands")
     page.reload()
     ready(page)
     page.locator("#cosy-voice-note .cosy-bad", has_text="“calm me”").wait_for()
     assert page.locator("#cosy-voice input").input_value() == ""
+    page.locator("#cosy-lexicon-note .cosy-bad", has_text="“brands”").wait_for()
+    assert page.locator("#cosy-lexicon input").input_value() == "None"
     assert not errors, errors

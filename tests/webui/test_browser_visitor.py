@@ -113,6 +113,40 @@ def test_two_browsers_cannot_see_each_others_voices(browser, server, tmp_path) -
         ctx_b.close()
 
 
+def lab_browser_id(context: Any, url: str) -> tuple[Any, str]:
+    """The prompt lab in ``context``, and the id its first request carried (X-Cosy-Browser)."""
+    page = context.new_page()
+    with page.expect_request(lambda r: "/lab/config" in r.url) as asked:
+        page.goto(url + "lab?lang=en")
+    return page, str(asked.value.headers.get("x-cosy-browser"))
+
+
+def test_the_studio_and_the_lab_name_one_browser_and_keep_an_id_stored_before(browser, server) -> None:
+    """One script draws the id for both pages: a browser that stored one on an earlier visit keeps it in
+    the studio and the lab; a new browser's id, drawn by whichever page it opens first, is the other's."""
+    url, _ = server
+    stored = "0123456789abcdef" * 2
+    before = browser.new_context(viewport=VIEW)
+    before.add_init_script(f"localStorage.setItem('cosystream-browser-id', '{stored}')")
+    fresh = browser.new_context(viewport=VIEW)
+    try:
+        studio = before.new_page()
+        studio.goto(url)
+        studio.wait_for_function("window.cosyPlayer", timeout=WAIT_MS)
+        assert studio.evaluate("typeof window.cosyBrowserId") == "function"
+        assert browser_id(studio) == stored and studio.evaluate("window.cosyBrowserId()") == stored
+        assert lab_browser_id(before, url)[1] == stored
+        lab, drawn = lab_browser_id(fresh, url)  # the lab first: it draws the id
+        assert len(drawn) == 32 and drawn != stored and lab.evaluate("window.cosyBrowserId()") == drawn
+        studio = fresh.new_page()
+        studio.goto(url)
+        studio.wait_for_function("window.cosyPlayer", timeout=WAIT_MS)
+        assert browser_id(studio) == drawn and studio.evaluate("window.cosyBrowserId()") == drawn
+    finally:
+        before.close()
+        fresh.close()
+
+
 def test_example_voice_fills_the_form_and_generates(browser, server) -> None:
     url, engine = server
     ctx, page = open_page(browser, url)

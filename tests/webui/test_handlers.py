@@ -641,9 +641,28 @@ async def test_the_picker_lists_the_public_and_the_browsers_own_lexicons(studio,
     lexicons.save("Theirs", BRANDS, owner_of(BOB))
     choices = await studio.lexicon_choices(ALICE)
     assert choices == [("None", ""), ("Mine", "mine"), ("Shared (public)", "shared")]
-    dropdown = await studio.browser_lexicons(BOB)
-    assert [c[1] for c in dropdown.choices] == ["", "shared", "theirs"]
+    dropdown, note = await studio.browser_lexicons(BOB)
+    assert [c[1] for c in dropdown.choices] == ["", "shared", "theirs"] and note == ""
     assert await Studio.lexicon_choices(studio, None) == [("None", ""), ("Shared (public)", "shared")]
+
+
+async def test_the_kept_lexicon_is_picked_again_only_while_listed(studio, lexicons) -> None:
+    """On load the browser sends the lexicon it picked last (keep.js): picked again while this browser
+    still lists it (its own or a public one); one gone (deleted, or another browser's) leaves the picker
+    on None with a note, no error."""
+    lexicons.save("Mine", BRANDS, owner_of(ALICE))
+    lexicons.save("Shared", BRANDS, None)
+    for kept in ("mine", "shared"):
+        dropdown, note = await studio.browser_lexicons(ALICE, kept)
+        assert dropdown.value == kept and note == ""
+    theirs, note = await studio.browser_lexicons(BOB, "mine")  # not this browser's lexicon
+    assert theirs.value == "" and "cosy-bad" in note and "“mine”" in note
+    assert Texts("en")("lexicon_not_kept", lexicon="mine") in html.unescape(note)
+    lexicons.delete("mine", owner_of(ALICE))
+    gone, note = await studio.browser_lexicons(ALICE, "mine")
+    assert gone.value == "" and "“mine”" in note
+    none_kept, note = await studio.browser_lexicons(ALICE, "")
+    assert [c[1] for c in none_kept.choices] == ["", "shared"] and note == ""
 
 
 async def test_the_lab_picks_a_lexicon_only_where_this_browser_has_it(studio, lexicons) -> None:

@@ -31,13 +31,17 @@ def test_each_hook_names_what_it_keeps() -> None:
         keep.keep_audio_js("text")
 
 
-def test_the_saved_voice_and_the_script_desk_hooks() -> None:
-    """The saved-voice pick goes to the server with the browser id (the owner js called on its own input),
-    and the script desk's hooks name how many speakers their values hold."""
+def test_the_saved_voice_lexicon_and_script_desk_hooks() -> None:
+    """The saved-voice and lexicon picks go to the server with the browser id (the owner js called on its
+    own input), and the script desk's hooks name how many speakers their values hold."""
     both = keep.owner_and_voice_js("(current) => 'id'")
     assert both.startswith("(current, kept) =>") and "((current) => 'id')(current)" in both
     assert "keptVoice()" in both and "keepVoice(v)" in keep.KEEP_VOICE_JS
     assert "voiceRestored()" in keep.VOICE_RESTORED_JS
+    lexicon = keep.owner_and_lexicon_js("(current) => 'id'")
+    assert lexicon.startswith("(current, kept) =>") and "((current) => 'id')(current)" in lexicon
+    assert "keptLexicon()" in lexicon and "keepLexicon(v)" in keep.KEEP_LEXICON_JS
+    assert "lexiconRestored()" in keep.LEXICON_RESTORED_JS
     assert "saveScript(4, v)" in keep.save_script_js(4) and "return []" in keep.save_script_js(4)
     assert "restoreScript(3, v)" in keep.restore_script_js(3)
     assert "scriptVoices()" in keep.SCRIPT_VOICES_JS and "v.slice(0, -1)" in keep.SCRIPT_VOICES_JS

@@ -16,7 +16,8 @@ from server import web
 from tests.api.support import RecordingEngine
 from webui.lab import BatchError, TakeSettings, code_for, parse_batch
 from webui.lab_texts import TABLES
-from webui.lab_views import page_html
+from webui.lab_views import STATIC, page_html
+from webui.player import head_html
 
 ALICE, BOB = "a" * 32, "b" * 32
 
@@ -80,6 +81,19 @@ def test_every_label_exists_in_both_languages_and_the_page_renders_them():
     for lang in ("en", "zh"):
         page = page_html(lang)
         assert TABLES[lang]["generate"] in page and "{{" not in page
+
+
+def test_the_lab_and_the_studio_load_the_one_script_that_draws_the_browser_id():
+    """Both pages of one browser must name the same owner: the id's key and its drawing live in
+    ``static/browser_id.js`` alone, which the lab's page and the studio's head both carry, before the
+    scripts that read it."""
+    drawer = (STATIC / "browser_id.js").read_text(encoding="utf-8")
+    sources = [*STATIC.iterdir(), *STATIC.parent.glob("*.py")]
+    naming = [p.name for p in sources if "cosystream-browser-id" in p.read_text(errors="replace")]
+    assert naming == ["browser_id.js"] and "window.cosyBrowserId = " in drawer
+    lab, head = page_html("en"), head_html()
+    assert lab.index(drawer) < lab.index("window.cosyBrowserId()")
+    assert head.index(drawer) < head.index("window.cosyKeep =")
 
 
 async def test_the_page_config_and_a_take(lab):

@@ -1,7 +1,8 @@
 // CosyStream keeper: the visitor's work stays in this browser, across a reload and a server restart.
 //
-// localStorage holds the form (text, transcript, mode, language, instruction, settings) and the history's
-// entries (the server renders them with data-kept-history); IndexedDB holds audio: the prompt and the
+// localStorage holds the form (text, transcript, mode, language, instruction, settings), the saved voice and
+// the pronunciation lexicon picked last, the script desk and the history's entries (the server renders
+// them with data-kept-history); IndexedDB holds audio: the prompt and the
 // source speech as the visitor gave them, and each take's wav. Nothing here is sent anywhere but to this
 // page's own server: a kept prompt goes back through Gradio's upload when the page is restored. The
 // listeners' js hooks call in (layout.py, keep.py); nothing is saved before the stored values are back,
@@ -12,10 +13,11 @@
   const HISTORY = "cosystream-history";
   const SCRIPT = "cosystream-script"; // the script desk: {text, gap, names, voices}
   const VOICE = "cosystream-voice"; // the saved voice picked last (its id)
+  const LEXICON = "cosystream-lexicon"; // the pronunciation lexicon picked last (its id)
   const NAMES = "cosystream-audio-names"; // kind -> file name, kept even when the blob could not be
   const DB = "cosystream", STORE = "files";
   const MAX_TAKES = 50; // as the server's history (handlers.MAX_HISTORY)
-  const restored = { form: false, audio: false, history: false, voice: false, script: false };
+  const restored = { form: false, audio: false, history: false, voice: false, lexicon: false, script: false };
   let dbOpen = null;
   let lastKept = ""; // the last take whose wav is kept here
 
@@ -89,21 +91,27 @@
     return names.map((name, i) => (form[name] === undefined || form[name] === null ? current[i] : form[name]));
   }
 
-  // ---- the saved voice --------------------------------------------------------------------------------
-  // Its list comes from the server on load (this browser's voices): the kept id goes there as an input,
-  // and the server picks it only while the list still has it (Studio.browser_voices).
-  function keptVoice() {
-    const id = read(VOICE, "");
+  // ---- the saved voice and the pronunciation lexicon ---------------------------------------------------
+  // Their lists come from the server on load (this browser's own and the public ones): the kept id goes
+  // there as an input, and the server picks it only while the list still has it (Studio.browser_voices,
+  // Studio.browser_lexicons).
+  function keptPick(key) {
+    const id = read(key, "");
     return typeof id === "string" ? id : "";
   }
 
-  function keepVoice(value) {
-    if (!restored.voice) return;
-    if (typeof value === "string" && value) write(VOICE, JSON.stringify(value));
-    else { try { localStorage.removeItem(VOICE); } catch (e) { /* nothing kept */ } }
+  function keepPick(key, kind, value) {
+    if (!restored[kind]) return;
+    if (typeof value === "string" && value) write(key, JSON.stringify(value));
+    else { try { localStorage.removeItem(key); } catch (e) { /* nothing kept */ } }
   }
 
+  const keptVoice = () => keptPick(VOICE);
+  const keepVoice = (value) => keepPick(VOICE, "voice", value);
   function voiceRestored() { restored.voice = true; }
+  const keptLexicon = () => keptPick(LEXICON);
+  const keepLexicon = (value) => keepPick(LEXICON, "lexicon", value);
+  function lexiconRestored() { restored.lexicon = true; }
 
   // ---- the script desk ---------------------------------------------------------------------------------
   // values: [text, gap, ...names, ...voices], `speakers` of each (script_tab.build's order)
@@ -312,6 +320,7 @@
   });
 
   window.cosyKeep = { saveForm, restoreForm, keepAudio, keptVoice, keepVoice, voiceRestored,
+    keptLexicon, keepLexicon, lexiconRestored,
     saveScript, restoreScript, scriptVoices, restoreAudio, history, keepTake,
     get restored() { return { ...restored }; }, get lastKept() { return lastKept; } };
 })();

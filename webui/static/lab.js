@@ -12,17 +12,7 @@
     code: null, codeTab: "python", playing: null, batch: null,
   });
 
-  function browserId() {
-    const key = "cosystream-browser-id";
-    let id = localStorage.getItem(key);
-    if (!id || !/^[0-9a-f]{32}$/.test(id)) {
-      const bytes = crypto.getRandomValues(new Uint8Array(16));
-      id = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-      localStorage.setItem(key, id);
-    }
-    return id;
-  }
-  const BROWSER = browserId();
+  const BROWSER = window.cosyBrowserId(); // static/browser_id.js, as the studio's
 
   async function call(path, options = {}) {
     const headers = { "X-Cosy-Browser": BROWSER, ...(options.headers || {}) };

@@ -8,7 +8,7 @@
   let playing = "";
 
   function browserId() {
-    return localStorage.getItem("cosystream-browser-id") || "";
+    return window.cosyBrowserId ? window.cosyBrowserId() : ""; // static/browser_id.js
   }
 
   function mode() {

@@ -85,6 +85,17 @@ def test_model_tags_pass_and_unknown_tags_are_refused():
             check_tags(bad, "cosyvoice2")
 
 
+def test_an_unknown_tag_is_quoted_whole_when_short_and_cut_with_its_length_when_long():
+    with pytest.raises(InvalidInput, match=r"line 3: unknown tag '<b>';"):
+        check_tags("a <b>bold</b> word", "cosyvoice2", line=3)
+    long_tag = "<" + "x" * 500 + ">"
+    with pytest.raises(InvalidInput) as refused:
+        check_tags(f"a {long_tag} word", "cosyvoice2")
+    message = str(refused.value)
+    assert "'<" + "x" * 39 + "'... (502 characters);" in message
+    assert "x" * 41 not in message
+
+
 def test_compile_puts_gaps_between_turns_and_breaks_in_place():
     lines = parse_script('Alice: One. <break time="400ms"/> Two.\nBob (sad): Three.', CAST)
     assert compile_script(lines, "cosyvoice3", gap_s=0.2) == [
