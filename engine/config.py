@@ -190,8 +190,8 @@ def add_lm_handover_flags(parser: Flags) -> None:
     """``--lm-handover`` / ``--no-lm-handover`` -> ``args.lm_handover`` (``EngineConfig.lm_handover``)."""
     parser.add_argument(
         "--lm-handover", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_handover,
-        help="with vLLM and --lm-kv-cache-gib: serve on the native LM loop while vLLM starts, then hand over "
-        "to it (tested on the CPU; not yet measured on a GPU, hence off by default)",
+        help="where vLLM serves with a fixed KV cache (--lm-kv-cache-gib): serve on the native LM loop while "
+        "vLLM starts, then hand over to it (default: on there; --no-lm-handover: ready once vLLM is up)",
     )  # fmt: skip
 
 
@@ -360,9 +360,11 @@ class EngineConfig:
     # Serve within seconds, upgrade in place (engine.lm.handover): where vLLM serves the LM, the native loop
     # serves from the moment the weights are loaded while vLLM starts, then hands new requests over (those in
     # flight finish on it) and is closed. It needs vLLM's KV cache at a fixed size (lm_kv_cache_gib: a vLLM
-    # that profiles the device's memory would meet the native loop's KV caches there). Off by default until
-    # its GPU test and a start-up measurement have run on a GPU; off: ready only once vLLM is up
-    lm_handover: bool = False
+    # that profiles the device's memory would meet the native loop's KV caches there). None (auto): on
+    # wherever vLLM may serve with a fixed KV cache (the default). On the H200 (v3 warm, BENCHMARKS.md
+    # "Start-up") ready came 12 s sooner, the requests before vLLM was up (8 s) taking 340-680 ms on the
+    # native loop; False: ready only once vLLM is up (benchmarks that measure vLLM alone)
+    lm_handover: bool | None = None
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16
@@ -487,6 +489,8 @@ class EngineConfig:
         if self.first_graphs_early is True and not self.background_graphs:
             # every graph before serving (minutes) would still be capturing while vLLM measures the memory
             raise ValueError("first_graphs_early captures the first graphs only: it needs background_graphs")
+        if self.lm_handover not in (None, True, False):
+            raise ValueError(f"lm_handover must be None (auto), True or False, got {self.lm_handover!r}")
         if self.lm_handover and (self.backend == "native" or self.lm_kv_cache_gib is None):
             raise ValueError(
                 "lm_handover hands the native loop over to vLLM: it needs backend vllm or auto, and vLLM's "
@@ -503,6 +507,13 @@ class EngineConfig:
             raise ValueError(
                 f"mps_flow_percent needs cuda_mps (on or auto) and 1-100 %, got {self.mps_flow_percent}"
             )
+
+    @property
+    def hands_over(self) -> bool:
+        """lm_handover resolved: the native loop serves while vLLM starts (where vLLM serves the LM)."""
+        if self.lm_handover is not None:
+            return self.lm_handover
+        return self.backend != "native" and self.lm_kv_cache_gib is not None
 
     @property
     def graphs_early(self) -> bool:

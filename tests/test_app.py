@@ -48,8 +48,8 @@ def test_flags_reach_the_engine_config() -> None:
     cfg = cli.engine_config(gpu)
     assert cfg.flow_reuse is False and EngineConfig().flow_reuse is None  # auto: off for v2's graphs
     assert cli.engine_config(cli.parse_args(["--flow-reuse"])).flow_reuse is True
-    assert cfg.lm_handover is False  # off until measured on a GPU; --lm-handover turns it on
-    assert cli.engine_config(cli.parse_args(["--no-lm-handover"])).lm_handover is False
+    assert cfg.lm_handover is None and cfg.hands_over  # auto: on with the default fixed KV cache
+    assert not cli.engine_config(cli.parse_args(["--no-lm-handover"])).hands_over
     assert cli.engine_config(cli.parse_args(["--lm-handover"])).lm_handover is True
     with pytest.raises(SystemExit):  # a profiling vLLM would race the native loop beside it
         cli.parse_args(["--lm-handover", "--lm-kv-cache-gib", "0"])

@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
 
 def shown_default(action: argparse.Action) -> str:
     """The default as a reader wants it: switches are off until given, None is what the help text says."""
-    if action.nargs == 0:  # store_true / store_false / store_const: the flag not given
+    if action.nargs == 0 and action.default is not None:  # store_true / _false / _const, --x/--no-x off
         return "off"
     if action.default is None:
         return "auto (see text)"

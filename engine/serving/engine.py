@@ -182,8 +182,8 @@ class TTSEngine:
         from llm.pt (or its cached export) while the weights load here, then the prompt frontend and the
         voices; Whisper and the graphs come after it (it sizes its KV cache from the memory free at its
         start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
-        started by ``warmup``). With a handover (``EngineConfig.lm_handover``) the load does not wait for
-        vLLM: the native loop serves until vLLM is up (``engine.lm.handover``)."""
+        started by ``warmup``). With a handover (``EngineConfig.lm_handover``, on by default) the load does
+        not wait for vLLM: the native loop serves until vLLM is up (``engine.lm.handover``)."""
         # the text workers first: separate processes, each importing for seconds (10 s of the path to ready
         # on an H200 when they started after the frontends and the LM did not hide them: the handover)
         early = _started_pool(cfg, files, dev)
@@ -214,7 +214,7 @@ class TTSEngine:
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
         weights: Future[LoadedModel] = Future()
-        handover = cfg.lm_handover and _uses_vllm(cfg, devices.is_accelerator(dev))
+        handover = cfg.hands_over and _uses_vllm(cfg, devices.is_accelerator(dev))
         starter = ThreadPoolExecutor(1, thread_name_prefix="lm-start")
         try:
             lm: tuple[object, ...] = (cfg, files, dev, weights.result)

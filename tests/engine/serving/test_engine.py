@@ -765,8 +765,8 @@ async def test_the_engine_serves_on_the_native_loop_while_vllm_starts_then_hands
     monkeypatch.setattr(module, "_backend", vllm_stand_in)
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
     cfg = EngineConfig(
-        model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v"), lm_handover=True
-    )
+        model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v")
+    )  # lm_handover auto: on with vLLM and its fixed KV cache
     idle: list[bool] = []  # the caller's work beside vLLM's start (the studio import) still runs before ready
     eng = TTSEngine.load(cfg, idle_work=(("studio import", lambda: idle.append(up.is_set())),))
     try:
@@ -787,8 +787,10 @@ async def test_the_engine_serves_on_the_native_loop_while_vllm_starts_then_hands
 
 
 def test_the_handover_is_asked_for_and_needs_vllm_with_a_fixed_kv_cache():
-    assert not EngineConfig().lm_handover  # off until measured on a GPU
-    assert EngineConfig(lm_handover=True).lm_handover  # the default KV cache has a fixed size
+    assert EngineConfig().hands_over  # auto: on where vLLM's KV cache has a fixed size (the default)
+    assert not EngineConfig(lm_kv_cache_gib=None).hands_over  # a profiling vLLM: no native loop beside it
+    assert not EngineConfig(backend="native").hands_over and not EngineConfig(lm_handover=False).hands_over
+    assert EngineConfig(lm_handover=True).hands_over
     for bad in (dict(lm_handover=True, backend="native"), dict(lm_handover=True, lm_kv_cache_gib=None)):
         with pytest.raises(ValueError, match="lm_handover"):
             EngineConfig(**bad)
