@@ -361,9 +361,11 @@ class EngineConfig:
     # serves from the moment the weights are loaded while vLLM starts, then hands new requests over (those in
     # flight finish on it) and is closed. It needs vLLM's KV cache at a fixed size (lm_kv_cache_gib: a vLLM
     # that profiles the device's memory would meet the native loop's KV caches there). None (auto): on
-    # wherever vLLM may serve with a fixed KV cache (the default). On the H200 (v3 warm, BENCHMARKS.md
-    # "Start-up") ready came 12 s sooner, the requests before vLLM was up (8 s) taking 340-680 ms on the
-    # native loop; False: ready only once vLLM is up (benchmarks that measure vLLM alone)
+    # wherever vLLM may serve with a fixed KV cache (the default). On H200s (v3 warm, BENCHMARKS.md
+    # "Start-up") ready came at 41.9 s with it (and the text workers started first) against 54.3 s without
+    # (two machines), the requests before vLLM was up (8 s) taking 340-680 ms on the native loop; alone,
+    # at 59.1 s, it gained nothing: the text workers' start then lay on the path. False: ready only once
+    # vLLM is up (benchmarks that measure vLLM alone)
     lm_handover: bool | None = None
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
