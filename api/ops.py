@@ -15,7 +15,7 @@ from api.context import ApiContext, EngineLike
 from api.errors import ApiError, retry_after
 from api.route import guarded_route
 from api.schemas import ModelCard, ModelList
-from engine.text.checks import shown
+from engine.errors import shown
 
 # Accepted as the served model: OpenAI's TTS names (stock clients work unchanged) and "cosyvoice", the
 # README's name for whichever model this server runs (v2 or v3).

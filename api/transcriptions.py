@@ -28,8 +28,7 @@ from api.errors import ApiError, from_engine
 from api.ops import transcription_ids
 from api.route import guarded_route
 from api.speech import check_ready
-from engine.errors import EngineError
-from engine.text.checks import shown
+from engine.errors import EngineError, shown
 
 Format = Literal["json", "text", "srt", "vtt", "verbose_json"]
 FORM_SLACK_BYTES = 64 * 1024

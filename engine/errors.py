@@ -80,3 +80,13 @@ class SynthesisFailed(EngineError):
     """The computation went wrong for this request (non-finite audio, device OOM); the engine stays usable."""
 
     status = 500
+
+
+SHOWN_CHARS = 40  # how much of the caller's input a message quotes
+
+
+def shown(value: str, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: messages quote input, never without a bound."""
+    if len(value) <= limit:
+        return repr(value)
+    return repr(value[:limit]) + f"... ({len(value)} characters)"

@@ -15,18 +15,10 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.errors import InvalidInput, TooLarge
+from engine.errors import InvalidInput, TooLarge, shown
 
 # Control characters a text may hold: line breaks and tabs are layout, every other Cc is not text.
 LAYOUT = frozenset("\n\r\t")
-SHOWN_CHARS = 40  # how much of the caller's input a message quotes
-
-
-def shown(value: str, limit: int = SHOWN_CHARS) -> str:
-    """``repr(value)`` cut to about ``limit`` characters: messages quote input, never without a bound."""
-    if len(value) <= limit:
-        return repr(value)
-    return repr(value[:limit]) + f"... ({len(value)} characters)"
 
 
 def has_control(text: str) -> bool:

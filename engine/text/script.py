@@ -26,8 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from engine.errors import InvalidInput, TooLarge
-from engine.text.checks import shown
+from engine.errors import InvalidInput, TooLarge, shown
 from engine.text.frontend import resolve_language, special_tokens
 from engine.text.split import cut_sentences, is_punctuation_only, merge_sentences, terminals_for
 

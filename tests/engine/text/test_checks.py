@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from engine.config import Limits
-from engine.errors import InvalidInput, TooLarge
+from engine.errors import InvalidInput, TooLarge, shown
 from engine.request import SynthesisRequest
 from engine.serving.plan import Planner
-from engine.text.checks import check_text, shown, speakable
+from engine.text.checks import check_text, speakable
 
 BAD = [
     ("\U0001f600\U0001f389", InvalidInput, "nothing_to_speak"),
