@@ -205,3 +205,19 @@ def test_the_flag_reaches_the_compiled_estimator(tmp_path):
     twin = compiled.twin(compiled=True)
     assert isinstance(twin.run, Precompiled) and twin.run.root == tmp_path
     assert not isinstance(CompiledEstimator(est, torch.float32, compiled=True).run, Precompiled)
+
+
+@pytest.mark.parametrize(("attention", "folder"), [("mask", "compile"), ("cudnn", "compile/attention-cudnn")])
+def test_the_engine_keeps_the_programs_beside_its_compile_cache(tmp_path, monkeypatch, attention, folder):
+    from engine.config import EngineConfig
+    from engine.serving import engine
+
+    kept = []  # the compile cache's folder (use_compile_cache: set by the engine, left alone here)
+    monkeypatch.setattr(engine, "use_compile_cache", kept.append)
+    cfg = EngineConfig(flow_precompiled=True, flow_attention=attention)
+    graphed = engine._graphed_flow(tiny_flow("cosyvoice3").decoder, "cosyvoice3", cfg, tmp_path)
+    run = graphed.solver.estimator.run
+    assert kept == [tmp_path / folder] and isinstance(run, Precompiled)
+    assert run.root == tmp_path / folder / "precompiled"
+    off = engine._graphed_flow(tiny_flow("cosyvoice3").decoder, "cosyvoice3", EngineConfig(), tmp_path)
+    assert not isinstance(off.solver.estimator.run, Precompiled)
