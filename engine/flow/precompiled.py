@@ -72,18 +72,19 @@ class Precompiled:
         self._warned = False
 
     def __call__(self, *args: Any) -> Any:
-        programs = self.programs.get(specialisation(args), ())
+        key = specialisation(args)
+        programs = self.programs.get(key, ())
         if programs is None:
             return self.fallback(*args)
         for program in programs:  # mostly one; its guards run here, once (the program's own are off)
             if program.guard_check(self.module, *args):
                 return program(self.module, *args)
-        program = self._program(specialisation(args), args)
+        program = self._program(key, args)
         return self.fallback(*args) if program is None else program(self.module, *args)
 
     def stem(self, key: Key) -> str:
-        """The name of ``key``'s files: a hash of torch's version, the module (class, settings, weights'
-        shapes and dtypes, its package's source), this program's name and the key."""
+        """The name of ``key``'s files: a hash of torch's version, the module (``module_identity``, its
+        package's source), this program's name and the key."""
         digest = hashlib.sha256(f"{torch.__version__} {self.name} {key!r}".encode())
         digest.update(module_identity(self.module).encode())
         for source in package_sources(type(self.module)):

@@ -221,3 +221,15 @@ def test_the_engine_keeps_the_programs_beside_its_compile_cache(tmp_path, monkey
     assert run.root == tmp_path / folder / "precompiled"
     off = engine._graphed_flow(tiny_flow("cosyvoice3").decoder, "cosyvoice3", EngineConfig(), tmp_path)
     assert not isinstance(off.solver.estimator.run, Precompiled)
+
+
+def test_v2s_unet_compiles_whole_and_matches_eager(tmp_path):
+    """v2's U-Net traces whole too (with Python floats specialised: aot_compile cannot restart for them)."""
+    from engine.flow.unet import CausalConditionalDecoder
+
+    unet = tiny_flow("cosyvoice2").decoder.estimator
+    assert isinstance(unet, CausalConditionalDecoder)
+    fallback = Eager(unet)
+    run = Precompiled(CausalConditionalDecoder.forward, unet, tmp_path, "forward", fallback)
+    assert_eager(run, unet, (2, 40), (3, 70))
+    assert fallback.calls == 0 and [p.name[-6:] for p in tmp_path.iterdir()] == [".0.bin"]
