@@ -20,6 +20,7 @@ that key on the fallback (today's ``torch.compile`` program); a file that does n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -121,7 +122,8 @@ class Precompiled:
                     program: Any = torch.compiler.load_compiled_function(f, f_globals=self.fn.__globals__)
             except Exception as exc:  # unpickling a corrupt or incompatible file can raise anything
                 self._warn("%s: %s did not load (%s); removed", self.name, path.name, exc)
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # gone already, or a read-only volume
+                    path.unlink()
                 break
             program.disable_guard_check()  # __call__ checks them, once
             programs.append(program)
@@ -154,7 +156,8 @@ class Precompiled:
             program.save_compiled_function(str(tmp))
             os.replace(tmp, path)
         except Exception as exc:  # pickling the program or the disk: either way it still serves
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # none made, or no folder to hold it
+                tmp.unlink()
             self._warn("%s: could not save %s (%s)", self.name, path.name, exc)
             return
         log.info("%s: saved %s", self.name, path.name)

@@ -207,6 +207,19 @@ def test_the_flag_reaches_the_compiled_estimator(tmp_path):
     assert not isinstance(CompiledEstimator(est, torch.float32, compiled=True).run, Precompiled)
 
 
+def test_a_program_that_cannot_be_saved_still_serves(tmp_path, caplog):
+    """The folder cannot be made (a file holds its name): the compiled program serves this process,
+    logged, and leaves no temporary file."""
+    blocked = tmp_path / "precompiled"
+    blocked.write_text("not a folder")
+    toy = Toy().eval()
+    fallback = Eager(toy)
+    run = Precompiled(Toy.forward, toy, blocked / "programs", "forward", fallback)
+    with caplog.at_level(logging.WARNING, "engine.flow.precompiled"):
+        toy_matches(run, toy, (3, 20, False), (2, 44, False))
+    assert fallback.calls == 0 and "could not save" in caplog.text and list(tmp_path.iterdir()) == [blocked]
+
+
 @pytest.mark.parametrize(("attention", "folder"), [("mask", "compile"), ("cudnn", "compile/attention-cudnn")])
 def test_the_engine_keeps_the_programs_beside_its_compile_cache(tmp_path, monkeypatch, attention, folder):
     from engine.config import EngineConfig
