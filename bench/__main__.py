@@ -46,6 +46,7 @@ from engine.config import (
     add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
+    add_flow_precompiled_flag,
     add_flow_reuse_flags,
     add_model_flag,
     add_overlap_flags,
@@ -200,6 +201,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
     add_flow_aot_flag(p)
+    add_flow_precompiled_flag(p)
     add_flow_reuse_flags(p)
     add_overlap_flags(p)
     p.add_argument(
@@ -394,6 +396,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         hift_graphs=not args.no_hift_graphs,
         flow_compile=args.flow_compile,
         flow_aot=args.flow_aot,
+        flow_precompiled=args.flow_precompiled,
         flow_reuse=args.flow_reuse,
         graph_warmup_s=warmup_s(args),
         flow_batch=args.flow_batch,

@@ -204,6 +204,15 @@ def add_flow_aot_flag(parser: Flags) -> None:
     )  # fmt: skip
 
 
+def add_flow_precompiled_flag(parser: Flags) -> None:
+    """``--flow-precompiled`` -> ``args.flow_precompiled`` (``EngineConfig.flow_precompiled``)."""
+    parser.add_argument(
+        "--flow-precompiled", action="store_true",
+        help="GPU, with the flow compile: keep its compiled programs whole under the cache root and load "
+        "them there on the next start (no Dynamo trace, no AOTAutograd); not with --flow-aot",
+    )  # fmt: skip
+
+
 def add_flow_attention_flag(parser: Flags) -> None:
     """``--flow-attention`` -> ``args.flow_attention`` (``EngineConfig.flow_attention``)."""
     parser.add_argument(
@@ -336,6 +345,11 @@ class EngineConfig:
     # kept under cache_dir/compile/aot (engine.flow.aot_package), so the serving process traces nothing: a
     # warm start loads them from disk in milliseconds. Off by default: not yet measured on a GPU.
     flow_aot: bool = False
+    # With flow_compile: torch.compile's programs kept whole under cache_dir/compile/precompiled (guards,
+    # graph, Inductor's output; engine.flow.precompiled) and loaded there by the next start, which then
+    # neither traces with Dynamo nor runs AOTAutograd: a warm H200 start spent 61-95 s in the "flow compile"
+    # although Inductor's cache held every kernel. Off until measured on a GPU.
+    flow_precompiled: bool = False
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
@@ -464,6 +478,13 @@ class EngineConfig:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
         if not isinstance(self.flow_aot, bool):
             raise ValueError(f"flow_aot must be True or False, got {self.flow_aot!r}")
+        if not isinstance(self.flow_precompiled, bool):
+            raise ValueError(f"flow_precompiled must be True or False, got {self.flow_precompiled!r}")
+        if self.flow_precompiled and (self.flow_compile is False or self.flow_aot):
+            raise ValueError(
+                "flow_precompiled keeps the flow compile's programs: it needs flow_compile (on or auto) "
+                "and not flow_aot (whose packages are the other way to skip the trace)"
+            )
         if self.flow_compile not in (None, True, False):
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse not in (None, True, False):

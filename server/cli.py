@@ -24,6 +24,7 @@ from engine.config import (
     add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
+    add_flow_precompiled_flag,
     add_flow_reuse_flags,
     add_lm_handover_flags,
     add_model_flag,
@@ -180,6 +181,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_flow_attention_flag(g)
     add_flow_compile_flags(g)
     add_flow_aot_flag(g)
+    add_flow_precompiled_flag(g)
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
     add_lm_handover_flags(g)
@@ -253,6 +255,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_attention=args.flow_attention,
         flow_compile=args.flow_compile,
         flow_aot=args.flow_aot,
+        flow_precompiled=args.flow_precompiled,
         flow_reuse=args.flow_reuse,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,

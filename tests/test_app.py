@@ -64,6 +64,8 @@ def test_flags_reach_the_engine_config() -> None:
     assert cfg.flow_compile is False and EngineConfig().flow_compile is None  # auto: v3 only
     assert cli.engine_config(cli.parse_args(["--flow-compile"])).flow_compile is True
     assert cli.engine_config(cli.parse_args(["--flow-aot"])).flow_aot is True and cfg.flow_aot is False
+    precompiled = cli.engine_config(cli.parse_args(["--flow-precompiled"]))
+    assert precompiled.flow_precompiled is True and cfg.flow_precompiled is False
     # the defaults: a fixed 6 GiB KV cache for vLLM, so the first graphs come beside its start (auto)
     assert (cfg.lm_kv_cache_gib, cfg.first_graphs_early, cfg.graphs_early) == (6.0, None, True)
     profiled = cli.engine_config(cli.parse_args(["--lm-kv-cache-gib", "0"]))

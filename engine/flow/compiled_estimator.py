@@ -11,7 +11,8 @@ Two changes, each measured on the H200 (BENCHMARKS.md, "what each optimisation b
   k/v pair) would otherwise share its symbol, be specialised with it, and cost one more compile per bucket
   (precapture compiled the page windows 4-7 times instead of once; the page tables reach the estimator
   with a row per CFG row, ``PagedRows``, so that a batch of 1 does not need a program of its own either).
-Compiled kernels land in a persistent cache directory, so a restart reuses them instead of recompiling.
+Compiled kernels land in a persistent cache directory, so a restart reuses them instead of recompiling;
+with ``precompiled`` (a directory) the whole programs too, loaded without tracing (engine.flow.precompiled).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ class CompiledEstimator(nn.Module):
         compiled: bool,
         cast: bool = True,
         programs: AotPrograms | None = None,
+        precompiled: Path | None = None,
     ) -> None:
         super().__init__()
         self.dtype, self.compiled = dtype, compiled or programs is not None
+        self.precompiled = precompiled  # where the whole compiled programs are kept (None: not kept)
         keep = dtype == torch.float32 or not cast  # not cast: ``estimator`` already holds ``dtype`` weights
         self.inner = estimator if keep else cast_parameters(estimator, dtype)
         # page windows (engine.flow.dit_pages, unet_pages), compiled alike on first use
@@ -58,13 +61,23 @@ class CompiledEstimator(nn.Module):
         if programs is not None:  # compiled ahead of time (engine.flow.aot_package), bound to ``inner``
             self.run, self.run_paged = programs.whole(self.inner), programs.windows(paged)
         elif compiled:
-            self.run = _compiled(self.inner)
-            self.run_paged = _compiled(paged) if paged is not None else None
+            self.run = self._compiled("forward", self.inner)
+            self.run_paged = self._compiled("forward_paged", paged) if paged is not None else None
+
+    def _compiled(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (``inner``'s method ``name``) compiled; with ``precompiled`` its programs loaded from there
+        (or compiled whole and saved), today's program their fallback."""
+        if self.precompiled is None:
+            return _compiled(fn)
+        from engine.flow.precompiled import Precompiled  # Dynamo: seconds to import, only when compiled
+
+        method = getattr(type(self.inner), name)
+        return Precompiled(method, self.inner, self.precompiled, name, fallback=_compiled(fn))
 
     def twin(self, compiled: bool) -> CompiledEstimator:
         """The same weights (shared, not copied), run eager or by TorchInductor: the engine serves on the
         eager twin while the compiled one is built in the background."""
-        return CompiledEstimator(self.inner, self.dtype, compiled, cast=False)
+        return CompiledEstimator(self.inner, self.dtype, compiled, cast=False, precompiled=self.precompiled)
 
     def with_programs(self, programs: AotPrograms) -> CompiledEstimator:
         """The same weights run by ``programs`` (built ahead of time and bound to them)."""

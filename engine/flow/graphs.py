@@ -69,13 +69,16 @@ class GraphedCFM(nn.Module):
         max_graphs: int = 128,  # > the 80 buckets of batch 1-16 x 100-800 frames x streaming: no re-captures
         compiled: bool = False,
         aot: AotRoot | None = None,
+        precompiled: Path | None = None,
     ):
         super().__init__()
         self.cfm, self.frame_bucket, self.dtype = cfm, frame_bucket, dtype
         # with ``aot`` the compiled programs come from packages built in a child process (aot_package)
         self.aot = aot if compiled else None
-        # eager until the packages' programs replace it (precapture), not torch.compile's
-        self.solver = cfm.with_estimator(CompiledEstimator(cfm.estimator, dtype, compiled and aot is None))
+        # eager until the packages' programs replace it (precapture), not torch.compile's; ``precompiled``:
+        # torch.compile's programs kept whole there and loaded without tracing (engine.flow.precompiled)
+        estimator = CompiledEstimator(cfm.estimator, dtype, compiled and aot is None, precompiled=precompiled)
+        self.solver = cfm.with_estimator(estimator)
         # every flow graph runs a smaller call of its kind exactly: a full solve over masked frames and zero
         # rows (_padded), a page window over queries past each row's total (their pages: the scratch page)
         self.graphs = GraphCache("flow solver", max_graphs, covers=True)

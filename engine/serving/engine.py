@@ -792,12 +792,15 @@ def _hf_export(cfg: EngineConfig, files: ModelDir) -> Path:
 def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -> GraphedCFM:
     """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
     compiled, cudnn = cfg.compiles_flow(family), cfg.flow_attention == "cudnn"
+    # cuDNN's order changes which attention op a traced graph calls, not the graph Dynamo sees, which
+    # is what a cache entry may be found by: its programs get a cache of their own
+    kept = cache / "compile" / "attention-cudnn" if cudnn else cache / "compile"
     if compiled:
-        # cuDNN's order changes which attention op a traced graph calls, not the graph Dynamo sees, which
-        # is what a cache entry may be found by: its programs get a cache of their own
-        use_compile_cache(cache / "compile" / "attention-cudnn" if cudnn else cache / "compile")
+        use_compile_cache(kept)
     aot = AotRoot(cache / "compile" / "aot", cudnn) if cfg.flow_aot else None
-    return GraphedCFM(cfm, getattr(torch, cfg.flow_dtype), compiled=compiled, aot=aot)
+    precompiled = kept / "precompiled" if cfg.flow_precompiled else None
+    dtype = getattr(torch, cfg.flow_dtype)
+    return GraphedCFM(cfm, dtype, compiled=compiled, aot=aot, precompiled=precompiled)
 
 
 def _first_graphs(
