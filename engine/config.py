@@ -187,11 +187,11 @@ def add_flow_compile_flags(parser: Flags) -> None:
 
 
 def add_lm_handover_flags(parser: Flags) -> None:
-    """``--lm-handover`` / ``--no-lm-handover`` -> ``args.lm_handover`` (``EngineConfig.lm_handover``)."""
-    parser.add_argument(
-        "--lm-handover", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_handover,
-        help="where vLLM serves with a fixed KV cache (--lm-kv-cache-gib): serve on the native LM loop while "
-        "vLLM starts, then hand over to it (default: on there; --no-lm-handover: ready once vLLM is up)",
+    """``--lm-handover`` / ``--no-lm-handover`` -> ``args.lm_handover`` (None when neither: auto)."""
+    _add_auto_flags(
+        parser, "lm-handover", "with vLLM: serve on the native LM loop while vLLM starts, then hand over to "
+        "it (default: on where --lm-kv-cache-gib fixes vLLM's KV cache)",
+        "with vLLM: ready only once vLLM is up",
     )  # fmt: skip
 
 
