@@ -71,6 +71,7 @@ class Precompiled:
         self.programs: dict[Key, list[Any] | None] = {}
         self._lock = threading.Lock()  # one load or compile at a time, whichever thread calls first
         self._warned = False
+        self._identity: bytes | None = None  # the module's and its sources' part of every stem, read once
 
     def __call__(self, *args: Any) -> Any:
         key = specialisation(args)
@@ -86,17 +87,21 @@ class Precompiled:
     def stem(self, key: Key) -> str:
         """The name of ``key``'s files: a hash of torch's version, the module (``module_identity``, its
         package's source), this program's name and the key."""
+        if self._identity is None:  # the package's files are read at the first key, not at every one
+            identity = hashlib.sha256(module_identity(self.module).encode())
+            for source in package_sources(type(self.module)):
+                identity.update(source.read_bytes())
+            self._identity = identity.digest()
         digest = hashlib.sha256(f"{torch.__version__} {self.name} {key!r}".encode())
-        digest.update(module_identity(self.module).encode())
-        for source in package_sources(type(self.module)):
-            digest.update(source.read_bytes())
+        digest.update(self._identity)
         return f"{self.name}-{digest.hexdigest()[:24]}"
 
     def _program(self, key: Key, args: Sequence[object]) -> Any:
         """A program for ``args`` (on disk or compiled now, then kept); None: the fallback runs them."""
         with self._lock:
+            stem = self.stem(key)
             if key not in self.programs:
-                self.programs[key] = self._loaded(self.stem(key))
+                self.programs[key] = self._loaded(stem)
             programs = self.programs[key]
             if programs is None:
                 return None
@@ -104,7 +109,7 @@ class Precompiled:
             if fit is None and len(programs) >= MAX_PROGRAMS:
                 return self._fall_back(key, f"{MAX_PROGRAMS} programs refused a call", None)
             if fit is None:
-                fit = self._compiled(key, self.root / f"{self.stem(key)}.{len(programs)}.bin", args)
+                fit = self._compiled(key, self.root / f"{stem}.{len(programs)}.bin", args)
                 if fit is not None:
                     programs.append(fit)
             return fit
