@@ -508,13 +508,10 @@ class Studio:
         ``kept_lexicon``: the lexicon this browser picked last (``keep.js``); picked again only while the
         list still has it, else the picker stays on None and the note says the lexicon is gone."""
         choices = await self.lexicon_choices(browser_id)
-        kept = kept_lexicon.strip() if isinstance(kept_lexicon, str) else ""
-        if not kept:
+        value, note = self._kept_pick(choices, kept_lexicon, "lexicon_not_kept", "lexicon")
+        if value is None and not note:  # nothing was kept: the picker as it comes
             return gr.Dropdown(choices=choices), ""
-        if kept in {value for _, value in choices}:
-            return gr.Dropdown(choices=choices, value=kept), ""
-        note = views.note_html(self.t("lexicon_not_kept", lexicon=kept), "bad")
-        return gr.Dropdown(choices=choices, value=""), note
+        return gr.Dropdown(choices=choices, value=value or ""), note
 
     def history_view(self, history: list[views.HistoryEntry]) -> str:
         return views.history_html(history or [], self.t, self.mode_labels)
@@ -572,11 +569,21 @@ class Studio:
         list still has it, else the list stays unpicked and the note says the voice is gone."""
         known = browser_id if browser_id and owner_of(browser_id) else ""
         choices = await self.voice_choices(known)
-        kept = kept_voice.strip() if isinstance(kept_voice, str) else ""
-        listed = kept in {value for _, value in choices}
-        note = "" if listed or not kept else views.note_html(self.t("voice_not_kept", voice=kept), "bad")
-        picked = gr.Dropdown(choices=choices, value=kept if listed else None)
+        value, note = self._kept_pick(choices, kept_voice, "voice_not_kept", "voice")
+        picked = gr.Dropdown(choices=choices, value=value)
         return ("" if isinstance(known, Account) else known), picked, note
+
+    def _kept_pick(
+        self, choices: list[tuple[str, str]], kept: object, gone_text: str, field: str
+    ) -> tuple[str | None, str]:
+        """A pick this browser kept (``keep.js``) -> (it, "") while ``choices`` still lists it, else (None,
+        a note in ``gone_text`` naming it as ``field``); (None, "") when nothing was kept."""
+        wanted = kept.strip() if isinstance(kept, str) else ""
+        if not wanted:
+            return None, ""
+        if wanted in {value for _, value in choices}:
+            return wanted, ""
+        return None, views.note_html(self.t(gone_text, **{field: wanted}), "bad")
 
     async def save_voice(
         self, name: str, prompt_wav: str | None, prompt_text: str, browser_id: str = ""
