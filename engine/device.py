@@ -150,6 +150,13 @@ def graphs_supported(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+# Uncaptured runs before a capture: one initialises every library handle and picks each kernel's algorithm
+# (cuBLAS, cuDNN, Inductor's loaded kernels), as vLLM's own captures do (cudagraph_num_of_warmups 1). A
+# capture is Python-bound (a flow graph ~1.5 s on an H200 host with two: 3 runs of a 10-step solve), and
+# ~60 of them lie between a start and full speed
+CAPTURE_WARMUPS = 1
+
+
 class CapturedCall:
     """``fn`` recorded once on static tensors, replayed with new values copied into them (CUDA graphs).
 
@@ -158,7 +165,9 @@ class CapturedCall:
     next replay rewrites the static tensors.
     """
 
-    def __init__(self, fn, inputs: tuple[torch.Tensor, ...], pool=None, warmup: int = 2, stream=None):
+    def __init__(
+        self, fn, inputs: tuple[torch.Tensor, ...], pool=None, warmup: int = CAPTURE_WARMUPS, stream=None
+    ):
         # Pass one side stream for many captures: the caching allocator keeps freed blocks per stream, so
         # with a fresh stream per capture no capture's warmup reuses the memory of the last one.
         stream = stream if stream is not None else torch.cuda.Stream()

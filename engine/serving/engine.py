@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -178,8 +178,9 @@ class TTSEngine:
         idle_work: Sequence[tuple[str, Callable[[], object]]] = (),
     ) -> TTSEngine:
         """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers.
-        The LM backend (vLLM's start: about a minute on a GPU) starts in a thread right after the tokenizer,
-        from llm.pt (or its cached export) while the weights load here, then the prompt frontend and the
+        The weights load on a thread of their own from the start. The LM backend (vLLM's start: about a
+        minute on a GPU) starts in a thread right after the tokenizer, from llm.pt (or its cached export),
+        while the weights finish loading, then the prompt frontend and the
         voices; Whisper and the graphs come after it (it sizes its KV cache from the memory free at its
         start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
         started by ``warmup``). With a handover (``EngineConfig.lm_handover``, on by default) the load does
@@ -187,9 +188,11 @@ class TTSEngine:
         # the text workers first: separate processes, each importing for seconds (10 s of the path to ready
         # on an H200 when they started after the frontends and the LM did not hide them: the handover)
         early = _started_pool(cfg, files, dev)
+        weights = _loading(cfg, files, dev, timeline)
         try:
-            return cls._assemble_beside(cfg, files, dev, timeline, idle_work, early)
+            return cls._assemble_beside(cfg, files, dev, timeline, idle_work, early, weights)
         except BaseException:
+            wait([weights])  # no loading thread outlives a failed load
             if early is not None:
                 early.close()
             raise
@@ -203,8 +206,10 @@ class TTSEngine:
         timeline: Timeline,
         idle_work: Sequence[tuple[str, Callable[[], object]]],
         early: TextPool | None,
+        weights: Future[LoadedModel],
     ) -> TTSEngine:
-        """``_assemble`` once the text workers (``early``: None where there are none) are starting."""
+        """``_assemble`` once the text workers (``early``: None where there are none) are starting and the
+        weights loading (``weights``)."""
         # (vLLM started first, beside the weights, with the tokenizer after them made ready later: both
         # loads' Python competed; BENCHMARKS.md, "Start-up")
         # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
@@ -213,7 +218,6 @@ class TTSEngine:
             import_transformers()
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
-        weights: Future[LoadedModel] = Future()
         handover = cfg.hands_over and _uses_vllm(cfg, devices.is_accelerator(dev))
         starter = ThreadPoolExecutor(1, thread_name_prefix="lm-start")
         try:
@@ -223,9 +227,7 @@ class TTSEngine:
             try:
                 loads = (cfg, files, dev, timeline, text, weights, builder, early)
                 model, vocoder, parts = _beside_the_lm(*loads)
-            except BaseException as err:
-                if not weights.done():
-                    weights.set_exception(err)  # the backend waiting for them stops too
+            except BaseException:
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
                 raise
@@ -703,10 +705,8 @@ def _beside_the_lm(
     builder: GraphBuilder,
     early: TextPool | None,
 ) -> tuple[LoadedModel, GraphedHiFT | None, _Parts]:
-    """What loads while the LM backend starts: the weights (set on ``weights`` for it), the flow and
-    vocoder graph wrappers (with ``graphs_early``, their first graphs), the frontends."""
-    with timeline.phase("weights"):
-        weights.set_result(load_model(files, dev, cache_root(cfg.cache_dir)))  # safetensors after the first
+    """What loads while the LM backend starts: the weights (``weights``, loading since the start), the
+    flow and vocoder graph wrappers (with ``graphs_early``, their first graphs), the frontends."""
     model, vocoder = weights.result(), None
     if cfg.flow_attention == "folded":
         model.flow.decoder.fold_attention()
@@ -722,6 +722,19 @@ def _beside_the_lm(
         # leaves it the share it will take
         _first_graphs(model, vocoder, cfg, dev, builder, lm_share=_lm_share(cfg, dev))
     return model, vocoder, _frontends(cfg, files, model.family, dev, cache, timeline, text, early)
+
+
+def _loading(
+    cfg: EngineConfig, files: ModelDir, dev: torch.device, timeline: Timeline
+) -> Future[LoadedModel]:
+    """The weights loading on a thread of their own from now on, beside the transformers import (each ~9 s
+    of a warm start's path on an H200 host when one followed the other): the load imports no transformers
+    and its copies (file pages, host to device) run outside the interpreter. Safetensors after the first."""
+    loader = ThreadPoolExecutor(1, thread_name_prefix="weights")
+    try:
+        return loader.submit(_timed, timeline, "weights", load_model, files, dev, cache_root(cfg.cache_dir))
+    finally:
+        loader.shutdown(wait=False)  # the thread ends with its one job
 
 
 def _graphs_early(cfg: EngineConfig, dev: torch.device) -> bool:
