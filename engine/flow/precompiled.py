@@ -143,7 +143,10 @@ class Precompiled:
         # from the start instead
         floats = torch._dynamo.config.patch(specialize_float=True)
         try:
-            compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+            # torch.compile gives its function an aot_compile only with this flag: on by default from
+            # torch 2.13, off in 2.11 (the H200's image), where the API is otherwise the same
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
             with shape_config.patch(use_duck_shape=False), floats:  # type: ignore[attr-defined]
                 program = compiled.aot_compile(((self.module, *args), {}))  # type: ignore[attr-defined]
         except Exception as exc:  # Dynamo and Inductor raise many kinds; each means: not this way

@@ -197,6 +197,17 @@ def test_each_specialisation_and_each_refusing_guard_gets_a_program_of_its_own(t
     assert fallback.calls == 1 and "did not compile whole" in caplog.text
 
 
+def test_it_compiles_where_torch_leaves_aot_compile_off_by_default(tmp_path, monkeypatch):
+    """torch 2.11 (the H200's image) gives ``torch.compile``'s function an ``aot_compile`` only with
+    ``enable_aot_compile`` set, which 2.13 sets by default: with it off, the program still compiles and
+    saves, and nothing falls back (every program of a start did on the H200 before)."""
+    monkeypatch.setattr(torch._dynamo.config, "enable_aot_compile", False)
+    toy = Toy().eval()
+    fallback = Eager(toy)
+    toy_matches(Precompiled(Toy.forward, toy, tmp_path, "forward", fallback), toy, (2, 30, False))
+    assert fallback.calls == 0 and [p.name[-6:] for p in tmp_path.iterdir()] == [".0.bin"]
+
+
 def test_the_flag_reaches_the_compiled_estimator(tmp_path):
     est = tiny_flow("cosyvoice3").decoder.estimator
     compiled = CompiledEstimator(est, torch.float32, compiled=True, precompiled=tmp_path)
