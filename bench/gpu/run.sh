@@ -91,6 +91,12 @@
 #                                                 (bench.aot_check, bf16), its full solve and its page-window
 #                                                 program: export / compile / load seconds, parity and ms per
 #                                                 call against eager -> $OUT/aot_FAMILY/
+#   bench/gpu/run.sh precompile-check FAMILY      H200: the flow estimator's warm compile against its program
+#                                                 loaded whole (bench.precompile_check, bf16, full size): four
+#                                                 fresh processes on one cache (precompiled cold, compile,
+#                                                 precompiled warm, compile warm), each's first call (compile
+#                                                 or load) and a second at other sizes, checked against eager
+#                                                 -> $OUT/precompile_FAMILY/precompile_check.json (~3-5 min)
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
 #                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
 #                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
@@ -482,6 +488,17 @@ step_aot_check() {  # FAMILY: the DiT/U-Net exported and AOTInductor-compiled (b
   return "$rc"
 }
 
+step_precompile_check() {  # FAMILY: a warm start's flow compile, traced again vs its program loaded whole
+  [ $# -eq 1 ] || die "usage: run.sh precompile-check FAMILY"
+  family_dir "$1" > /dev/null
+  environment
+  timeout "$LIMIT_S" python3 -m bench.precompile_check --family "$1" --size full --device cuda --dtype bfloat16 \
+    --out "$OUT/precompile_$1" > "$OUT/precompile_$1.log" 2>&1 && rc=0 || rc=$?
+  rm -rf "$OUT/precompile_$1/cache"  # the caches and programs (hundreds of MB): the json has what was measured
+  grep -E "precompile_check|precompiled:|Error" "$OUT/precompile_$1.log" | cut -c1-300 | tail -20
+  return "$rc"
+}
+
 step_cache_in() {  # the parts cache-out wrote, carried in .cc/, back where the engine and vLLM look
   ls .cc/compile-cache.tgz.* > /dev/null 2>&1 || die "carry .cc/ with the compile-cache.tgz.* parts"
   cat .cc/compile-cache.tgz.* | tar -xzf - -P
@@ -647,7 +664,7 @@ step_collect() {  # wait (LIMIT_S at most) for the detached step's end; its file
 }
 
 STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
-STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|server-wheels|detach|collect"
+STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|precompile-check|server-wheels|detach|collect"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -671,6 +688,7 @@ case "$step" in
   soak-collect) step_soak_collect "$@" ;;
   soak) step_soak "$@" ;;
   aot-check) step_aot_check "$@" ;;
+  precompile-check) step_precompile_check "$@" ;;
   server-wheels) step_server_wheels ;;
   detach) step_detach "$@" ;;
   collect) step_collect ;;
