@@ -15,7 +15,9 @@ saved beside the first, as Dynamo would recompile. The unbound method is compile
 argument, so a loaded program reads the module's current parameters (the serving weights, shared).
 
 Nothing here may fail a request: a program that does not trace whole (``fullgraph``) or compile leaves
-that key on the fallback (today's ``torch.compile`` program); a file that does not load is compiled again.
+that key on the fallback (today's ``torch.compile`` program), and a key with no program that does not
+compile is noted beside them (``<stem>.refused``), so that later starts run its fallback without tracing it
+again; a file that does not load is compiled again.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class Precompiled:
         with self._lock:
             stem = self.stem(key)
             if key not in self.programs:
-                self.programs[key] = self._loaded(stem)
+                self.programs[key] = None if self._refused(key, stem) else self._loaded(stem)
             programs = self.programs[key]
             if programs is None:
                 return None
@@ -109,10 +111,31 @@ class Precompiled:
             if fit is None and len(programs) >= MAX_PROGRAMS:
                 return self._fall_back(key, f"{MAX_PROGRAMS} programs refused a call", None)
             if fit is None:
-                fit = self._compiled(key, self.root / f"{stem}.{len(programs)}.bin", args)
+                # a key with no program yet that does not compile is noted: later starts skip its trace
+                refused = None if programs else self.root / f"{stem}.refused"
+                fit = self._compiled(key, self.root / f"{stem}.{len(programs)}.bin", args, refused)
                 if fit is not None:
                     programs.append(fit)
             return fit
+
+    def _refused(self, key: Key, stem: str) -> bool:
+        """A start before found that ``key`` does not compile whole (``stem``'s ``.refused`` note): the
+        fallback from the first call, without tracing it again (tens of seconds on the H200 each start)."""
+        note = self.root / f"{stem}.refused"
+        if not note.exists():
+            return False
+        log.info("%s: %s: it did not compile whole before; torch.compile runs %r", self.name, note.name, key)
+        return True
+
+    def _refuse(self, note: Path, exc: Exception) -> None:
+        """Write ``note``: its key (no program yet) did not compile whole, so that later starts (same torch,
+        same module and sources: the same stem) go straight to the fallback. Not for running out of
+        memory, which another start may not."""
+        if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+            return
+        with contextlib.suppress(OSError):  # a read-only volume: the next start tries again
+            note.parent.mkdir(parents=True, exist_ok=True)
+            note.write_text(f"{exc!r}\n")
 
     def _loaded(self, stem: str) -> list[Any]:
         """The programs saved for ``stem``, in order; a file that does not load (corrupt, or written by an
@@ -135,9 +158,10 @@ class Precompiled:
             log.info("%s: loaded %s", self.name, path.name)
         return programs
 
-    def _compiled(self, key: Key, path: Path, args: Sequence[object]) -> Any:
+    def _compiled(self, key: Key, path: Path, args: Sequence[object], refused: Path | None) -> Any:
         """``fn`` compiled whole at ``args`` (the key's sizes of 0 and 1; other sizes symbolic) and saved to
-        ``path``; None (the key falls back) where it does not trace whole (a graph break) or compile."""
+        ``path``; None (the key falls back) where it does not trace whole (a graph break) or compile, then
+        noted in ``refused`` (if given)."""
         # aot_compile cannot restart its analysis, as torch.compile does to specialise a Python float it
         # traced as a tensor (TensorifyScalarRestartAnalysis: v2's U-Net, torch 2.13): floats specialised
         # from the start instead
@@ -150,6 +174,8 @@ class Precompiled:
             with shape_config.patch(use_duck_shape=False), floats:  # type: ignore[attr-defined]
                 program = compiled.aot_compile(((self.module, *args), {}))  # type: ignore[attr-defined]
         except Exception as exc:  # Dynamo and Inductor raise many kinds; each means: not this way
+            if refused is not None:
+                self._refuse(refused, exc)
             return self._fall_back(key, "it did not compile whole", exc)
         self._save(program, path)
         program.disable_guard_check()

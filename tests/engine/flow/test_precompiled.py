@@ -113,7 +113,9 @@ def test_a_corrupt_file_falls_back_logged_and_right(dit, tmp_path, monkeypatch, 
     assert fallback.calls == 1 and list(run.programs.values()) == [None]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "did not load" in warnings[0]
-    assert "did not compile whole" in caplog.text and list(tmp_path.iterdir()) == []  # removed
+    assert "did not compile whole" in caplog.text
+    # the corrupt file removed; the failed compile noted, for a key with no program left
+    assert [p.suffix for p in tmp_path.iterdir()] == [".refused"]
 
 
 def test_a_fresh_process_loads_the_program(dit):
@@ -195,6 +197,55 @@ def test_each_specialisation_and_each_refusing_guard_gets_a_program_of_its_own(t
     with caplog.at_level(logging.WARNING, "engine.flow.precompiled"):
         toy_matches(again, toy, (4, 50, False))
     assert fallback.calls == 1 and "did not compile whole" in caplog.text
+
+
+class Breaking(Toy):
+    """The toy with a data-dependent branch on a value read back (``.item()``): a graph break, so it never
+    compiles whole."""
+
+    def forward(self, x: Tensor, t: Tensor, streaming: bool) -> Tensor:
+        if x.abs().max().item() > 1e9:
+            return x
+        return super().forward(x, t, streaming)
+
+
+def counted_compiles(monkeypatch, error: type[BaseException] = AssertionError) -> list[object]:
+    """Every ``torch.compile`` from here on recorded, then failed with ``error``."""
+    calls: list[object] = []
+
+    def compile(fn, *args, **kwargs):
+        calls.append(fn)
+        raise error("compile attempted")
+
+    monkeypatch.setattr(torch, "compile", compile)
+    return calls
+
+
+def test_a_key_that_does_not_compile_whole_is_not_traced_by_the_next_start(tmp_path, monkeypatch, caplog):
+    """A graph break: the first start's compile fails and falls back, and its key is noted; the next start
+    runs that key's fallback from the first call without a compile (each trace costs tens of seconds of a
+    warm start on the H200), logged; another key is still compiled."""
+    toy = Breaking().eval()
+    fallback = Eager(toy)
+    toy_matches(Precompiled(Breaking.forward, toy, tmp_path, "forward", fallback), toy, (2, 30, False))
+    (note,) = tmp_path.iterdir()
+    assert note.suffix == ".refused" and note.read_text().strip() and fallback.calls == 1
+    compiles = counted_compiles(monkeypatch)
+    again = Precompiled(Breaking.forward, toy, tmp_path, "forward", fallback)
+    with caplog.at_level(logging.INFO, "engine.flow.precompiled"):
+        toy_matches(again, toy, (3, 40, False), (5, 20, False))
+    assert compiles == [] and fallback.calls == 3 and "did not compile whole before" in caplog.text
+    toy_matches(again, toy, (1, 30, False))  # batch 1: a key of its own, not noted: compiled (here: fails)
+    assert len(compiles) == 1 and fallback.calls == 4
+
+
+def test_running_out_of_memory_in_a_compile_is_not_noted(tmp_path, monkeypatch):
+    """Another start may have the memory: only a key that cannot compile whole is noted."""
+    counted_compiles(monkeypatch, torch.OutOfMemoryError)
+    toy = Toy().eval()
+    fallback = Eager(toy)
+    toy_matches(Precompiled(Toy.forward, toy, tmp_path, "forward", fallback), toy, (2, 30, False))
+    assert fallback.calls == 1 and list(tmp_path.iterdir()) == []
 
 
 def test_it_compiles_where_torch_leaves_aot_compile_off_by_default(tmp_path, monkeypatch):
