@@ -348,7 +348,9 @@ class EngineConfig:
     # With flow_compile: torch.compile's programs kept whole under cache_dir/compile/precompiled (guards,
     # graph, Inductor's output; engine.flow.precompiled) and loaded there by the next start, which then
     # neither traces with Dynamo nor runs AOTAutograd: a warm H200 start spent 61-95 s in the "flow compile"
-    # although Inductor's cache held every kernel. Off until measured on a GPU.
+    # although Inductor's cache held every kernel. On the H200 a full-size DiT's program loads and makes its
+    # first call in 1.9 s where torch.compile traced for 69.9 s (bench.precompile_check); off until an
+    # engine's warm start with it has been measured against the defaults.
     flow_precompiled: bool = False
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
