@@ -205,9 +205,10 @@ def add_flow_aot_flag(parser: Flags) -> None:
 
 
 def add_flow_precompiled_flag(parser: Flags) -> None:
-    """``--flow-precompiled`` -> ``args.flow_precompiled`` (``EngineConfig.flow_precompiled``)."""
+    """``--flow-precompiled`` / ``--no-flow-precompiled`` -> ``args.flow_precompiled``
+    (``EngineConfig.flow_precompiled``); the last given wins, so an A/B can add the other one to a command."""
     parser.add_argument(
-        "--flow-precompiled", action="store_true",
+        "--flow-precompiled", action=argparse.BooleanOptionalAction, default=False,
         help="GPU, with the flow compile: keep its compiled programs whole under the cache root and load "
         "them there on the next start (no Dynamo trace, no AOTAutograd); not with --flow-aot",
     )  # fmt: skip
