@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -83,7 +84,7 @@ def driver(args: argparse.Namespace) -> dict[str, Any]:
     for arm in ORDER:
         cmd = [sys.executable, "-m", "bench.precompile_check", "--arm", arm, *passed_on(args)]
         t0 = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=cache_env(args.out))
         wall = round(time.perf_counter() - t0, 1)
         sys.stderr.write(done.stderr[-4000:])
         if done.returncode != 0:
@@ -97,6 +98,17 @@ def driver(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "shapes": [list(s) for s in SHAPES],
         "runs": runs,
+    }
+
+
+def cache_env(out: Path) -> dict[str, str]:
+    """This environment with Inductor's and Triton's caches in ``out/cache``, whatever it named: the
+    processes share the run's own caches, never an operator's (a warm cache there would flatter arm 1)."""
+    cache = out / "cache"
+    return {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
     }
 
 
