@@ -84,7 +84,7 @@ def driver(args: argparse.Namespace) -> dict[str, Any]:
     for arm in ORDER:
         cmd = [sys.executable, "-m", "bench.precompile_check", "--arm", arm, *passed_on(args)]
         t0 = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=cache_env(args.out))
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=cache_env())
         wall = round(time.perf_counter() - t0, 1)
         sys.stderr.write(done.stderr[-4000:])
         if done.returncode != 0:
@@ -101,15 +101,11 @@ def driver(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def cache_env(out: Path) -> dict[str, str]:
-    """This environment with Inductor's and Triton's caches in ``out/cache``, whatever it named: the
-    processes share the run's own caches, never an operator's (a warm cache there would flatter arm 1)."""
-    cache = out / "cache"
-    return {
-        **os.environ,
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-    }
+def cache_env() -> dict[str, str]:
+    """This environment without Inductor's and Triton's cache folders: each process's ``use_compile_cache``
+    then points them at the run's own ``out/cache``, never at an operator's (a warm cache there would flatter
+    arm 1), and that function stays the one place that knows the layout."""
+    return {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
 
 
 def passed_on(args: argparse.Namespace) -> list[str]:

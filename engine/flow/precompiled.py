@@ -112,7 +112,7 @@ class Precompiled:
                 return self._fall_back(key, f"{MAX_PROGRAMS} programs refused a call", None)
             if fit is None:
                 # a key with no program yet that does not compile is noted: later starts skip its trace
-                refused = None if programs else self.root / f"{stem}.refused"
+                refused = None if programs else self._note(stem)
                 fit = self._compiled(key, self.root / f"{stem}.{len(programs)}.bin", args, refused)
                 if fit is not None:
                     programs.append(fit)
@@ -121,11 +121,15 @@ class Precompiled:
     def _refused(self, key: Key, stem: str) -> bool:
         """A start before found that ``key`` does not compile whole (``stem``'s ``.refused`` note): the
         fallback from the first call, without tracing it again (tens of seconds on the H200 each start)."""
-        note = self.root / f"{stem}.refused"
+        note = self._note(stem)
         if not note.exists():
             return False
         log.info("%s: %s: it did not compile whole before; torch.compile runs %r", self.name, note.name, key)
         return True
+
+    def _note(self, stem: str) -> Path:
+        """Where a key that did not compile whole is noted."""
+        return self.root / f"{stem}.refused"
 
     def _refuse(self, note: Path, exc: Exception) -> None:
         """Write ``note``: its key (no program yet) did not compile whole, so that later starts (same torch,
