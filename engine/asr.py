@@ -24,6 +24,7 @@ import torch
 from engine import device as devices
 from engine.audio import AudioInput, AudioLimits, as_audio
 from engine.errors import InvalidInput, ModelError
+from engine.import_lock import transformers_import
 from engine.serving.startup import Timeline
 from engine.serving.subtitles import Word
 
@@ -87,7 +88,8 @@ class Transcriber:
     @classmethod
     def load(cls, name: str, device: torch.device) -> Transcriber:
         """A Hugging Face id (downloaded on first use) or a local folder in the released Whisper layout."""
-        from transformers import WhisperForConditionalGeneration, WhisperProcessor
+        with transformers_import():  # the LM backend's start (vLLM) may be importing it on another thread
+            from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
         dtype = devices.default_dtype(device)
         try:

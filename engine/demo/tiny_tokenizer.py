@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 from engine.text.frontend import check_family
+from engine.text.qwen_tokenizer import qwen_pre_tokenizer
 
 QWEN_SPECIALS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
 # Ordinary ids stay below this; v2's 300 matches the v2 golden fixture's text vocabulary.
@@ -50,16 +51,10 @@ I think that this is one of the best things that has ever happened to me.
 def train_byte_bpe(vocab_size: int, corpus: str = _CORPUS) -> tuple[dict[str, int], list[str]]:
     """Byte-level BPE vocabulary (ids 0..<vocab_size) and merges learned on ``corpus`` with Qwen2's
     pre-tokenisation; deterministic for a given corpus and ``tokenizers`` version."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    tokenizer.pre_tokenizer = qwen_pre_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )

@@ -36,6 +36,7 @@ from engine.flow.graphs import AotRoot, GraphedCFM
 from engine.frontend import Frontend
 from engine.graph_builder import GraphBuilder
 from engine.hub import ModelDir, resolve_model
+from engine.import_lock import transformers_import
 from engine.lexicons import LexiconLibrary
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
@@ -53,7 +54,7 @@ from engine.serving.startup import Timeline
 from engine.serving.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.serving.subtitles import WordTimer
 from engine.serving.token2wav import Token2Wav, Utterance
-from engine.text.frontend import TextFrontend, import_transformers, instruct_presets, load_tokenizer
+from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
 from engine.text.pool import TextPool, text_job
 from engine.text.stream import Prefetch, text_pieces, token_pieces
 from engine.vocoder.graphs import GraphedHiFT
@@ -210,12 +211,8 @@ class TTSEngine:
     ) -> TTSEngine:
         """``_assemble`` once the text workers (``early``: None where there are none) are starting and the
         weights loading (``weights``)."""
-        # (vLLM started first, beside the weights, with the tokenizer after them made ready later: both
-        # loads' Python competed; BENCHMARKS.md, "Start-up")
-        # the tokenizer first: importing transformers from two threads at once can fail (its lazy module
-        # is not thread-safe: "cannot import name 'AutoTokenizer'"), and vLLM's start imports it too
-        with timeline.phase("transformers import"):
-            import_transformers()
+        # the tokenizer (tokenizers alone, ~0.1-0.5 s) before the LM's start: the native loop's requests need
+        # it, and vLLM's start imports transformers (seconds) beside the weights, off this thread
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
         handover = cfg.hands_over and _uses_vllm(cfg, devices.is_accelerator(dev))
@@ -727,9 +724,9 @@ def _beside_the_lm(
 def _loading(
     cfg: EngineConfig, files: ModelDir, dev: torch.device, timeline: Timeline
 ) -> Future[LoadedModel]:
-    """The weights loading on a thread of their own from now on, beside the transformers import (each ~9 s
-    of a warm start's path on an H200 host when one followed the other): the load imports no transformers
-    and its copies (file pages, host to device) run outside the interpreter. Safetensors after the first."""
+    """The weights loading on a thread of their own from now on, beside the tokenizer and the LM backend's
+    start (vLLM's import alone is seconds): the load imports no transformers and its copies (file pages,
+    host to device) run outside the interpreter. Safetensors after the first."""
     loader = ThreadPoolExecutor(1, thread_name_prefix="weights")
     try:
         return loader.submit(_timed, timeline, "weights", load_model, files, dev, cache_root(cfg.cache_dir))
@@ -760,7 +757,8 @@ def _backend(
     starts from llm.pt's export (read from the file, or from the cache when warm), not from the loaded
     model: ``weights`` (blocking until the load is done) is waited for only after its start."""
     if _uses_vllm(cfg, devices.is_accelerator(dev)):
-        from engine.lm.vllm_backend import VLLMBackend
+        with transformers_import():  # vLLM imports it; Whisper's load may be importing it too
+            from engine.lm.vllm_backend import VLLMBackend
 
         export = _hf_export(cfg, files)
         backend = VLLMBackend(

@@ -28,8 +28,11 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
+from tokenizers import AddedToken, Tokenizer
+
 from engine.errors import InvalidInput, ModelError
 from engine.text.number_words import spell_out_numbers
+from engine.text.qwen_tokenizer import load_qwen_tokenizer
 from engine.text.split import split_sentences
 
 log = logging.getLogger(__name__)
@@ -241,14 +244,14 @@ class CosyTokenizer:
     """The released Qwen tokenizer (CosyVoice-BlankEN) with CosyVoice's special tokens added in order."""
 
     family: str
-    hf: Any  # transformers PreTrainedTokenizerBase
+    qwen: Tokenizer
 
     def encode(self, text: str) -> list[int]:
         """Text ids, no BOS/EOS; special tokens written in ``text`` ([breath], <|endofprompt|>) are one id."""
-        return [int(i) for i in self.hf(text, add_special_tokens=False)["input_ids"]]
+        return list(self.qwen.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return str(self.hf.decode(ids, skip_special_tokens=skip_special_tokens))
+        return str(self.qwen.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_id(self, token: str) -> int:
         """Id of one vocabulary or special token; ModelError when the tokenizer does not know it."""
@@ -259,7 +262,7 @@ class CosyTokenizer:
 
     @cached_property
     def vocab(self) -> dict[str, int]:
-        return dict(self.hf.get_vocab())
+        return dict(self.qwen.get_vocab(with_added_tokens=True))
 
     @property
     def special_tokens(self) -> list[str]:
@@ -271,30 +274,20 @@ class CosyTokenizer:
         return max(self.vocab.values()) + 1
 
 
-def import_transformers() -> None:
-    """Import what ``load_tokenizer`` needs from transformers (seconds on a GPU host with vLLM installed),
-    so that a start-up timeline can show the import apart from the tokenizer's load."""
-    from transformers import AutoTokenizer  # noqa: F401  (heavy; only when a model is loaded)
-
-
 def load_tokenizer(blank_en_dir: str | Path, family: str) -> CosyTokenizer:
-    """``AutoTokenizer.from_pretrained(blank_en_dir)`` plus eos/pad and the family's specials, checked."""
+    """The folder's Qwen tokenizer (as ``AutoTokenizer.from_pretrained`` builds it, without transformers)
+    plus the family's specials as the reference's ``add_special_tokens`` adds them, ids checked."""
     path = Path(blank_en_dir)
     check_family(family)
     if not (path / "tokenizer.json").is_file() and not (path / "vocab.json").is_file():
         raise ModelError(f"{path}: no Qwen tokenizer files (vocab.json + merges.txt, or tokenizer.json)")
-    from transformers import AutoTokenizer  # heavy; only when a model is loaded
-
-    try:
-        hf = AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, TypeError) as e:
-        raise ModelError(f"cannot load the Qwen tokenizer from {path}: {e}") from e
+    qwen = load_qwen_tokenizer(path)
     data = _read_data("special_tokens.json")
-    extra = special_tokens(family)
-    hf.add_special_tokens(
-        {"eos_token": data["eos_token"], "pad_token": data["pad_token"], "additional_special_tokens": extra}
-    )
-    tokenizer = CosyTokenizer(family, hf)
+    for role in ("eos_token", "pad_token"):  # the reference names tokens the Qwen vocabulary already holds
+        if qwen.token_to_id(data[role]) is None:
+            raise ModelError(f"{path}: the Qwen tokenizer has no {data[role]!r} (the {role})")
+    qwen.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special_tokens(family)])
+    tokenizer = CosyTokenizer(family, qwen)
     _check_special_ids(tokenizer, path)
     return tokenizer
 
