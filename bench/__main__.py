@@ -49,6 +49,7 @@ from engine.config import (
     add_flow_precompiled_flag,
     add_flow_reuse_flags,
     add_model_flag,
+    add_native_lm_graphs_flag,
     add_overlap_flags,
     fast_start_flag,
 )
@@ -202,6 +203,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_flow_compile_flags(p)
     add_flow_aot_flag(p)
     add_flow_precompiled_flag(p)
+    add_native_lm_graphs_flag(p)
     add_flow_reuse_flags(p)
     add_overlap_flags(p)
     p.add_argument(
@@ -397,6 +399,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_compile=args.flow_compile,
         flow_aot=args.flow_aot,
         flow_precompiled=args.flow_precompiled,
+        lm_native_graphs=args.native_lm_graphs,
         flow_reuse=args.flow_reuse,
         graph_warmup_s=warmup_s(args),
         flow_batch=args.flow_batch,

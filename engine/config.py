@@ -214,6 +214,16 @@ def add_flow_precompiled_flag(parser: Flags) -> None:
     )  # fmt: skip
 
 
+def add_native_lm_graphs_flag(parser: Flags) -> None:
+    """``--native-lm-graphs`` / ``--no-native-lm-graphs`` -> ``args.native_lm_graphs``
+    (``EngineConfig.lm_native_graphs``); the last given wins."""
+    parser.add_argument(
+        "--native-lm-graphs", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_native_graphs,
+        help="CUDA: the native LM loop decodes a lone request from one CUDA graph (the requests served "
+        "while vLLM starts, or all where vLLM is absent)",
+    )  # fmt: skip
+
+
 def add_flow_attention_flag(parser: Flags) -> None:
     """``--flow-attention`` -> ``args.flow_attention`` (``EngineConfig.flow_attention``)."""
     parser.add_argument(
@@ -319,6 +329,10 @@ class EngineConfig:
     # vLLM's per-step RAS (our logits processor) replayed from a graph per batch bucket (CUDA), not ~40
     # kernels launched one by one after every forward (engine.lm.ras_graphs); False: the eager A/B arm
     lm_ras_graphs: bool = True
+    # the native LM loop's lone request decoded from one CUDA graph over a fixed key/value buffer
+    # (engine.lm.decode_slot): the first requests of a start (served while vLLM starts) and every request
+    # where vLLM is absent; off until measured on a GPU (its CPU tests run the same step op by op)
+    lm_native_graphs: bool = False
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     # also v3's non-final HiFT calls (with cuda_graphs): eager they are launch-bound, about as long whatever
     # the mel's length; replayed they lower TTFA, p95 and device memory (figures: BENCHMARKS.md).
@@ -481,6 +495,8 @@ class EngineConfig:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
         if not isinstance(self.flow_aot, bool):
             raise ValueError(f"flow_aot must be True or False, got {self.flow_aot!r}")
+        if not isinstance(self.lm_native_graphs, bool):
+            raise ValueError(f"lm_native_graphs must be True or False, got {self.lm_native_graphs!r}")
         if not isinstance(self.flow_precompiled, bool):
             raise ValueError(f"flow_precompiled must be True or False, got {self.flow_precompiled!r}")
         if self.flow_precompiled and (self.flow_compile is False or self.flow_aot):

@@ -28,6 +28,7 @@ from engine.config import (
     add_flow_reuse_flags,
     add_lm_handover_flags,
     add_model_flag,
+    add_native_lm_graphs_flag,
     add_overlap_flags,
     fast_start_choice,
 )
@@ -182,6 +183,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_flow_compile_flags(g)
     add_flow_aot_flag(g)
     add_flow_precompiled_flag(g)
+    add_native_lm_graphs_flag(g)
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
     add_lm_handover_flags(g)
@@ -256,6 +258,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_compile=args.flow_compile,
         flow_aot=args.flow_aot,
         flow_precompiled=args.flow_precompiled,
+        lm_native_graphs=args.native_lm_graphs,
         flow_reuse=args.flow_reuse,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,

@@ -70,6 +70,8 @@ def test_flags_reach_the_engine_config() -> None:
     undone = cli.parse_args(["--flow-precompiled", "--no-flow-precompiled"])
     assert cli.engine_config(undone).flow_precompiled is False
     assert cli.engine_config(cli.parse_args(["--no-flow-precompiled", "--flow-precompiled"])).flow_precompiled
+    assert cfg.lm_native_graphs is False
+    assert cli.engine_config(cli.parse_args(["--native-lm-graphs"])).lm_native_graphs is True
     # the defaults: a fixed 6 GiB KV cache for vLLM, so the first graphs come beside its start (auto)
     assert (cfg.lm_kv_cache_gib, cfg.first_graphs_early, cfg.graphs_early) == (6.0, None, True)
     profiled = cli.engine_config(cli.parse_args(["--lm-kv-cache-gib", "0"]))

@@ -23,6 +23,7 @@ from engine.config import SamplingConfig
 from engine.errors import SynthesisFailed
 from engine.lm.backend import LMRequest
 from engine.lm.bistream import Feed, Layout, Picker, RASPicker, Round, Step, embed, run_round
+from engine.lm.decode_slot import DecodeSlot
 from engine.lm.sampling import SamplerState, sample_step
 from engine.lm.speech_lm import KVCache, SpeechLM
 
@@ -52,8 +53,11 @@ class NativeLM:
 
     name = "native"
 
-    def __init__(self, lm: SpeechLM, sampling: SamplingConfig, max_batch: int = 64):
+    def __init__(
+        self, lm: SpeechLM, sampling: SamplingConfig, max_batch: int = 64, slot: DecodeSlot | None = None
+    ):
         self.lm, self.sampling, self.max_batch = lm, sampling, max_batch
+        self._slot = slot  # a lone request's steps replayed from one graph (engine.lm.decode_slot)
         weight = lm.speech_embedding.weight
         self._device, self._dtype = weight.device, weight.dtype
         self._pending: list[_Sequence] = []
@@ -186,11 +190,23 @@ class NativeLM:
             seq.aborted, seq.cache = True, None
 
     def _decode(self, running: list[_Sequence]) -> None:
-        ids = torch.tensor([s.last for s in running], device=self._device)
-        caches = [s.cache for s in running if s.cache is not None]
-        hidden = self.lm.decode(self.lm.speech_embeds(ids), caches)  # [B, H]
+        hidden = self._alone(running[0]) if len(running) == 1 else None
+        if hidden is None:
+            ids = torch.tensor([s.last for s in running], device=self._device)
+            caches = [s.cache for s in running if s.cache is not None]
+            hidden = self.lm.decode(self.lm.speech_embeds(ids), caches)  # [B, H]
         self._sample(running, hidden)
         self._running = [s for s in running if not s.aborted]
+
+    def _alone(self, seq: _Sequence) -> torch.Tensor | None:
+        """The only decoding request's step from the slot, adopting it first (no other live cache holds
+        the slot: any other has ended or left the batch); None where there is no slot or no room."""
+        slot, cache = self._slot, seq.cache
+        if slot is None or cache is None or not slot.has_room(cache):
+            return None
+        if not slot.holds(cache):
+            slot.adopt(cache)
+        return slot.step(seq.last, cache)  # [1, H]
 
     def _sample(self, seqs: list[_Sequence], hidden: torch.Tensor) -> None:
         logp = self.lm.logprobs(hidden)  # [B, V] float32

@@ -44,6 +44,13 @@ class KVCache:
         )
         self.length = 0
 
+    @classmethod
+    def over(cls, kv: Tensor, length: int) -> KVCache:
+        """A cache whose first ``length`` positions are already in ``kv`` (a buffer it does not own)."""
+        cache = cls.__new__(cls)
+        cache.kv, cache.length = kv, length
+        return cache
+
     @property
     def capacity(self) -> int:
         return self.kv.shape[3]
@@ -113,6 +120,29 @@ class _CacheStep:
             c.length += self.steps
 
 
+class SlotStep:
+    """One decode position for a request whose keys/values live in a fixed buffer ``kv``
+    [layers, 2, kv_heads, capacity, D], at position ``pos`` ([1] long on the device): every tensor it reads
+    or writes keeps its address, so the step can be captured in a CUDA graph once and replayed with a new
+    ``pos``. Attention reads all ``capacity`` keys under a mask (key j seen when j <= pos); the positions
+    past ``pos`` hold finite stale values or zeros."""
+
+    def __init__(self, kv: Tensor, pos: Tensor):
+        self.kv, self.pos = kv, pos
+        self.positions = pos.view(1, 1)  # [B=1, T=1]
+        self.is_causal = False
+        keys = torch.arange(kv.shape[3], device=kv.device)
+        self.mask: Tensor | None = (keys <= pos)[None, None, None, :]  # [1, 1, 1, capacity]
+
+    def keys_values(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v [1, kv_heads, 1, D] written at ``pos``; the layer's buffer [1, kv_heads, capacity, D]."""
+        self.kv[layer].index_copy_(2, self.pos, torch.stack((k[0], v[0])))
+        return self.kv[layer, 0][None], self.kv[layer, 1][None]
+
+    def commit(self) -> None:
+        """Nothing to write back: the caller advances its cache's length."""
+
+
 def rotary(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos, sin [B, 1, T, head_dim] for integer positions [B, T] (HF default rope).
 
@@ -143,6 +173,9 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+Step = _CacheStep | SlotStep
+
+
 class Qwen2Attention(nn.Module):
     def __init__(self, cfg: SpeechLMConfig):
         super().__init__()
@@ -152,7 +185,7 @@ class Qwen2Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], step: _CacheStep, layer: int) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], step: Step, layer: int) -> Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -187,7 +220,7 @@ class Qwen2DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], step: _CacheStep, layer: int) -> Tensor:
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], step: Step, layer: int) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, step, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -204,7 +237,10 @@ class Qwen2Model(nn.Module):
 
     def forward(self, embeds: Tensor, caches: Sequence[KVCache] | None = None) -> Tensor:
         """embeds [B, T, H] -> hidden [B, T, H]; with caches, appends T positions to each of the B caches."""
-        step = _CacheStep(caches, embeds.shape[0], embeds.shape[1], embeds.device)
+        return self.run(embeds, _CacheStep(caches, embeds.shape[0], embeds.shape[1], embeds.device))
+
+    def run(self, embeds: Tensor, step: Step) -> Tensor:
+        """embeds [B, T, H] -> hidden [B, T, H], the keys/values read and written as ``step`` says."""
         rope = rotary(step.positions, self.head_dim, self.rope_theta, embeds.dtype)
         x = embeds
         with sdpa_kernel(_SDPA_BACKENDS, set_priority=True):  # once per forward: entering costs ~75 us

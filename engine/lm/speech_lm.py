@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from engine.errors import InvalidInput
 from engine.lm.lm_config import SpeechLMConfig
-from engine.lm.qwen2 import KVCache, Qwen2Encoder
+from engine.lm.qwen2 import KVCache, Qwen2Encoder, SlotStep
 
 
 class SpeechLM(nn.Module):
@@ -97,6 +97,13 @@ class SpeechLM(nn.Module):
                 f"decode wants embeds [B, H] for B={len(caches)} caches, got {tuple(embeds.shape)}"
             )
         return self.llm(embeds[:, None], caches)[:, 0]
+
+    def decode_in_slot(self, ids: Tensor, kv: Tensor, pos: Tensor) -> Tensor:
+        """One step for the request whose keys/values fill the fixed buffer ``kv`` below ``pos``: its last
+        id [1] -> hidden [1, H], the new keys/values written at ``pos`` ([1] long). Every tensor keeps its
+        address from one call to the next (``qwen2.SlotStep``), so the step can be captured and replayed."""
+        embeds = self.speech_embedding(ids)[:, None]  # [1, 1, H]
+        return self.llm.model.model.run(embeds, SlotStep(kv, pos))[:, 0]
 
 
 def _ids(ids: Tensor | None, empty: Tensor) -> Tensor:

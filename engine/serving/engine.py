@@ -40,6 +40,7 @@ from engine.import_lock import transformers_import
 from engine.lexicons import LexiconLibrary
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
+from engine.lm.decode_slot import DecodeSlot
 from engine.lm.handover import HandoverLM
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
@@ -769,7 +770,8 @@ def _backend(
         return backend
     from engine.lm.native import NativeLM
 
-    return NativeLM(weights().lm, cfg.sampling)
+    lm = weights().lm
+    return NativeLM(lm, cfg.sampling, slot=_decode_slot(cfg, lm))
 
 
 def _handover(
@@ -779,7 +781,15 @@ def _handover(
     caches) is emptied from torch's cache once it is retired."""
     from engine.lm.native import NativeLM
 
-    return HandoverLM(NativeLM(model.lm, cfg.sampling), started, timeline, lambda: devices.empty_cache(dev))
+    native = NativeLM(model.lm, cfg.sampling, slot=_decode_slot(cfg, model.lm))
+    return HandoverLM(native, started, timeline, lambda: devices.empty_cache(dev))
+
+
+def _decode_slot(cfg: EngineConfig, lm: SpeechLM) -> DecodeSlot | None:
+    """The native loop's graphed step for a lone request, where asked for and graphs are supported."""
+    if not (cfg.lm_native_graphs and devices.graphs_supported(lm.speech_embedding.weight.device)):
+        return None
+    return DecodeSlot(lm)
 
 
 def _uses_vllm(cfg: EngineConfig, accelerator: bool) -> bool:
