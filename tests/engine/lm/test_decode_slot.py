@@ -128,6 +128,47 @@ async def test_the_loop_samples_the_same_tokens_with_the_slot(lm, plan, capacity
         assert slot.adopted == 2
 
 
+class FakeCapture:
+    """``devices.CapturedCall`` on the CPU: counts captures; a replay runs the function again."""
+
+    made = 0
+
+    def __init__(self, fn, inputs):
+        type(self).made += 1
+        self.fn = fn
+        fn(*inputs)  # the capture's warm-up run
+
+    def __call__(self):
+        return self.fn()
+
+
+def _hidden_states(slot: DecodeSlot, lm: SpeechLM, steps: int) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        cache = lm.new_cache()
+        lm.prefill(_prefix(lm, 6, 3), cache)
+        slot.adopt(cache)
+        return [slot.step(i, cache) for i in range(steps)]
+
+
+@pytest.mark.parametrize("capture_fails", [False, True])
+def test_the_step_is_captured_once_and_a_failed_capture_runs_it_op_by_op(lm, monkeypatch, capture_fails):
+    """With graphs (faked on the CPU) the first step captures and later steps replay that capture; a
+    capture that raises turns the slot's graphs off, and every step still gives the op-by-op result."""
+    import engine.lm.decode_slot as decode_slot
+
+    def failing(fn, inputs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(decode_slot.devices, "graphs_supported", lambda device: True)
+    monkeypatch.setattr(FakeCapture, "made", 0)
+    monkeypatch.setattr(decode_slot.devices, "CapturedCall", failing if capture_fails else FakeCapture)
+    slot = DecodeSlot(lm, capacity=64)
+    got = _hidden_states(slot, lm, 12)
+    want = _hidden_states(DecodeSlot(lm, capacity=64, graphs=False), lm, 12)
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), atol=0, rtol=0)
+    assert slot.graphs is not capture_fails and FakeCapture.made == (0 if capture_fails else 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_the_replayed_step_equals_the_step_op_by_op_on_cuda(lm):
