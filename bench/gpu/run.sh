@@ -271,9 +271,11 @@ build_model() {  # the bench's full-size random model in the released layout, bu
   python3 -c "from bench.__main__ import random_model; print(random_model('$(family_dir "$1")', 'full', '$CACHE'))"
 }
 
-# The files that hold gpu-marked tests; the rest import the UI (Gradio is not on the device).
+# The files that hold gpu-marked tests; the rest import the UI (Gradio is not on the device). The fault tests
+# (tests/reliability/test_gpu_faults.py: they kill vLLM's engine core) run on their own: gpu-tests FILE.
 GPU_TESTS=(tests/engine/lm/test_vllm_backend.py tests/engine/flow/test_graphs.py tests/engine/vocoder/test_graphs.py
-  tests/engine/serving/test_token2wav.py tests/engine/flow/test_dit_pages.py tests/engine/lm/test_ras_graphs.py)
+  tests/engine/serving/test_token2wav.py tests/engine/flow/test_dit_pages.py tests/engine/lm/test_ras_graphs.py
+  tests/engine/lm/test_decode_slot.py)
 
 step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
   [ $# -gt 0 ] || set -- "${GPU_TESTS[@]}"

@@ -453,3 +453,17 @@ def test_bundle_parts_fit_a_call_beside_the_checkout(tmp_path: Path) -> None:
     refused = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "leaves no room for a bundle part" in refused.stderr
     assert (root / ".vb" / "PARTS").read_text().split() == names
+
+
+def test_gpu_tests_runs_every_test_file_that_holds_a_gpu_test() -> None:
+    """``run.sh gpu-tests`` lists its files (the rest import the UI, which the device lacks): a file with a
+    ``gpu``-marked test that is not listed would never run on the device. The fault tests kill vLLM's
+    engine core and run on their own (``run.sh gpu-tests tests/reliability/test_gpu_faults.py``)."""
+    script = (REPO / "bench" / "gpu" / "run.sh").read_text(encoding="utf-8")
+    listed = script.split("GPU_TESTS=(", 1)[1].split(")", 1)[0].split()
+    marked = sorted(
+        str(path.relative_to(REPO))
+        for path in (REPO / "tests").rglob("test_*.py")
+        if path != Path(__file__) and "pytest.mark.gpu" in path.read_text(encoding="utf-8")
+    )
+    assert sorted([*listed, "tests/reliability/test_gpu_faults.py"]) == marked
