@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,8 +247,10 @@ def load_model(files: ModelDir, device: torch.device, cache: Path | None = None)
     ``cache`` (the cache root) the weights come from their safetensors conversions there (made now on the
     first load)."""
     root = Path(files.root)
+    started = time.perf_counter()
     family, cfg, qwen = read_model_config(root)
     lm, flow, hift = build_modules(family, cfg, qwen)
+    built = time.perf_counter()
     same: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = lambda state: state  # noqa: E731
     for module, path, prepare in (
         (lm, files.llm, same),
@@ -256,7 +259,13 @@ def load_model(files: ModelDir, device: torch.device, cache: Path | None = None)
     ):
         load_strict(module, read_converted(Path(path), cache, prepare), Path(path))
     hift.fold_weight_norm()
+    read = time.perf_counter()
     for module in (lm, flow, hift):
         module.to(device).eval()
-    log.info("loaded %s: llm %s, flow %s, hift %s", family, files.llm, files.flow, files.hift)
+    # where a start's "weights" phase goes (9-16 s on an H200 host, not yet broken down there; the first
+    # copy to a GPU also starts its CUDA context)
+    log.info(
+        "loaded %s: llm %s, flow %s, hift %s (built %.1f s, read %.1f s, to %s %.1f s)", family, files.llm,
+        files.flow, files.hift, built - started, read - built, device, time.perf_counter() - read,
+    )  # fmt: skip
     return LoadedModel(family, root, device, lm, flow, hift, qwen)
