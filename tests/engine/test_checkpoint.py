@@ -139,6 +139,24 @@ def test_the_first_load_converts_to_safetensors_and_the_next_maps_them(tiny_dir,
         assert all(torch.equal(weights[k], plain[k]) for k in plain)
 
 
+def test_the_load_takes_the_files_tensors_without_copying_them(tiny_dir, tmp_path, monkeypatch):
+    """The modules hold the (memory-mapped) tensors read from the files: no second copy of every weight on
+    the host before the one to the device (the full-size v3: 3.1-8.5 s of load on this VM, 0.3-0.8 s
+    without)."""
+    import engine.checkpoint as checkpoint
+
+    files, cache = validate_model_dir(tiny_dir), tmp_path / "cache"
+    load_model(files, torch.device("cpu"), cache)  # converts
+    read: list[dict[str, torch.Tensor]] = []
+    mapped = checkpoint._mapped
+    monkeypatch.setattr(checkpoint, "_mapped", lambda path: read.append(mapped(path)) or read[-1])
+    model = load_model(files, torch.device("cpu"), cache)
+    assert len(read) == 3  # llm, flow, hift in that order
+    for module, state in zip((model.lm, model.flow), read):
+        params = dict(module.named_parameters())  # a tied weight once: the LM ties lm_head to its table
+        assert params and all(params[k].data_ptr() == state[k].data_ptr() for k in params)
+
+
 def test_a_converted_file_is_still_loaded_strictly(tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
