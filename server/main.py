@@ -73,12 +73,10 @@ def serve(args: argparse.Namespace) -> None:
     check_model_dir(cfg.model, cfg.llm_variant)
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
     timeline = Timeline()  # the engine's phases, timed from this process's launch
-    # the server listens within a second or two (/health answers, /ready once warm); the engine loads from
-    # now on beside it
+    # the server listens first (/health answers at once, /ready once warm); the engine loads behind it
     # Gradio imported while the engine waits for vLLM's start (where it waits), not beside the first requests
     studio = (("studio import", import_studio),)
     engine = PendingEngine(cfg.model, lambda: build_engine(cfg, timeline, studio), timeline)
-    engine.begin()  # the load beside the web app's imports and the server's start, not after them
     app = create_app(
         engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
         random_weights=cfg.model == DEMO_TINY, studio_later=True,

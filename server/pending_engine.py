@@ -14,7 +14,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
 from typing import Any
 
 from engine.errors import ModelError, NotReady
@@ -27,8 +26,7 @@ RETRY_S = 5.0
 
 
 class PendingEngine:
-    """``load()`` (blocking: it builds the engine) runs on a thread from ``begin`` (or ``start``) on;
-    ``start`` awaits it, then warms the engine."""
+    """``load()`` (blocking: it builds the engine) runs on a thread once ``start`` is awaited."""
 
     sample_rate = 24000
 
@@ -40,24 +38,13 @@ class PendingEngine:
         self._failed = False
         self.config_error: str | None = None  # why the configured model cannot load (``ModelError``)
         self._built = asyncio.Event()  # set once the load has ended, built or failed
-        self._loading: Future[Any] | None = None  # the load's thread, from ``begin`` on
-
-    def begin(self) -> None:
-        """Start the load now, before the server listens: its imports (torch, the engine) and the weights
-        then overlap the web app's imports and the server's start, which it waited for before (~5 s of an
-        H200 host's start). Once only; ``start`` begins it where this was not called."""
-        if self._loading is None:
-            self._loading = on_daemon_thread(self._load, "engine-load")
 
     async def start(self) -> None:
-        """Build the engine off the event loop (begun here unless ``begin`` was called), then warm it on
-        this loop; a failure is logged and leaves this engine unhealthy (the server then exits for its
-        supervisor)."""
-        self.begin()
-        assert self._loading is not None
+        """Build the engine off the event loop, then warm it on this loop; a failure is logged and leaves
+        this engine unhealthy (the server then exits for its supervisor)."""
         try:
             try:
-                self._loaded = await asyncio.wrap_future(self._loading)
+                self._loaded = await in_daemon_thread(self._load, "engine-load")
             finally:
                 self._built.set()
             await self._loaded.warmup()
@@ -138,21 +125,6 @@ class PendingEngine:
         if self._engine is None:
             raise NotReady(LOADING, retry_after_s=RETRY_S)
         return self._engine
-
-
-def on_daemon_thread(fn: Callable[[], Any], name: str) -> Future[Any]:
-    """``fn()`` on a daemon thread of its own from now on, its result in a thread-safe future (no event loop
-    needed yet): a process stopped meanwhile exits at once."""
-    done: Future[Any] = Future()
-
-    def run() -> None:
-        try:
-            done.set_result(fn())
-        except Exception as err:  # handed to whoever awaits the load
-            done.set_exception(err)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return done
 
 
 def in_daemon_thread(fn: Callable[[], Any], name: str) -> asyncio.Future[Any]:

@@ -116,31 +116,3 @@ async def test_waiting_for_the_build_ends_when_the_load_fails() -> None:
     start = asyncio.create_task(pending.start())
     assert await asyncio.wait_for(pending.built(), WAIT_S) is False
     await start
-
-
-def test_begin_loads_before_any_event_loop_runs_and_start_awaits_that_load() -> None:
-    """``serve`` begins the load before the web app is built and the server listens: the load runs on its
-    own thread at once (no event loop yet), exactly once, and ``start`` then awaits it and warms."""
-    built, loads, loading = Warming(), [], threading.Event()
-
-    def load() -> Warming:
-        loads.append(threading.current_thread().name)
-        loading.set()
-        return built
-
-    pending = PendingEngine("demo-tiny", load, Timeline())
-    pending.begin()
-    pending.begin()  # once only
-    assert loading.wait(WAIT_S)  # began with no loop running
-    asyncio.run(asyncio.wait_for(pending.start(), WAIT_S))
-    assert loads == ["engine-load"] and built.warmed and pending.ready
-
-
-def test_a_load_that_fails_before_the_server_listens_leaves_the_engine_unhealthy() -> None:
-    def load() -> Warming:
-        raise RuntimeError("no device")
-
-    pending = PendingEngine("demo-tiny", load, Timeline())
-    pending.begin()
-    asyncio.run(asyncio.wait_for(pending.start(), WAIT_S))
-    assert not pending.healthy and not pending.ready
