@@ -196,3 +196,25 @@ def test_the_engine_builds_a_slot_only_where_it_can_be_replayed(lm):
 
     assert _decode_slot(EngineConfig(lm_native_graphs=True), lm) is None
     assert _decode_slot(EngineConfig(), lm) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+async def test_the_loop_samples_the_same_tokens_with_the_replayed_slot_on_cuda(lm):
+    """The native loop on CUDA (float32: the same sums either way) with the slot's step captured on its
+    decode thread and replayed: the same tokens as without a slot, through a join and a leave."""
+    gpu = SpeechLM(lm.config).to(torch.device("cuda"))
+    gpu.load_state_dict(lm.state_dict())
+    plan = [("a", 40, 0), ("b", 12, 8)]
+    plain = NativeLM(gpu, SamplingConfig())
+    try:
+        want = await _tokens(plain, gpu, plan)
+    finally:
+        plain.close()
+    slot = DecodeSlot(gpu, capacity=256)
+    slotted = NativeLM(gpu, SamplingConfig(), slot=slot)
+    try:
+        got = await _tokens(slotted, gpu, plan)
+    finally:
+        slotted.close()
+    assert got == want and slot.graphs and slot._call is not None
