@@ -212,8 +212,10 @@ class TTSEngine:
     ) -> TTSEngine:
         """``_assemble`` once the text workers (``early``: None where there are none) are starting and the
         weights loading (``weights``)."""
-        # the tokenizer (tokenizers alone, ~0.1-0.5 s) before the LM's start: the native loop's requests need
-        # it, and vLLM's start imports transformers (seconds) beside the weights, off this thread
+        # the tokenizer (tokenizers alone, ~0.1-0.5 s), then the LM's start: vLLM's import (transformers with
+        # it, seconds of Python) now runs beside the weights, which map their files without a host copy.
+        # When the weights were still unpickled beside vLLM's start, both ran slower (BENCHMARKS.md,
+        # "Start-up", 5837804): whether the mapped weights avoid that is for the next GPU run to say
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
         handover = cfg.hands_over and _uses_vllm(cfg, devices.is_accelerator(dev))
