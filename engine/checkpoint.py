@@ -207,8 +207,8 @@ def hift_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def load_strict(module: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
     """``load_state_dict(strict=True)`` with an error that names the file and every offending key. The
     module takes the state's tensors themselves (``assign``: memory-mapped from the file, where read so):
-    copying every weight into the module's own host memory first cost the full-size v3 3-8 s of its load
-    on a 2-core VM (0.3-0.8 s without), before the copy to the device."""
+    copying every weight into the module's own host memory first cost the full-size v3 2.5-6.3 s of its
+    load on an idle 2-core VM (0.3-0.7 s without), before the copy to the device."""
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

@@ -141,7 +141,7 @@ def test_the_first_load_converts_to_safetensors_and_the_next_maps_them(tiny_dir,
 
 def test_the_load_takes_the_files_tensors_without_copying_them(tiny_dir, tmp_path, monkeypatch):
     """The modules hold the (memory-mapped) tensors read from the files: no second copy of every weight on
-    the host before the one to the device (the full-size v3: 3.1-8.5 s of load on this VM, 0.3-0.8 s
+    the host before the one to the device (the full-size v3: 2.5-6.3 s of load on the idle VM, 0.3-0.7 s
     without)."""
     import engine.checkpoint as checkpoint
 

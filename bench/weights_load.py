@@ -1,0 +1,78 @@
+"""``python -m bench.weights_load``: the seconds of a start's "weights" phase alone
+(``engine.checkpoint.load_model``) on one model directory, in fresh processes, and with one read of every
+weight after it (what a copy to a GPU does: a load that leaves the weights mapped pays their pages then).
+
+    python -m bench.weights_load --family v3 --size full --device cpu --runs 3 --out /tmp/wl   # the VM
+    python -m bench.weights_load --model MODEL_DIR --device cuda --out /tmp/wl                 # a GPU
+
+The first process converts the checkpoints to safetensors under OUT/cache (a warm start's cache root is
+then what every later run reads); it is not counted. Writes OUT/weights_load.json: per run the load's
+seconds and the load plus one read of every weight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from engine.checkpoint import load_model
+from engine.hub import validate_model_dir
+
+log = logging.getLogger("bench.weights_load")
+FAMILIES = {"v2": "cosyvoice2", "v3": "cosyvoice3"}
+
+
+def measure(model_dir: Path, device: str, cache: Path) -> dict[str, float]:
+    """One load (this process) -> its seconds, and with one read of every weight after it."""
+    start = time.perf_counter()
+    model = load_model(validate_model_dir(model_dir), torch.device(device), cache)
+    loaded = time.perf_counter() - start
+    with torch.inference_mode():  # one read of every weight: what the copy to a device does
+        for module in (model.lm, model.flow, model.hift):
+            for param in module.parameters():
+                param.float().sum().item()
+    return {"load_s": round(loaded, 3), "load_and_read_s": round(time.perf_counter() - start, 3)}
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    from bench.__main__ import random_model
+
+    model_dir = Path(args.model) if args.model else random_model(FAMILIES[args.family], args.size, args.out)
+    cache = Path(args.out) / "cache"
+    runs = [_fresh_process(model_dir, args.device, cache) for _ in range(args.runs + 1)][1:]
+    return {"family": FAMILIES[args.family], "size": args.size, "device": args.device, "runs": runs}
+
+
+def _fresh_process(model_dir: Path, device: str, cache: Path) -> dict[str, float]:
+    code = "import json, sys; from bench.weights_load import measure; from pathlib import Path; "
+    code += f"print(json.dumps(measure(Path({str(model_dir)!r}), {device!r}, Path({str(cache)!r}))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m bench.weights_load", description=__doc__.split("\n")[0])
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="v3")
+    parser.add_argument("--size", choices=("tiny", "full"), default="full")
+    parser.add_argument("--model", help="a model directory (default: the random-weight one, built in --out)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--runs", type=int, default=3, help="measured processes, after one that converts")
+    parser.add_argument("--out", required=True, help="the model, its cache root and weights_load.json")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    result = run(args)
+    Path(args.out, "weights_load.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    log.info("weights load: %s", result["runs"])
+
+
+if __name__ == "__main__":
+    main()

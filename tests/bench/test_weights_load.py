@@ -1,0 +1,24 @@
+"""bench.weights_load on the tiny model: fresh processes, the converting one not counted, the figures
+written; bad arguments refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import weights_load
+
+
+def test_it_times_the_load_in_fresh_processes_after_one_that_converts(tmp_path):
+    weights_load.main(["--family", "v3", "--size", "tiny", "--runs", "2", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "weights_load.json").read_text(encoding="utf-8"))
+    assert (result["family"], result["size"], result["device"]) == ("cosyvoice3", "tiny", "cpu")
+    assert len(result["runs"]) == 2
+    assert all(0 < r["load_s"] <= r["load_and_read_s"] for r in result["runs"])
+    assert list((tmp_path / "cache" / "weights").rglob("*.safetensors"))  # the first process converted
+
+
+def test_no_runs_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        weights_load.main(["--runs", "0", "--out", str(tmp_path)])
