@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
+from bench.__main__ import FAMILIES, random_model
 from engine.checkpoint import load_model
 from engine.hub import validate_model_dir
 
 log = logging.getLogger("bench.weights_load")
-FAMILIES = {"v2": "cosyvoice2", "v3": "cosyvoice3"}
 
 
 def measure(model_dir: Path, device: str, cache: Path) -> dict[str, float]:
@@ -42,8 +42,6 @@ def measure(model_dir: Path, device: str, cache: Path) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
-    from bench.__main__ import random_model
-
     model_dir = Path(args.model) if args.model else random_model(FAMILIES[args.family], args.size, args.out)
     cache = Path(args.out) / "cache"
     runs = [_fresh_process(model_dir, args.device, cache) for _ in range(args.runs + 1)][1:]

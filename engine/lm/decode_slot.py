@@ -7,10 +7,10 @@ a start's background work on other threads (graph captures, the flow compile, vL
 steps took 50-80 ms each on the H200. Replayed, a step is one launch.
 
 A request adopts the slot when it is the only one decoding: its cache's positions are copied into the slot
-once, and its ``KVCache`` then reads and writes the slot itself (``KVCache.over``), so a batched step with
-later arrivals uses it like any other cache. It leaves the slot when it ends (its cache is dropped) or when it
-outgrows it (``KVCache.reserve`` moves it to a buffer of its own). Attention reads the whole slot under a mask
-(``qwen2.SlotStep``): at batch 1 that costs less than the launches it saves.
+once, and its ``KVCache`` then reads and writes the slot itself (its ``kv`` is the slot), so a batched
+step with later arrivals uses it like any other cache. It leaves the slot when it ends (its cache is
+dropped) or when it outgrows it (``KVCache.reserve`` moves it to a buffer of its own). Attention reads the
+whole slot under a mask (``qwen2.SlotStep``): at batch 1 that costs less than the launches it saves.
 """
 
 from __future__ import annotations

@@ -44,13 +44,6 @@ class KVCache:
         )
         self.length = 0
 
-    @classmethod
-    def over(cls, kv: Tensor, length: int) -> KVCache:
-        """A cache whose first ``length`` positions are already in ``kv`` (a buffer it does not own)."""
-        cache = cls.__new__(cls)
-        cache.kv, cache.length = kv, length
-        return cache
-
     @property
     def capacity(self) -> int:
         return self.kv.shape[3]
