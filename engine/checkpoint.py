@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,9 @@ from engine.yaml_data import read_yaml, tag_of
 
 log = logging.getLogger(__name__)
 CONVERT_VERSION = 1  # bump when what a converted file holds changes (its keys, dtype)
+SOURCE_NOTE = (
+    "source"  # in each conversion's folder: the .pt it was made from (the folder is named by a hash)
+)
 LM_CLASSES = {"cosyvoice2": "Qwen2LM", "cosyvoice3": "CosyVoice3LM"}
 
 
@@ -147,7 +151,7 @@ def read_converted(
         return _mapped(target)
     state = _float32(prepare(read_state(source)))
     try:
-        _write_converted(state, target)
+        _write_converted(state, target, source)
     except OSError as err:
         log.warning("could not keep %s as safetensors under %s: %s", source, target.parent, err)
     return state
@@ -169,10 +173,10 @@ def _float32(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.float() for k, v in state.items()}
 
 
-def _write_converted(state: dict[str, torch.Tensor], target: Path) -> None:
+def _write_converted(state: dict[str, torch.Tensor], target: Path, source: Path) -> None:
     """Written to a temporary name and renamed (a crash mid-write leaves no half file under the real
-    name); the older conversions of the same source go. Tensors sharing storage (tied weights) are copied
-    apart: safetensors keeps one tensor per entry."""
+    name); the older conversions of the same source go, and so do those of sources that are gone. Tensors
+    sharing storage (tied weights) are copied apart: safetensors keeps one tensor per entry."""
     from safetensors.torch import save_file
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -185,10 +189,30 @@ def _write_converted(state: dict[str, torch.Tensor], target: Path) -> None:
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     save_file(tensors, str(partial))
     os.replace(partial, target)
+    (target.parent / SOURCE_NOTE).write_text(str(source.resolve()))
     for older in target.parent.glob("*.safetensors"):  # the folder is this source's alone
         if older != target:
             older.unlink(missing_ok=True)
     log.info("converted the weights to %s (later starts map them)", target)
+    prune_orphans(target.parent.parent)
+
+
+def prune_orphans(weights: Path) -> list[Path]:
+    """Removes the conversion folders under ``weights`` whose source .pt no longer exists (a deleted or
+    moved model directory): each is as large as its checkpoint (2-4 GB for a released model) and nothing
+    would read it again. A folder without its note (mid-write, or from before the notes) is kept."""
+    removed = []
+    for note in weights.glob(f"*/{SOURCE_NOTE}"):
+        try:
+            gone = not Path(note.read_text()).exists()
+        except OSError:  # removed by another process's prune between the glob and the read
+            continue
+        if gone:
+            shutil.rmtree(note.parent, ignore_errors=True)
+            removed.append(note.parent)
+    if removed:
+        log.info("removed %d weight conversions whose checkpoints are gone", len(removed))
+    return removed
 
 
 def hift_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

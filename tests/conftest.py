@@ -1,8 +1,10 @@
-"""Shared test fixtures: the golden fixture root and the GPU marker."""
+"""Shared test fixtures: the golden fixture root, the GPU marker, and the run's own cache root."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,19 @@ NO_CASES = "no cosyvoice*/tiny case under the fixture root (COSYSTREAM_FIXTURES 
 # returns as soon as its condition holds, so only a failing test waits this long; generous for a busy 2-core
 # machine, where a page's first load and a tiny model's request take seconds instead of milliseconds
 WAIT_S = 120.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run writes its caches (every tiny model's weight conversions, demo models, compile caches)
+    under a fresh root removed at its end, not under ~/.cache/cosystream: a suite run converts some 600
+    tiny models (~20 MB each), which piled up there run after run until the disk was full. A root given
+    from the outside (COSYSTREAM_CACHE) is used as it is and kept."""
+    from engine.cache_root import ENV
+
+    if ENV not in os.environ:
+        root = tempfile.mkdtemp(prefix="cosystream-tests-")
+        os.environ[ENV] = root
+        config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
 
 
 def fixture_root() -> Path | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -193,6 +194,30 @@ def test_a_replaced_checkpoint_is_converted_again_and_its_old_conversion_goes(tm
     model = load_model(files, torch.device("cpu"), cache)
     assert new.exists() and not old.exists()
     assert torch.equal(model.hift.state_dict()["conv_post.bias"], changed["conv_post.bias"])
+
+
+def test_a_conversion_removes_those_whose_checkpoints_are_gone_and_keeps_the_rest(tmp_path):
+    """Deleting a model directory frees its conversions at the next conversion (3 folders a model, each as
+    large as its .pt); another model's, and a folder without its source note, stay."""
+    from engine.checkpoint import converted_path
+
+    cache, folders = tmp_path / "cache", {}
+    for name in ("gone", "kept"):
+        model_dir = build_model_dir(tmp_path / name, "cosyvoice2", "tiny")
+        load_model(validate_model_dir(model_dir), torch.device("cpu"), cache)
+        folders[name] = [converted_path(model_dir / f"{m}.pt", cache).parent for m in ("llm", "flow", "hift")]
+    unnoted = cache / "weights" / "0123456789abcdef"
+    unnoted.mkdir()
+    shutil.rmtree(tmp_path / "gone")
+    assert all(folder.is_dir() for folder in folders["gone"])
+    load_model(
+        validate_model_dir(build_model_dir(tmp_path / "new", "cosyvoice2", "tiny")),
+        torch.device("cpu"),
+        cache,
+    )
+    assert not any(folder.exists() for folder in folders["gone"])
+    assert all(folder.is_dir() for folder in folders["kept"]) and unnoted.is_dir()
+    assert len(list((cache / "weights").iterdir())) == 7
 
 
 def test_modules_built_without_random_init_keep_their_computed_buffers(tiny_dir):
