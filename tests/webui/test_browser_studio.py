@@ -155,10 +155,12 @@ def fill_example(page: Any, text: str = "A short line to speak.") -> None:
     page.locator("#cosy-text textarea").fill(text)
 
 
+# textContent, not innerText: innerText depends on layout (a toast read in the mutation that inserts it
+# is mid-transition); once, in a full suite on 2 cores, no recorded text held the message the status showed
 TOAST_RECORDER = """() => {
   window.cosyToasts = [];
   const seen = () =>
-    document.querySelectorAll(".toast-body").forEach((t) => window.cosyToasts.push(t.innerText));
+    document.querySelectorAll(".toast-body").forEach((t) => window.cosyToasts.push(t.textContent));
   new MutationObserver(seen).observe(document.body, {childList: true, subtree: true, characterData: true});
 }"""
 
