@@ -281,8 +281,9 @@ step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
   environment
   # the full-size models the listed files load, both at once (3-4 min); named files build what they use
   [ $# -gt 0 ] || { set -- "${GPU_TESTS[@]}"; build_model v2 & build_model v3 & wait; }
-  # -s: the tests' own lines (e.g. the fault tests' recovery times) reach the log
-  timeout "$LIMIT_S" python3 -m pytest -v -s -m gpu -p no:cacheprovider -rf --tb=short "$@" \
+  # -s: the tests' own lines (e.g. the fault tests' recovery times) reach the log; the machine's cache root,
+  # not a test run's own (tests/conftest.py): vLLM's compile cache from the hold's earlier calls is reused
+  COSYSTREAM_CACHE="$CACHE" timeout "$LIMIT_S" python3 -m pytest -v -s -m gpu -p no:cacheprovider -rf --tb=short "$@" \
     > "$OUT/pytest_gpu.log" 2>&1 && rc=0 || rc=$?
   grep -E "PASSED|FAILED|ERROR|passed|failed|engine core killed" "$OUT/pytest_gpu.log" | tail -30
   return "$rc"
