@@ -23,6 +23,11 @@ from webui.texts import EXAMPLES, LANGUAGES, NATIVE_NAMES, Labels, Texts, i18n
 
 GPU = "gpu"  # one concurrency group for every listener that computes on the device
 CARD = ["cosy-card"]
+# Gradio's copies of what visitors upload and of every take it plays (s: checked every hour, removed after
+# six): without it they stay until the server stops, and a public Space's disk fills take by take. The
+# visitor loses nothing: the browser keeps its own copies of the prompt and each take (keep.js, fetched as
+# the take ends), the history's downloads come from the AudioStore, and the examples stay (Gradio keeps them)
+FILES_KEPT = (3600, 6 * 3600)
 # The modes each group of inputs serves. The page shows a group while the mode radio has one of its modes
 # checked, in css (``mode_css``): no listener toggles visibility, so no order of clicks can leave a group
 # hidden (Gradio 6.17 kept a column's hidden class when visible:true came back for it).
@@ -74,10 +79,12 @@ def build_demo(
     store: AudioStore | None = None,
     random_weights: bool = False,
     account: Callable[[str | None], str | None] | None = None,
+    files_kept: tuple[int, int] = FILES_KEPT,
 ) -> gr.Blocks:
     """The studio over one resident engine; ``hub``/``store`` must be the ones ``stream_route`` serves.
     ``ui_lang`` "auto" follows the browser; "zh" / "en" force one language. ``account`` (with a login):
-    a session's user name -> its voice namespace (``login.KeyLogin.owner``)."""
+    a session's user name -> its voice namespace (``login.KeyLogin.owner``). ``files_kept``: Gradio's
+    ``delete_cache`` (every s, files older than s), ``FILES_KEPT``."""
     limits, lbl = limits or Limits(), Labels(ui_lang)
     t = lbl.texts  # the first render's language; ``Studio.page`` re-renders it in the session's on load
     hub = hub if hub is not None else StreamHub()  # an empty hub is falsy (it has __len__)
@@ -85,7 +92,7 @@ def build_demo(
     studio.chips = {"model": str(engine.model_name), "family": str(getattr(engine, "family", "?"))}
     studio.chips["rate"] = f"{engine.sample_rate // 1000} kHz"
     studios = Studios(studio, ui_lang, account)
-    with gr.Blocks(title=t("title"), analytics_enabled=False) as demo:
+    with gr.Blocks(title=t("title"), analytics_enabled=False, delete_cache=files_kept) as demo:
         header = gr.HTML(studio.page()[0], js_on_load=None)
         ask = _filled_by_examples(lbl, t)  # placed below; made first so the examples can sit above them
         ask |= _mode_bar(lbl, t)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
+import gradio as gr
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from engine.config import Limits
+from tests.conftest import WAIT_S
 from tests.fakes import FakeEngine
-from webui.layout import GPU, SHOWN_IN, build_demo, page_options
+from webui.layout import FILES_KEPT, GPU, SHOWN_IN, build_demo, page_options
 
 
 def listeners(demo) -> dict[str, object]:
@@ -80,3 +86,37 @@ def test_the_audio_inputs_offer_share_only_on_a_space(monkeypatch, space, share)
     buttons = {c["props"].get("elem_id"): c["props"].get("buttons") for c in config["components"]}
     for elem_id in ("cosy-prompt", "cosy-source"):
         assert ("share" in buttons[elem_id]) is share and "download" in buttons[elem_id]
+
+
+def served_take(demo, tmp_path):
+    """A take as Gradio plays it: copied into its cache for the result's player, as its output would be."""
+    import numpy as np
+    import soundfile as sf
+    from gradio import processing_utils
+
+    take = tmp_path / "take.wav"
+    sf.write(take, np.zeros(2400, dtype=np.float32), 24000)
+    result = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "cosy-result")
+    cached = Path(processing_utils.move_resource_to_block_cache(str(take), result))
+    assert cached.is_file() and cached != take
+    return cached
+
+
+def test_gradios_copies_of_takes_go_after_their_age_while_the_studio_serves(tmp_path) -> None:
+    """Without ``delete_cache`` every upload and take stays in Gradio's cache until the server stops."""
+    demo = build_demo(FakeEngine(), "en", files_kept=(1, 1))
+    with TestClient(gr.mount_gradio_app(FastAPI(), demo, path="/")):
+        cached = served_take(demo, tmp_path)
+        deadline = time.monotonic() + WAIT_S
+        while cached.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not cached.exists()
+
+
+def test_the_studios_copies_stay_for_hours_and_go_when_the_server_stops(tmp_path) -> None:
+    demo = build_demo(FakeEngine(), "en")
+    assert demo.delete_cache == FILES_KEPT and FILES_KEPT[1] >= 3600  # hours: a visitor's tab may idle
+    with TestClient(gr.mount_gradio_app(FastAPI(), demo, path="/")):
+        cached = served_take(demo, tmp_path)
+        assert cached.exists()
+    assert not cached.exists()  # the server stopped: Gradio's copies go with it
