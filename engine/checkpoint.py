@@ -40,9 +40,8 @@ from engine.yaml_data import read_yaml, tag_of
 
 log = logging.getLogger(__name__)
 CONVERT_VERSION = 1  # bump when what a converted file holds changes (its keys, dtype)
-SOURCE_NOTE = (
-    "source"  # in each conversion's folder: the .pt it was made from (the folder is named by a hash)
-)
+# in each conversion's folder: the .pt it was made from (the folder's name is a hash of that path)
+SOURCE_NOTE = "source"
 LM_CLASSES = {"cosyvoice2": "Qwen2LM", "cosyvoice3": "CosyVoice3LM"}
 
 
@@ -197,11 +196,11 @@ def _write_converted(state: dict[str, torch.Tensor], target: Path, source: Path)
     prune_orphans(target.parent.parent)
 
 
-def prune_orphans(weights: Path) -> list[Path]:
+def prune_orphans(weights: Path) -> None:
     """Removes the conversion folders under ``weights`` whose source .pt no longer exists (a deleted or
     moved model directory): each is as large as its checkpoint (2-4 GB for a released model) and nothing
     would read it again. A folder without its note (mid-write, or from before the notes) is kept."""
-    removed = []
+    removed = 0
     for note in weights.glob(f"*/{SOURCE_NOTE}"):
         try:
             gone = not Path(note.read_text()).exists()
@@ -209,10 +208,9 @@ def prune_orphans(weights: Path) -> list[Path]:
             continue
         if gone:
             shutil.rmtree(note.parent, ignore_errors=True)
-            removed.append(note.parent)
+            removed += 1
     if removed:
-        log.info("removed %d weight conversions whose checkpoints are gone", len(removed))
-    return removed
+        log.info("removed %d weight conversions whose checkpoints are gone", removed)
 
 
 def hift_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
