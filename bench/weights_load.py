@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     model_dir = Path(args.model) if args.model else random_model(FAMILIES[args.family], args.size, args.out)
     cache = Path(args.out) / "cache"
     runs = [_fresh_process(model_dir, args.device, cache) for _ in range(args.runs + 1)][1:]
-    return {"family": FAMILIES[args.family], "size": args.size, "device": args.device, "runs": runs}
+    family = validate_model_dir(model_dir).family  # a --model directory's own, not --family's default
+    size = None if args.model else args.size  # --size builds the random model only
+    return {"family": family, "size": size, "device": args.device, "runs": runs}
 
 
 def _fresh_process(model_dir: Path, device: str, cache: Path) -> dict[str, float]:

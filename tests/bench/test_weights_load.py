@@ -22,3 +22,12 @@ def test_it_times_the_load_in_fresh_processes_after_one_that_converts(tmp_path):
 def test_no_runs_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         weights_load.main(["--runs", "0", "--out", str(tmp_path)])
+
+
+def test_a_given_model_is_reported_as_its_own_family(tmp_path):
+    from engine.demo.make_model import build_model_dir
+
+    model = build_model_dir(tmp_path / "v2", "cosyvoice2", "tiny")
+    weights_load.main(["--model", str(model), "--runs", "1", "--out", str(tmp_path / "out")])  # --family: v3
+    result = json.loads((tmp_path / "out" / "weights_load.json").read_text(encoding="utf-8"))
+    assert (result["family"], result["size"]) == ("cosyvoice2", None) and len(result["runs"]) == 1
