@@ -9,16 +9,25 @@ thread ends, its KV caches go) and ``release`` runs (the engine empties the devi
 sample with the same RAS code, seeded per request (engine.lm.sampling), so a request's tokens do not
 depend on which of the two served it.
 
-If the second backend fails to start, the first keeps serving (logged): slower, but serving. The timeline
-(``engine.serving.startup``) shows the handover as a background phase, pending from the start: ``/ready``
-reads "warming" until the first backend is retired.
+Before the switch the second backend decodes a few tokens of the first request the handover routed (a
+rehearsal, on the event loop that request ran on): a backend's first request pays for its lazy set-up (vLLM:
+its output loop, the first prompt-embeds prefill and sampling; ~250 ms more to first audio on the H200), and
+a visitor no longer does. Nothing routed yet (vLLM up before the engine's own warm-up): no rehearsal, the
+warm-up request is the second's first.
+
+If the second backend fails to start or to rehearse, the first keeps serving (logged): slower, but
+serving. The timeline (``engine.serving.startup``) shows the handover as a background phase, pending from
+the start: ``/ready`` reads "warming" until the first backend is retired.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
@@ -28,6 +37,25 @@ from engine.serving.startup import Timeline
 
 log = logging.getLogger(__name__)
 PHASE = "LM handover"  # from construction to the first backend's retirement, on the timeline
+REHEARSAL_TOKENS = 8  # decode steps of the rehearsal: its prefill and a few steps pay the first-request costs
+REHEARSAL_S = 60.0  # a rehearsal that has not ended by then counts as failed (8 steps take ~0.3 s on an H200)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rehearsal:
+    """What the second backend decodes before the switch: a shortened copy of a routed request, on the event
+    loop that request ran on (vLLM binds its output loop to the loop of its first request)."""
+
+    request: LMRequest
+    loop: asyncio.AbstractEventLoop
+
+    @classmethod
+    def of(cls, req: LMRequest, loop: asyncio.AbstractEventLoop) -> Rehearsal:
+        steps = min(req.max_len, REHEARSAL_TOKENS)
+        short = dataclasses.replace(
+            req, request_id=f"{req.request_id}-rehearsal", min_len=min(req.min_len, steps), max_len=steps
+        )
+        return cls(short, loop)
 
 
 class HandoverLM:
@@ -48,6 +76,7 @@ class HandoverLM:
         self._switched = threading.Event()  # new requests go to the second backend
         self._drained = threading.Event()  # the switch has happened and nothing is left on the first
         self._closed = False
+        self._rehearsal: Rehearsal | None = None  # set by the first request routed to the first backend
         self.timeline.queue(PHASE)  # pending from now: /ready never reads steady before the handover
         self._thread = threading.Thread(target=self._upgrade, name="lm-handover", daemon=True)
         self._thread.start()
@@ -87,6 +116,8 @@ class HandoverLM:
 
     async def generate(self, req: LMRequest) -> AsyncIterator[int]:
         backend = self._take()
+        if backend is self.first and self._rehearsal is None:
+            self._rehearsal = Rehearsal.of(req, asyncio.get_running_loop())
         try:
             ids = backend.generate(req)
             async with contextlib.aclosing(ids) as tokens:  # type: ignore[type-var]
@@ -136,7 +167,7 @@ class HandoverLM:
             log.exception("the %s LM backend keeps serving: its successor failed to start", self.first.name)
             second = None
         with self.timeline.phase(PHASE, background=True):
-            if second is None or not self._switch(second):
+            if second is None or not self._rehearsed(second) or not self._switch(second):
                 return
             self._drained.wait()
             if self._closed:
@@ -145,6 +176,30 @@ class HandoverLM:
             if self._release is not None:
                 self._release()
         log.info("the %s LM backend serves every request; the %s one is closed", second.name, self.first.name)
+
+    def _rehearsed(self, second: LMBackend) -> bool:
+        """The rehearsal on ``second`` -> False (and ``second`` closed) when it failed."""
+        rehearsal, began = self._rehearsal, time.monotonic()
+        if rehearsal is None:
+            return True
+        try:
+            tokens = _count(second.generate(rehearsal.request))
+            done = asyncio.run_coroutine_threadsafe(tokens, rehearsal.loop)
+        except RuntimeError:  # its loop has ended (a caller's own asyncio.run): nothing to rehearse on
+            tokens.close()
+            log.info("no rehearsal on %s: the loop of the first request has ended", second.name)
+            return True
+        try:
+            n = done.result(REHEARSAL_S)
+        except Exception:  # the backend's error, or no end in time: it cannot be trusted with requests
+            done.cancel()
+            if not self._closed:
+                first = self.first.name
+                log.exception("the %s LM backend keeps serving: %s failed its rehearsal", first, second.name)
+            second.close()
+            return False
+        log.info("%s rehearsed %d tokens in %.2f s", second.name, n, time.monotonic() - began)
+        return True
 
     def _switch(self, second: LMBackend) -> bool:
         with self._lock:
@@ -157,6 +212,11 @@ class HandoverLM:
         self._switched.set()
         log.info("new LM requests go to %s; %d finish on %s", second.name, left, self.first.name)
         return True
+
+
+async def _count(tokens: AsyncIterator[int]) -> int:
+    async with contextlib.aclosing(tokens) as each:  # type: ignore[type-var]
+        return sum([1 async for _ in each])
 
 
 def _close_started(started: Future[LMBackend]) -> None:

@@ -14,7 +14,7 @@ import torch
 from engine.config import SamplingConfig
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Round
-from engine.lm.handover import PHASE, HandoverLM
+from engine.lm.handover import PHASE, REHEARSAL_TOKENS, HandoverLM
 from engine.serving.startup import Timeline
 from tests.conftest import WAIT_S
 
@@ -26,6 +26,7 @@ class GatedLM:
     def __init__(self, name: str, base: int, tokens: int = 3):
         self.name, self.base, self.tokens = name, base, tokens
         self.served: list[str] = []
+        self.requests: list[tuple[LMRequest, asyncio.AbstractEventLoop]] = []  # each as given, and its loop
         self.gates: dict[str, asyncio.Queue[None]] = {}
         self.closed = False
         self._active = 0
@@ -44,6 +45,7 @@ class GatedLM:
     async def generate(self, req: LMRequest) -> AsyncIterator[int]:
         assert not self.closed, f"{self.name} got {req.request_id} after it was closed"
         self.served.append(req.request_id)
+        self.requests.append((req, asyncio.get_running_loop()))
         self._active += 1
         try:
             for i in range(self.tokens):
@@ -88,6 +90,12 @@ async def waited(wait, *args) -> bool:
     return bool(await asyncio.to_thread(wait, *args))
 
 
+def rehearsal_passes(backend: GatedLM, of: str) -> None:
+    """Open the gates of the rehearsal of request ``of`` that the handover runs on ``backend``."""
+    for _ in range(backend.tokens):
+        backend.gate(f"{of}-rehearsal").put_nowait(None)
+
+
 async def test_requests_in_flight_at_the_switch_finish_on_the_first_and_new_ones_go_to_the_second():
     first, second, started = GatedLM("native", 100), GatedLM("vllm", 200), Future[LMBackend]()
     timeline, released = Timeline(), []
@@ -96,6 +104,7 @@ async def test_requests_in_flight_at_the_switch_finish_on_the_first_and_new_ones
 
     early = lm.generate(request("early"))
     got_early = await pulled(early, first.gate("early"), 1)  # in flight on the first backend
+    rehearsal_passes(second, "early")
     started.set_result(second)  # the second backend is up
     assert await waited(lm.wait_upgraded, WAIT_S)
     assert lm.name == "vllm" and not first.closed  # "early" still runs there
@@ -108,7 +117,8 @@ async def test_requests_in_flight_at_the_switch_finish_on_the_first_and_new_ones
         await pulled(early, first.gate("early"), 1)
     assert await waited(lm.wait_settled, WAIT_S)
 
-    assert (first.served, second.served) == (["early"], ["late"])  # each request decoded exactly once
+    # each request decoded exactly once; the second rehearsed the first request before it took any
+    assert (first.served, second.served) == (["early"], ["early-rehearsal", "late"])
     assert (got_early, got_late) == ([100, 101, 102], [200, 201, 202])
     assert first.closed and released == [True] and not second.closed
     assert PHASE not in timeline.pending() and PHASE in [p.name for p in timeline.phases]
@@ -121,10 +131,89 @@ async def test_a_caller_that_leaves_during_the_switch_still_lets_the_first_retir
     lm = HandoverLM(first, started)
     left = lm.generate(request("left"))
     await pulled(left, first.gate("left"), 1)
+    rehearsal_passes(second, "left")
     started.set_result(second)
     assert await waited(lm.wait_upgraded, WAIT_S) and not first.closed
     await left.aclose()  # the client went away mid-request
     assert await waited(lm.wait_settled, WAIT_S) and first.closed
+
+
+async def test_the_second_rehearses_the_first_request_shortened_on_its_loop_before_the_switch():
+    """A backend's first request pays for its lazy set-up (vLLM: ~250 ms more to first audio on the H200):
+    the handover has the second decode a short copy of the first routed request, on that request's loop
+    (vLLM's output loop binds to it), before any visitor's request goes there."""
+    first, second, started = GatedLM("native", 0), GatedLM("vllm", 0), Future[LMBackend]()
+    lm = HandoverLM(first, started)
+    long = LMRequest("warm-up", torch.ones(6, 4), seed=3, min_len=20, max_len=500, stop_ids=(99,))
+    assert [t async for t in _opened(lm.generate(long), first.gate("warm-up"), first.tokens)] == [0, 1, 2]
+    later = lm.generate(request("second-on-first"))  # a later request is not the one rehearsed
+    await pulled(later, first.gate("second-on-first"), 3)
+    started.set_result(second)
+    assert not await waited(lm.wait_upgraded, 0.2) and lm.name == "native"  # held until it is rehearsed
+    rehearsal_passes(second, "warm-up")
+    assert await waited(lm.wait_upgraded, WAIT_S)
+    [(rehearsed, loop)] = second.requests
+    assert loop is asyncio.get_running_loop() and rehearsed.request_id == "warm-up-rehearsal"
+    assert (rehearsed.min_len, rehearsed.max_len) == (REHEARSAL_TOKENS, REHEARSAL_TOKENS) < (20, 500)
+    assert torch.equal(rehearsed.prefix, long.prefix) and rehearsed.seed == 3
+    await later.aclose()
+    assert await waited(lm.wait_settled, WAIT_S) and first.closed
+
+
+@pytest.mark.parametrize("how", ["raises", "never ends"])
+async def test_a_failed_rehearsal_closes_the_second_and_leaves_the_first_serving(how, monkeypatch, caplog):
+    first, second, started, timeline = (
+        GatedLM("native", 5),
+        GatedLM("vllm", 0),
+        Future[LMBackend](),
+        Timeline(),
+    )
+    monkeypatch.setattr("engine.lm.handover.REHEARSAL_S", 0.5)
+    lm = HandoverLM(first, started, timeline)
+    assert await pulled(lm.generate(request("a")), first.gate("a"), 3) == [5, 6, 7]
+    if how == "raises":
+        second.gate("a-rehearsal").put_nowait(None)
+        second.tokens = 0  # its generate then ends in the error below, as vLLM's dead engine core would
+        monkeypatch.setattr(second, "generate", _failing(second.generate))
+    with caplog.at_level(logging.ERROR, "engine.lm.handover"):
+        started.set_result(second)
+        assert await waited(lm.wait_settled, WAIT_S)
+    assert "failed its rehearsal" in caplog.text and second.closed and not first.closed
+    assert lm.name == "native" and lm.healthy and timeline.pending() == []
+    assert await pulled(lm.generate(request("b")), first.gate("b"), 3) == [5, 6, 7]
+
+
+async def test_nothing_is_rehearsed_when_no_request_came_before_or_its_loop_has_ended():
+    first, second, started = GatedLM("native", 0), GatedLM("vllm", 0), Future[LMBackend]()
+    lm = HandoverLM(first, started)
+    started.set_result(second)  # up before any request (vLLM ready before the engine's warm-up)
+    assert await waited(lm.wait_settled, WAIT_S) and second.served == [] and first.closed
+
+    first, second, started = GatedLM("native", 0), GatedLM("vllm", 0), Future[LMBackend]()
+    lm = HandoverLM(first, started)
+
+    async def own_loop() -> list[int]:  # a caller's own asyncio.run: its loop is gone at the switch
+        return [t async for t in _opened(lm.generate(request("cli")), first.gate("cli"), 3)]
+
+    assert await asyncio.to_thread(asyncio.run, own_loop()) == [0, 1, 2]
+    started.set_result(second)
+    assert await waited(lm.wait_settled, WAIT_S) and second.served == [] and lm.name == "vllm"
+
+
+async def _opened(tokens: AsyncIterator[int], gates: asyncio.Queue[None], n: int) -> AsyncIterator[int]:
+    for _ in range(n):
+        gates.put_nowait(None)
+    async for tok in tokens:
+        yield tok
+
+
+def _failing(generate):
+    async def failing(req: LMRequest) -> AsyncIterator[int]:
+        async for tok in generate(req):
+            yield tok
+        raise RuntimeError("EngineDeadError: the engine core died")
+
+    return failing
 
 
 async def test_a_session_stays_on_its_backend_until_it_ends():
