@@ -15,12 +15,12 @@ What a warm start finds there (a Space's or pod's volume must keep the whole roo
 * ``compile/inductor``, ``compile/triton`` (``compile/attention-cudnn/`` with cuDNN attention): the flow
   compile's Inductor caches (FX graph and AOTAutograd) and Triton kernels; ``compile/aot/``: the flow's
   AOTInductor packages (``--flow-aot``), which a warm start loads instead of compiling;
-  ``compile/precompiled/``: the flow compile's whole programs (``--flow-precompiled``), loaded untraced;
+  ``compile/precompiled/``: the flow compile's whole programs (on by default), loaded untraced;
 * ``voices/`` (saved voices), ``mps/`` (the MPS daemon's pipes and logs), ``demo-tiny*/``.
 
 Rebuilt on every start, whatever the cache holds (GPU only, measured by bench.startup): the CUDA graphs
-(flow, vocoder, vLLM's: a capture is tied to the process's memory) and, without ``--flow-aot`` or
-``--flow-precompiled``, Dynamo's tracing of the flow estimator (its Inductor output comes from the cache;
+(flow, vocoder, vLLM's: a capture is tied to the process's memory) and, with ``--no-flow-precompiled``
+(and no ``--flow-aot``), Dynamo's tracing of the flow estimator (its Inductor output comes from the cache;
 the tracing itself is not kept).
 """
 

@@ -208,9 +208,9 @@ def add_flow_precompiled_flag(parser: Flags) -> None:
     """``--flow-precompiled`` / ``--no-flow-precompiled`` -> ``args.flow_precompiled``
     (``EngineConfig.flow_precompiled``); the last given wins, so an A/B can add the other one to a command."""
     parser.add_argument(
-        "--flow-precompiled", action=argparse.BooleanOptionalAction, default=False,
-        help="GPU, with the flow compile: keep its compiled programs whole under the cache root and load "
-        "them there on the next start (no Dynamo trace, no AOTAutograd); not with --flow-aot",
+        "--flow-precompiled", action=argparse.BooleanOptionalAction, default=EngineConfig.flow_precompiled,
+        help="GPU, where torch.compile compiles the flow (not --flow-aot): keep its programs whole under the "
+        "cache root and load them there on the next start, no Dynamo trace, no AOTAutograd (default: on)",
     )  # fmt: skip
 
 
@@ -220,7 +220,7 @@ def add_native_lm_graphs_flag(parser: Flags) -> None:
     parser.add_argument(
         "--native-lm-graphs", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_native_graphs,
         help="CUDA: the native LM loop decodes a lone request from one CUDA graph (the requests served "
-        "while vLLM starts, or all where vLLM is absent)",
+        "while vLLM starts, or all where vLLM is absent; default: on)",
     )  # fmt: skip
 
 
@@ -330,9 +330,10 @@ class EngineConfig:
     # kernels launched one by one after every forward (engine.lm.ras_graphs); False: the eager A/B arm
     lm_ras_graphs: bool = True
     # the native LM loop's lone request decoded from one CUDA graph over a fixed key/value buffer
-    # (engine.lm.decode_slot): the first requests of a start (served while vLLM starts) and every request
-    # where vLLM is absent; off until measured on a GPU (its CPU tests run the same step op by op)
-    lm_native_graphs: bool = False
+    # (engine.lm.decode_slot; CUDA only, elsewhere op by op): the first requests of a start (served while
+    # vLLM starts) and every request where vLLM is absent. On the H200 the first five requests after a warm
+    # ready took 350-636 ms to first audio with it, 238-896 ms without (BENCHMARKS.md, start-up)
+    lm_native_graphs: bool = True
     cuda_graphs: bool = True  # replay the flow solver as CUDA graphs at bucketed shapes (CUDA only)
     # also v3's non-final HiFT calls (with cuda_graphs): eager they are launch-bound, about as long whatever
     # the mel's length; replayed they lower TTFA, p95 and device memory (figures: BENCHMARKS.md).
@@ -360,13 +361,12 @@ class EngineConfig:
     # kept under cache_dir/compile/aot (engine.flow.aot_package), so the serving process traces nothing: a
     # warm start loads them from disk in milliseconds. Off by default: not yet measured on a GPU.
     flow_aot: bool = False
-    # With flow_compile: torch.compile's programs kept whole under cache_dir/compile/precompiled (guards,
-    # graph, Inductor's output; engine.flow.precompiled) and loaded there by the next start, which then
-    # neither traces with Dynamo nor runs AOTAutograd: a warm H200 start spent 61-95 s in the "flow compile"
-    # although Inductor's cache held every kernel. On the H200 a full-size DiT's program loads and makes its
-    # first call in 1.9 s where torch.compile traced for 69.9 s (bench.precompile_check); off until an
-    # engine's warm start with it has been measured against the defaults.
-    flow_precompiled: bool = False
+    # Where torch.compile compiles the flow (flow_compile on, or auto's v3; not flow_aot): its programs kept
+    # whole under cache_dir/compile/precompiled (guards, graph, Inductor's output; engine.flow.precompiled)
+    # and loaded there by the next start, which then neither traces with Dynamo nor runs AOTAutograd. On the
+    # H200 a warm start's "flow compile" took 12.9-20.0 s with it (59-66 s traced, with Inductor's cache
+    # holding every kernel) and its full speed came at 111-120 s (175-205 s): BENCHMARKS.md, start-up.
+    flow_precompiled: bool = True
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
@@ -499,11 +499,6 @@ class EngineConfig:
             raise ValueError(f"lm_native_graphs must be True or False, got {self.lm_native_graphs!r}")
         if not isinstance(self.flow_precompiled, bool):
             raise ValueError(f"flow_precompiled must be True or False, got {self.flow_precompiled!r}")
-        if self.flow_precompiled and (self.flow_compile is False or self.flow_aot):
-            raise ValueError(
-                "flow_precompiled keeps the flow compile's programs: it needs flow_compile (on or auto) "
-                "and not flow_aot (whose packages are the other way to skip the trace)"
-            )
         if self.flow_compile not in (None, True, False):
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse not in (None, True, False):

@@ -64,14 +64,16 @@ def test_flags_reach_the_engine_config() -> None:
     assert cfg.flow_compile is False and EngineConfig().flow_compile is None  # auto: v3 only
     assert cli.engine_config(cli.parse_args(["--flow-compile"])).flow_compile is True
     assert cli.engine_config(cli.parse_args(["--flow-aot"])).flow_aot is True and cfg.flow_aot is False
-    precompiled = cli.engine_config(cli.parse_args(["--flow-precompiled"]))
-    assert precompiled.flow_precompiled is True and cfg.flow_precompiled is False
+    off = cli.engine_config(cli.parse_args(["--no-flow-precompiled"]))
+    assert off.flow_precompiled is False and cfg.flow_precompiled is True  # measured: on by default
     # the last of --flow-precompiled / --no-flow-precompiled wins: an A/B adds the other to one command
     undone = cli.parse_args(["--flow-precompiled", "--no-flow-precompiled"])
     assert cli.engine_config(undone).flow_precompiled is False
     assert cli.engine_config(cli.parse_args(["--no-flow-precompiled", "--flow-precompiled"])).flow_precompiled
-    assert cfg.lm_native_graphs is False
-    assert cli.engine_config(cli.parse_args(["--native-lm-graphs"])).lm_native_graphs is True
+    assert cfg.lm_native_graphs is True
+    assert cli.engine_config(cli.parse_args(["--no-native-lm-graphs"])).lm_native_graphs is False
+    # with the flow not compiled (or AOT-compiled) the kept programs are moot, not an error
+    assert cli.engine_config(cli.parse_args(["--no-flow-compile"])).flow_precompiled is True
     # the defaults: a fixed 6 GiB KV cache for vLLM, so the first graphs come beside its start (auto)
     assert (cfg.lm_kv_cache_gib, cfg.first_graphs_early, cfg.graphs_early) == (6.0, None, True)
     profiled = cli.engine_config(cli.parse_args(["--lm-kv-cache-gib", "0"]))

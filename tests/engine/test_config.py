@@ -41,8 +41,6 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(flow_aot="yes"), "flow_aot"),  # type: ignore[arg-type]
         (lambda: EngineConfig(flow_precompiled="yes"), "flow_precompiled"),  # type: ignore[arg-type]
         (lambda: EngineConfig(lm_native_graphs=1), "lm_native_graphs"),  # type: ignore[arg-type]
-        (lambda: EngineConfig(flow_precompiled=True, flow_compile=False), "needs flow_compile"),
-        (lambda: EngineConfig(flow_precompiled=True, flow_aot=True), "not flow_aot"),
         (lambda: EngineConfig(t2w_yield_to_urgent=None), "t2w_yield_to_urgent"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_quiet_first=None), "t2w_quiet_first"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_fifo=True, t2w_quiet_first=True), "t2w_quiet_first off"),

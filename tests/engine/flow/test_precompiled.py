@@ -294,8 +294,24 @@ def test_the_engine_keeps_the_programs_beside_its_compile_cache(tmp_path, monkey
     run = graphed.solver.estimator.run
     assert kept == [tmp_path / folder] and isinstance(run, Precompiled)
     assert run.root == tmp_path / folder / "precompiled"
-    off = engine._graphed_flow(tiny_flow("cosyvoice3").decoder, "cosyvoice3", EngineConfig(), tmp_path)
-    assert not isinstance(off.solver.estimator.run, Precompiled)
+    off = EngineConfig(flow_precompiled=False)
+    assert not isinstance(_run(engine._graphed_flow, off, tmp_path), Precompiled)
+
+
+@pytest.mark.parametrize("cfg", [{"flow_compile": False}, {"flow_aot": True}])
+def test_nothing_is_kept_where_torch_compile_does_not_compile_the_flow(tmp_path, monkeypatch, cfg):
+    """On by default: with the flow eager, or its programs from AOT packages, there is nothing to keep."""
+    from engine.config import EngineConfig
+    from engine.serving import engine
+
+    monkeypatch.setattr(engine, "use_compile_cache", lambda folder: None)
+    assert EngineConfig().flow_precompiled is True
+    assert not isinstance(_run(engine._graphed_flow, EngineConfig(**cfg), tmp_path), Precompiled)
+    assert not (tmp_path / "compile" / "precompiled").exists()
+
+
+def _run(graphed_flow, cfg, root):
+    return graphed_flow(tiny_flow("cosyvoice3").decoder, "cosyvoice3", cfg, root).solver.estimator.run
 
 
 def test_v2s_unet_compiles_whole_and_matches_eager(tmp_path):
