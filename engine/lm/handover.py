@@ -182,12 +182,15 @@ class HandoverLM:
         rehearsal, began = self._rehearsal, time.monotonic()
         if rehearsal is None:
             return True
+        if not rehearsal.loop.is_running():  # a caller's own loop, stopped or closed: it would never run
+            log.info("no rehearsal on %s: the loop of the first request is not running", second.name)
+            return True
         try:
             tokens = _count(second.generate(rehearsal.request))
             done = asyncio.run_coroutine_threadsafe(tokens, rehearsal.loop)
-        except RuntimeError:  # its loop has ended (a caller's own asyncio.run): nothing to rehearse on
+        except RuntimeError:  # its loop closed since: nothing to rehearse on
             tokens.close()
-            log.info("no rehearsal on %s: the loop of the first request has ended", second.name)
+            log.info("no rehearsal on %s: the loop of the first request has closed", second.name)
             return True
         try:
             n = done.result(REHEARSAL_S)

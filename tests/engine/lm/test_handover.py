@@ -199,6 +199,16 @@ async def test_nothing_is_rehearsed_when_no_request_came_before_or_its_loop_has_
     started.set_result(second)
     assert await waited(lm.wait_settled, WAIT_S) and second.served == [] and lm.name == "vllm"
 
+    first, second, started = GatedLM("native", 0), GatedLM("vllm", 0), Future[LMBackend]()
+    lm = HandoverLM(first, started)
+    kept = asyncio.new_event_loop()  # run once and left open, not running: it would never run a rehearsal
+    try:
+        assert await asyncio.to_thread(kept.run_until_complete, own_loop()) == [0, 1, 2]
+        started.set_result(second)
+        assert await waited(lm.wait_settled, WAIT_S) and second.served == [] and lm.name == "vllm"
+    finally:
+        kept.close()
+
 
 async def _opened(tokens: AsyncIterator[int], gates: asyncio.Queue[None], n: int) -> AsyncIterator[int]:
     for _ in range(n):
