@@ -821,8 +821,8 @@ def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -
     if compiled:
         use_compile_cache(kept)
     aot = AotRoot(cache / "compile" / "aot", cudnn) if cfg.flow_aot else None
-    # AOT packages are the other way past the trace: with them nothing of torch.compile's is kept
-    precompiled = kept / "precompiled" if cfg.flow_precompiled and compiled and not cfg.flow_aot else None
+    # used only where torch.compile compiles (CompiledEstimator._compiled): moot when eager or AOT-packaged
+    precompiled = kept / "precompiled" if cfg.flow_precompiled else None
     dtype = getattr(torch, cfg.flow_dtype)
     return GraphedCFM(cfm, dtype, compiled=compiled, aot=aot, precompiled=precompiled)
 
