@@ -48,6 +48,7 @@ from engine.config import (
     add_flow_compile_flags,
     add_flow_precompiled_flag,
     add_flow_reuse_flags,
+    add_flow_step_graphs_flag,
     add_model_flag,
     add_native_lm_graphs_flag,
     add_overlap_flags,
@@ -203,6 +204,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_flow_compile_flags(p)
     add_flow_aot_flag(p)
     add_flow_precompiled_flag(p)
+    add_flow_step_graphs_flag(p)
     add_native_lm_graphs_flag(p)
     add_flow_reuse_flags(p)
     add_overlap_flags(p)
@@ -399,6 +401,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_compile=args.flow_compile,
         flow_aot=args.flow_aot,
         flow_precompiled=args.flow_precompiled,
+        flow_step_graphs=args.flow_step_graphs,
         lm_native_graphs=args.native_lm_graphs,
         flow_reuse=args.flow_reuse,
         graph_warmup_s=warmup_s(args),

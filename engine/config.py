@@ -214,6 +214,16 @@ def add_flow_precompiled_flag(parser: Flags) -> None:
     )  # fmt: skip
 
 
+def add_flow_step_graphs_flag(parser: Flags) -> None:
+    """``--flow-step-graphs`` / ``--no-flow-step-graphs`` -> ``args.flow_step_graphs``
+    (``EngineConfig.flow_step_graphs``); the last given wins."""
+    parser.add_argument(
+        "--flow-step-graphs", action=argparse.BooleanOptionalAction, default=EngineConfig.flow_step_graphs,
+        help="CUDA: capture one flow solver step per graph and replay it once a step, not the whole solve: "
+        "a tenth of each capture's work at start-up, the same audio (default: off, not yet measured)",
+    )  # fmt: skip
+
+
 def add_native_lm_graphs_flag(parser: Flags) -> None:
     """``--native-lm-graphs`` / ``--no-native-lm-graphs`` -> ``args.native_lm_graphs``
     (``EngineConfig.lm_native_graphs``); the last given wins."""
@@ -367,6 +377,11 @@ class EngineConfig:
     # H200 a warm start's "flow compile" took 12.9-20.0 s with it (59-66 s traced, with Inductor's cache
     # holding every kernel) and its full speed came at 111-120 s (175-205 s): BENCHMARKS.md, start-up.
     flow_precompiled: bool = True
+    # Each flow graph holds one solver step, replayed once a step (engine.flow.stepped), instead of the whole
+    # 10-step solve: a tenth of a capture's Python work and graph nodes, the same audio to the bit. For the
+    # start: the ~110 flow captures ran ~65 s in the serving process after ready on the H200 (BENCHMARKS.md,
+    # start-up). Off by default: not yet measured on a GPU (the start, and the replays' cost under load).
+    flow_step_graphs: bool = False
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
@@ -499,6 +514,8 @@ class EngineConfig:
             raise ValueError(f"lm_native_graphs must be True or False, got {self.lm_native_graphs!r}")
         if not isinstance(self.flow_precompiled, bool):
             raise ValueError(f"flow_precompiled must be True or False, got {self.flow_precompiled!r}")
+        if not isinstance(self.flow_step_graphs, bool):
+            raise ValueError(f"flow_step_graphs must be True or False, got {self.flow_step_graphs!r}")
         if self.flow_compile not in (None, True, False):
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse not in (None, True, False):

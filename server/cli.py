@@ -26,6 +26,7 @@ from engine.config import (
     add_flow_compile_flags,
     add_flow_precompiled_flag,
     add_flow_reuse_flags,
+    add_flow_step_graphs_flag,
     add_lm_handover_flags,
     add_model_flag,
     add_native_lm_graphs_flag,
@@ -183,6 +184,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_flow_compile_flags(g)
     add_flow_aot_flag(g)
     add_flow_precompiled_flag(g)
+    add_flow_step_graphs_flag(g)
     add_native_lm_graphs_flag(g)
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
@@ -258,6 +260,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_compile=args.flow_compile,
         flow_aot=args.flow_aot,
         flow_precompiled=args.flow_precompiled,
+        flow_step_graphs=args.flow_step_graphs,
         lm_native_graphs=args.native_lm_graphs,
         flow_reuse=args.flow_reuse,
         cuda_mps=args.cuda_mps,

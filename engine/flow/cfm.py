@@ -130,6 +130,7 @@ class CausalCFM(nn.Module):
         # plain attribute: not in flow.pt
         self.noise = flow_noise(cfg.noise_frames, cfg.noise_seed) if noise is None else noise
         self._noise_cache: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self._schedule_cache: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
 
     def fold_attention(self) -> None:
         """The DiT's or U-Net's attention rules folded into q/k dimensions from now on, instead of a dense
@@ -140,8 +141,11 @@ class CausalCFM(nn.Module):
         est.fold_masks = True
 
     def with_estimator(self, estimator: nn.Module) -> CausalCFM:
-        """The same solver (settings, noise buffer) around another estimator, e.g. a compiled one."""
-        return CausalCFM(self.cfg, estimator, self.noise)
+        """The same solver (settings, noise buffer) around another estimator, e.g. a compiled one; it shares
+        this one's device copies of the noise and the step schedule (what graphs of either read)."""
+        twin = CausalCFM(self.cfg, estimator, self.noise)
+        twin._noise_cache, twin._schedule_cache = self._noise_cache, self._schedule_cache
+        return twin
 
     def initial_noise(self, frames: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         if frames > self.noise.size(2):
@@ -156,34 +160,66 @@ class CausalCFM(nn.Module):
         t = torch.linspace(0, 1, self.cfg.n_timesteps + 1, device=device, dtype=dtype)
         return 1 - torch.cos(t * 0.5 * torch.pi) if self.cfg.t_scheduler == "cosine" else t
 
+    def schedule(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Each Euler step's time t and step size dt, [steps] each, as the reference's loop computes them
+        (dt against the accumulated t); kept per device and dtype, so a captured step reads them in place."""
+        key = (device, dtype)
+        if key not in self._schedule_cache:
+            span = self.t_span(device, dtype)
+            t, dt, times, sizes = span[0:1], span[1] - span[0], [], []
+            for step in range(1, len(span)):
+                times.append(t)
+                sizes.append(dt.reshape(1))
+                t = t + dt
+                if step < len(span) - 1:
+                    dt = span[step + 1] - t
+            self._schedule_cache[key] = (torch.cat(times), torch.cat(sizes))
+        return self._schedule_cache[key]
+
     def forward(self, inputs: CfmInputs, streaming: bool) -> Tensor:
         """-> mel [B,80,T] float32."""
-        mu, spks = inputs.mu, inputs.spks
-        b, frames = mu.size(0), mu.size(2)
-        x = self.initial_noise(frames, mu.device, mu.dtype).expand(b, -1, -1)
-        # Rows [0, b) are conditioned, rows [b, 2b) the unconditional twins (mu, spks, cond zeroed).
-        mask_in = torch.cat([inputs.mask, inputs.mask]).to(spks.dtype)
-        mu_in, spks_in, cond_in = _guided(mu, spks, inputs.cond)
+        b, frames = inputs.mu.size(0), inputs.mu.size(2)
+        x = self.initial_noise(frames, inputs.mu.device, inputs.mu.dtype).expand(b, -1, -1)
+        return self._euler(x, self._velocity(inputs, streaming)).float()
 
-        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
+    def solve_step(self, x: Tensor, step: Tensor, inputs: CfmInputs, streaming: bool) -> Tensor:
+        """One Euler step of ``forward``, in place: x [B,80,T] the state entering step ``step`` ([1] long, on
+        x's device: one captured step serves all of them) -> x after it."""
+        return self._advance_at(x, step, self._velocity(inputs, streaming))
+
+    def _velocity(self, inputs: CfmInputs, streaming: bool) -> Callable[[Tensor, Tensor, Any], Tensor]:
+        """The guided estimator for ``_euler``: x [B,80,T], t [1] -> [2B,80,T]. Rows [0, b) are conditioned,
+        rows [b, 2b) the unconditional twins (mu, spks, cond zeroed)."""
+        spks, b = inputs.spks, inputs.mu.size(0)
+        mask_in = torch.cat([inputs.mask, inputs.mask]).to(spks.dtype)
+        mu_in, spks_in, cond_in = _guided(inputs.mu, spks, inputs.cond)
+
+        def velocity(x: Tensor, t: Tensor, step: Any) -> Tensor:
             x_in = torch.cat([x, x]).to(spks.dtype)
             return self.estimator(x_in, mask_in, mu_in, t.expand(2 * b), spks_in, cond_in, streaming)
 
-        return self._euler(x, velocity).float()
+        return velocity
 
-    def _euler(self, x: Tensor, velocity: Callable[[Tensor, Tensor, int], Tensor]) -> Tensor:
+    def _euler(self, x: Tensor, velocity: Callable[[Tensor, Tensor, Any], Tensor]) -> Tensor:
         """The reference's Euler loop with classifier-free guidance: ``velocity(x [B,80,Q], t [1], step)``
         -> [2B,80,Q], the conditioned rows then their unconditioned twins -> x after the last step."""
-        span = self.t_span(x.device, x.dtype)
-        t, dt = span[0:1], span[1] - span[0]
-        rate = self.cfg.inference_cfg_rate
-        for step in range(1, len(span)):
-            v_cond, v_uncond = velocity(x, t, step - 1).split(x.size(0))
-            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
-            t = t + dt
-            if step < len(span) - 1:
-                dt = span[step + 1] - t  # against the accumulated t, as the reference does
+        times, sizes = self.schedule(x.device, x.dtype)
+        for step in range(self.cfg.n_timesteps):
+            x = self._advance(x, velocity(x, times[step : step + 1], step), sizes[step : step + 1])
         return x
+
+    def _advance_at(
+        self, x: Tensor, step: Tensor, velocity: Callable[[Tensor, Tensor, Any], Tensor]
+    ) -> Tensor:
+        """``_euler``'s step ``step`` ([1] long) in place on x."""
+        times, sizes = self.schedule(x.device, x.dtype)
+        return x.copy_(self._advance(x, velocity(x, times[step], step), sizes[step]))
+
+    def _advance(self, x: Tensor, v: Tensor, dt: Tensor) -> Tensor:
+        """x + dt * the guided velocity (``inference_cfg_rate``) of v [2B,...]: cond rows, uncond twins."""
+        v_cond, v_uncond = v.split(x.size(0))
+        rate = self.cfg.inference_cfg_rate
+        return x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
 
     def forward_paged(
         self,
@@ -200,26 +236,41 @@ class CausalCFM(nn.Module):
         ``PagedBatch.tensors`` (start, total, prefix, writes, lead) -> x [B,80,Q] float32. Every step keeps
         the chunks the call completes in their pages: keys/values, and the DiT's x or the U-Net's conv
         states. The estimator: the DiT, the U-Net, or a stand-in with their ``forward_paged`` (compiled)."""
+        return self._euler(noise, self._paged_velocity(pool, mu, cond, spks, batch)).float()
+
+    def forward_paged_step(
+        self, pool: PagePool, x: Tensor, step: Tensor, mu: Tensor, cond: Tensor, spks: Tensor, *batch: Tensor
+    ) -> Tensor:
+        """One Euler step of ``forward_paged``, in place: x [B,80,Q] the state entering step ``step`` ([1]
+        long, on x's device: the pool's pages of that step are read and written through it) -> x after it."""
+        return self._advance_at(x, step, self._paged_velocity(pool, mu, cond, spks, batch))
+
+    def _paged_velocity(
+        self, pool: PagePool, mu: Tensor, cond: Tensor, spks: Tensor, batch: tuple[Tensor, ...]
+    ) -> Callable[[Tensor, Tensor, Any], Tensor]:
+        """``forward_paged``'s guided estimator for ``_euler``: x [B,80,Q], t [1], the step (an int, or a
+        [1] long tensor) -> [2B,80,Q], keeping the chunks the call completes at that step in their pages."""
         paged: Callable[..., tuple[Tensor, ...]] = self.estimator.forward_paged  # type: ignore[assignment]
-        b, lay = noise.size(0), pool.layout
+        b, lay = mu.size(0), pool.layout
         start, total, prefix, writes, lead = batch
         mu_in, spks_in, cond_in = _guided(mu, spks, cond)
-        rows = PagedRows.of(prefix, start, total, lead).tensors  # the estimator's 2B rows
 
-        def velocity(x: Tensor, t: Tensor, step: int) -> Tensor:
+        def velocity(x: Tensor, t: Tensor, step: int | Tensor) -> Tensor:
             if lay.lead:  # the DiT: x of the position conv's lead frames, from the pages before the window
                 pool.keep_x(step, x, writes)
                 x = torch.cat([pool.lead_x(step, lead).to(x.dtype), x], dim=2)  # [B,80,lead+Q]
             x_in = torch.cat([x, x]).to(spks.dtype)
+            # the estimator's 2B rows, their page numbers in the pool's pages of this step
+            rows = PagedRows.of(pool.at(step, prefix), start, total, pool.at(step, lead)).tensors
             v, new, states = paged(
-                x_in, mu_in, t.expand(2 * b), spks_in, cond_in, pool.kv[step], pool.states[step], *rows
+                x_in, mu_in, t.expand(2 * b), spks_in, cond_in, pool.kv_pages, pool.states_pages, *rows
             )
             pool.keep_kv(step, new, writes)
             if lay.states:
                 pool.keep_states(step, states, writes)
             return v
 
-        return self._euler(noise, velocity).float()
+        return velocity
 
     def frame_cache(self, budget: ReuseBudget) -> DiTCache:
         """A fresh per-request cache for ``forward_cached`` (the U-Net's kind or the DiT's) in ``budget``."""

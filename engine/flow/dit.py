@@ -309,8 +309,9 @@ class DiT(nn.Module):
         *rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``forward_window`` over page windows (engine.flow.dit_pages), tensors in and out so it compiles
-        and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool at this step; ``rows``:
-        ``PagedRows.tensors`` (the lead pages unused: the solver feeds x's lead itself) -> (velocity
+        and captures: x, mu, cond [2B,80,lead+Q]; t [2B]; spks [2B,80]; kv the pool's pages of every step
+        (``PagePool.kv_pages``); ``rows``: ``PagedRows.tensors``, page numbers of this call's step (the lead
+        pages unused: the solver feeds x's lead itself) -> (velocity
         [2B,80,Q], the window's keys/values [depth,2,2B,H,Q,D], no conv states: ``states`` is the U-Net's)."""
         lead = self.cfg.lead_frames
         chunk, queries = self.cfg.static_chunk_size, x.size(2) - lead

@@ -88,6 +88,10 @@ class PagePool:
         )
         # states[step, page, (cond, uncond), number]: the U-Net's conv inputs over the chunk's last frames
         self.states = torch.zeros(lay.steps, lay.pages, 2, lay.states, dtype=lay.kv_dtype, device=lay.device)
+        # the same storage with steps and pages as one dimension: step s's page p is page s * pages + p there
+        # (``at``), so one estimator call (and one captured solver step) reads any step's pages by tables
+        self.kv_pages, self.x_pages = self.kv.flatten(0, 1), self.x.flatten(0, 1)
+        self.states_pages = self.states.flatten(0, 1)
         self._free = list(range(lay.pages - 1, SCRATCH, -1))
         self._lock = threading.Lock()
 
@@ -111,34 +115,40 @@ class PagePool:
         with self._lock:
             self._free.extend(reversed(pages))
 
-    def keep_x(self, step: int, x: Tensor, writes: Tensor) -> None:
+    def at(self, step: int | Tensor, pages: Tensor) -> Tensor:
+        """Page numbers of one step -> their numbers in the flattened pools (``kv_pages`` ...); ``step`` an
+        int, or a [1] long tensor on the device (a captured step: no host sync)."""
+        return pages + step * self.layout.pages
+
+    def keep_x(self, step: int | Tensor, x: Tensor, writes: Tensor) -> None:
         """x [B,80,Q] entering ``step``: its chunks into their pages (``writes`` [B,Q/chunk])."""
         b, mel, chunks = x.size(0), x.size(1), writes.size(1)
         pages = x[:, :, : chunks * self.layout.chunk].unflatten(2, (chunks, -1)).transpose(1, 2)
-        self.x[step].index_copy_(0, writes.flatten(), pages.reshape(b * chunks, mel, -1).to(self.x.dtype))
+        rows = pages.reshape(b * chunks, mel, -1).to(self.x.dtype)
+        self.x_pages.index_copy_(0, self.at(step, writes).flatten(), rows)
 
-    def lead_x(self, step: int, lead: Tensor) -> Tensor:
+    def lead_x(self, step: int | Tensor, lead: Tensor) -> Tensor:
         """The x entering ``step`` of the ``layout.lead`` frames before each window: lead [B, lead pages]
         -> [B,80,lead] (frames before frame 0 read the scratch page; the caller masks them)."""
         b, n = lead.shape
-        pages = self.x[step][lead.flatten()].unflatten(0, (b, n))  # [B,n,80,chunk]
+        pages = self.x_pages[self.at(step, lead).flatten()].unflatten(0, (b, n))  # [B,n,80,chunk]
         return pages.transpose(1, 2).flatten(2)[:, :, n * self.layout.chunk - self.layout.lead :]
 
-    def keep_states(self, step: int, states: Tensor, writes: Tensor) -> None:
+    def keep_states(self, step: int | Tensor, states: Tensor, writes: Tensor) -> None:
         """The U-Net's conv states at the end of each window chunk, states [2B, chunks, numbers] (rows: B
         cond, B uncond), into the pages of the chunks that the call keeps."""
         b, chunks = writes.shape
         pages = states.unflatten(0, (2, b)).permute(1, 2, 0, 3).reshape(b * chunks, 2, -1)
-        self.states[step].index_copy_(0, writes.flatten(), pages)
+        self.states_pages.index_copy_(0, self.at(step, writes).flatten(), pages)
 
-    def keep_kv(self, step: int, kv: Tensor, writes: Tensor) -> None:
+    def keep_kv(self, step: int | Tensor, kv: Tensor, writes: Tensor) -> None:
         """A window's keys/values at ``step``, kv [depth, 2, 2B, H, Q, D] (rows: B cond, B uncond), into the
         pages of its chunks that the call keeps."""
         b, chunks, c = writes.size(0), writes.size(1), self.layout.chunk
         pages = kv[..., : chunks * c, :].unflatten(2, (2, b)).unflatten(5, (chunks, c))
         # [depth, kv, cfg, B, H, chunks, c, D] -> [B, chunks, depth, kv, cfg, H, c, D]
         pages = pages.permute(3, 5, 0, 1, 2, 4, 6, 7).reshape(b * chunks, *self.kv.shape[2:])
-        self.kv[step].index_copy_(0, writes.flatten(), pages)
+        self.kv_pages.index_copy_(0, self.at(step, writes).flatten(), pages)
 
 
 class PagedCache:
@@ -250,8 +260,9 @@ class PagedWindow:
     traces its construction.
 
     Every table has a row per estimator row, 2B (``PagedRows``: B cond rows, then their B uncond twins):
-    kv [pages, depth, 2, 2, H, chunk, D] the pool at this call's step; prefix [2B,P], start and total [2B]
-    as in ``PagedBatch``; cfg [2B] each row's CFG half (0 cond, 1 uncond) of the pages. x has ``lead`` +
+    kv [steps x pages, depth, 2, 2, H, chunk, D] the pool's pages of every step (``PagePool.kv_pages``),
+    prefix [2B,P] page numbers there (this call's step's, ``PagePool.at``), start and total [2B] as in
+    ``PagedBatch``; cfg [2B] each row's CFG half (0 cond, 1 uncond) of the pages. x has ``lead`` +
     ``queries`` columns. Keys: the P prefix pages' frames (frame j at column j, masked from the row's start
     on), then the window's queries. No table has B rows: a compiled program traced at a batch of 2 or more
     would otherwise need a version of its own for a batch of one (TorchDynamo specialises a size of 1).

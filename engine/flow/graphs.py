@@ -4,11 +4,12 @@ Eager, one solve launches thousands of small kernels (10 steps x the estimator's
 between them; a captured graph replays them in one launch. Shapes are bucketed: batch to a power of two,
 frames up to a multiple of ``frame_bucket``. Padding is exact for the real rows and frames: padded frames
 are masked out of attention and every conv is causal (left context only), and padded rows are independent.
-Graphs are captured lazily on first use of a bucket and kept in an LRU (``graph_cache``); ``precapture``
-records every bucket up to a batch and length before serving (the engine's load), so no request pays for
-a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured. With a background
-builder the engine serves first on the eager estimator's graphs and the compile runs behind it; its graphs
-then replace the eager ones (``_serve_eager_first``).
+With ``stepped`` a graph holds one solver step, replayed once a step (engine.flow.stepped): a tenth of a
+capture's work. Graphs are captured lazily on first use of a bucket and kept in an LRU (``graph_cache``);
+``precapture`` records every bucket up to a batch and length before serving (the engine's load), so no
+request pays for a capture: after it, a shape beyond those buckets runs the (compiled) solver uncaptured.
+With a background builder the engine serves first on the eager estimator's graphs and the compile runs
+behind it; its graphs then replace the eager ones (``_serve_eager_first``).
 
 With a page pool (``enable_reuse``) streaming calls reuse each request's finished frames
 (engine.flow.dit_pages, unet_pages): a request's ``PagedCache`` names its pages, and the window graphs,
@@ -18,6 +19,7 @@ with full attention.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from engine.flow.cfm import CausalCFM, CfmInputs
 from engine.flow.compiled_estimator import CompiledEstimator
 from engine.flow.dit_cache import ReuseBudget, gather_frames, place_windows
 from engine.flow.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
+from engine.flow.stepped import SteppedCall, step_statics
 from engine.flow.unet import CausalConditionalDecoder
 from engine.graph_cache import GraphCache, Job, Later, bucket, largest_first
 
@@ -70,9 +73,12 @@ class GraphedCFM(nn.Module):
         compiled: bool = False,
         aot: AotRoot | None = None,
         precompiled: Path | None = None,
+        stepped: bool = False,
     ):
         super().__init__()
         self.cfm, self.frame_bucket, self.dtype = cfm, frame_bucket, dtype
+        # a graph of one solver step replayed once a step, not of the whole solve (engine.flow.stepped)
+        self.stepped = stepped
         # with ``aot`` the compiled programs come from packages built in a child process (aot_package)
         self.aot = aot if compiled else None
         # eager until the packages' programs replace it (precapture), not torch.compile's; ``precompiled``:
@@ -172,6 +178,11 @@ class GraphedCFM(nn.Module):
         frame reuse is an optimisation, and a load that fails for it would take the service down."""
         from torch._dynamo.exc import BackendCompilerFailed  # Dynamo: seconds to import, only for graphs
 
+        # the solvers' noise and step schedule on the device now, on this thread's stream: graphs captured on
+        # other threads and streams read them, so none may first make them in a warm-up there
+        self.cfm.initial_noise(1, device, torch.float32)
+        self.cfm.schedule(device, torch.float32)
+        devices.synchronize(device)
         if self.aot is not None:
             return self._serve_programs(max_batch, max_frames, device, later)
         if later is not None and self.compiled:
@@ -257,8 +268,14 @@ class GraphedCFM(nn.Module):
         """The function and input buffers of ``key``'s graph, of ``solver``."""
         if key[2] == WINDOW:
             layout = self._pool().layout
-            return self._window_solver(solver), lambda: _window_statics(key[0], key[1], layout, key[3], dev)
-        return self._solver(bool(key[2]), solver), lambda: _statics(key[0], key[1], dev)
+            statics = functools.partial(_window_statics, key[0], key[1], layout, key[3], dev)
+            if self.stepped:
+                return self._window_step(solver), lambda: _stepped(statics())
+            return self._window_solver(solver), statics
+        statics = functools.partial(_statics, key[0], key[1], dev)
+        if self.stepped:
+            return self._step(bool(key[2]), solver), lambda: _stepped(statics())
+        return self._solver(bool(key[2]), solver), statics
 
     def _precapture(
         self,
@@ -303,13 +320,14 @@ class GraphedCFM(nn.Module):
 
     def _window_graph(
         self, batch: int, queries: int, prefix: int, dev: torch.device
-    ) -> devices.CapturedCall | None:
+    ) -> Callable[..., Tensor] | None:
         layout = self._pool().layout
-        return self.graphs.get(
-            (batch, queries, WINDOW, prefix),
-            self._window_solver(),
-            lambda: _window_statics(batch, queries, layout, prefix, dev),
-        )
+        key = (batch, queries, WINDOW, prefix)
+        statics = functools.partial(_window_statics, batch, queries, layout, prefix, dev)
+        if not self.stepped:
+            return self.graphs.get(key, self._window_solver(), statics)
+        call = self.graphs.get(key, self._window_step(), lambda: _stepped(statics()))
+        return None if call is None else SteppedCall(call, _window_start, self.cfm.cfg.n_timesteps)
 
     def _window_solver(self, solver: CausalCFM | None = None):
         """The page-window solve of ``solver`` (None: of the one serving when it runs)."""
@@ -320,6 +338,15 @@ class GraphedCFM(nn.Module):
 
         return run
 
+    def _window_step(self, solver: CausalCFM | None = None):
+        """One step of ``_window_solver``'s solve, in place on (x, step, *window inputs)."""
+        pool = self._pool()
+
+        def run(x: Tensor, step: Tensor, noise: Tensor, *tensors: Tensor) -> Tensor:
+            return (self.solver if solver is None else solver).forward_paged_step(pool, x, step, *tensors)
+
+        return run
+
     def _pool(self) -> PagePool:
         if self.pool is None:
             raise RuntimeError("no page pool: enable_reuse first")
@@ -327,10 +354,12 @@ class GraphedCFM(nn.Module):
 
     def _graph(
         self, batch: int, frames: int, streaming: bool, dev: torch.device
-    ) -> devices.CapturedCall | None:
-        return self.graphs.get(
-            (batch, frames, streaming), self._solver(streaming), lambda: _statics(batch, frames, dev)
-        )
+    ) -> Callable[..., Tensor] | None:
+        key, statics = (batch, frames, streaming), functools.partial(_statics, batch, frames, dev)
+        if not self.stepped:
+            return self.graphs.get(key, self._solver(streaming), statics)
+        call = self.graphs.get(key, self._step(streaming), lambda: _stepped(statics()))
+        return None if call is None else SteppedCall(call, self._noise_start, self.cfm.cfg.n_timesteps)
 
     def _solver(self, streaming: bool, solver: CausalCFM | None = None):
         """The solve of ``solver`` (None: of the one serving when it runs) on a bucket's input buffers."""
@@ -341,6 +370,31 @@ class GraphedCFM(nn.Module):
             return serving(CfmInputs(mu, mask, spks, cond, frames, frames), streaming)
 
         return run
+
+    def _step(self, streaming: bool, solver: CausalCFM | None = None):
+        """One step of ``_solver``'s solve, in place on (x, step, *bucket inputs)."""
+
+        def run(x: Tensor, step: Tensor, mu: Tensor, mask: Tensor, spks: Tensor, cond: Tensor) -> Tensor:
+            frames = torch.zeros(mu.size(0), dtype=torch.long, device=mu.device)
+            serving = self.solver if solver is None else solver
+            return serving.solve_step(x, step, CfmInputs(mu, mask, spks, cond, frames, frames), streaming)
+
+        return run
+
+    def _noise_start(self, values: tuple[Tensor, ...]) -> Tensor:
+        """A whole solve's x before its first step: the fixed noise at the bucket's frames (mu [B,80,T])."""
+        mu = values[0]
+        return self.cfm.initial_noise(mu.size(2), mu.device, mu.dtype).expand(mu.size(0), -1, -1)
+
+
+def _window_start(values: tuple[Tensor, ...]) -> Tensor:
+    """A window solve's x before its first step: its noise, the first input (``_window_statics``)."""
+    return values[0]
+
+
+def _stepped(statics: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """A step graph's input buffers around a whole solve's (the state x shaped as the first, mu or noise)."""
+    return step_statics(statics[0], statics)
 
 
 def _statics(batch: int, frames: int, dev: torch.device) -> tuple[Tensor, ...]:

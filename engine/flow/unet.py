@@ -315,8 +315,9 @@ class CausalConditionalDecoder(nn.Module):
         *rows: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """``forward_window`` over page windows (engine.flow.unet_pages), tensors in and out so it
-        compiles and captures: x, mu, cond [2B,80,Q]; t [2B]; spks [2B,80]; kv and states the pool's at this
-        step; ``rows``: ``PagedRows.tensors`` (lead pages [2B,1]) -> (velocity [2B,80,Q], the window's
+        compiles and captures: x, mu, cond [2B,80,Q]; t [2B]; spks [2B,80]; kv and states the pool's pages of
+        every step (``PagePool.kv_pages``, ``states_pages``); ``rows``: ``PagedRows.tensors``, page numbers of
+        this call's step (lead pages [2B,1]) -> (velocity [2B,80,Q], the window's
         keys/values [depth,2,2B,H,Q,D], its conv states [2B,chunks,numbers])."""
         chunk = self.cfg.static_chunk_size
         convs = self.conv_states()

@@ -31,8 +31,8 @@ class PagedUNetStep:
     (a plain class: TorchDynamo traces it).
 
     kv and ``rows`` as ``PagedWindow``'s (rows.lead [2B,1]: the page of the chunk before each window);
-    states [pages, 2, numbers]: the pool's conv states at this step (each conv's channels x left frames,
-    flattened, convs in call order); convs: each conv's (input channels, left frames).
+    states [steps x pages, 2, numbers]: the pool's conv states (``PagePool.states_pages``; each conv's
+    channels x left frames, flattened, convs in call order); convs: each conv's (input channels, left frames).
     """
 
     def __init__(

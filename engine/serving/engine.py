@@ -824,7 +824,8 @@ def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -
     # used only where torch.compile compiles (CompiledEstimator._compiled): moot when eager or AOT-packaged
     precompiled = kept / "precompiled" if cfg.flow_precompiled else None
     dtype = getattr(torch, cfg.flow_dtype)
-    return GraphedCFM(cfm, dtype, compiled=compiled, aot=aot, precompiled=precompiled)
+    stepped = cfg.flow_step_graphs
+    return GraphedCFM(cfm, dtype, compiled=compiled, aot=aot, precompiled=precompiled, stepped=stepped)
 
 
 def _first_graphs(

@@ -16,6 +16,7 @@ from engine.errors import TooLarge
 from engine.flow.attention import attention_mask
 from engine.flow.cfm import CosyVoice2Flow, CosyVoice3Flow, Flow, FlowBatch, build_flow, flow_noise
 from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases, tiny_yaml
+from tests.engine.flow.test_dit_cache import tiny_flow, voice
 
 CASES = tiny_cases()
 needs_fixtures = pytest.mark.skipif(not CASES, reason=NO_CASES)
@@ -173,3 +174,31 @@ def test_yaml_errors_name_the_problem() -> None:
     params = {**decoder["cfm_params"], "content": {**decoder["cfm_params"]["content"], "solver": "rk4"}}
     with pytest.raises(ValueError, match="solver"):
         build_flow({**node, "decoder": {**decoder, "cfm_params": params}})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_schedule_is_the_reference_loop_and_one_step_at_a_time_solves_exactly(family: str) -> None:
+    """``schedule``'s t and dt are the reference loop's (dt taken against the accumulated t, cosine span),
+    and ``solve_step`` run once per step from the noise, the step an index tensor as a captured step reads
+    it, computes what ``forward`` computes, to the bit."""
+    flow = tiny_flow(family)
+    cfm, cpu = flow.decoder, torch.device("cpu")
+    times, sizes = cfm.schedule(cpu, torch.float32)
+    span = 1 - torch.cos(torch.linspace(0, 1, 11) * 0.5 * torch.pi)
+    t, want_t, want_dt = span[0], [], []
+    for step in range(10):
+        dt = span[1] - span[0] if step == 0 else span[step + 1] - t
+        want_t.append(t.item())
+        want_dt.append(dt.item())
+        t = t + dt
+    assert times.tolist() == want_t and sizes.tolist() == want_dt and len(times) == cfm.cfg.n_timesteps
+    v = voice(13, seed=2)
+    for streaming in (True, False):
+        batch = FlowBatch.one(v.tokens[:, :41], v.prompt, v.feat, v.embedding)
+        with torch.inference_mode():
+            inputs = flow.prepare(batch, streaming=streaming, finalize=not streaming)
+            whole = cfm(inputs, streaming)
+            x = cfm.initial_noise(inputs.mu.size(2), cpu, torch.float32).expand_as(inputs.mu).clone()
+            for step in range(10):
+                cfm.solve_step(x, torch.tensor([step]), inputs, streaming)
+        assert torch.equal(x, whole)

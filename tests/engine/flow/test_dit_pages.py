@@ -30,15 +30,20 @@ from tests.engine.test_graph_cache import Recorded, emulate_capture
 
 
 def paged(
-    monkeypatch, pages: int = 64, compiled: bool = False, family: str = "cosyvoice3", folded: bool = False
+    monkeypatch,
+    pages: int = 64,
+    compiled: bool = False,
+    family: str = "cosyvoice3",
+    folded: bool = False,
+    stepped: bool = False,
 ) -> tuple[Flow, GraphedCFM]:
     """A copy of the family's tiny flow whose solver is the graphed one with a pool of ``pages`` pages
-    (``folded``: its attention rules folded into q/k dims)."""
+    (``folded``: its attention rules folded into q/k dims; ``stepped``: graphs of one solver step)."""
     emulate_capture(monkeypatch)
     flow = copy.deepcopy(tiny_flow(family))
     if folded:
         flow.decoder.fold_attention()
-    graphed = GraphedCFM(flow.decoder, torch.float32, compiled=compiled)
+    graphed = GraphedCFM(flow.decoder, torch.float32, compiled=compiled, stepped=stepped)
     sizes = _page_sizes(graphed.cfm)
     assert sizes is not None
     steps, depth, heads, dim_head, mel, chunk, _, states = sizes
@@ -108,6 +113,39 @@ def test_a_short_pool_stops_a_cache_growing_and_the_audio_stays_exact(monkeypatc
     del a
     gc.collect()  # a request dropped without its final call gives its pages back
     assert graphed.pool.free == 2
+
+
+@families
+def test_step_graphs_of_page_windows_write_and_emit_what_the_whole_solve_graphs_do(monkeypatch, family):
+    """``stepped``: a window graph records one solver step, the pool's pages of that step read and written
+    through the step index (``PagePool.at``). A stream's calls replay the step graphs of the windows and
+    the final call and equal the whole solve's graphs to the bit, and the pages hold the same keys, values,
+    x and conv states at every step."""
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
+    pair = [paged(monkeypatch, family=family, stepped=stepped) for stepped in (False, True)]
+    made = emulate_capture(monkeypatch)
+    for _, graphed in pair:
+        assert graphed.precapture(2, 300, torch.device("cpu")) == 14
+    # x, step, then the window's: noise, mu, cond, spks, start, total and the prefix, write and lead pages
+    windows = [s for s in made[14:] if len(s) == 11]
+    assert len(windows) == 2 * 4 and all(s[0] == s[2] and s[1] == (1,) for s in windows)
+    v, outs = voice(13, seed=8), []
+    for flow, graphed in pair:
+        cache = graphed.frame_cache(None)  # type: ignore[arg-type]
+        calls = [run([v], [n], [cache], flow=flow) for n in (41, 90, 120)]
+        outs.append([*calls, run([v], [140], finalize=True, flow=flow)])
+    assert len(made) == 28  # every call replayed a pre-captured graph
+    for whole, stepped in zip(*outs):
+        assert torch.equal(whole, stepped)
+    pools = [graphed.pool for _, graphed in pair]
+    assert pools[0] is not None and pools[1] is not None and pools[0].kv.abs().sum() > 0
+    for name in ("kv", "x", "states"):
+        assert torch.equal(getattr(pools[0], name), getattr(pools[1], name))
+    emitted = 0
+    for n, got in zip((41, 90, 120), outs[1]):  # and each call's new frames are the recompute's
+        want = run([v], [n], family=family)
+        torch.testing.assert_close(got[..., emitted:], want[..., emitted:], atol=1e-4, rtol=0)
+        emitted = want.size(2)
 
 
 def test_the_pool_hands_out_each_page_once_and_never_the_scratch_page():

@@ -243,3 +243,59 @@ def test_before_its_bucket_is_captured_a_call_replays_the_widest_graph_exactly(f
     for x, g, e in zip((one, three), got, eager):
         valid = x.mask.bool().expand_as(e)
         torch.testing.assert_close(g[valid], e[valid], atol=1e-4, rtol=1e-4)
+
+
+def test_step_graphs_capture_one_step_replay_it_a_step_and_equal_the_whole_solve_graphs(flow, monkeypatch):
+    """``stepped``: every bucket's graph records one solver step on (x, step index, *bucket inputs), a call
+    replays it once a step (10 runs of the step, none of a whole solve), and its output equals the whole
+    solve's graph to the bit, for streaming and final calls, padded rows and frames included; a result is
+    a copy that the next replay leaves alone."""
+    from tests.engine.test_graph_cache import emulate_capture
+
+    made = emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
+    whole, stepped = GraphedCFM(flow.decoder), GraphedCFM(flow.decoder, stepped=True)
+    assert whole.precapture(4, 250, torch.device("cpu")) == 18
+    assert stepped.precapture(4, 250, torch.device("cpu")) == 18
+    shapes = made[18:]
+    assert all(len(s) == 6 and s[1] == (1,) and s[0] == s[2] for s in shapes)  # x, step, mu, mask, spks, cond
+    steps: list[int] = []
+    solve_step = stepped.solver.solve_step
+
+    def counted(x, step, inputs, streaming):
+        steps.append(int(step))
+        return solve_step(x, step, inputs, streaming)
+
+    monkeypatch.setattr(stepped.solver, "solve_step", counted)
+    streaming = inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True)
+    final = inputs(flow, [(9, 40), (13, 52), (20, 31)], finalize=True, streaming=False)
+    with torch.inference_mode():
+        a = stepped(streaming, True)
+        kept = a.clone()
+        assert steps == list(range(10))
+        b = stepped(final, False)
+        want_a, want_b = whole(streaming, True), whole(final, False)
+    assert len(made) == 36 and steps == 2 * list(range(10))  # replays, no capture on the way
+    assert torch.equal(a, want_a) and torch.equal(b, want_b) and torch.equal(a, kept)
+    eager = flow.decoder(streaming, True)
+    valid = streaming.mask.bool().expand_as(eager)
+    torch.testing.assert_close(a[valid], eager[valid], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_step_graphs_equal_the_whole_solve_graphs_on_cuda(flow):
+    """Real CUDA graphs: the step graphs (one step captured, replayed once a step with the index set on the
+    device between replays) compute what the whole solve's graphs compute, streaming and final."""
+    dev = torch.device("cuda")
+    with torch.inference_mode():
+        calls = [
+            (on_device(inputs(flow, [(9, 40), (13, 52)], finalize=False, streaming=True), dev), True),
+            (on_device(inputs(flow, [(9, 40), (20, 31)], finalize=True, streaming=False), dev), False),
+        ]
+    gpu = copy.deepcopy(flow).to(dev)
+    whole, stepped = GraphedCFM(gpu.decoder), GraphedCFM(gpu.decoder, stepped=True)
+    assert whole.precapture(2, 250, dev) == stepped.precapture(2, 250, dev) == 12
+    with torch.inference_mode():
+        for x, streaming in calls:
+            torch.testing.assert_close(stepped(x, streaming), whole(x, streaming), atol=1e-6, rtol=1e-6)
