@@ -36,8 +36,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def shown_default(action: argparse.Action) -> str:
-    """The default as a reader wants it: switches are off until given, None is what the help text says."""
-    if action.nargs == 0 and action.default is not None:  # store_true / _false / _const, --x/--no-x off
+    """The default as a reader wants it: switches are off until given, a --x/--no-x pair is on or off as
+    its default says, None is what the help text says."""
+    if isinstance(action, argparse.BooleanOptionalAction) and action.default is not None:
+        return "on" if action.default else "off"
+    if action.nargs == 0 and action.default is not None:  # store_true / _false / _const
         return "off"
     if action.default is None:
         return "auto (see text)"
@@ -84,6 +87,9 @@ def test_every_flag_of_the_parser_is_in_the_page() -> None:
         for name in action.option_strings:
             if name not in ("-h", "--help"):
                 assert f"`{name}`" in page, name
+    # a --x/--no-x pair shows its default: the kept flow programs are on, the step graphs off
+    assert "| `--flow-precompiled` / `--no-flow-precompiled` | on |" in page
+    assert "| `--flow-step-graphs` / `--no-flow-step-graphs` | off |" in page
 
 
 def test_help_groups_the_flags_and_shows_each_default() -> None:
