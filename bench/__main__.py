@@ -246,14 +246,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "first chunk (up to 0.25 s; EngineConfig.t2w_quiet_first, off by default)",
     )  # fmt: skip
     p.add_argument(
+        "--t2w-first-lane", action="store_true",
+        help="a second token2wav worker for streaming requests' first chunks, with its own stream and graphs "
+        "(EngineConfig.t2w_first_lane, off by default)",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", choices=sorted(AB_SWITCHES),
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
         "alternating which goes first: relaxed-cap: the rule of --t2w-relaxed-cap (auto or on); "
         "burst-start: the fast start counted by recent starts (StreamConfig.fast_start_burst_s, the "
         "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
         "vocoder (A: every call whole); quiet-first: calls of buffered chunks held while a first chunk is "
-        "decoded (A: never held, the default); both arms on one machine, load and set of graphs; the search "
-        "goes on while either arm meets the SLO",
+        "decoded (A: never held, the default); first-lane: a second token2wav worker for first chunks "
+        "(A: the one worker, the default; its graphs are captured for both); both arms on one machine, "
+        "load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
     p.add_argument(
@@ -316,6 +322,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--t2w-fifo (arrival order) has no slack to hold calls on: drop --t2w-quiet-first")
     if args.ab == "quiet-first" and (args.t2w_quiet_first or args.t2w_fifo):
         p.error("--ab quiet-first switches the hold in token2wav: drop --t2w-quiet-first and --t2w-fifo")
+    if args.ab == "first-lane" and args.t2w_first_lane:
+        p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane")
     if args.ab == "burst-start" and args.fast_start != "auto":
         p.error("--ab burst-start switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -414,6 +422,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
         t2w_yield_to_urgent=not args.no_t2w_yield,
         t2w_quiet_first=args.t2w_quiet_first,
+        t2w_first_lane=args.t2w_first_lane or args.ab == "first-lane",  # the A/B's lane: built, then switched
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
@@ -611,12 +620,18 @@ def _quiet_first(engine: Any, on: bool) -> None:
     engine.token2wav.scheduler.quiet_first = on
 
 
+def _first_lane(engine: Any, on: bool) -> None:
+    """A: the one token2wav worker; B: first chunks also taken by the first-chunk lane (opened at load)."""
+    engine.token2wav.first_lane = on
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
     "burst-start": _burst_start,
     "yield": _yield,
     "quiet-first": _quiet_first,
+    "first-lane": _first_lane,
 }
 
 

@@ -463,6 +463,12 @@ class EngineConfig:
     # idle time, which near capacity is throughput lost (tests/engine/serving/worker_sim.py). Off until its
     # A/B has run on a GPU (bench --ab quiet-first); True: on
     t2w_quiet_first: bool = False
+    # A second token2wav worker for streaming requests' first chunks (engine.serving.first_lane): its own
+    # thread, device stream and graphs at a first chunk's shapes, so a first chunk need not wait behind a
+    # call of rows with seconds of audio buffered (the steady-state trace's wait for the worker). The price:
+    # its calls share the GPU with the main worker's. Off until its A/B has run on a GPU (bench --ab
+    # first-lane); True: on
+    t2w_first_lane: bool = False
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
@@ -526,6 +532,8 @@ class EngineConfig:
             raise ValueError(f"t2w_yield_to_urgent must be True or False, got {self.t2w_yield_to_urgent!r}")
         if not isinstance(self.t2w_quiet_first, bool):
             raise ValueError(f"t2w_quiet_first must be True or False, got {self.t2w_quiet_first!r}")
+        if not isinstance(self.t2w_first_lane, bool):
+            raise ValueError(f"t2w_first_lane must be True or False, got {self.t2w_first_lane!r}")
         if self.t2w_fifo and self.t2w_quiet_first:
             raise ValueError("t2w_fifo (arrival order) has no slack to hold calls on: t2w_quiet_first off")
         if self.t2w_fifo and self.t2w_relaxed_cap:

@@ -138,6 +138,20 @@ class GraphCache:
             later(f"{self.name} graphs", self._capture_job(rest, capture, dev))
         return len(keys)
 
+    def capture_now(
+        self,
+        keys: Sequence[K],
+        capture: Callable[[K], object],
+        dev: torch.device,
+        stop: threading.Event | None = None,
+    ) -> int:
+        """``capture(key)`` for every key on this thread (paced by ``stop``, a builder's, between captures),
+        then frozen as after ``precapture``; returns how many there are."""
+        self.max_graphs = max(self.max_graphs, len(keys))
+        self._capture_all(keys, capture, dev, stop)
+        self.frozen = True
+        return len(keys)
+
     def _capture_job(self, keys: list[K], capture: Callable[[K], object], dev: torch.device) -> Job:
         return lambda stop: self._capture_all(keys, capture, dev, stop)
 

@@ -44,7 +44,8 @@
 #                                                 relaxed-cap: the relaxed rule never against auto;
 #                                                 burst-start: the fast start by recent starts;
 #                                                 quiet-first: calls of buffered chunks held while a first
-#                                                 chunk is decoded, against never), each rate and
+#                                                 chunk is decoded, against never; first-lane: a second
+#                                                 token2wav worker for first chunks, against one), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/; ARMS=before:
 #                                                 token2wav calls of buffered chunks never kept short
@@ -59,6 +60,7 @@
 #                                                   ARMS=after ALL_RATES=1 RATES=2,3,4 bash bench/gpu/run.sh detach capacity v3
 #                                                   ARMS=ab AB=yield RATES=3 bash bench/gpu/run.sh detach capacity v3
 #                                                   ARMS=ab AB=quiet-first RATES=3 bash bench/gpu/run.sh detach capacity v3
+#                                                   ARMS=ab AB=first-lane RATES=3 bash bench/gpu/run.sh detach capacity v3
 #                                                   bash bench/gpu/run.sh collect   (later calls, until it exits 0)
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as

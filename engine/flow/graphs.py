@@ -19,6 +19,7 @@ with full attention.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
@@ -195,6 +196,35 @@ class GraphedCFM(nn.Module):
             log.exception("the flow's page windows did not compile; streaming flow calls will recompute")
             self.pool, self.graphs = None, GraphCache("flow solver", self.graphs.max_graphs, covers=True)
             return self._precapture(max_batch, max_frames, device, later)
+
+    def twin(self) -> GraphedCFM:
+        """The same solver (the one serving now), page pool and settings with a graph cache of its own, none
+        captured: a second worker's (a graph's input buffers serve one thread at a time)."""
+        twin = copy.copy(self)
+        twin._modules = dict(self._modules)  # its own solver slot: a later swap of this one's stays here
+        twin.graphs = GraphCache(f"{self.graphs.name} (first lane)", self.graphs.max_graphs, covers=True)
+        return twin
+
+    def precapture_first(
+        self, max_frames: int, device: torch.device, stop: threading.Event | None = None
+    ) -> int:
+        """The graphs of a streaming request's first chunk, every frame bucket up to ``max_frames`` at batch 1
+        (with a page pool its window after no cached frame: the narrowest prefix), captured now (paced by
+        ``stop``) -> how many."""
+        max_frames = min(max_frames, self.cfm.noise.size(2) - self.frame_bucket)
+        _, top = self.bucket(1, max(max_frames, 1))
+        tops = range(top, 0, -self.frame_bucket)
+        if self.pool is None:
+            keys: list[tuple] = [(1, frames, True) for frames in tops]
+        else:
+            keys = [(1, frames, WINDOW, self.prefix_buckets[0]) for frames in tops]
+
+        def capture(key: tuple) -> object:
+            if key[2] == WINDOW:
+                return self._window_graph(1, key[1], key[3], device)
+            return self._graph(1, key[1], True, device)
+
+        return self.graphs.capture_now(keys, capture, device, stop)
 
     def _serve_eager_first(self, max_batch: int, max_frames: int, device: torch.device, later: Later) -> int:
         """Background graphs of a compiled estimator: the first graphs now of its eager twin (seconds; the

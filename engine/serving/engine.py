@@ -46,6 +46,7 @@ from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.serving.admission import Admission
+from engine.serving.first_lane import open_lane
 from engine.serving.job_queue import FirstChunk
 from engine.serving.metrics import ServerStats, Stopwatch
 from engine.serving.pauses import has_pauses, with_pauses
@@ -261,7 +262,19 @@ class TTSEngine:
         p = parts
         engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
         engine.startup, engine.graph_builder = timeline, builder
+        if cfg.t2w_first_lane:
+            engine._first_lane(vocoder, dev, builder)
         return engine
+
+    def _first_lane(self, vocoder: GraphedHiFT | None, dev: torch.device, builder: GraphBuilder) -> None:
+        """EngineConfig.t2w_first_lane: with background graphs, the lane's graphs are the builder's last
+        job (of the solver serving by then) and it opens after them; else its graphs now, and it opens."""
+        frames = int(max(self.cfg.graph_warmup_s, 0.0) * MEL_FRAMES_PER_S)
+        parts = (self.token2wav, self.model.flow, vocoder, frames, dev)
+        if self.cfg.background_graphs and isinstance(self.model.flow.decoder, GraphedCFM):
+            builder.add("first-chunk lane graphs", lambda stop: open_lane(*parts, stop))
+        else:
+            open_lane(*parts)
 
     async def warmup(self) -> None:
         """One short synthesis so the first user does not pay for lazy initialisation."""

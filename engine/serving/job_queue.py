@@ -38,6 +38,10 @@ then goes first), its head's slack falls to ``slack_s``, or ``bound_s`` passes, 
 An urgent batch is never held; the rows held lose at most ``bound_s`` out of their seconds of slack. The
 price is the worker's idle time: near its capacity that is throughput lost (worker_sim's ``hold_s``).
 
+The first-chunk lane (EngineConfig.t2w_first_lane, off until measured on a GPU): a second worker takes
+first chunks one at a time (``take_first``) while the lane is open, so a first chunk queued while the main
+worker runs a call need not wait for it; whichever worker is free first takes it.
+
 Nobody starves: a job queued at ``t`` has a deadline >= ``t`` unless its client already ran dry, so once
 a job's deadline is the earliest in the queue only jobs queued before it can take the head, and the head
 always runs.
@@ -63,6 +67,9 @@ class Deadlined(Protocol):
 
     @property
     def finalize(self) -> bool: ...
+
+    @property
+    def first(self) -> bool: ...  # a streaming request's first chunk (the first-chunk lane takes these)
 
 
 J = TypeVar("J", bound=Deadlined)
@@ -177,6 +184,7 @@ class DeadlineQueue(Generic[J]):
         self._closed = False
         self._changed = threading.Condition()
         self._decoding = 0  # first chunks being decoded (FirstChunk tickets not yet ended)
+        self._lane_open = False  # a second worker takes first chunks (``take_first``) while open
         self.holding = threading.Event()  # set while ``take`` holds a batch back (what tests wait on)
 
     def __len__(self) -> int:
@@ -263,6 +271,34 @@ class DeadlineQueue(Generic[J]):
         if first.open:
             first.open = False
             self._decoding -= 1
+
+    @property
+    def lane_open(self) -> bool:
+        return self._lane_open
+
+    @lane_open.setter
+    def lane_open(self, on: bool) -> None:
+        """Open (or close) the first-chunk lane: ``take_first`` hands out first chunks only while open."""
+        with self._changed:
+            self._lane_open = on
+            self._changed.notify_all()
+
+    def take_first(self) -> list[J] | None:
+        """The first-chunk lane's take: block until a first chunk (``first``) is queued while the lane is
+        open and take it alone, the earliest deadline first; None once closed (the main worker drains the
+        rest). The main worker's ``take`` may take first chunks too: whichever worker is free first."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._closed or self._first_at() is not None)
+            at = None if self._closed else self._first_at()
+            return None if at is None else [self._jobs.pop(at)]
+
+    def _first_at(self) -> int | None:
+        """The index of the queued first chunk with the earliest deadline, while the lane is open (the lock
+        held); None when there is none."""
+        if not self._lane_open:
+            return None
+        firsts = [(j.deadline, i) for i, j in enumerate(self._jobs) if j.first]
+        return min(firsts)[1] if firsts else None
 
     def take_urgent(self) -> list[J] | None:
         """Without blocking: the next batch if its head is urgent (a first chunk, a stream about to run

@@ -51,6 +51,7 @@ class ChunkTimes:
     frames: int = 0
     flow_done: float | None = None
     vocoded: float | None = None
+    lane: str = "main"  # the token2wav worker that ran it: "main", or "first" (the first-chunk lane)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class ChunkTrace:
     slack_ms: float
     audio_s: float
     lm_first_token_ms: float | None
+    lane: str = "main"  # the token2wav worker that ran it (ChunkTimes.lane)
 
     @property
     def first(self) -> bool:
@@ -182,6 +184,7 @@ class Stopwatch:
             slack_ms=(deadline - now) * 1000.0,
             audio_s=seconds,
             lm_first_token_ms=ms(self.t_lm_start),
+            lane=times.lane,
         )
 
     def snapshot(self, done: bool = False) -> RequestMetrics:

@@ -4,7 +4,9 @@ Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, v
 worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
 (``job_queue``; a call made of chunks with plenty of slack kept short, at the speed the worker measures,
 so a first chunk does not wait long behind it), so GPU work is serialised by one owner we time instead of
-interleaving threads.
+interleaving threads. The one exception, off by default: the first-chunk lane (``open_first_lane``,
+engine.serving.first_lane), a second worker that takes streaming requests' first chunks with graphs and a
+device stream of its own, beside the main worker's call.
 ``run`` is awaited by the request's coroutine. HiFT runs a batch's rows together where that gives each row
 what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-padded call, its final chunks
 in two (``CausalHiFTGenerator.finals``), v2's in groups of one input shape (by default on a GPU/NPU only),
@@ -46,6 +48,7 @@ from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator,
 from engine.vocoder.streaming import Hift3, V2VocoderState, V3VocoderState
 
 log = logging.getLogger(__name__)
+FIRST_LANE = "first"  # ChunkTimes.lane of the chunks the first-chunk lane ran
 
 
 def never() -> bool:
@@ -81,6 +84,7 @@ class _Job:
     deadline: float  # clock s when the client needs this audio
     # the worker's stamps for the trace (the scheduler's jobs: queued now, due at the playback deadline)
     times: ChunkTimes = field(default_factory=lambda: ChunkTimes(math.nan, math.nan))
+    first: bool = False  # a streaming request's first chunk: the first-chunk lane may take it
 
     @property
     def frames(self) -> int:
@@ -90,6 +94,15 @@ class _Job:
     @property
     def finalize(self) -> bool:
         return self.chunk.finalize
+
+
+@dataclass(frozen=True)
+class Lane:
+    """What one token2wav worker thread runs: the flow (its decoder: that worker's own CUDA graphs, whose
+    input buffers cannot serve two threads at once) and v3's graphed vocoder (None: the module's own)."""
+
+    flow: Flow
+    hift_graphs: Hift3 | None
 
 
 @dataclass(frozen=True)
@@ -156,6 +169,7 @@ class ChunkScheduler:
             loop.create_future(),
             due,
             ChunkTimes(now, due if deadline is None else deadline),
+            first=deadline is None and not chunk.finalize,
         )
 
     def submit(self, job: _Job, first: FirstChunk | None = None) -> None:
@@ -195,6 +209,26 @@ class ChunkScheduler:
         stamped for the trace. None once closed and drained."""
         jobs = self._queue.take()
         return None if jobs is None else self._taken(jobs)
+
+    def next_first(self) -> list[_Job] | None:
+        """The first-chunk lane's next batch: block until a first chunk is queued while the lane is open,
+        and take it alone, stamped for the trace (empty when its request went away). None once closed."""
+        jobs = self._queue.take_first()
+        if jobs is None:
+            return None
+        for job in jobs:
+            job.times.lane = FIRST_LANE
+        return self._taken(jobs)
+
+    @property
+    def first_lane(self) -> bool:
+        """Whether the first-chunk lane takes first chunks now (Token2Wav.open_first_lane)."""
+        return self._queue.lane_open
+
+    @first_lane.setter
+    def first_lane(self, on: bool) -> None:
+        """Switch the lane between batches: the open-loop bench's A/B of both arms in one load."""
+        self._queue.lane_open = on
 
     def urgent_batch(self, running: list[_Job]) -> list[_Job] | None:
         """Between the flow and the vocoder of ``running`` (a batch from ``next_batch``): the next batch if
@@ -287,13 +321,15 @@ class Token2Wav:
         # on the CPU (a batched call of full-size rows took 1.3-2.4x the time of the rows one by one)
         v2_hift_groups: bool | None = None,
     ):
-        self.flow, self.hift, self.family, self.device = flow, hift, family, device
+        self.hift, self.family, self.device = hift, family, device
+        # the main worker's flow and graphed vocoder; the first-chunk lane's thread sees its own (``_lane``)
+        self._main, self._lane = Lane(flow, hift_graphs), threading.local()
+        self._first: threading.Thread | None = None  # the first-chunk lane's worker (open_first_lane)
         self.flow_reuse, self.reuse_budget = (
             flow_reuse,
             ReuseBudget((EAGER_REUSE_GB if reuse_gb is None else reuse_gb) * 2**30),
         )
         self.v2_groups = devices.is_accelerator(device) if v2_hift_groups is None else v2_hift_groups
-        self.hift_graphs = hift_graphs
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
         batching = Batching(
             max_batch,
@@ -353,6 +389,42 @@ class Token2Wav:
     def least_slack_s(self) -> float | None:
         return self.scheduler.least_slack_s()
 
+    @property
+    def flow(self) -> Flow:
+        """The flow of the calling thread's worker: the first-chunk lane's on its thread, else the main one
+        (whose decoder also makes the requests' frame caches: the lane's shares its page pool)."""
+        return getattr(self._lane, "parts", self._main).flow
+
+    @property
+    def hift_graphs(self) -> Hift3 | None:
+        """v3's graphed vocoder of the calling thread's worker (as ``flow``)."""
+        return getattr(self._lane, "parts", self._main).hift_graphs
+
+    def open_first_lane(self, flow: Flow, hift_graphs: Hift3 | None) -> None:
+        """Start the first-chunk lane: a second worker thread, on a device stream of its own, that takes
+        streaming requests' first chunks one at a time (whichever worker is free first takes one), with its
+        own graphs (``flow``'s decoder, ``hift_graphs``; the module where there are none). A first chunk
+        then need not wait behind a call of rows with seconds of audio to spare. ``first_lane`` switches
+        it off and on again."""
+        if self._first is not None:
+            raise RuntimeError("the first-chunk lane is already open")
+        lane = Lane(flow, hift_graphs)
+        self._first = threading.Thread(target=self._serve_first, args=(lane,), name="token2wav-first")
+        self._first.daemon = True
+        self._first.start()
+        self.scheduler.first_lane = True
+
+    @property
+    def first_lane(self) -> bool:
+        """Whether the first-chunk lane is open and taking first chunks now."""
+        return self._first is not None and self.scheduler.first_lane
+
+    @first_lane.setter
+    def first_lane(self, on: bool) -> None:
+        if on and self._first is None:
+            raise RuntimeError("no first-chunk lane: open_first_lane first")
+        self.scheduler.first_lane = on
+
     def first_chunk(self) -> FirstChunk:
         """A request's LM starts on its first chunk: a ticket to end (``run``'s ``first``, or ``end``)."""
         return self.scheduler.first_chunk()
@@ -378,11 +450,13 @@ class Token2Wav:
 
     @property
     def healthy(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and (self._first is None or self._first.is_alive())
 
     def close(self) -> None:
         self.scheduler.close()
         self._thread.join(timeout=10)
+        if self._first is not None:
+            self._first.join(timeout=10)
 
     def _loop(self) -> None:
         with devices.own_stream(self.device) if self.own_stream else contextlib.nullcontext():
@@ -401,6 +475,20 @@ class Token2Wav:
             # the worker waits for the next batch: this one must not keep its requests' state (a stream's
             # flow cache, gigabytes at full size) alive meanwhile
             del live
+
+    def _serve_first(self, lane: Lane) -> None:
+        """The first-chunk lane's thread: its own graphs (``lane``) and stream. It does not wait for the
+        default stream, where the main worker may be running a call (waiting would queue it behind that
+        call): what it reads was made by blocking copies (the prompt's tensors), on its own stream (tokens,
+        page tables) or by calls of the same request that ended before this chunk was queued (their audio
+        was copied to the host), and no call of another request writes the pages it reads. Its calls are
+        not the relaxed rule's measure of the worker's speed (``ran``)."""
+        self._lane.parts = lane
+        with devices.own_stream(self.device):
+            while (live := self.scheduler.next_first()) is not None:
+                if live:  # empty when its request went away
+                    self._run_batch(live)
+                del live
 
     def _deliver(self, job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:
         job.times.vocoded = self.clock()

@@ -37,6 +37,11 @@ class GraphedHiFT:
         self.hift, self.frame_bucket, self.max_frames = hift, frame_bucket, max_frames
         self.graphs = GraphCache("vocoder", max_graphs, covers=True)  # padding is exact (the docstring)
 
+    def twin(self) -> GraphedHiFT:
+        """The same vocoder and settings with a graph cache of its own, none captured: a second worker's (a
+        graph's input buffers serve one thread at a time)."""
+        return GraphedHiFT(self.hift, self.frame_bucket, self.max_frames, self.graphs.max_graphs)
+
     def __call__(self, mel: Tensor, finalize: bool) -> tuple[Tensor, Tensor]:
         b, frames = mel.shape[0], mel.shape[2]
         bb, tt = bucket(b, frames, self.frame_bucket)

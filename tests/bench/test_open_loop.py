@@ -244,6 +244,8 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("quiet-first", ["--t2w-quiet-first"]),
         ("quiet-first", ["--t2w-fifo"]),
         ("quiet-first", ["--url", "http://127.0.0.1:9"]),
+        ("first-lane", ["--t2w-first-lane"]),
+        ("first-lane", ["--arrivals", "closed"]),
     ],
 )
 def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
@@ -411,6 +413,24 @@ def test_ab_quiet_first_switches_the_hold_of_the_engines_token2wav_worker(tmp_pa
     assert ab_arms(tmp_path, "quiet-first") == ["cosystream", "cosystream quiet-first"]
     assert seen[0] is False and False in seen[1:] and seen[-1] is True  # warm-up, A, then B
     assert closed == [0]
+
+
+def test_the_first_lane_ab_builds_the_lane_and_opens_it_for_the_b_arm_only(tmp_path, monkeypatch):
+    """--ab first-lane: the engine loads with the first-chunk lane (both arms share its graphs), each arm
+    switches it: closed for A, open for B."""
+    from bench import __main__ as bench_main
+    from engine.serving.engine import TTSEngine
+
+    switched: list[tuple[bool, bool]] = []
+    real = bench_main.AB_SWITCHES["first-lane"]
+
+    def spy(engine: TTSEngine, on: bool) -> None:
+        real(engine, on)
+        switched.append((on, engine.token2wav.first_lane))
+
+    monkeypatch.setitem(bench_main.AB_SWITCHES, "first-lane", spy)
+    assert ab_arms(tmp_path, "first-lane") == ["cosystream", "cosystream first-lane"]
+    assert (False, False) in switched and (True, True) in switched
 
 
 def test_the_quiet_first_flag_needs_the_deadline_order(capsys):

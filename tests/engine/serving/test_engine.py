@@ -794,3 +794,47 @@ def test_the_handover_is_asked_for_and_needs_vllm_with_a_fixed_kv_cache():
     for bad in (dict(lm_handover=True, backend="native"), dict(lm_handover=True, lm_kv_cache_gib=None)):
         with pytest.raises(ValueError, match="lm_handover"):
             EngineConfig(**bad)
+
+
+async def test_the_first_chunk_lane_opens_at_load_and_serves_the_same_audio(engine, tmp_path):
+    """t2w_first_lane on the CPU (no graphs): the lane opens with the engine and a streaming request gets the
+    audio the one-worker engine gives."""
+    cfg = replace(engine.cfg, t2w_first_lane=True, voices_dir=str(tmp_path / "voices"))
+    laned = TTSEngine.load(cfg)
+    laned.ready = True
+    try:
+        assert laned.token2wav.first_lane and not engine.token2wav.first_lane
+        got, want = pcm(await collect(laned, req(engine))), pcm(await collect(engine, req(engine)))
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+        assert laned.token2wav.healthy
+    finally:
+        laned.close()
+
+
+def test_with_background_graphs_the_first_lane_opens_as_the_builders_last_job(tmp_path, monkeypatch):
+    """Where the flow is graphed, the lane's graphs are captured (and it opens) after every other graph
+    job: of the solver serving by then. Capture itself is recorded, not run."""
+    import engine.serving.engine as engine_module
+    from engine.flow.graphs import GraphedCFM
+
+    opened: list[int] = []
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+
+    def precapture(self, batch, frames, dev, later=None):
+        later("flow", lambda stop: None)  # the other graphs' jobs, queued before the lane's
+
+    monkeypatch.setattr(GraphedCFM, "precapture", precapture)
+    monkeypatch.setattr(engine_module, "open_lane", lambda t2w, flow, hift, n, *_: opened.append(n))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(
+        model=str(model_dir), device="cpu", backend="native", graph_warmup_s=4.0, hift_graphs=False,
+        t2w_first_lane=True,
+    )  # fmt: skip
+    eng = TTSEngine.load(cfg)
+    try:
+        assert [name for name, _ in eng.graph_builder._jobs] == ["flow", "first-chunk lane graphs"]
+        assert opened == []  # not before the builder runs
+        eng.graph_builder.start()
+        assert eng.graph_builder.wait(WAIT_S) and opened == [200]  # 4 s of mel
+    finally:
+        eng.close()

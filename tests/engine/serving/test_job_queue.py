@@ -20,6 +20,7 @@ class Job:
     deadline: float
     frames: int = 150
     finalize: bool = False
+    first: bool = False
 
 
 class FakeClock:
@@ -437,3 +438,36 @@ def test_without_the_hold_a_relaxed_batch_runs_while_a_first_chunk_is_decoded():
     q.first_chunk()
     q.put(Job("buffered", 6.0))
     assert Taker(q, 1).batch(0) == ["buffered"] and not q.holding.is_set()
+
+
+def test_the_first_chunk_lane_takes_first_chunks_alone_only_while_open():
+    """``take_first`` (the first-chunk lane's take) waits while the lane is closed, then hands out first
+    chunks one at a time, earliest deadline first, and never a later chunk; the main take may still take
+    first chunks; closing the queue ends the lane's wait with None."""
+    clock = FakeClock()
+    q: DeadlineQueue[Job] = DeadlineQueue(clock, max_batch=4)
+    q.put(Job("later", 0.5))
+    q.put(Job("first b", 0.2, first=True))
+    q.put(Job("first a", 0.1, first=True))
+    got: list[list[Job] | None] = []
+    two = threading.Semaphore(0)
+
+    def takes() -> None:
+        for _ in range(3):
+            got.append(q.take_first())
+            two.release()
+
+    lane = threading.Thread(target=takes)
+    lane.start()
+    lane.join(timeout=0.2)
+    assert lane.is_alive() and got == []  # closed: nothing taken
+    q.lane_open = True
+    assert two.acquire(timeout=WAIT_S) and two.acquire(timeout=WAIT_S)
+    assert [names(batch or []) for batch in got] == [["first a"], ["first b"]]
+    assert names(q.snapshot()) == ["later"]
+    q.lane_open = False
+    q.put(Job("first c", 0.3, first=True))
+    assert names(q.take() or []) == ["first c", "later"]  # the main take takes first chunks too
+    q.close()
+    lane.join(timeout=WAIT_S)
+    assert not lane.is_alive() and got[2] is None

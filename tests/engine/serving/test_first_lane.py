@@ -1,0 +1,161 @@
+"""The first-chunk lane (engine.serving.first_lane, Token2Wav.open_first_lane): a second token2wav worker
+that takes streaming requests' first chunks while the main worker is busy, with graphs of its own; the
+same audio either way. The tiny model's real flow and vocoder on the CPU; the graphs' capture emulated."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from engine.checkpoint import load_model
+from engine.config import StreamConfig
+from engine.demo.make_model import build_model_dir
+from engine.flow.graphs import WINDOW, GraphedCFM
+from engine.hub import validate_model_dir
+from engine.serving.first_lane import open_lane, with_decoder
+from engine.serving.token2wav import FIRST_LANE, Token2Wav
+from tests.conftest import WAIT_S
+from tests.engine.serving.test_token2wav import random_prompt
+from tests.engine.test_graph_cache import emulate_capture
+
+
+def tiny(tmp_path, family: str, graphed: bool, monkeypatch, device: str = "cpu"):
+    """The family's tiny model on ``device``; ``graphed``: its solver the CUDA-graph one with a page pool
+    (on the CPU, capture emulated)."""
+    dev = torch.device(device)
+    model = load_model(validate_model_dir(build_model_dir(tmp_path, family, "tiny")), dev)
+    if graphed and dev.type == "cpu":
+        emulate_capture(monkeypatch)
+        monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
+    if graphed:
+        model.flow.decoder = solver = GraphedCFM(model.flow.decoder)  # type: ignore[assignment]
+        assert solver.enable_reuse(2**30, 800, model.device) > 0
+        solver.precapture(2, 400, model.device)
+    return model
+
+
+def beside_a_held_call(tmp_path, family: str, lane: bool, graphed: bool, monkeypatch, device: str = "cpu"):
+    """Stream a's second chunk (6 s of audio buffered) is held in the main worker's call when stream b's
+    first chunk is queued; with ``lane`` the lane is open. -> (the three chunks' audio, whether b's first
+    chunk was done while a's call was still held, the worker b's first chunk ran on)."""
+    model = tiny(tmp_path, family, graphed, monkeypatch, device)
+    clock = [0.0]
+    t2w = Token2Wav(model.flow, model.hift, family, model.device, StreamConfig(), clock=lambda: clock[0])
+    if lane:
+        open_lane(t2w, model.flow, None, 400, model.device)
+        assert t2w.first_lane
+    flow, in_call, go = t2w._flow, threading.Event(), threading.Event()
+
+    def held(utts, chunks):  # a later chunk's call waits after its flow until released
+        mels = flow(utts, chunks)
+        if chunks[0].mel_start > 0:
+            in_call.set()
+            assert go.wait(timeout=WAIT_S)
+        return mels
+
+    t2w._flow = held  # type: ignore[method-assign]
+    voices = [random_prompt(13, 160, seed=i) for i in range(2)]
+    voices = [(replace(f, family=family), tokens) for f, tokens in voices]
+
+    async def scenario():
+        a, b = (t2w.utterance(f, i, True) for i, (f, _) in enumerate(voices))
+        for utt, (_, tokens) in zip((a, b), voices):
+            utt.tokens.extend(tokens)
+        jobs_a = [a.planner.next_job(160, lm_done=False) for _ in range(2)]
+        job_b = b.planner.next_job(160, lm_done=False)
+        assert None not in jobs_a and job_b is not None
+        first_a = await t2w.run(a, jobs_a[0])
+        second_a = asyncio.ensure_future(t2w.run(a, jobs_a[1], 6.0))
+        assert await asyncio.to_thread(in_call.wait, WAIT_S)
+        first_b = asyncio.ensure_future(t2w.run(b, job_b))
+        done, _ = await asyncio.wait([first_b], timeout=0.5 if not lane else WAIT_S)
+        beside = bool(done)
+        go.set()
+        audio = [first_a, *await asyncio.gather(second_a, first_b)]
+        assert b.last_times is not None
+        return audio, beside, b.last_times.lane
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        t2w.close()
+        assert not t2w.healthy  # both workers ended
+
+
+@pytest.mark.parametrize("family", ["cosyvoice3", "cosyvoice2"])
+def test_a_first_chunk_runs_on_the_lane_beside_a_held_call_with_the_same_audio(tmp_path, family, monkeypatch):
+    """With the lane open, a new stream's first chunk is served while the main worker's call is still
+    held, on the lane; without it, it waits for that call. The audio of every chunk is the same."""
+    with_lane, beside, worker = beside_a_held_call(tmp_path / "lane", family, True, False, monkeypatch)
+    alone, waited, main = beside_a_held_call(tmp_path / "one", family, False, False, monkeypatch)
+    assert beside and worker == FIRST_LANE and not waited and main == "main"
+    for got, want in zip(with_lane, alone, strict=True):
+        assert got.size > 0
+        np.testing.assert_array_equal(got, want)
+
+
+def test_through_the_graphed_solver_the_lane_replays_graphs_of_its_own(tmp_path, monkeypatch):
+    """Through the CUDA-graph solver and its page pool (capture emulated): the lane's twin graphs (batch 1,
+    a first chunk's window after no cached frame) serve its first chunk beside the held call, the pages
+    shared with the main worker's; the same audio as with one worker."""
+    with_lane, beside, worker = beside_a_held_call(tmp_path / "lane", "cosyvoice3", True, True, monkeypatch)
+    alone, _, _ = beside_a_held_call(tmp_path / "one", "cosyvoice3", False, True, monkeypatch)
+    assert beside and worker == FIRST_LANE
+    for got, want in zip(with_lane, alone, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_twin_graphs_are_a_first_chunks_own_and_leave_the_main_ones(tmp_path, monkeypatch):
+    """``GraphedCFM.twin`` + ``precapture_first``: batch-1 window graphs at the narrowest prefix, every
+    frame bucket up to the limit, in a cache of their own; the main graphs and solver are untouched, a later
+    swap of the main solver does not reach the twin, and ``with_decoder`` leaves the model's flow alone."""
+    model = tiny(tmp_path, "cosyvoice3", True, monkeypatch)
+    main = model.flow.decoder
+    assert isinstance(main, GraphedCFM)
+    before = set(main.graphs.keys())
+    twin = main.twin()
+    assert twin.precapture_first(300, model.device) == 3
+    assert set(twin.graphs.keys()) == {(1, f, WINDOW, main.prefix_buckets[0]) for f in (100, 200, 300)}
+    assert set(main.graphs.keys()) == before and twin.pool is main.pool and twin.solver is main.solver
+    lane_flow = with_decoder(model.flow, twin)
+    assert lane_flow.decoder is twin and model.flow.decoder is main
+    assert lane_flow.pre_lookahead_layer is model.flow.pre_lookahead_layer  # shared, not copied
+    main.solver = main.cfm.with_estimator(main.solver.estimator)
+    assert twin.solver is not main.solver
+
+
+def test_the_lane_is_switched_and_refused_before_it_is_opened(tmp_path, monkeypatch):
+    model = tiny(tmp_path, "cosyvoice3", False, monkeypatch)
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())
+    try:
+        assert not t2w.first_lane
+        with pytest.raises(RuntimeError, match="open_first_lane"):
+            t2w.first_lane = True
+        t2w.open_first_lane(model.flow, None)
+        assert t2w.first_lane and t2w.healthy
+        t2w.first_lane = False
+        assert not t2w.first_lane and t2w.healthy
+        with pytest.raises(RuntimeError, match="already open"):
+            t2w.open_first_lane(model.flow, None)
+    finally:
+        t2w.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_lane_runs_beside_a_held_call_on_its_own_stream_and_graphs(tmp_path, monkeypatch):
+    """Real CUDA graphs and streams: the lane's twin graphs on its own stream serve a first chunk while the
+    main worker's call is held, the page pool shared; the audio within 1e-4 of one worker's."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    v3 = "cosyvoice3"
+    with_lane, beside, worker = beside_a_held_call(tmp_path / "a", v3, True, True, monkeypatch, "cuda")
+    alone, _, _ = beside_a_held_call(tmp_path / "b", v3, False, True, monkeypatch, "cuda")
+    assert beside and worker == FIRST_LANE
+    for got, want in zip(with_lane, alone, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
