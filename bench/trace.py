@@ -3,10 +3,10 @@
 Every row is one sent chunk (``engine.serving.metrics.ChunkTrace``, ms after its request was submitted).
 Per rate it prints the first chunks (the time to first audio: LM until the chunk's tokens were ready, the
 wait for the token2wav worker, flow + vocoder; and the p95 had none of them waited for the worker, the most
-a scheduler that never makes a first chunk wait could give), the later ones (how many missed their playback
-deadline, and whether the missed ones waited or computed), the batches (rows, and the share of flow frames
-that were padding to the batch's frame bucket: a fragmented mix of lengths pays it) and the hand-off to the
-client.
+a scheduler that never makes a first chunk wait could give; how many the first-chunk lane ran), the later
+ones (how many missed their playback deadline, and whether the missed ones waited or computed), the batches
+(rows, and the share of flow frames that were padding to the batch's frame bucket: a fragmented mix of
+lengths pays it) and the hand-off to the client.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class RateSummary:
     vocoder: float | None
     hand_off: float | None  # vocoded -> sent
     seed: int = 0  # the arrivals' seed (the bench runs each rate once per seed)
+    first_on_lane: int = 0  # first chunks the first-chunk lane ran (EngineConfig.t2w_first_lane)
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -82,7 +83,8 @@ class RateSummary:
             f"{f(self.first_compute)} (means); p95 {f(self.first_unwaited_p95)} ms had none waited for "
             f"the worker, {f(self.first_seam_p95)} ms had they waited only for a running flow at its seam",
             f"  first chunks that waited for the worker: {self.first_waited}, {self.first_behind_spare} of "
-            f"them behind a call of rows with over {SEAM_SLACK_MS / 1000:.0f} s to spare",
+            f"them behind a call of rows with over {SEAM_SLACK_MS / 1000:.0f} s to spare; "
+            f"{self.first_on_lane} of {self.requests} ran on the first-chunk lane",
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -139,6 +141,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         flow=_mean(_span(r, "joined_ms", "flow_done_ms") for r in rows),
         vocoder=_mean(_span(r, "flow_done_ms", "vocoded_ms") for r in rows),
         hand_off=_mean(_span(r, "vocoded_ms", "sent_ms") for r in rows),
+        first_on_lane=sum(r.get("lane") == "first" for r in first),  # traces before the lane: none
     )
 
 

@@ -40,6 +40,10 @@ def test_summary_splits_first_chunks_from_later_ones_and_counts_misses_and_paddi
     assert s.padding_share == pytest.approx(150 / 800)  # 50 padded frames in 3 of 4 rows of 200
     assert s.hand_off == pytest.approx(0.75)
     assert "1 of 2 missed their deadline (50.0 %)" in "\n".join(s.lines())
+    assert s.first_on_lane == 0  # rows from before the lane name none
+    rows[2]["lane"] = "first"
+    (s,) = summarise(rows)
+    assert s.first_on_lane == 1 and "1 of 2 ran on the first-chunk lane" in "\n".join(s.lines())
 
 
 def test_summary_keeps_the_arms_of_one_run_apart():
