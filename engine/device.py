@@ -206,6 +206,20 @@ def own_stream(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.stream(torch.cuda.Stream(device))
 
 
+def current_stream(device: torch.device) -> Any | None:
+    """The calling thread's current device stream (CUDA); None elsewhere (no streams to order)."""
+    return torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+
+def used_on(tensor: torch.Tensor, stream: Any | None) -> None:
+    """``tensor``, made on this thread's stream, is used on ``stream`` from now on: once it is freed its
+    memory is not reused until ``stream``'s work queued by then is done (the caching allocator keeps freed
+    blocks per stream: a block freed by another stream's thread could otherwise be written under its reads).
+    A no-op without a stream or off CUDA."""
+    if stream is not None and tensor.is_cuda:
+        tensor.record_stream(stream)
+
+
 def after_default_stream(device: torch.device) -> None:
     """Order this thread's next device work after everything queued on the default stream so far (an event
     wait on the device, no host sync): tensors another thread has just made are complete when read."""

@@ -47,6 +47,7 @@ from engine.lm.speech_lm import SpeechLM
 from engine.request import AudioChunk, Mode, SynthesisRequest
 from engine.serving.admission import Admission
 from engine.serving.first_lane import open_lane
+from engine.serving.first_lane import refusal as lane_refusal
 from engine.serving.job_queue import FirstChunk
 from engine.serving.metrics import ServerStats, Stopwatch
 from engine.serving.pauses import has_pauses, with_pauses
@@ -269,6 +270,9 @@ class TTSEngine:
     def _first_lane(self, vocoder: GraphedHiFT | None, dev: torch.device, builder: GraphBuilder) -> None:
         """EngineConfig.t2w_first_lane: with background graphs, the lane's graphs are the builder's last
         job (of the solver serving by then) and it opens after them; else its graphs now, and it opens."""
+        if (why := lane_refusal(self.model.flow, dev)) is not None:
+            log.warning("%s: not opened", why)
+            return
         frames = int(max(self.cfg.graph_warmup_s, 0.0) * MEL_FRAMES_PER_S)
         parts = (self.token2wav, self.model.flow, vocoder, frames, dev)
         if self.cfg.background_graphs and isinstance(self.model.flow.decoder, GraphedCFM):

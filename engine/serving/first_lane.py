@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine import device as devices
 from engine.flow.graphs import GraphedCFM
 from engine.vocoder.graphs import GraphedHiFT
 
@@ -26,6 +27,16 @@ if TYPE_CHECKING:
     from engine.serving.token2wav import Token2Wav
 
 FIRST_MEL_FRAMES = 200  # the vocoder's graphs of a first chunk: its mel alone (no prompt), 4 s at most
+
+
+def refusal(flow: Flow, device: torch.device) -> str | None:
+    """Why the lane cannot run beside the main worker here (None: it can). On a GPU it needs the graphed
+    solver, which keeps no tensor per request (pages of one pool, or none): the eager solver's frame caches
+    grow per request on the worker's stream, and one made on the lane's stream and freed on the main one's
+    could be written under that stream's reads."""
+    if devices.is_accelerator(device) and not isinstance(flow.decoder, GraphedCFM):
+        return "the first-chunk lane needs the graphed flow solver on a GPU (--no-cuda-graphs turns it off)"
+    return None
 
 
 def open_lane(

@@ -325,6 +325,7 @@ class Token2Wav:
         # the main worker's flow and graphed vocoder; the first-chunk lane's thread sees its own (``_lane``)
         self._main, self._lane = Lane(flow, hift_graphs), threading.local()
         self._first: threading.Thread | None = None  # the first-chunk lane's worker (open_first_lane)
+        self._main_stream: object | None = None  # the main worker's device stream, once it runs
         self.flow_reuse, self.reuse_budget = (
             flow_reuse,
             ReuseBudget((EAGER_REUSE_GB if reuse_gb is None else reuse_gb) * 2**30),
@@ -460,6 +461,7 @@ class Token2Wav:
 
     def _loop(self) -> None:
         with devices.own_stream(self.device) if self.own_stream else contextlib.nullcontext():
+            self._main_stream = devices.current_stream(self.device)  # the first-chunk lane hands over to it
             self._serve()
 
     def _serve(self) -> None:
@@ -481,13 +483,19 @@ class Token2Wav:
         default stream, where the main worker may be running a call (waiting would queue it behind that
         call): what it reads was made by blocking copies (the prompt's tensors), on its own stream (tokens,
         page tables) or by calls of the same request that ended before this chunk was queued (their audio
-        was copied to the host), and no call of another request writes the pages it reads. Its calls are
-        not the relaxed rule's measure of the worker's speed (``ran``)."""
+        was copied to the host), and no call of another request writes the pages it reads. What it leaves
+        in a request's state (the vocoder's history) is marked as used on the main worker's stream, which
+        replaces and frees it later. The flow keeps no tensor per request here: the lane needs the graphed
+        solver on a GPU (its page pool, or none; ``first_lane``). Its calls are not the relaxed rule's
+        measure of the worker's speed (``ran``)."""
         self._lane.parts = lane
         with devices.own_stream(self.device):
             while (live := self.scheduler.next_first()) is not None:
                 if live:  # empty when its request went away
                     self._run_batch(live)
+                    for job in live:  # the requests' later chunks run on the main worker's stream
+                        for tensor in job.utt.vocoder.tensors():
+                            devices.used_on(tensor, self._main_stream)
                 del live
 
     def _deliver(self, job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:

@@ -61,6 +61,10 @@ class V2VocoderState:
             mel = stretch_mel(mel, speed)
         return V2Call(mel, source, finalize)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The device tensors this state keeps between calls."""
+        return [t for t in (self.mel, self.source, self.tail) if t is not None]
+
     def faded(self, speech: torch.Tensor) -> torch.Tensor:
         """HiFT's speech [1, T*480] with its head cross-faded into the previous call's withheld tail."""
         return speech if self.tail is None else crossfade(speech, self.tail, self.window)
@@ -108,6 +112,10 @@ class V3VocoderState:
         """Whether ``step`` vocodes a speed-stretched mel: a whole-file call (nothing sent yet) at another
         speed."""
         return stretches(finalize, speed, fresh=self.emitted == 0)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The device tensors this state keeps between calls."""
+        return [] if self.mel is None else [self.mel]
 
     @property
     def frames(self) -> int:

@@ -42,7 +42,8 @@ def tiny(tmp_path, family: str, graphed: bool, monkeypatch, device: str = "cpu")
 def beside_a_held_call(tmp_path, family: str, lane: bool, graphed: bool, monkeypatch, device: str = "cpu"):
     """Stream a's second chunk (6 s of audio buffered) is held in the main worker's call when stream b's
     first chunk is queued; with ``lane`` the lane is open. -> (the three chunks' audio, whether b's first
-    chunk was done while a's call was still held, the worker b's first chunk ran on)."""
+    chunk was done while a's call was still held, the worker b's first chunk ran on, b's vocoder state
+    tensors after it)."""
     model = tiny(tmp_path, family, graphed, monkeypatch, device)
     clock = [0.0]
     t2w = Token2Wav(model.flow, model.hift, family, model.device, StreamConfig(), clock=lambda: clock[0])
@@ -78,7 +79,7 @@ def beside_a_held_call(tmp_path, family: str, lane: bool, graphed: bool, monkeyp
         go.set()
         audio = [first_a, *await asyncio.gather(second_a, first_b)]
         assert b.last_times is not None
-        return audio, beside, b.last_times.lane
+        return audio, beside, b.last_times.lane, b.vocoder.tensors()
 
     try:
         return asyncio.run(scenario())
@@ -91,9 +92,14 @@ def beside_a_held_call(tmp_path, family: str, lane: bool, graphed: bool, monkeyp
 def test_a_first_chunk_runs_on_the_lane_beside_a_held_call_with_the_same_audio(tmp_path, family, monkeypatch):
     """With the lane open, a new stream's first chunk is served while the main worker's call is still
     held, on the lane; without it, it waits for that call. The audio of every chunk is the same."""
-    with_lane, beside, worker = beside_a_held_call(tmp_path / "lane", family, True, False, monkeypatch)
-    alone, waited, main = beside_a_held_call(tmp_path / "one", family, False, False, monkeypatch)
+    handed: list[tuple[torch.Tensor, object]] = []
+    monkeypatch.setattr("engine.serving.token2wav.devices.used_on", lambda t, on: handed.append((t, on)))
+    with_lane, beside, worker, kept = beside_a_held_call(tmp_path / "a", family, True, False, monkeypatch)
+    alone, waited, main, _ = beside_a_held_call(tmp_path / "b", family, False, False, monkeypatch)
     assert beside and worker == FIRST_LANE and not waited and main == "main"
+    # what the lane left in b's state is handed to the main worker's stream (None: the CPU has no streams)
+    assert kept and {id(t) for t in kept} <= {id(t) for t, _ in handed}
+    assert {on for _, on in handed} == {None}
     for got, want in zip(with_lane, alone, strict=True):
         assert got.size > 0
         np.testing.assert_array_equal(got, want)
@@ -103,8 +109,8 @@ def test_through_the_graphed_solver_the_lane_replays_graphs_of_its_own(tmp_path,
     """Through the CUDA-graph solver and its page pool (capture emulated): the lane's twin graphs (batch 1,
     a first chunk's window after no cached frame) serve its first chunk beside the held call, the pages
     shared with the main worker's; the same audio as with one worker."""
-    with_lane, beside, worker = beside_a_held_call(tmp_path / "lane", "cosyvoice3", True, True, monkeypatch)
-    alone, _, _ = beside_a_held_call(tmp_path / "one", "cosyvoice3", False, True, monkeypatch)
+    with_lane, beside, worker, _ = beside_a_held_call(tmp_path / "a", "cosyvoice3", True, True, monkeypatch)
+    alone, *_ = beside_a_held_call(tmp_path / "b", "cosyvoice3", False, True, monkeypatch)
     assert beside and worker == FIRST_LANE
     for got, want in zip(with_lane, alone, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -154,8 +160,21 @@ def test_on_cuda_the_lane_runs_beside_a_held_call_on_its_own_stream_and_graphs(t
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     v3 = "cosyvoice3"
-    with_lane, beside, worker = beside_a_held_call(tmp_path / "a", v3, True, True, monkeypatch, "cuda")
-    alone, _, _ = beside_a_held_call(tmp_path / "b", v3, False, True, monkeypatch, "cuda")
+    with_lane, beside, worker, _ = beside_a_held_call(tmp_path / "a", v3, True, True, monkeypatch, "cuda")
+    alone, *_ = beside_a_held_call(tmp_path / "b", v3, False, True, monkeypatch, "cuda")
     assert beside and worker == FIRST_LANE
     for got, want in zip(with_lane, alone, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_on_a_gpu_the_lane_needs_the_graphed_solver(tmp_path, monkeypatch):
+    """The eager solver's per-request frame caches would cross the workers' streams: on an accelerator the
+    lane is refused without the graphed solver (a clear reason), allowed with it, and always on the CPU."""
+    from engine.serving.first_lane import refusal
+
+    model = tiny(tmp_path, "cosyvoice3", False, monkeypatch)
+    assert refusal(model.flow, model.device) is None
+    monkeypatch.setattr("engine.serving.first_lane.devices.is_accelerator", lambda dev: True)
+    assert "graphed flow solver" in (refusal(model.flow, model.device) or "")
+    graphed = with_decoder(model.flow, GraphedCFM(model.flow.decoder))
+    assert refusal(graphed, model.device) is None
