@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from engine.hub import validate_model_dir
 from engine.serving.first_lane import open_lane, with_decoder
 from engine.serving.token2wav import FIRST_LANE, Token2Wav
 from tests.conftest import WAIT_S
-from tests.engine.serving.test_token2wav import random_prompt
+from tests.engine.serving.test_token2wav import two_streams
 from tests.engine.test_graph_cache import emulate_capture
 
 
@@ -60,16 +59,9 @@ def beside_a_held_call(tmp_path, family: str, lane: bool, graphed: bool, monkeyp
         return mels
 
     t2w._flow = held  # type: ignore[method-assign]
-    voices = [random_prompt(13, 160, seed=i) for i in range(2)]
-    voices = [(replace(f, family=family), tokens) for f, tokens in voices]
 
     async def scenario():
-        a, b = (t2w.utterance(f, i, True) for i, (f, _) in enumerate(voices))
-        for utt, (_, tokens) in zip((a, b), voices):
-            utt.tokens.extend(tokens)
-        jobs_a = [a.planner.next_job(160, lm_done=False) for _ in range(2)]
-        job_b = b.planner.next_job(160, lm_done=False)
-        assert None not in jobs_a and job_b is not None
+        a, b, jobs_a, job_b = two_streams(t2w, family)
         first_a = await t2w.run(a, jobs_a[0])
         second_a = asyncio.ensure_future(t2w.run(a, jobs_a[1], 6.0))
         assert await asyncio.to_thread(in_call.wait, WAIT_S)

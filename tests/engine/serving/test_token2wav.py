@@ -664,7 +664,6 @@ def real_audio_around_the_seam(
     order of the vocoder calls (mel_start of each row: 0 for the first chunks). With ``monkeypatch``:
     through the CUDA-graph solver and its page pool, capture emulated."""
     import threading
-    from dataclasses import replace
 
     from engine.demo.make_model import build_model_dir
 
@@ -697,16 +696,9 @@ def real_audio_around_the_seam(
         vocode(jobs, mels)
 
     t2w._flow, t2w._vocode_rows = held_flow, spied_vocoder  # type: ignore[method-assign]
-    voices = [random_prompt(13, 160, seed=i) for i in range(2)]
-    voices = [(replace(f, family=family), tokens) for f, tokens in voices]
 
     async def scenario() -> tuple[list[np.ndarray], list[int]]:
-        a, b = (t2w.utterance(f, i, True) for i, (f, _) in enumerate(voices))
-        for utt, (_, tokens) in zip((a, b), voices):
-            utt.tokens.extend(tokens)
-        jobs_a = [a.planner.next_job(160, lm_done=False) for _ in range(2)]
-        job_b = b.planner.next_job(160, lm_done=False)
-        assert None not in jobs_a and job_b is not None
+        a, b, jobs_a, job_b = two_streams(t2w, family)
         first_a = await t2w.run(a, jobs_a[0])
         second_a = asyncio.ensure_future(t2w.run(a, jobs_a[1], 6.0))
         await asyncio.to_thread(in_flow.wait, WAIT_S)
@@ -719,6 +711,21 @@ def real_audio_around_the_seam(
         return asyncio.run(scenario())
     finally:
         t2w.close()
+
+
+def two_streams(t2w: Token2Wav, family: str) -> tuple[Utterance, Utterance, list[ChunkJob], ChunkJob]:
+    """Streams a and b (random prompts of 13 tokens, all of their 160 tokens in) -> a, b, a's first two
+    chunk jobs and b's first."""
+    from dataclasses import replace
+
+    voices = [random_prompt(13, 160, seed=i) for i in range(2)]
+    a, b = (t2w.utterance(replace(f, family=family), i, True) for i, (f, _) in enumerate(voices))
+    for utt, (_, tokens) in zip((a, b), voices):
+        utt.tokens.extend(tokens)
+    jobs_a = [a.planner.next_job(160, lm_done=False) for _ in range(2)]
+    job_b = b.planner.next_job(160, lm_done=False)
+    assert jobs_a[0] is not None and jobs_a[1] is not None and job_b is not None
+    return a, b, [jobs_a[0], jobs_a[1]], job_b
 
 
 @pytest.mark.parametrize("family", ["cosyvoice3", "cosyvoice2"])
