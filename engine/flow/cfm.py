@@ -162,19 +162,24 @@ class CausalCFM(nn.Module):
 
     def schedule(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Each Euler step's time t and step size dt, [steps] each, as the reference's loop computes them
-        (dt against the accumulated t); kept per device and dtype, so a captured step reads them in place."""
+        (dt against the accumulated t); kept per device and dtype, so a captured step reads them in place.
+        Made as normal tensors even in inference mode: a later solve with autograd on may save them."""
         key = (device, dtype)
         if key not in self._schedule_cache:
-            span = self.t_span(device, dtype)
-            t, dt, times, sizes = span[0:1], span[1] - span[0], [], []
-            for step in range(1, len(span)):
-                times.append(t)
-                sizes.append(dt.reshape(1))
-                t = t + dt
-                if step < len(span) - 1:
-                    dt = span[step + 1] - t
-            self._schedule_cache[key] = (torch.cat(times), torch.cat(sizes))
+            with torch.inference_mode(False), torch.no_grad():
+                self._schedule_cache[key] = self._schedule(device, dtype)
         return self._schedule_cache[key]
+
+    def _schedule(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        span = self.t_span(device, dtype)
+        t, dt, times, sizes = span[0:1], span[1] - span[0], [], []
+        for step in range(1, len(span)):
+            times.append(t)
+            sizes.append(dt.reshape(1))
+            t = t + dt
+            if step < len(span) - 1:
+                dt = span[step + 1] - t
+        return torch.cat(times), torch.cat(sizes)
 
     def forward(self, inputs: CfmInputs, streaming: bool) -> Tensor:
         """-> mel [B,80,T] float32."""

@@ -3,6 +3,7 @@ full-size key layout, the fixed noise buffer, padded batches, yaml validation.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -14,7 +15,7 @@ import torch
 
 from engine.errors import TooLarge
 from engine.flow.attention import attention_mask
-from engine.flow.cfm import CosyVoice2Flow, CosyVoice3Flow, Flow, FlowBatch, build_flow, flow_noise
+from engine.flow.cfm import CfmInputs, CosyVoice2Flow, CosyVoice3Flow, Flow, FlowBatch, build_flow, flow_noise
 from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases, tiny_yaml
 from tests.engine.flow.test_dit_cache import tiny_flow, voice
 
@@ -202,3 +203,17 @@ def test_the_schedule_is_the_reference_loop_and_one_step_at_a_time_solves_exactl
             for step in range(10):
                 cfm.solve_step(x, torch.tensor([step]), inputs, streaming)
         assert torch.equal(x, whole)
+
+
+def test_a_solve_with_autograd_on_after_one_in_inference_mode_runs() -> None:
+    """The schedule kept by a solve in inference mode (the engine's) serves a later solve with autograd
+    on (a bench's or a test's): its tables are normal tensors, which autograd may save."""
+    flow = tiny_flow("cosyvoice3")
+    v = voice(13, seed=3)
+    batch = FlowBatch.one(v.tokens[:, :41], v.prompt, v.feat, v.embedding)
+    inputs = flow.prepare(batch, streaming=True, finalize=False)
+    with torch.inference_mode():
+        first = flow.decoder(inputs, True)
+    inputs = CfmInputs(*(t.clone() for t in dataclasses.astuple(inputs)))  # normal tensors again
+    again = flow.decoder(inputs, True)
+    assert again.requires_grad and torch.equal(again.detach(), first)
