@@ -138,10 +138,10 @@ class GraphedCFM(nn.Module):
         starts, totals = [c.frames for c in caches], inputs.total_frames.tolist()
         bb, qq = self.bucket(b, max(t - s for s, t in zip(starts, totals)))
         slots = self._prefix(max(starts) // layout.chunk)
-        call = self._window_graph(bb, qq, slots, inputs.mu.device)
+        call = self._captured((bb, qq, WINDOW, slots), inputs.mu.device)
         if call is None and (wider := self.graphs.covering((bb, qq, WINDOW, slots))) is not None:
             bb, qq = wider[0], wider[1]  # as in forward; the extra queries write the scratch page
-            call = self._window_graph(bb, qq, slots, inputs.mu.device)
+            call = self._captured((bb, qq, WINDOW, slots), inputs.mu.device)
         batch = PagedBatch.plan(caches, totals, qq, slots, self.prefix_pages)
         with record_function("t2w.flow.solver"):
             noise = self.cfm.initial_noise(max(totals), inputs.mu.device, inputs.mu.dtype)
@@ -159,10 +159,10 @@ class GraphedCFM(nn.Module):
         if frames > self.cfm.noise.size(2) - self.frame_bucket:
             return self.solver(inputs, streaming)  # near the noise buffer's end: no padding room
         bb, tt = self.bucket(b, frames)
-        call = self._graph(bb, tt, streaming, inputs.mu.device)
+        call = self._captured((bb, tt, streaming), inputs.mu.device)
         if call is None and (wider := self.graphs.covering((bb, tt, streaming))) is not None:
             bb, tt = wider[0], wider[1]  # not captured yet: a wider graph, padded as for its own bucket
-            call = self._graph(bb, tt, streaming, inputs.mu.device)
+            call = self._captured((bb, tt, streaming), inputs.mu.device)
         with record_function("t2w.flow.solver"):
             padded = _padded(inputs, bb, tt)
             # precaptured, and not this bucket: no capture on a request's path, but the bucket's shape (the
@@ -219,12 +219,7 @@ class GraphedCFM(nn.Module):
         else:
             keys = [(1, frames, WINDOW, self.prefix_buckets[0]) for frames in tops]
 
-        def capture(key: tuple) -> object:
-            if key[2] == WINDOW:
-                return self._window_graph(1, key[1], key[3], device)
-            return self._graph(1, key[1], True, device)
-
-        return self.graphs.capture_now(keys, capture, device, stop)
+        return self.graphs.capture_now(keys, lambda key: self._captured(key, device), device, stop)
 
     def _serve_eager_first(self, max_batch: int, max_frames: int, device: torch.device, later: Later) -> int:
         """Background graphs of a compiled estimator: the first graphs now of its eager twin (seconds; the
@@ -296,16 +291,34 @@ class GraphedCFM(nn.Module):
 
     def _recipe(self, key: tuple, solver: CausalCFM, dev: torch.device) -> tuple[Callable, Callable]:
         """The function and input buffers of ``key``'s graph, of ``solver``."""
+        run, statics, _ = self._kind(key, dev, solver)
+        return run, statics
+
+    def _kind(
+        self, key: tuple, dev: torch.device, solver: CausalCFM | None = None
+    ) -> tuple[Callable, Callable[[], tuple[Tensor, ...]], Callable | None]:
+        """What ``key``'s graph records (a page window's or a bucket's solve; whole, or one step of it), its
+        input buffers, and for a step graph the solve's x before its first step (else None)."""
         if key[2] == WINDOW:
             layout = self._pool().layout
             statics = functools.partial(_window_statics, key[0], key[1], layout, key[3], dev)
-            if self.stepped:
-                return self._window_step(solver), lambda: _stepped(statics())
-            return self._window_solver(solver), statics
-        statics = functools.partial(_statics, key[0], key[1], dev)
-        if self.stepped:
-            return self._step(bool(key[2]), solver), lambda: _stepped(statics())
-        return self._solver(bool(key[2]), solver), statics
+            whole, step, start = self._window_solver(solver), self._window_step(solver), _window_start
+        else:
+            streaming = bool(key[2])
+            statics = functools.partial(_statics, key[0], key[1], dev)
+            whole, step = self._solver(streaming, solver), self._step(streaming, solver)
+            start = self._noise_start
+        if not self.stepped:
+            return whole, statics, None
+        return step, lambda: _stepped(statics()), start
+
+    def _captured(self, key: tuple, dev: torch.device) -> Callable[..., Tensor] | None:
+        """``key``'s graph of the serving solver, captured now if the cache allows (None: not captured)."""
+        run, statics, start = self._kind(key, dev)
+        call = self.graphs.get(key, run, statics)
+        if call is None or start is None:
+            return call
+        return SteppedCall(call, start, self.cfm.cfg.n_timesteps)
 
     def _precapture(
         self,
@@ -321,12 +334,7 @@ class GraphedCFM(nn.Module):
         for batch, frames in largest_first(top_batch, top_frames, self.frame_bucket):
             keys += [*self._streaming_keys(batch, frames, top_frames), (batch, frames, False)]
 
-        def capture(key: tuple) -> object:
-            if key[2] == WINDOW:
-                return self._window_graph(key[0], key[1], key[3], device)
-            return self._graph(key[0], key[1], bool(key[2]), device)
-
-        return self.graphs.precapture(keys, capture, device, later, between)
+        return self.graphs.precapture(keys, lambda key: self._captured(key, device), device, later, between)
 
     def _streaming_keys(self, batch: int, frames: int, top_frames: int) -> list[tuple]:
         """The streaming graphs of a bucket: one full solve, or with a pool the windows of every prefix
@@ -347,17 +355,6 @@ class GraphedCFM(nn.Module):
     def _prefix(self, pages: int) -> int:
         """The window graphs' prefix width for rows with up to ``pages`` cached chunks."""
         return next((p for p in self.prefix_buckets if p >= pages), pages)
-
-    def _window_graph(
-        self, batch: int, queries: int, prefix: int, dev: torch.device
-    ) -> Callable[..., Tensor] | None:
-        layout = self._pool().layout
-        key = (batch, queries, WINDOW, prefix)
-        statics = functools.partial(_window_statics, batch, queries, layout, prefix, dev)
-        if not self.stepped:
-            return self.graphs.get(key, self._window_solver(), statics)
-        call = self.graphs.get(key, self._window_step(), lambda: _stepped(statics()))
-        return None if call is None else SteppedCall(call, _window_start, self.cfm.cfg.n_timesteps)
 
     def _window_solver(self, solver: CausalCFM | None = None):
         """The page-window solve of ``solver`` (None: of the one serving when it runs)."""
@@ -381,15 +378,6 @@ class GraphedCFM(nn.Module):
         if self.pool is None:
             raise RuntimeError("no page pool: enable_reuse first")
         return self.pool
-
-    def _graph(
-        self, batch: int, frames: int, streaming: bool, dev: torch.device
-    ) -> Callable[..., Tensor] | None:
-        key, statics = (batch, frames, streaming), functools.partial(_statics, batch, frames, dev)
-        if not self.stepped:
-            return self.graphs.get(key, self._solver(streaming), statics)
-        call = self.graphs.get(key, self._step(streaming), lambda: _stepped(statics()))
-        return None if call is None else SteppedCall(call, self._noise_start, self.cfm.cfg.n_timesteps)
 
     def _solver(self, streaming: bool, solver: CausalCFM | None = None):
         """The solve of ``solver`` (None: of the one serving when it runs) on a bucket's input buffers."""

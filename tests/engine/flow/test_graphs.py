@@ -113,7 +113,7 @@ def test_precapture_covers_every_bucket_largest_first(flow, monkeypatch):
     reuses the first capture's blocks); capture itself is replaced by a recorder (no GPU here)."""
     graphed = GraphedCFM(flow.decoder, frame_bucket=100)
     seen: list[tuple[int, int, bool]] = []
-    monkeypatch.setattr(graphed, "_graph", lambda b, t, s, dev: seen.append((b, t, s)))
+    monkeypatch.setattr(graphed, "_captured", lambda key, dev: seen.append(key))
     monkeypatch.setattr("engine.flow.graphs.devices.empty_cache", lambda dev: None)
     assert graphed.precapture(5, 250, torch.device("cpu")) == len(seen) == 4 * 3 * 2
     assert seen[0] == (8, 300, True) and seen[-1] == (1, 100, False)
