@@ -123,7 +123,9 @@
 #                                                 graphs-early": a third launch, warm, with these flags too
 #                                                 -> startup_FAMILY_warm-b/ (the two warm starts share what
 #                                                 is left after COLD_S); RUNS=warm: no cold start, the
-#                                                 warm ones on STARTUP_ROOT as an earlier step left it
+#                                                 warm ones on STARTUP_ROOT as an earlier step left it;
+#                                                 RUNS=cold: the cold start alone, COLD_S (a hold short of
+#                                                 time: it fills the root for a RUNS=warm call)
 #   bench/gpu/run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: the open-loop soak (bench.soak
 #                                                 --arrivals poisson: RATE requests/s, the capacity the
 #                                                 capacity step found; 10 s +-50 % requests, 10 % leavers, 5 %
@@ -554,8 +556,10 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   shift
   family_dir "$fam" > /dev/null
   local cold_s=${COLD_S:-300} runs arm extra
-  # RUNS=warm: warm starts only, on the root (STARTUP_ROOT) an earlier step of this hold filled
-  [[ ${RUNS:-cold warm} =~ ^(cold warm|warm)$ ]] || die "RUNS: 'cold warm' or 'warm', got '${RUNS:-}'"
+  # RUNS=warm: warm starts only, on the root (STARTUP_ROOT) an earlier step of this hold filled; RUNS=cold:
+  # the cold start alone, which fills it
+  [[ ${RUNS:-cold warm} =~ ^(cold warm|warm|cold)$ ]] ||
+    die "RUNS: 'cold warm', 'warm' or 'cold', got '${RUNS:-}'"
   read -r -a runs <<< "${RUNS:-cold warm}"
   [ -z "${B_FLAGS:-}" ] || runs+=(warm-b)  # B_FLAGS: a second warm start with these flags added (an A/B)
   environment
@@ -563,7 +567,7 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   root=${STARTUP_ROOT:-/root/startup-cache-$fam}
   local warm_n=${#runs[@]}
   if [ "${runs[0]}" = cold ]; then rm -rf "$root" && warm_n=$((warm_n - 1)); else cold_s=0; fi
-  local warm_s=$(((LIMIT_S - cold_s - 10) / warm_n))
+  local warm_s=$((warm_n > 0 ? (LIMIT_S - cold_s - 10) / warm_n : 0))
   for arm in "${runs[@]}"; do
     kind=${arm%-b} extra=()
     [ "$arm" != warm-b ] || read -r -a extra <<< "$B_FLAGS"

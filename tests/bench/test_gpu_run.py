@@ -247,16 +247,16 @@ def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypat
 
 
 def test_startup_runs_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
-    """RUNS picks the starts: a cold then a warm one (the default), or warm ones only on a root an earlier
-    step filled; anything else stops at once, before the root is touched."""
+    """RUNS picks the starts: a cold then a warm one (the default), warm ones only on a root an earlier
+    step filled, or the cold one alone; anything else stops at once, before the root is touched."""
     root = checkout.parent / "filled-root"
     (root / "compile").mkdir(parents=True)
     monkeypatch.setenv("STARTUP_ROOT", str(root))
-    for runs in ("warm cold", "hot", "cold"):
+    for runs in ("warm cold", "hot", "cold cold"):
         monkeypatch.setenv("RUNS", runs)
         done = run_sh(checkout, "startup", "v3")
-        assert done.returncode == 2 and f"RUNS: 'cold warm' or 'warm', got '{runs}'" in done.stderr
-    for runs in ("warm", "cold warm"):
+        assert done.returncode == 2 and f"RUNS: 'cold warm', 'warm' or 'cold', got '{runs}'" in done.stderr
+    for runs in ("warm", "cold warm", "cold"):
         monkeypatch.setenv("RUNS", runs)
         done = run_sh(checkout, "startup", "v3")  # good runs get as far as the missing vLLM install
         assert done.returncode == 2 and "vLLM is not installed" in done.stderr
