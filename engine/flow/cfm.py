@@ -261,18 +261,19 @@ class CausalCFM(nn.Module):
         mu_in, spks_in, cond_in = _guided(mu, spks, cond)
 
         def velocity(x: Tensor, t: Tensor, step: int | Tensor) -> Tensor:
+            # the page numbers in the pool's pages of this step, each made once a step
+            kept, before = pool.at(step, writes), pool.at(step, lead)
             if lay.lead:  # the DiT: x of the position conv's lead frames, from the pages before the window
-                pool.keep_x(step, x, writes)
-                x = torch.cat([pool.lead_x(step, lead).to(x.dtype), x], dim=2)  # [B,80,lead+Q]
+                pool.keep_x(x, kept)
+                x = torch.cat([pool.lead_x(before).to(x.dtype), x], dim=2)  # [B,80,lead+Q]
             x_in = torch.cat([x, x]).to(spks.dtype)
-            # the estimator's 2B rows, their page numbers in the pool's pages of this step
-            rows = PagedRows.of(pool.at(step, prefix), start, total, pool.at(step, lead)).tensors
+            rows = PagedRows.of(pool.at(step, prefix), start, total, before).tensors  # the estimator's rows
             v, new, states = paged(
                 x_in, mu_in, t.expand(2 * b), spks_in, cond_in, pool.kv_pages, pool.states_pages, *rows
             )
-            pool.keep_kv(step, new, writes)
+            pool.keep_kv(new, kept)
             if lay.states:
-                pool.keep_states(step, states, writes)
+                pool.keep_states(states, kept)
             return v
 
         return velocity

@@ -120,35 +120,36 @@ class PagePool:
         int, or a [1] long tensor on the device (a captured step: no host sync)."""
         return pages + step * self.layout.pages
 
-    def keep_x(self, step: int | Tensor, x: Tensor, writes: Tensor) -> None:
-        """x [B,80,Q] entering ``step``: its chunks into their pages (``writes`` [B,Q/chunk])."""
+    def keep_x(self, x: Tensor, writes: Tensor) -> None:
+        """x [B,80,Q] entering a step: its chunks into their pages (``writes`` [B,Q/chunk], that step's:
+        ``at``)."""
         b, mel, chunks = x.size(0), x.size(1), writes.size(1)
         pages = x[:, :, : chunks * self.layout.chunk].unflatten(2, (chunks, -1)).transpose(1, 2)
         rows = pages.reshape(b * chunks, mel, -1).to(self.x.dtype)
-        self.x_pages.index_copy_(0, self.at(step, writes).flatten(), rows)
+        self.x_pages.index_copy_(0, writes.flatten(), rows)
 
-    def lead_x(self, step: int | Tensor, lead: Tensor) -> Tensor:
-        """The x entering ``step`` of the ``layout.lead`` frames before each window: lead [B, lead pages]
-        -> [B,80,lead] (frames before frame 0 read the scratch page; the caller masks them)."""
+    def lead_x(self, lead: Tensor) -> Tensor:
+        """The x entering a step of the ``layout.lead`` frames before each window: lead [B, lead pages] (the
+        step's: ``at``) -> [B,80,lead] (frames before frame 0 read the scratch page: the caller masks them)"""
         b, n = lead.shape
-        pages = self.x_pages[self.at(step, lead).flatten()].unflatten(0, (b, n))  # [B,n,80,chunk]
+        pages = self.x_pages[lead.flatten()].unflatten(0, (b, n))  # [B,n,80,chunk]
         return pages.transpose(1, 2).flatten(2)[:, :, n * self.layout.chunk - self.layout.lead :]
 
-    def keep_states(self, step: int | Tensor, states: Tensor, writes: Tensor) -> None:
+    def keep_states(self, states: Tensor, writes: Tensor) -> None:
         """The U-Net's conv states at the end of each window chunk, states [2B, chunks, numbers] (rows: B
-        cond, B uncond), into the pages of the chunks that the call keeps."""
+        cond, B uncond), into the pages of the chunks that the call keeps (``writes``: the step's, ``at``)."""
         b, chunks = writes.shape
         pages = states.unflatten(0, (2, b)).permute(1, 2, 0, 3).reshape(b * chunks, 2, -1)
-        self.states_pages.index_copy_(0, self.at(step, writes).flatten(), pages)
+        self.states_pages.index_copy_(0, writes.flatten(), pages)
 
-    def keep_kv(self, step: int | Tensor, kv: Tensor, writes: Tensor) -> None:
-        """A window's keys/values at ``step``, kv [depth, 2, 2B, H, Q, D] (rows: B cond, B uncond), into the
-        pages of its chunks that the call keeps."""
+    def keep_kv(self, kv: Tensor, writes: Tensor) -> None:
+        """A window's keys/values at a step, kv [depth, 2, 2B, H, Q, D] (rows: B cond, B uncond), into the
+        pages of its chunks that the call keeps (``writes``: the step's, ``at``)."""
         b, chunks, c = writes.size(0), writes.size(1), self.layout.chunk
         pages = kv[..., : chunks * c, :].unflatten(2, (2, b)).unflatten(5, (chunks, c))
         # [depth, kv, cfg, B, H, chunks, c, D] -> [B, chunks, depth, kv, cfg, H, c, D]
         pages = pages.permute(3, 5, 0, 1, 2, 4, 6, 7).reshape(b * chunks, *self.kv.shape[2:])
-        self.kv_pages.index_copy_(0, self.at(step, writes).flatten(), pages)
+        self.kv_pages.index_copy_(0, writes.flatten(), pages)
 
 
 class PagedCache:
