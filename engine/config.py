@@ -224,6 +224,16 @@ def add_flow_step_graphs_flag(parser: Flags) -> None:
     )  # fmt: skip
 
 
+def add_lm_fork_server_flag(parser: Flags) -> None:
+    """``--lm-fork-server`` / ``--no-lm-fork-server`` -> ``args.lm_fork_server``
+    (``EngineConfig.lm_fork_server``); the last given wins."""
+    parser.add_argument(
+        "--lm-fork-server", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_fork_server,
+        help="with vLLM: fork its engine core from a process started first thing that has imported vLLM, "
+        "instead of spawning one that imports it again (default: off, not yet measured)",
+    )  # fmt: skip
+
+
 def add_native_lm_graphs_flag(parser: Flags) -> None:
     """``--native-lm-graphs`` / ``--no-native-lm-graphs`` -> ``args.native_lm_graphs``
     (``EngineConfig.lm_native_graphs``); the last given wins."""
@@ -413,6 +423,11 @@ class EngineConfig:
     # at 59.1 s, it gained nothing: the text workers' start then lay on the path. False: ready only once
     # vLLM is up (benchmarks that measure vLLM alone)
     lm_handover: bool | None = None
+    # vLLM's engine core forked from a fork server started first thing in the load, which imports vLLM there
+    # beside this process's start (engine.lm.fork_server), instead of spawned as a fresh interpreter that
+    # imports torch, transformers and vLLM again (~20 s of a warm start's wait for vLLM on the H200,
+    # BENCHMARKS.md "Start-up"). Off by default: not yet measured on a GPU
+    lm_fork_server: bool = False
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16
@@ -522,6 +537,8 @@ class EngineConfig:
             raise ValueError(f"flow_precompiled must be True or False, got {self.flow_precompiled!r}")
         if not isinstance(self.flow_step_graphs, bool):
             raise ValueError(f"flow_step_graphs must be True or False, got {self.flow_step_graphs!r}")
+        if not isinstance(self.lm_fork_server, bool):
+            raise ValueError(f"lm_fork_server must be True or False, got {self.lm_fork_server!r}")
         if self.flow_compile not in (None, True, False):
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse not in (None, True, False):

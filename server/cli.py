@@ -27,6 +27,7 @@ from engine.config import (
     add_flow_precompiled_flag,
     add_flow_reuse_flags,
     add_flow_step_graphs_flag,
+    add_lm_fork_server_flag,
     add_lm_handover_flags,
     add_model_flag,
     add_native_lm_graphs_flag,
@@ -189,6 +190,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
     add_lm_handover_flags(g)
+    add_lm_fork_server_flag(g)
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
@@ -270,6 +272,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         background_graphs=args.background_graphs,
         first_graphs_early=args.first_graphs_early,
         lm_handover=args.lm_handover,
+        lm_fork_server=args.lm_fork_server,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,

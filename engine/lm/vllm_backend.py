@@ -33,6 +33,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from engine.config import SamplingConfig
+from engine.lm import fork_server
 from engine.lm.backend import LMRequest
 from engine.lm.bistream import Feed, Layout, Round, Table, embed
 from engine.lm.hf_export import BIAS_FILE, export_hf  # noqa: F401  (export_hf: the backend's input)
@@ -177,6 +178,10 @@ class VLLMBackend:
         # come up between vLLM's "is CUDA initialised?" check and its fork (seen on the H200: "Cannot
         # re-initialize CUDA in forked subprocess"); an operator's own choice is kept
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        if fork_server.started():  # the core forks from it, vLLM imported there (EngineConfig.lm_fork_server)
+            from vllm.v1.engine import utils as engine_procs
+
+            engine_procs.get_mp_context = fork_server.context  # what vLLM 0.26 makes its engine core with
         args = AsyncEngineArgs(
             model=str(model_dir),
             skip_tokenizer_init=True,

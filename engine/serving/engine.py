@@ -38,6 +38,7 @@ from engine.graph_builder import GraphBuilder
 from engine.hub import ModelDir, resolve_model
 from engine.import_lock import transformers_import
 from engine.lexicons import LexiconLibrary
+from engine.lm import fork_server
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.decode_slot import DecodeSlot
@@ -191,6 +192,7 @@ class TTSEngine:
         not wait for vLLM: the native loop serves until vLLM is up (``engine.lm.handover``)."""
         # the text workers first: separate processes, each importing for seconds (10 s of the path to ready
         # on an H200 when they started after the frontends and the LM did not hide them: the handover)
+        _start_fork_server(cfg, dev)
         early = _started_pool(cfg, files, dev)
         weights = _loading(cfg, files, dev, timeline)
         try:
@@ -809,6 +811,13 @@ def _decode_slot(cfg: EngineConfig, lm: SpeechLM) -> DecodeSlot | None:
     if not (cfg.lm_native_graphs and devices.graphs_supported(lm.speech_embedding.weight.device)):
         return None
     return DecodeSlot(lm)
+
+
+def _start_fork_server(cfg: EngineConfig, dev: torch.device) -> None:
+    """Where vLLM serves and ``lm_fork_server`` asks for it: the process its engine core forks from,
+    started now (engine.lm.fork_server): vLLM's imports there run beside this load from here on."""
+    if cfg.lm_fork_server and _uses_vllm(cfg, devices.is_accelerator(dev)):
+        fork_server.start()
 
 
 def _uses_vllm(cfg: EngineConfig, accelerator: bool) -> bool:

@@ -87,6 +87,27 @@ def test_vllm_starts_its_engine_core_by_spawn_unless_the_operator_chose(monkeypa
     assert seen == ["spawn", "forkserver"]
 
 
+def test_with_the_fork_server_started_vllm_makes_its_engine_core_from_its_context(monkeypatch, tmp_path):
+    """EngineConfig.lm_fork_server: vLLM 0.26 makes its engine core with vllm.v1.engine.utils'
+    get_mp_context; once the fork server runs, that is engine.lm.fork_server's context as the engine
+    starts; without it, vLLM's own."""
+    from engine.lm import fork_server
+
+    module = backend_module(monkeypatch)
+    procs = types.ModuleType("vllm.v1.engine.utils")
+    procs.get_mp_context = own = lambda: "vLLM's own"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine", types.ModuleType("vllm.v1.engine"))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.utils", procs)
+    monkeypatch.setattr(sys.modules["vllm.v1.engine"], "utils", procs, raising=False)
+    seen: list[object] = []
+    stub_vllm_engine(monkeypatch, module, lambda kwargs: seen.append(procs.get_mp_context))
+    (tmp_path / "config.json").write_text('{"vocab_size": 10}')
+    module.VLLMBackend(tmp_path, SamplingConfig(), 0.5)
+    monkeypatch.setattr(fork_server, "started", lambda: True)
+    module.VLLMBackend(tmp_path, SamplingConfig(), 0.5)
+    assert seen == [own, fork_server.context]
+
+
 def test_the_lm_profiler_is_configured_only_when_asked_for(monkeypatch, tmp_path):
     module = backend_module(monkeypatch)
 

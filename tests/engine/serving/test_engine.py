@@ -838,3 +838,19 @@ def test_with_background_graphs_the_first_lane_opens_as_the_builders_last_job(tm
         assert eng.graph_builder.wait(WAIT_S) and opened == [200]  # 4 s of mel
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize(
+    "asked, backend, started",
+    [(True, "vllm", True), (True, "auto", False), (True, "native", False), (False, "vllm", False)],
+)
+def test_the_fork_server_starts_only_where_asked_for_and_vllm_serves(monkeypatch, asked, backend, started):
+    """``lm_fork_server`` starts the process vLLM's engine core forks from, where vLLM serves the LM
+    (asked for; auto on the CPU is the native loop): never for a native loop, which has no engine core."""
+    from engine.serving import engine as engine_module
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(engine_module.fork_server, "start", lambda *modules: calls.append(modules))
+    cfg = EngineConfig(backend=backend, lm_fork_server=asked)
+    engine_module._start_fork_server(cfg, torch.device("cpu"))
+    assert calls == ([()] if started else [])
