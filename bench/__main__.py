@@ -46,12 +46,10 @@ from engine.config import (
     add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
-    add_flow_precompiled_flag,
     add_flow_reuse_flags,
-    add_flow_step_graphs_flag,
     add_model_flag,
-    add_native_lm_graphs_flag,
     add_overlap_flags,
+    add_switch,
     fast_start_flag,
 )
 
@@ -203,9 +201,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_flow_attention_flag(p)
     add_flow_compile_flags(p)
     add_flow_aot_flag(p)
-    add_flow_precompiled_flag(p)
-    add_flow_step_graphs_flag(p)
-    add_native_lm_graphs_flag(p)
+    add_switch(p, "flow-precompiled")
+    add_switch(p, "flow-step-graphs")
+    add_switch(p, "native-lm-graphs")
     add_flow_reuse_flags(p)
     add_overlap_flags(p)
     p.add_argument(

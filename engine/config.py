@@ -204,44 +204,37 @@ def add_flow_aot_flag(parser: Flags) -> None:
     )  # fmt: skip
 
 
-def add_flow_precompiled_flag(parser: Flags) -> None:
-    """``--flow-precompiled`` / ``--no-flow-precompiled`` -> ``args.flow_precompiled``
-    (``EngineConfig.flow_precompiled``); the last given wins, so an A/B can add the other one to a command."""
-    parser.add_argument(
-        "--flow-precompiled", action=argparse.BooleanOptionalAction, default=EngineConfig.flow_precompiled,
-        help="GPU, where torch.compile compiles the flow (not --flow-aot): keep its programs whole under the "
+# the on/off options: ``--FLAG`` / ``--no-FLAG`` -> EngineConfig's field, and the flag's help
+SWITCHES: dict[str, tuple[str, str]] = {
+    "flow-precompiled": (
+        "flow_precompiled",
+        "GPU, where torch.compile compiles the flow (not --flow-aot): keep its programs whole under the "
         "cache root and load them there on the next start, no Dynamo trace, no AOTAutograd (default: on)",
-    )  # fmt: skip
-
-
-def add_flow_step_graphs_flag(parser: Flags) -> None:
-    """``--flow-step-graphs`` / ``--no-flow-step-graphs`` -> ``args.flow_step_graphs``
-    (``EngineConfig.flow_step_graphs``); the last given wins."""
-    parser.add_argument(
-        "--flow-step-graphs", action=argparse.BooleanOptionalAction, default=EngineConfig.flow_step_graphs,
-        help="CUDA: capture one flow solver step per graph and replay it once a step, not the whole solve: "
+    ),
+    "flow-step-graphs": (
+        "flow_step_graphs",
+        "CUDA: capture one flow solver step per graph and replay it once a step, not the whole solve: "
         "a tenth of each capture's work at start-up, the same audio (default: off, not yet measured)",
-    )  # fmt: skip
-
-
-def add_lm_fork_server_flag(parser: Flags) -> None:
-    """``--lm-fork-server`` / ``--no-lm-fork-server`` -> ``args.lm_fork_server``
-    (``EngineConfig.lm_fork_server``); the last given wins."""
-    parser.add_argument(
-        "--lm-fork-server", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_fork_server,
-        help="with vLLM: fork its engine core from a process started first thing that has imported vLLM, "
-        "instead of spawning one that imports it again (default: off, not yet measured)",
-    )  # fmt: skip
-
-
-def add_native_lm_graphs_flag(parser: Flags) -> None:
-    """``--native-lm-graphs`` / ``--no-native-lm-graphs`` -> ``args.native_lm_graphs``
-    (``EngineConfig.lm_native_graphs``); the last given wins."""
-    parser.add_argument(
-        "--native-lm-graphs", action=argparse.BooleanOptionalAction, default=EngineConfig.lm_native_graphs,
-        help="CUDA: the native LM loop decodes a lone request from one CUDA graph (the requests served "
+    ),
+    "native-lm-graphs": (
+        "lm_native_graphs",
+        "CUDA: the native LM loop decodes a lone request from one CUDA graph (the requests served "
         "while vLLM starts, or all where vLLM is absent; default: on)",
-    )  # fmt: skip
+    ),
+    "lm-fork-server": (
+        "lm_fork_server",
+        "with vLLM: fork its engine core from a process started first thing that has imported vLLM, "
+        "instead of spawning one that imports it again (default: off, not yet measured)",
+    ),
+}
+
+
+def add_switch(parser: Flags, flag: str) -> None:
+    """``--FLAG`` / ``--no-FLAG`` of ``SWITCHES`` -> ``args.FLAG`` (dashes as underscores), EngineConfig's
+    default when neither is given; the last given wins, so an A/B can add the other one to a command."""
+    field, help = SWITCHES[flag]
+    default = getattr(EngineConfig, field)
+    parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=help)
 
 
 def add_flow_attention_flag(parser: Flags) -> None:

@@ -24,14 +24,11 @@ from engine.config import (
     add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
-    add_flow_precompiled_flag,
     add_flow_reuse_flags,
-    add_flow_step_graphs_flag,
-    add_lm_fork_server_flag,
     add_lm_handover_flags,
     add_model_flag,
-    add_native_lm_graphs_flag,
     add_overlap_flags,
+    add_switch,
     fast_start_choice,
 )
 from engine.serving.startup import Timeline
@@ -184,13 +181,13 @@ def add_gpu_flags(g: Flags) -> None:
     add_flow_attention_flag(g)
     add_flow_compile_flags(g)
     add_flow_aot_flag(g)
-    add_flow_precompiled_flag(g)
-    add_flow_step_graphs_flag(g)
-    add_native_lm_graphs_flag(g)
+    add_switch(g, "flow-precompiled")
+    add_switch(g, "flow-step-graphs")
+    add_switch(g, "native-lm-graphs")
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
     add_lm_handover_flags(g)
-    add_lm_fork_server_flag(g)
+    add_switch(g, "lm-fork-server")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
