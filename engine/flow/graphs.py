@@ -302,15 +302,13 @@ class GraphedCFM(nn.Module):
         if key[2] == WINDOW:
             layout = self._pool().layout
             statics = functools.partial(_window_statics, key[0], key[1], layout, key[3], dev)
-            whole, step, start = self._window_solver(solver), self._window_step(solver), _window_start
-        else:
-            streaming = bool(key[2])
-            statics = functools.partial(_statics, key[0], key[1], dev)
-            whole, step = self._solver(streaming, solver), self._step(streaming, solver)
-            start = self._noise_start
+            if not self.stepped:
+                return self._window_solver(solver), statics, None
+            return self._window_step(solver), lambda: _stepped(statics()), _window_start
+        streaming, statics = bool(key[2]), functools.partial(_statics, key[0], key[1], dev)
         if not self.stepped:
-            return whole, statics, None
-        return step, lambda: _stepped(statics()), start
+            return self._solver(streaming, solver), statics, None
+        return self._step(streaming, solver), lambda: _stepped(statics()), self._noise_start
 
     def _captured(self, key: tuple, dev: torch.device) -> Callable[..., Tensor] | None:
         """``key``'s graph of the serving solver, captured now if the cache allows (None: not captured)."""

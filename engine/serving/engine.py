@@ -190,9 +190,9 @@ class TTSEngine:
         start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
         started by ``warmup``). With a handover (``EngineConfig.lm_handover``, on by default) the load does
         not wait for vLLM: the native loop serves until vLLM is up (``engine.lm.handover``)."""
+        _start_fork_server(cfg, dev)
         # the text workers first: separate processes, each importing for seconds (10 s of the path to ready
         # on an H200 when they started after the frontends and the LM did not hide them: the handover)
-        _start_fork_server(cfg, dev)
         early = _started_pool(cfg, files, dev)
         weights = _loading(cfg, files, dev, timeline)
         try:
