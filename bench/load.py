@@ -25,6 +25,7 @@ import asyncio
 import base64
 import dataclasses
 import io
+import json
 import logging
 import math
 import resource
@@ -283,14 +284,16 @@ class HttpTarget:
     """``POST {url}/v1/audio/speech`` with ``response_format=pcm`` (s16le), timed per received piece.
 
     ``forced_tokens`` is sent as an extension field; a server that ignores it synthesises the text's own
-    length, which the results show as a different ``audio_s``.
+    length, which the results show as a different ``audio_s``. ``sse``: the audio comes as SSE events
+    (base64 deltas), and the last event's metrics give each result the server's TTFA parts and stages.
     """
 
     name = "cosystream-http"
 
-    def __init__(self, url: str, max_connections: int, api_key: str | None = None):
+    def __init__(self, url: str, max_connections: int, api_key: str | None = None, sse: bool = False):
         import httpx
 
+        self.sse = sse
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.url = url.rstrip("/") + "/v1/audio/speech"
@@ -312,7 +315,7 @@ class HttpTarget:
             "stream": req.stream,
             "seed": req.seed,
             "forced_tokens": req.forced_tokens,
-        }
+        } | ({"stream_format": "sse"} if self.sse else {})
 
     async def run(self, req: SynthesisRequest, rec: Recorder) -> None:
         async with self.client.stream("POST", self.url, json=self.body(req)) as resp:
@@ -322,6 +325,9 @@ class HttpTarget:
             wait_ms = resp.headers.get("X-Queue-Wait-Ms")
             rec.started(float(wait_ms) / 1000.0 if wait_ms is not None else None)
             rate = int(resp.headers.get("X-Sample-Rate", SAMPLE_RATE))
+            if self.sse:
+                await read_events(resp.aiter_lines(), rec, rate)
+                return
             async for data in resp.aiter_raw():
                 rec.chunk(len(data) / 2 / rate)  # s16le mono: 2 bytes a sample
 
@@ -347,6 +353,27 @@ class HttpTarget:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+async def read_events(lines: AsyncIterator[str], rec: Recorder, rate: int) -> None:
+    """The speech API's SSE stream: each ``speech.audio.delta`` (base64 s16le) timed as it arrives, the
+    ``speech.audio.done`` event's metrics (the server's TTFA parts and stage times) onto ``rec``; an
+    ``error`` event (a failure after the status line) fails the request."""
+    done = False
+    async for line in lines:
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line.removeprefix("data: "))
+        if event.get("type") == "speech.audio.delta":
+            rec.chunk(len(base64.b64decode(event["audio"])) / 2 / rate)
+        elif event.get("type") == "speech.audio.done":
+            metrics, done = event.get("metrics") or {}, True
+            rec.ttfa_parts_ms = dict(metrics.get("ttfa_parts_ms") or {})
+            rec.stage_ms = dict(metrics.get("stage_ms") or {})
+        elif event.get("type") == "error":
+            raise RuntimeError(f"the stream ended with an error event: {event.get('error', event)}")
+    if not done:
+        raise RuntimeError("the event stream ended without its speech.audio.done event")
 
 
 # ------------------------------------------------------------------------------------------ one level

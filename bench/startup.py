@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 FAMILIES = ("cosyvoice3", "cosyvoice2")
 POLL_S = 0.25  # between probes of a starting server
 FIRST_REQUESTS = 5
+LONG_FIELDS = ("phases", "command", "first_ttfa_parts_ms", "steady_ttfa_parts_ms")  # not in the summary line
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ class StartupRun:
     # what a visitor right after a start meets
     pending_during_first: list[str] = field(default_factory=list)
     steady_ttfa_ms: list[float] = field(default_factory=list)  # as many again, once at full speed
+    # the server's own account of each of those TTFAs (ms: queue, frontend, lm, t2w_wait, t2w_compute;
+    # engine.serving.metrics.TTFA_PARTS): what a slow first request spent its time on
+    first_ttfa_parts_ms: list[dict[str, float]] = field(default_factory=list)
+    steady_ttfa_parts_ms: list[dict[str, float]] = field(default_factory=list)
     # the server's timeline (/ready) at full speed, or as far as it got when the run was stopped
     phases: list[dict[str, Any]] = field(default_factory=list)
     # /ready's stage at ready ("warming": start-up work left, e.g. vLLM still starting while the native LM
@@ -127,17 +132,21 @@ def full_speed(body: dict[str, Any]) -> bool:
     return not (body.get("startup") or {}).get("pending", [])
 
 
-async def ttfas(target: HttpTarget, workload: Workload, n: int, seed: int) -> list[float]:
-    """``n`` requests one after another -> each one's TTFA (ms) as the client saw it."""
-    prompt, out = prompt_audio(), []
+async def ttfas(
+    target: HttpTarget, workload: Workload, n: int, seed: int
+) -> tuple[list[float], list[dict[str, float]]]:
+    """``n`` requests one after another -> each one's TTFA (ms) as the client saw it, and its parts as
+    the server measured them."""
+    prompt, seen, parts = prompt_audio(), [], []
     for i in range(n):
         rec = Recorder()
         await target.run(workload.request(seed + i, prompt), rec)
         result = rec.result(i)
         if result.ttfa_ms is None:
             raise RuntimeError(f"request {i} returned no audio")
-        out.append(round(result.ttfa_ms, 1))
-    return out
+        seen.append(round(result.ttfa_ms, 1))
+        parts.append({k: round(v, 1) for k, v in result.ttfa_parts_ms.items()})
+    return seen, parts
 
 
 async def measure(args: argparse.Namespace) -> StartupRun:
@@ -147,7 +156,7 @@ async def measure(args: argparse.Namespace) -> StartupRun:
     server = Server(args.command, url, out / "server.log")
     deadline = server.t0 + args.limit_s
     reached: dict[str, Any] = {}
-    target = HttpTarget(url, 1)
+    target = HttpTarget(url, 1, sse=True)  # SSE: each request's TTFA parts come with its audio
     try:
         async with httpx.AsyncClient() as client:
             await server.until(client, "/health", deadline)
@@ -158,13 +167,15 @@ async def measure(args: argparse.Namespace) -> StartupRun:
             reached |= {"stage_at_ready": body.get("stage"), "lm_backend_at_ready": body.get("lm_backend")}
             dumps = asyncio.create_task(stack_dumps(server, args.stack_dumps_at))
             try:
-                reached["first_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 0)
+                first = await ttfas(target, workload, FIRST_REQUESTS, 0)
+                reached["first_ttfa_ms"], reached["first_ttfa_parts_ms"] = first
             finally:
                 dumps.cancel()
             body = await server.until(client, "/ready", deadline, full_speed)
             reached["launch_to_full_speed_s"] = server.since_launch()
             reached["lm_backend_at_full_speed"] = body.get("lm_backend")
-            reached["steady_ttfa_ms"] = await ttfas(target, workload, FIRST_REQUESTS, 100)
+            steady = await ttfas(target, workload, FIRST_REQUESTS, 100)
+            reached["steady_ttfa_ms"], reached["steady_ttfa_parts_ms"] = steady
             reached["phases"] = (body.get("startup") or {}).get("phases", [])
     except (TimeoutError, RuntimeError) as err:
         reached["error"] = str(err)
@@ -213,6 +224,8 @@ def record(args: argparse.Namespace, reached: dict[str, Any]) -> StartupRun:
         first_ttfa_ms=reached.get("first_ttfa_ms", []),
         pending_during_first=reached.get("pending_during_first", []),
         steady_ttfa_ms=reached.get("steady_ttfa_ms", []),
+        first_ttfa_parts_ms=reached.get("first_ttfa_parts_ms", []),
+        steady_ttfa_parts_ms=reached.get("steady_ttfa_parts_ms", []),
         phases=reached.get("phases", []),
         stage_at_ready=reached.get("stage_at_ready"),
         lm_backend_at_ready=reached.get("lm_backend_at_ready"),
@@ -266,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run = asyncio.run(measure(args))
     (Path(args.out) / "startup.json").write_text(json.dumps(run.to_json(), indent=2) + "\n")
-    print(json.dumps({k: v for k, v in run.to_json().items() if k not in ("phases", "command")}))
+    for name, parts in (("first", run.first_ttfa_parts_ms), ("steady", run.steady_ttfa_parts_ms)):
+        for i, each in enumerate(parts):
+            spent = ", ".join(f"{k} {v:.0f}" for k, v in each.items())
+            log.info("%s request %d: TTFA parts (ms) %s", name, i + 1, spent)
+    # the summary last: run.sh shows this line
+    print(json.dumps({k: v for k, v in run.to_json().items() if k not in LONG_FIELDS}))
     return 0 if run.error is None else 1
 
 

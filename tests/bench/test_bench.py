@@ -4,7 +4,9 @@ and the accounting (percentiles, underruns, client-side timing) on synthetic inp
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +22,14 @@ from bench.load import (
     paced_words,
     percentile,
     prompt_audio,
+    read_events,
     run_level,
     underruns,
 )
 from bench.report import markdown
 from engine.config import EngineConfig, Limits
 from engine.serving.engine import TTSEngine
+from engine.serving.metrics import TTFA_PARTS
 
 TOKENS = 60  # streamed: a first chunk at 25 + pad + 3 tokens (pad 13 for the 3.5 s prompt), then the final
 CLI_TOKENS = 30  # one chunk either way: keeps the CLI sweep (12 requests) short
@@ -241,6 +245,41 @@ async def test_a_server_allowing_forced_tokens_gives_every_http_request_the_benc
             await target.aclose()
     assert level.failed == 0, level.errors
     assert [r.audio_s for r in level.per_request] == pytest.approx([TOKENS / 25] * 2, abs=0.04)
+
+
+async def test_http_target_over_sse_gives_each_request_the_servers_ttfa_parts(engine):
+    """``sse``: the same audio as base64 events, and the last event's metrics (what bench.startup keeps of
+    each first request: where its TTFA went)."""
+    from api.app import build_api
+    from tests.api.support import live_server
+
+    with live_server(build_api(engine, Limits(forced_tokens=True), api_key="")) as url:
+        target = HttpTarget(url, max_connections=1, sse=True)
+        try:
+            level = await run_level(target, Workload(tokens=TOKENS), 2, 1, prompt_audio())
+        finally:
+            await target.aclose()
+    assert level.failed == 0, level.errors
+    for req in level.per_request:
+        assert req.audio_s == pytest.approx(TOKENS / 25, abs=0.04) and req.chunks >= 2  # streamed in pieces
+        assert set(req.ttfa_parts_ms) == set(TTFA_PARTS) and all(v >= 0 for v in req.ttfa_parts_ms.values())
+        assert sum(req.ttfa_parts_ms.values()) <= req.ttfa_ms  # the server's part of what the client waited
+        assert req.stage_ms["lm"] > 0
+
+
+async def test_an_sse_stream_that_ends_in_an_error_or_without_its_last_event_fails_the_request():
+    async def lines(*events: dict) -> AsyncIterator[str]:
+        for event in events:
+            yield f"data: {json.dumps(event)}"
+            yield ""
+
+    delta = {"type": "speech.audio.delta", "audio": base64.b64encode(bytes(480)).decode()}
+    rec = Recorder()
+    with pytest.raises(RuntimeError, match="engine_failed"):
+        await read_events(lines(delta, {"type": "error", "error": {"code": "engine_failed"}}), rec, 24000)
+    assert rec.result(0).audio_s == pytest.approx(0.01)  # what came before the error is counted
+    with pytest.raises(RuntimeError, match=r"without its speech\.audio\.done"):
+        await read_events(lines(delta), Recorder(), 24000)
 
 
 def test_profile_dir_writes_a_stage_and_operator_summary_per_streaming_level(cache, tmp_path):

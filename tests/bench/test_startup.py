@@ -4,6 +4,7 @@ streams pcm for /v1/audio/speech)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import sys
@@ -16,7 +17,7 @@ from bench.startup import StartupRun, main, parse_args
 
 SERVER = textwrap.dedent(
     """
-    import json, signal, sys, time, traceback
+    import base64, json, signal, sys, time, traceback
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     t0 = time.monotonic()
     # as python app.py does: the stacks into the log on SIGUSR1
@@ -50,13 +51,20 @@ SERVER = textwrap.dedent(
                              "startup": {"ready_s": READY_S, "phases": phases, "pending": pending}})
 
         def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            pcm = bytes(2 * 2400)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert body["stream_format"] == "sse", body  # the bench asks for events: TTFA parts come last
+            audio = base64.b64encode(bytes(2 * 2400)).decode()
+            lm_ms = 40.0 + 1000 * (time.monotonic() - t0)
+            parts = {"queue": 0.5, "frontend": 2.0, "lm": lm_ms, "t2w_wait": 1.0}
+            events = [{"type": "speech.audio.delta", "audio": audio},
+                      {"type": "speech.audio.done", "metrics": {"ttfa_parts_ms": parts, "stage_ms": {}}}]
+            data = "".join(f"data: {json.dumps(e)}\\n\\n" for e in events).encode()
             self.send_response(200)
             self.send_header("X-Sample-Rate", "24000")
-            self.send_header("Content-Length", str(len(pcm)))
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(pcm)
+            self.wfile.write(data)
 
     ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
     """
@@ -82,11 +90,18 @@ def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys) -> N
     health, ready, full = run["launch_to_health_s"], run["launch_to_ready_s"], run["launch_to_full_speed_s"]
     assert 0 < health <= ready <= full and ready >= 0.5 and full >= 1.0
     assert len(run["first_ttfa_ms"]) == len(run["steady_ttfa_ms"]) == 5
+    # each request's TTFA parts as the server sent them in its last event (lm: grows with the server's age)
+    first, steady = run["first_ttfa_parts_ms"], run["steady_ttfa_parts_ms"]
+    assert len(first) == len(steady) == 5 and first[0]["frontend"] == 2.0 and first[0]["t2w_wait"] == 1.0
+    served = first + steady
+    assert all(a["lm"] < b["lm"] for a, b in itertools.pairwise(served))
     assert run["phases"][0]["name"] == "weights" and run["first_vs_steady"] > 0
     assert run["pending_during_first"] == ["flow solver graphs"]  # the first requests met the background
     assert (run["stage_at_ready"], run["lm_backend_at_ready"], run["lm_backend_at_full_speed"]) == (
         "warming", "native", "vllm",
     )  # fmt: skip
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the line run.sh shows
+    assert summary["first_ttfa_ms"] == run["first_ttfa_ms"] and "first_ttfa_parts_ms" not in summary
 
 
 def test_a_start_stopped_before_full_speed_keeps_ready_the_first_requests_and_the_timeline(tmp_path: Path):
