@@ -82,12 +82,18 @@ CSS = """
 
 
 def tag_insert_js(tag: str) -> str:
-    """Insert ``tag`` at the script box's cursor (browser only: no round trip)."""
+    """Insert ``tag`` at the script box's cursor (browser only: no round trip), then put the cursor right
+    after it in the focused box, so the visitor types on from there. Gradio writes the returned value into
+    the box after this function returns (and the browser then moves the cursor to the text's end, or
+    wherever), so the cursor is placed once the box holds the new text (a few frames at most)."""
     snippet = tag.replace("...", " ")
     return (
-        "(s) => { const ta = document.querySelector('#cosy-script-text textarea');"
-        " const i = ta && ta.selectionStart != null ? ta.selectionStart : (s || '').length;"
-        f" const v = s || ''; return v.slice(0, i) + {snippet!r} + v.slice(i); }}"
+        "(s) => { const ta = document.querySelector('#cosy-script-text textarea'); const v = s || '';"
+        " const i = ta && ta.selectionStart != null ? ta.selectionStart : v.length;"
+        f" const tag = {snippet!r}; const next = v.slice(0, i) + tag + v.slice(i); const at = i + tag.length;"
+        " let frames = 0; const place = () => { if (ta.value === next) { ta.focus();"
+        " ta.setSelectionRange(at, at); } else if (frames++ < 60) { requestAnimationFrame(place); } };"
+        " if (ta) { requestAnimationFrame(place); } return next; }"
     )
 
 

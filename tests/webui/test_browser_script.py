@@ -43,6 +43,12 @@ def shoot(page: Any, name: str) -> None:
     page.screenshot(path=str(OUT / name))  # docs/screens/ holds the committed set
 
 
+CURSOR_AFTER = """(tag) => { const ta = document.querySelector('#cosy-script-text textarea');
+  const end = ta.value.indexOf(tag) + tag.length;
+  return document.activeElement === ta && ta.value.includes(tag) && ta.selectionStart === end
+    && ta.selectionEnd === end; }"""
+
+
 def test_a_two_speaker_script_streams_highlights_and_downloads_subtitles(page, server) -> None:
     engine = server[1]
     page.locator("#cosy-script .label-wrap").first.click()
@@ -52,10 +58,8 @@ def test_a_two_speaker_script_streams_highlights_and_downloads_subtitles(page, s
     box.fill("Alice: Hello Bob, how are you today?\nBob: I am fine. ")
     box.press("End")
     page.locator("#cosy-script-tags button", has_text="[laughter]").click()  # inserted at the cursor
-    page.wait_for_function(
-        "document.querySelector('#cosy-script-text textarea').value.includes('[laughter]')"
-    )
-    box.press("End")
+    # the cursor goes right after the tag, in the box: the visitor types on from there
+    page.wait_for_function(CURSOR_AFTER, arg="[laughter]", timeout=WAIT_MS)
     box.press_sequentially(" Thanks!")
     box.scroll_into_view_if_needed()
     shoot(page, "scripts-editor.png")
