@@ -163,7 +163,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out} VB=${VB:-/root/vb} SITE=${SITE:-/root/site} CACHE=${CACHE:-/root/.cache/cosystream}
 LIMIT_S=${LIMIT_S:-540}
-HARDWARE="1x NVIDIA H200 (141 GB), torch 2.11 cu130, vLLM 0.26.0"
+HARDWARE=${HARDWARE:-}  # the results' "hardware": set by `environment` from the device itself (H100 or H200)
 # Packages the device image lacks (device KINDS.md list of 2026-11-17), with their own needs; vLLM's come
 # from its bundle. The bench and tests: BENCH_WHEELS; the server (app.py: Gradio, uvicorn): SERVER_WHEELS;
 # Ray Serve (cluster/): CLUSTER_WHEELS. av (prompt decoding beyond wav) stays out: 40 MB.
@@ -269,6 +269,8 @@ environment() {  # every H200 step: the installed vLLM and wheels on the path, o
   export PYTHONPATH="$SITE:$PWD"
   mkdir -p "$OUT"
   python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
+  [ -n "$HARDWARE" ] || HARDWARE=$(python3 -c "import torch, vllm; p = torch.cuda.get_device_properties(0)
+print(f'1x {p.name} ({p.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, vLLM {vllm.__version__}')")
 }
 
 build_model() {  # the bench's full-size random model in the released layout, built once per machine

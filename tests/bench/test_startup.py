@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import socket
 import sys
 import textwrap
@@ -77,7 +78,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys) -> None:
+def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="bench.startup")
     script, port, out = tmp_path / "server.py", free_port(), tmp_path / "run"
     script.write_text(SERVER)
     argv = ["--family", "cosyvoice3", "--cache-kind", "warm", "--out", str(out), "--port", str(port),
@@ -101,6 +103,10 @@ def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys) -> N
         "warming", "native", "vllm",
     )  # fmt: skip
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the line run.sh shows
+    # each request in the log as it ended (first: seeds 0-4, steady: 100-104), so a cut run keeps them
+    ended = [r.getMessage() for r in caplog.records if "the server's parts" in r.getMessage()]
+    seeds = [*range(5), *range(100, 105)]
+    assert [m.split(":")[0] for m in ended] == [f"request {i}" for i in seeds]
     assert summary["first_ttfa_ms"] == run["first_ttfa_ms"] and "first_ttfa_parts_ms" not in summary
 
 
