@@ -214,7 +214,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "flow-step-graphs": (
         "flow_step_graphs",
         "CUDA: capture one flow solver step per graph and replay it once a step, not the whole solve: "
-        "a tenth of each capture's work at start-up, the same audio (default: off, not yet measured)",
+        "a tenth of each capture's work at start-up, the same audio (default: on)",
     ),
     "native-lm-graphs": (
         "lm_native_graphs",
@@ -224,7 +224,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
     "lm-fork-server": (
         "lm_fork_server",
         "with vLLM: fork its engine core from a process started first thing that has imported vLLM, "
-        "instead of spawning one that imports it again (default: off, not yet measured)",
+        "instead of spawning one that imports it again (default: on)",
     ),
 }
 
@@ -382,9 +382,11 @@ class EngineConfig:
     flow_precompiled: bool = True
     # Each flow graph holds one solver step, replayed once a step (engine.flow.stepped), instead of the whole
     # 10-step solve: a tenth of a capture's Python work and graph nodes, the same audio to the bit. For the
-    # start: the ~110 flow captures ran ~65 s in the serving process after ready on the H200 (BENCHMARKS.md,
-    # start-up). Off by default: not yet measured on a GPU (the start, and the replays' cost under load).
-    flow_step_graphs: bool = False
+    # start: the ~110 flow captures ran ~65 s in the serving process after ready on the H200. On an H100 (v3
+    # warm, one machine, BENCHMARKS.md "Start-up"): the first graphs 8.8 s instead of 16.6 s, the 20 1-stream
+    # flow graphs 1.7 s instead of 15.8 s; equal to the whole-solve graphs' output on CUDA (gpu tests). Not
+    # yet measured: the 10 replays a call under load (bench v3 stream 16 with and without)
+    flow_step_graphs: bool = True
     # load pre-captures the flow (and v3 HiFT) graphs for mel up to this long (prompt + speech) after vLLM
     # has started; from then on no request captures (longer mel runs uncaptured), so no request's TTFA holds
     # a capture (~1 s for a large flow bucket: the 1-stream p95 of 597 ms on the H200). 16 s at flow_batch
@@ -418,9 +420,10 @@ class EngineConfig:
     lm_handover: bool | None = None
     # vLLM's engine core forked from a fork server started first thing in the load, which imports vLLM there
     # beside this process's start (engine.lm.fork_server), instead of spawned as a fresh interpreter that
-    # imports torch, transformers and vLLM again (~20 s of a warm start's wait for vLLM on the H200,
-    # BENCHMARKS.md "Start-up"). Off by default: not yet measured on a GPU
-    lm_fork_server: bool = False
+    # imports torch, transformers and vLLM again. On an H100 (v3 warm, one machine, BENCHMARKS.md "Start-up")
+    # vLLM was up 44.3 s after launch with it and the step graphs, 63.7 s without either. Untested with
+    # vllm-ascend on an NPU (--no-lm-fork-server there if its engine core does not start)
+    lm_fork_server: bool = True
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16

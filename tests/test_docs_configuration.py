@@ -87,9 +87,9 @@ def test_every_flag_of_the_parser_is_in_the_page() -> None:
         for name in action.option_strings:
             if name not in ("-h", "--help"):
                 assert f"`{name}`" in page, name
-    # a --x/--no-x pair shows its default: the kept flow programs are on, the step graphs off
+    # a --x/--no-x pair shows its default: the kept flow programs and the step graphs are on
     assert "| `--flow-precompiled` / `--no-flow-precompiled` | on |" in page
-    assert "| `--flow-step-graphs` / `--no-flow-step-graphs` | off |" in page
+    assert "| `--flow-step-graphs` / `--no-flow-step-graphs` | on |" in page
 
 
 def test_help_groups_the_flags_and_shows_each_default() -> None:

@@ -10,8 +10,9 @@ this one's start; vLLM's engine core is then forked from that server, its import
 A forked child has the fork server's environment, the one of this process when the server started; the
 load sets variables after that (the cache root's compile caches, CUDA MPS's pipe), which a spawned core
 reads. ``CoreProcess`` carries this process's environment as it is at ``start()`` into the child, as spawn
-would. Only vllm_backend hands the context to vLLM. UNTESTED ON GPU until a start-up run measures it
-(BENCHMARKS.md, "Not measured yet"); the mechanism itself is tested on the CPU.
+would. Only vllm_backend hands the context to vLLM. On an H100 (v3 warm, BENCHMARKS.md "Start-up") the core
+forked 21.7 s after the server started and vLLM was up 44.3 s after launch (63.7 s spawned); the mechanism
+itself is tested on the CPU. Untested with vllm-ascend.
 """
 
 from __future__ import annotations

@@ -27,6 +27,16 @@ from tests.sounds import speech_like, write_wav
 TEXT = "Hello there, this is a short test sentence."
 
 
+@pytest.fixture(autouse=True)
+def no_fork_server(monkeypatch):
+    """The tests here that route the LM to vLLM give it a stand-in, which makes no engine core: the load
+    starts no real fork server for it (Python's one per process, whose preload the fork server's own tests
+    choose)."""
+    from engine.serving import engine as engine_module
+
+    monkeypatch.setattr(engine_module.fork_server, "start", lambda *modules: None)
+
+
 @pytest.fixture(scope="module", params=["cosyvoice2", "cosyvoice3"])
 def engine(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
