@@ -264,13 +264,15 @@ install_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$@"
 }
 
-environment() {  # every H200 step: the installed vLLM and wheels on the path, or a clear stop
+environment() {  # every device step: the installed vLLM and wheels on the path, or a clear stop
   [ -f "$SITE/.vllm-done" ] || die "vLLM is not installed in $SITE: run the unpack calls first"
   export PYTHONPATH="$SITE:$PWD"
   mkdir -p "$OUT"
-  python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
-  [ -n "$HARDWARE" ] || HARDWARE=$(python3 -c "import torch, vllm; p = torch.cuda.get_device_properties(0)
+  local found  # one import of vLLM and torch (seconds on the device): the check and the results' hardware
+  found=$(python3 -c "import torch, vllm; p = torch.cuda.get_device_properties(0)
 print(f'1x {p.name} ({p.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, vLLM {vllm.__version__}')")
+  echo "$found"
+  [ -n "$HARDWARE" ] || HARDWARE=$found
 }
 
 build_model() {  # the bench's full-size random model in the released layout, built once per machine
