@@ -1,6 +1,6 @@
 """bench.startup: one server start timed end to end, against a stand-in server (a tiny HTTP process that
 answers /health at once, /ready after a while with a timeline whose background phase ends later, and
-streams pcm for /v1/audio/speech)."""
+answers /v1/audio/speech with SSE events: the audio, then metrics with TTFA parts)."""
 
 from __future__ import annotations
 
