@@ -9,6 +9,7 @@ Each job is a phase on the start-up timeline.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,9 @@ Job = Callable[[threading.Event], None]  # runs to the end, or returns early onc
 CAPTURE_WAIT_S = 30.0
 PACE_SLICE_S = 1.0  # asked in slices this long, so that a stop (the engine closing) ends the wait at once
 STOP_WAIT_S = 10.0  # close() waits this long for a capture in flight (a warm one takes ~1 s)
+# While the jobs run (tens of seconds of Dynamo/Inductor Python), a serving thread that wants the interpreter
+# gets it after this long instead of Python's 5 ms: a request's path hands the GIL over hundreds of times
+BACKGROUND_SWITCH_S = 0.0005
 
 
 class Pace(threading.Event):
@@ -90,15 +94,15 @@ class GraphBuilder:
             self._thread.join(STOP_WAIT_S)
 
     def _run(self) -> None:
-        # each job is a phase: while it runs (tens of seconds of Dynamo/Inductor Python), a serving thread
-        # that wants the interpreter gets it after the timeline's STARTUP_SWITCH_S, not Python's 5 ms (a
-        # request's path hands the GIL over hundreds of times)
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, BACKGROUND_SWITCH_S))
         try:
             for name, job in self._jobs:
                 if self._stop.is_set():
                     return
                 self._one(name, job)
         finally:
+            sys.setswitchinterval(switch)
             self._done.set()
 
     def _one(self, name: str, job: Job) -> None:

@@ -31,7 +31,7 @@ from engine.config import (
     add_switch,
     fast_start_choice,
 )
-from engine.serving.startup import STARTUP_SWITCH_S, Timeline
+from engine.serving.startup import Timeline
 from webui.texts import UI_LANG_CHOICES
 
 
@@ -84,8 +84,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 <= args.shutdown_grace_s <= 600:
         p.error(f"--shutdown-grace-s must be within [0, 600], got {args.shutdown_grace_s}")
-    if not 0 < args.startup_switch_ms <= 100:
-        p.error(f"--startup-switch-ms must be within (0, 100], got {args.startup_switch_ms}")
     if args.replicas < 0:
         p.error(f"--replicas must be >= 0, got {args.replicas}")
     if args.replicas and args.share:
@@ -116,11 +114,6 @@ def add_serving_flags(g: Flags) -> None:
         "--shutdown-grace-s", type=float, default=5.0,
         help="on SIGINT/SIGTERM, streams in flight get this long to finish before they end with an error; "
         "new requests get 503 at once, a second signal exits at once",
-    )  # fmt: skip
-    g.add_argument(
-        "--startup-switch-ms", type=float, default=STARTUP_SWITCH_S * 1000,
-        help="while start-up work runs in threads (the weights, vLLM's start, the graphs), a thread waiting "
-        "for Python's interpreter gets it after this many ms (5: Python's own interval)",
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from engine.config import DEMO_TINY
 from engine.errors import ModelError
-from engine.serving.startup import SWITCHING, Timeline  # stdlib only: its import marks the launch
+from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
 from server.cli import build_engine, engine_config
 from server.pending_engine import PendingEngine
 from server.web import create_app, import_studio, open_share_link, web_server
@@ -72,7 +72,6 @@ def serve(args: argparse.Namespace) -> None:
     cfg = engine_config(args)
     check_model_dir(cfg.model, cfg.llm_variant)
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
-    SWITCHING.short_s = args.startup_switch_ms / 1000
     timeline = Timeline()  # the engine's phases, timed from this process's launch
     # the server listens first (/health answers at once, /ready once warm); the engine loads behind it
     # Gradio imported while the engine waits for vLLM's start (where it waits), not beside the first requests

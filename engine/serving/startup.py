@@ -4,11 +4,6 @@ warm-up...) with its seconds since launch, logged as it starts and ends and read
 Stdlib only, so the launch instant is taken when the server's entry point first imports this module,
 before torch, vLLM or Gradio load. Phases may run in threads (the LM backend beside the frontends,
 graph captures behind a serving engine): the timeline is shared and locked.
-
-While any phase runs, in any timeline, a thread waiting for the interpreter gets it after
-``STARTUP_SWITCH_S`` instead of Python's 5 ms: the phases overlap in threads (the weights' copies, vLLM's
-import, the captures, the first requests), and each of their thousands of tensor ops releases the GIL and
-then waits for it behind a thread running Python. Python's interval comes back once none runs.
 """
 
 from __future__ import annotations
@@ -16,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,34 +18,6 @@ from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
 LAUNCH = time.monotonic()  # the process's launch, as near as this module can see it (its first import)
-STARTUP_SWITCH_S = 0.0005  # sys.setswitchinterval while a phase runs (Python's default: 0.005)
-
-
-class _Switching:
-    """The interpreter's switch interval, ``short_s`` while one or more phases run (process-wide, as the
-    interval is): the first phase to start saves Python's and the last to end puts it back."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._saved = sys.getswitchinterval()
-        self.short_s = STARTUP_SWITCH_S  # the server's --startup-switch-ms (5 ms: Python's own, i.e. off)
-
-    def enter(self) -> None:
-        with self._lock:
-            if self._running == 0:
-                self._saved = sys.getswitchinterval()
-                sys.setswitchinterval(min(self._saved, self.short_s))
-            self._running += 1
-
-    def leave(self) -> None:
-        with self._lock:
-            self._running -= 1
-            if self._running == 0:
-                sys.setswitchinterval(self._saved)
-
-
-SWITCHING = _Switching()
 
 
 @dataclass(frozen=True)
@@ -95,12 +61,10 @@ class Timeline:
             if name in self._queued:
                 self._queued.remove(name)
         log.info("start-up: %s... (%.1f s since launch)", name, start)
-        SWITCHING.enter()
         try:
             yield
             self.record(name, start, self.now_s() - start, background)
         finally:
-            SWITCHING.leave()
             with self._lock:
                 self._running.pop(token, None)
 

@@ -146,20 +146,19 @@ def test_queued_jobs_are_pending_from_load_until_each_has_run():
 
 def test_serving_threads_get_the_interpreter_sooner_while_the_jobs_run_and_as_before_after():
     """The builder's jobs (Dynamo/Inductor: pure Python) share the GIL with the serving threads: while they
-    run (each a phase of the timeline), a waiting thread gets it after ``STARTUP_SWITCH_S``; after them,
-    Python's own interval again."""
+    run, a waiting thread gets it after ``BACKGROUND_SWITCH_S``; after them, Python's own interval again."""
     import sys
 
-    from engine.serving.startup import STARTUP_SWITCH_S
+    from engine.graph_builder import BACKGROUND_SWITCH_S
 
     before = sys.getswitchinterval()
-    assert before > STARTUP_SWITCH_S  # Python's default 5 ms
+    assert before > BACKGROUND_SWITCH_S  # Python's default 5 ms
     builder = GraphBuilder(Timeline())
     seen: list[float] = []
     builder.add("flow compile", lambda stop: seen.append(sys.getswitchinterval()))
     builder.start()
     assert builder.wait(WAIT_S)
-    assert seen == [pytest.approx(STARTUP_SWITCH_S)] and sys.getswitchinterval() == before
+    assert seen == [pytest.approx(BACKGROUND_SWITCH_S)] and sys.getswitchinterval() == before
 
 
 def test_captures_wait_for_the_engines_pace_between_each_other_up_to_a_bound(monkeypatch):

@@ -37,27 +37,6 @@ def test_serve_refuses_replicas_it_cannot_start(monkeypatch):
         entry.serve(cli.parse_args(["--replicas", "2"]))
 
 
-def test_the_start_ups_switch_interval_is_the_flags_and_checked(monkeypatch):
-    """--startup-switch-ms sets what the start-up's phases hold (``SWITCHING``) before the engine loads; 5 is
-    Python's own interval (the lever off, for an A/B); a value outside (0, 100] is a usage error."""
-    from engine.serving.startup import STARTUP_SWITCH_S, SWITCHING
-
-    monkeypatch.setattr(SWITCHING, "short_s", SWITCHING.short_s)  # put back after the test
-    seen: list[float] = []
-
-    def web_server(*args, **kwargs):
-        seen.append(SWITCHING.short_s)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(entry, "web_server", web_server)
-    with pytest.raises(SystemExit):
-        entry.serve(cli.parse_args(["--model", "demo-tiny", "--startup-switch-ms", "5"]))
-    assert seen == [pytest.approx(0.005)] and cli.parse_args([]).startup_switch_ms == STARTUP_SWITCH_S * 1000
-    for bad in ("0", "-1", "101"):
-        with pytest.raises(SystemExit):
-            cli.parse_args(["--startup-switch-ms", bad])
-
-
 def test_the_stacks_name_each_thread_and_where_it_waits(caplog):
     release = threading.Event()
 

@@ -83,52 +83,6 @@ def test_phases_from_threads_all_land(caplog):
     assert sum("start-up: part" in r.getMessage() for r in caplog.records) == 8  # started, took
 
 
-def test_threads_hand_the_interpreter_over_sooner_while_any_phase_runs_and_as_before_after():
-    """Overlapping phases (the weights, vLLM's import, captures) each release the GIL for every tensor op:
-    while one or more run, in any timeline, a waiting thread gets it after ``STARTUP_SWITCH_S``; once the
-    last has ended, Python's interval is back, a failed phase included."""
-    import sys
-
-    from engine.serving.startup import STARTUP_SWITCH_S
-
-    before = sys.getswitchinterval()
-    assert before > STARTUP_SWITCH_S  # Python's default 5 ms
-    first, second = Timeline(), Timeline()
-    seen = []
-    with first.phase("weights"):
-        seen.append(sys.getswitchinterval())
-        with pytest.raises(RuntimeError), second.phase("LM backend"):
-            seen.append(sys.getswitchinterval())
-            raise RuntimeError("vLLM failed")
-        seen.append(sys.getswitchinterval())  # the other phase still runs
-    assert seen == [pytest.approx(STARTUP_SWITCH_S)] * 3
-    assert sys.getswitchinterval() == before
-
-
-def test_a_phase_on_another_thread_keeps_the_short_interval_until_it_ends():
-    import sys
-
-    from engine.serving.startup import STARTUP_SWITCH_S
-
-    before = sys.getswitchinterval()
-    timeline, started, release = Timeline(), threading.Event(), threading.Event()
-
-    def vllm_start() -> None:
-        with timeline.phase("LM backend"):
-            started.set()
-            release.wait(5)
-
-    worker = threading.Thread(target=vllm_start)
-    worker.start()
-    assert started.wait(5)
-    with timeline.phase("first graphs"):
-        pass
-    assert sys.getswitchinterval() == pytest.approx(STARTUP_SWITCH_S)  # the LM's start goes on
-    release.set()
-    worker.join(5)
-    assert sys.getswitchinterval() == before
-
-
 def test_the_weights_load_while_the_tokenizer_loads(tiny_cfg, monkeypatch):
     """The weights begin loading on their own thread before the tokenizer's load ends: a tokenizer load that
     returns only once the weights' load has begun lets the engine load; one waited for by it would fail."""
