@@ -8,8 +8,9 @@ and are then folded for inference. Master weights stay float32.
 
 With a cache root, each released .pt is converted once (the first start) into a safetensors file under
 ``weights/`` holding exactly what the strict load takes (keys renamed, float32), keyed by the .pt's path,
-size and mtime; later starts memory-map that file instead of unpickling the .pt. The strict key and shape
-check runs on every load, converted or not.
+size and mtime; later starts read that file instead of unpickling the .pt: memory-mapped for the CPU, read
+through a page-locked buffer straight onto an accelerator (``engine.weights_file``). The strict key and
+shape check runs on every load, converted or not.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine import device as devices
 from engine.errors import ModelError
 from engine.flow.cfm import Flow, build_flow
 from engine.hub import ModelDir, detect_family
 from engine.lm.lm_config import SpeechLMConfig
 from engine.lm.speech_lm import SpeechLM
 from engine.vocoder.hift import CausalHiFTGenerator, HiftConfig, HiFTGenerator, build_hift
+from engine.weights_file import read_onto
 from engine.yaml_data import read_yaml, tag_of
 
 log = logging.getLogger(__name__)
@@ -135,11 +138,15 @@ def converted_path(source: Path, cache: Path) -> Path:
 
 
 def read_converted(
-    source: Path, cache: Path | None, prepare: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+    source: Path,
+    cache: Path | None,
+    prepare: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
+    device: torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
-    """``prepare(read_state(source))``, float32: memory-mapped from its safetensors conversion under
-    ``cache`` when one exists, else read from the .pt and converted there for the next start (a cache
-    that cannot be written costs only the next start's speed: logged)."""
+    """``prepare(read_state(source))``, float32: from its safetensors conversion under ``cache`` when one
+    exists (on ``device`` already where it is an accelerator, else memory-mapped), else read from the .pt
+    and converted there for the next start (a cache that cannot be written costs only the next start's
+    speed: logged)."""
     if cache is None:
         return _float32(prepare(read_state(source)))
     try:
@@ -147,6 +154,8 @@ def read_converted(
     except OSError as err:
         raise ModelError(f"cannot read {source}: {err}") from err
     if target.exists():
+        if device is not None and devices.is_accelerator(device):
+            return read_onto(target, device)
         return _mapped(target)
     state = _float32(prepare(read_state(source)))
     try:
@@ -270,7 +279,8 @@ class LoadedModel:
 def load_model(files: ModelDir, device: torch.device, cache: Path | None = None) -> LoadedModel:
     """Build from the files' configs, load llm/flow/hift strictly, move to ``device``, eval mode. With
     ``cache`` (the cache root) the weights come from their safetensors conversions there (made now on the
-    first load)."""
+    first load; on an accelerator they are read onto it, and "to DEVICE" then moves only the buffers the
+    modules computed themselves)."""
     root = Path(files.root)
     started = time.perf_counter()
     family, cfg, qwen = read_model_config(root)
@@ -282,13 +292,16 @@ def load_model(files: ModelDir, device: torch.device, cache: Path | None = None)
         (flow, files.flow, same),
         (hift, files.hift, hift_keys),
     ):
-        load_strict(module, read_converted(Path(path), cache, prepare), Path(path))
+        load_strict(module, read_converted(Path(path), cache, prepare, device), Path(path))
     hift.fold_weight_norm()
     read = time.perf_counter()
     for module in (lm, flow, hift):
         module.to(device).eval()
-    # where a start's "weights" phase goes (9-16 s on an H200 host, not yet broken down there; the first
-    # copy to a GPU also starts its CUDA context)
+    if devices.is_accelerator(device):  # the tied lm_head read from its file and dropped (~0.5 GB): vLLM
+        devices.empty_cache(device)  # sizes its KV cache from the memory free on the device
+    # where a start's "weights" phase goes (13.6-18.5 s of a warm v3 start on an H100 with the files
+    # memory-mapped: built 2.5-2.8, read 4.7-7.2, to cuda 6.0-8.5 s); the first allocation on a GPU also
+    # starts its CUDA context
     log.info(
         "loaded %s: llm %s, flow %s, hift %s (built %.1f s, read %.1f s, to %s %.1f s)", family, files.llm,
         files.flow, files.hift, built - started, read - built, device, time.perf_counter() - read,

@@ -97,6 +97,13 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
 
+def staging_bytes(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A host buffer [nbytes] uint8 that copies to ``device`` go through: page-locked where it is an
+    accelerator (a copy from it runs at the bus's speed instead of through the driver's own staging of
+    pageable memory), plain host memory on the CPU. On an NPU (torch_npu's page-locked memory) untested."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=is_accelerator(device))
+
+
 def synchronize(device: torch.device) -> None:
     if (rt := _runtime(device)) is not None:
         rt.synchronize(device)

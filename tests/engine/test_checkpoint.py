@@ -158,6 +158,28 @@ def test_the_load_takes_the_files_tensors_without_copying_them(tiny_dir, tmp_pat
         assert params and all(params[k].data_ptr() == state[k].data_ptr() for k in params)
 
 
+def test_on_an_accelerator_the_converted_files_are_read_onto_it_not_mapped(tiny_dir, tmp_path, monkeypatch):
+    """Where the device is an accelerator the conversions go through ``engine.weights_file`` (one page-locked
+    buffer, each tensor straight onto the device), not memory-mapped then copied: the same weights, the
+    tie kept. The CPU stands in for the accelerator (its torch cannot page-lock: plain host memory)."""
+    import engine.checkpoint as checkpoint
+    import engine.device as devices
+
+    files, cache = validate_model_dir(tiny_dir), tmp_path / "cache"
+    plain = weights_of(load_model(files, torch.device("cpu"), cache))  # converts
+    read: list[Path] = []
+    reader = checkpoint.read_onto
+    monkeypatch.setattr(devices, "is_accelerator", lambda device: True)
+    monkeypatch.setattr(devices, "staging_bytes", lambda n, device: torch.empty(n, dtype=torch.uint8))
+    monkeypatch.setattr(checkpoint, "_mapped", lambda path: pytest.fail(f"{path} was memory-mapped"))
+    monkeypatch.setattr(checkpoint, "read_onto", lambda path, dev: read.append(path) or reader(path, dev))
+    model = load_model(files, torch.device("cpu"), cache)
+    assert [p.name.split("-")[0] for p in read] == ["llm", "flow", "hift"]
+    assert model.lm.llm.model.lm_head.weight.data_ptr() == model.lm.embed_tokens.weight.data_ptr()
+    weights = weights_of(model)
+    assert weights.keys() == plain.keys() and all(torch.equal(weights[k], plain[k]) for k in plain)
+
+
 def test_a_converted_file_is_still_loaded_strictly(tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 

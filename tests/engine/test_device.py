@@ -209,3 +209,11 @@ def test_mps_auto_starts_where_it_can_and_goes_on_without_where_it_cannot(mps_en
         assert mps is None and device.MPS_PIPE not in os.environ  # time-sliced, serving all the same
     with device.auto_mps(mps_env, "cpu", lm_in_own_process=True) as mps:
         assert mps is None
+
+
+def test_the_staging_buffer_is_plain_host_memory_for_the_cpu():
+    """Page-locked memory needs an accelerator; for the CPU the buffer is ordinary host bytes."""
+    from engine.device import staging_bytes
+
+    buf = staging_bytes(5, torch.device("cpu"))
+    assert buf.dtype == torch.uint8 and buf.numel() == 5 and buf.device.type == "cpu" and not buf.is_pinned()
