@@ -155,7 +155,7 @@ def read_converted(
         raise ModelError(f"cannot read {source}: {err}") from err
     if target.exists():
         if device is not None and devices.is_accelerator(device):
-            return read_onto(target, device)
+            return _onto(target, device)
         return _mapped(target)
     state = _float32(prepare(read_state(source)))
     try:
@@ -163,6 +163,16 @@ def read_converted(
     except OSError as err:
         log.warning("could not keep %s as safetensors under %s: %s", source, target.parent, err)
     return state
+
+
+def _onto(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """``path`` read onto ``device`` (engine.weights_file); where the device's runtime refuses (page-locked
+    memory, an allocation), memory-mapped as before, logged: the reader only makes the start faster."""
+    try:
+        return read_onto(path, device)
+    except RuntimeError as err:
+        log.warning("could not read %s onto %s (%s): memory-mapping it instead", path, device, err)
+        return _mapped(path)
 
 
 def _mapped(path: Path) -> dict[str, torch.Tensor]:

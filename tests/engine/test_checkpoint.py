@@ -180,6 +180,27 @@ def test_on_an_accelerator_the_converted_files_are_read_onto_it_not_mapped(tiny_
     assert weights.keys() == plain.keys() and all(torch.equal(weights[k], plain[k]) for k in plain)
 
 
+def test_where_the_device_refuses_the_reader_the_files_are_mapped_as_before(
+    tiny_dir, tmp_path, monkeypatch, caplog
+):
+    """The reader only makes a start faster: a runtime that cannot page-lock or allocate costs that, not
+    the start (logged)."""
+    import engine.device as devices
+
+    files, cache = validate_model_dir(tiny_dir), tmp_path / "cache"
+    plain = weights_of(load_model(files, torch.device("cpu"), cache))  # converts
+
+    def refused(n, device):
+        raise RuntimeError("cudaHostAlloc failed")
+
+    monkeypatch.setattr(devices, "is_accelerator", lambda device: True)
+    monkeypatch.setattr(devices, "staging_bytes", refused)
+    with caplog.at_level("WARNING", "engine.checkpoint"):
+        weights = weights_of(load_model(files, torch.device("cpu"), cache))
+    assert all(torch.equal(weights[k], plain[k]) for k in plain)
+    assert sum("memory-mapping it instead" in r.getMessage() for r in caplog.records) == 3
+
+
 def test_a_converted_file_is_still_loaded_strictly(tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
