@@ -25,6 +25,7 @@ SERVER = textwrap.dedent(
     signal.signal(signal.SIGUSR1, lambda n, f: print("stack dump:", "".join(traceback.format_stack(f)),
                                                       file=sys.stderr, flush=True))
     READY_S, FULL_S = 0.5, float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+    VOICES = set()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -56,7 +57,10 @@ SERVER = textwrap.dedent(
             assert body["stream_format"] == "sse", body  # the bench asks for events: TTFA parts come last
             audio = base64.b64encode(bytes(2 * 2400)).decode()
             lm_ms = 40.0 + 1000 * (time.monotonic() - t0)
-            parts = {"queue": 0.5, "frontend": 2.0, "lm": lm_ms, "t2w_wait": 1.0}
+            # as the engine's prompt cache: a voice seen before costs its frontend nothing
+            frontend = 0.0 if body["ref_audio"] in VOICES else 2.0
+            VOICES.add(body["ref_audio"])
+            parts = {"queue": 0.5, "frontend": frontend, "lm": lm_ms, "t2w_wait": 1.0}
             events = [{"type": "speech.audio.delta", "audio": audio},
                       {"type": "speech.audio.done", "metrics": {"ttfa_parts_ms": parts, "stage_ms": {}}}]
             data = "".join(f"data: {json.dumps(e)}\\n\\n" for e in events).encode()
@@ -94,7 +98,10 @@ def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys, capl
     assert len(run["first_ttfa_ms"]) == len(run["steady_ttfa_ms"]) == 5
     # each request's TTFA parts as the server sent them in its last event (lm: grows with the server's age)
     first, steady = run["first_ttfa_parts_ms"], run["steady_ttfa_parts_ms"]
-    assert len(first) == len(steady) == 5 and first[0]["frontend"] == 2.0 and first[0]["t2w_wait"] == 1.0
+    assert len(first) == len(steady) == 5 and first[0]["t2w_wait"] == 1.0
+    # every request clones a voice of its own, so none hits the prompt cache: the steady requests pay the
+    # prompt's features as the first do (with one voice for all, only the very first paid them)
+    assert [p["frontend"] for p in first + steady] == [2.0] * 10
     served = first + steady
     assert all(a["lm"] < b["lm"] for a, b in itertools.pairwise(served))
     assert run["phases"][0]["name"] == "weights" and run["first_vs_steady"] > 0
