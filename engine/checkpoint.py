@@ -286,11 +286,13 @@ class LoadedModel:
     qwen_config: dict[str, Any]
 
 
-def load_model(files: ModelDir, device: torch.device, cache: Path | None = None) -> LoadedModel:
+def load_model(
+    files: ModelDir, device: torch.device, cache: Path | None = None, onto: bool = True
+) -> LoadedModel:
     """Build from the files' configs, load llm/flow/hift strictly, move to ``device``, eval mode. With
     ``cache`` (the cache root) the weights come from their safetensors conversions there (made now on the
-    first load; on an accelerator they are read onto it, and "to DEVICE" then moves only the buffers the
-    modules computed themselves)."""
+    first load; on an accelerator and with ``onto`` they are read onto it, and "to DEVICE" then moves only
+    the buffers the modules computed themselves; else memory-mapped)."""
     root = Path(files.root)
     started = time.perf_counter()
     family, cfg, qwen = read_model_config(root)
@@ -302,7 +304,7 @@ def load_model(files: ModelDir, device: torch.device, cache: Path | None = None)
         (flow, files.flow, same),
         (hift, files.hift, hift_keys),
     ):
-        load_strict(module, read_converted(Path(path), cache, prepare, device), Path(path))
+        load_strict(module, read_converted(Path(path), cache, prepare, device if onto else None), Path(path))
     hift.fold_weight_norm()
     read = time.perf_counter()
     for module in (lm, flow, hift):

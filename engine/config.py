@@ -226,6 +226,11 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "with vLLM: fork its engine core from a process started first thing that has imported vLLM, "
         "instead of spawning one that imports it again (default: on)",
     ),
+    "weights-onto-device": (
+        "weights_onto_device",
+        "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
+        "buffer, instead of memory-mapping them and copying tensor by tensor (default: on)",
+    ),
 }
 
 
@@ -424,6 +429,10 @@ class EngineConfig:
     # vLLM was up 44.3 s after launch with it and the step graphs, 63.7 s without either. Untested with
     # vllm-ascend on an NPU (--no-lm-fork-server there if its engine core does not start)
     lm_fork_server: bool = True
+    # a warm start's converted weights (the cache root's safetensors) read onto the GPU/NPU through one
+    # page-locked buffer in large chunks (engine.weights_file), not memory-mapped and copied tensor by tensor
+    # from faulted-in pages: those took 10.7-15.7 s of an H100's warm v3 start (BENCHMARKS.md "Start-up")
+    weights_onto_device: bool = True
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
     flow_batch: int = 16
@@ -535,6 +544,8 @@ class EngineConfig:
             raise ValueError(f"flow_step_graphs must be True or False, got {self.flow_step_graphs!r}")
         if not isinstance(self.lm_fork_server, bool):
             raise ValueError(f"lm_fork_server must be True or False, got {self.lm_fork_server!r}")
+        if not isinstance(self.weights_onto_device, bool):
+            raise ValueError(f"weights_onto_device must be True or False, got {self.weights_onto_device!r}")
         if self.flow_compile not in (None, True, False):
             raise ValueError(f"flow_compile must be None (auto), True or False, got {self.flow_compile!r}")
         if self.flow_reuse not in (None, True, False):

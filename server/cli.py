@@ -188,6 +188,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_overlap_flags(g)
     add_lm_handover_flags(g)
     add_switch(g, "lm-fork-server")
+    add_switch(g, "weights-onto-device")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
@@ -270,6 +271,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         first_graphs_early=args.first_graphs_early,
         lm_handover=args.lm_handover,
         lm_fork_server=args.lm_fork_server,
+        weights_onto_device=args.weights_onto_device,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,

@@ -75,6 +75,8 @@ def test_flags_reach_the_engine_config() -> None:
     assert cli.engine_config(cli.parse_args(["--no-flow-step-graphs"])).flow_step_graphs is False
     assert cfg.lm_fork_server is True  # measured at start-up: on by default
     assert cli.engine_config(cli.parse_args(["--no-lm-fork-server"])).lm_fork_server is False
+    assert cfg.weights_onto_device is True  # the page-locked reader: on by default
+    assert cli.engine_config(cli.parse_args(["--no-weights-onto-device"])).weights_onto_device is False
     assert cli.engine_config(cli.parse_args(["--no-native-lm-graphs"])).lm_native_graphs is False
     # with the flow not compiled (or AOT-compiled) the kept programs are moot, not an error
     assert cli.engine_config(cli.parse_args(["--no-flow-compile"])).flow_precompiled is True

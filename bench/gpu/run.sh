@@ -126,6 +126,11 @@
 #                                                 warm ones on STARTUP_ROOT as an earlier step left it;
 #                                                 RUNS=cold: the cold start alone, COLD_S (a hold short of
 #                                                 time: it fills the root for a RUNS=warm call)
+#   bench/gpu/run.sh weights FAMILY               H200: a warm start's weights phase alone (bench.weights_load), fresh
+#                                                 processes: the converted files read onto the GPU through a
+#                                                 page-locked buffer (onto, the default) against memory-mapped
+#                                                 and copied tensor by tensor (mapped), ROUNDS=3 rounds, which goes
+#                                                 first alternating -> $OUT/weights_FAMILY/weights_load.json
 #   bench/gpu/run.sh soak-start FAMILY RATE [MINUTES [SOAK FLAGS]]  H200: the open-loop soak (bench.soak
 #                                                 --arrivals poisson: RATE requests/s, the capacity the
 #                                                 capacity step found; 10 s +-50 % requests, 10 % leavers, 5 %
@@ -586,6 +591,16 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
   done
 }
 
+step_weights() {  # FAMILY: the weights phase alone, both ways of reading the converted files, alternating
+  [ $# -eq 1 ] || die "usage: run.sh weights FAMILY"
+  family_dir "$1" > /dev/null
+  environment
+  local model
+  model=$(build_model "$1" | tail -1)
+  python3 -m bench.weights_load --model "$model" --device cuda --arms onto,mapped --runs "${ROUNDS:-3}" \
+    --out "$OUT/weights_$1" 2>&1 | tail -3
+}
+
 soak_dir() {  # FAMILY RATE -> the soak's folder, outside $OUT: it is kept between the calls of one hold
   echo "${SOAK_DIR:-/root/soak}/soak_${1}_rate${2}"
 }
@@ -677,7 +692,7 @@ step_collect() {  # wait (LIMIT_S at most) for the detached step's end; its file
 }
 
 STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
-STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|precompile-check|server-wheels|detach|collect"
+STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|precompile-check|server-wheels|detach|collect|weights"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
@@ -697,6 +712,7 @@ case "$step" in
   cache-in) step_cache_in ;;
   serve) step_serve "$@" ;;
   startup) step_startup "$@" ;;
+  weights) step_weights "$@" ;;
   soak-start) step_soak_start "$@" ;;
   soak-collect) step_soak_collect "$@" ;;
   soak) step_soak "$@" ;;

@@ -751,7 +751,8 @@ def _loading(
     host to device) run outside the interpreter. Safetensors after the first."""
     loader = ThreadPoolExecutor(1, thread_name_prefix="weights")
     try:
-        return loader.submit(_timed, timeline, "weights", load_model, files, dev, cache_root(cfg.cache_dir))
+        cache, onto = cache_root(cfg.cache_dir), cfg.weights_onto_device
+        return loader.submit(_timed, timeline, "weights", load_model, files, dev, cache, onto)
     finally:
         loader.shutdown(wait=False)  # the thread ends with its one job
 

@@ -86,6 +86,7 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
     steps = (
         ("gpu-tests",), ("check", "v3"), ("bench", "v3", "stream", "1,16"), ("speed", "v3", "after"),
         ("kernels", "v2"), ("startup", "v3"), ("capacity", "v3"), ("overlap", "v3"), ("aot-check", "v3"),
+        ("weights", "v3"),
     )  # fmt: skip
     for args in steps:
         done = run_sh(checkout, *args)
@@ -115,6 +116,8 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
         (("overlap", "v4"), "FAMILY must be v2 or v3"),
         (("check",), "usage: run.sh check"),
         (("check", "v4"), "FAMILY must be v2 or v3"),
+        (("weights",), "usage: run.sh weights"),
+        (("weights", "v4"), "FAMILY must be v2 or v3"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_usage(checkout: Path, args: tuple[str, ...], message: str):

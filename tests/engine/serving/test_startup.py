@@ -107,6 +107,27 @@ def test_the_weights_load_while_the_tokenizer_loads(tiny_cfg, monkeypatch):
     assert {"weights", "tokenizer"} <= {p.name for p in eng.startup.phases}
 
 
+@pytest.mark.parametrize("onto", [True, False])
+def test_the_engine_asks_the_load_for_the_reader_its_config_names(tiny_cfg, monkeypatch, onto):
+    """EngineConfig.weights_onto_device reaches load_model (``--no-weights-onto-device``: the A/B's other
+    arm, memory-mapped as before)."""
+    import dataclasses
+
+    import engine.serving.engine as engine_module
+    from engine.serving.engine import TTSEngine
+
+    asked: list[bool] = []
+    load_model = engine_module.load_model
+
+    def load(files, dev, cache, onto_device):
+        asked.append(onto_device)
+        return load_model(files, dev, cache, onto_device)
+
+    monkeypatch.setattr(engine_module, "load_model", load)
+    TTSEngine.load(dataclasses.replace(tiny_cfg, weights_onto_device=onto)).close()
+    assert asked == [onto]
+
+
 def test_an_engine_on_the_native_loop_serves_without_importing_transformers(tiny_cfg):
     """transformers' import (2 s on this VM, 13-18 s on a GPU host with vLLM) is off the serving path: a
     fresh process loads the tiny engine and synthesises with Whisper off and never imports it."""
