@@ -299,12 +299,15 @@ def load_model(
     lm, flow, hift = build_modules(family, cfg, qwen)
     built = time.perf_counter()
     same: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = lambda state: state  # noqa: E731
-    for module, path, prepare in (
-        (lm, files.llm, same),
-        (flow, files.flow, same),
-        (hift, files.hift, hift_keys),
+    # the vocoder (~80 MB) stays on the host until its weight norm is folded: folded on the device, its
+    # weights would differ from a cold start's in the last bits, and so would the audio
+    direct = device if onto else None
+    for module, path, prepare, to in (
+        (lm, files.llm, same, direct),
+        (flow, files.flow, same, direct),
+        (hift, files.hift, hift_keys, None),
     ):
-        load_strict(module, read_converted(Path(path), cache, prepare, device if onto else None), Path(path))
+        load_strict(module, read_converted(Path(path), cache, prepare, to), Path(path))
     hift.fold_weight_norm()
     read = time.perf_counter()
     for module in (lm, flow, hift):
