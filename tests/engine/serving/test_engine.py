@@ -501,7 +501,7 @@ def test_cudnn_attention_is_held_while_the_engine_is_open_and_undone_on_close_or
     eng.close()
     assert held == ["in:cpu", "out"]
 
-    def broken(files, dev, cache):
+    def broken(files, dev, cache, onto):
         raise RuntimeError("flow.pt is damaged")
 
     monkeypatch.setattr("engine.serving.engine.load_model", broken)
