@@ -312,8 +312,8 @@ def load_model(
     read = time.perf_counter()
     for module in (lm, flow, hift):
         module.to(device).eval()
-    if devices.is_accelerator(device):  # the tied lm_head read from its file and dropped (~0.5 GB): vLLM
-        devices.empty_cache(device)  # sizes its KV cache from the memory free on the device
+    if direct is not None and devices.is_accelerator(device):  # the tied lm_head read onto the device and
+        devices.empty_cache(device)  # dropped (~0.5 GB): vLLM sizes its KV cache from the memory free there
     # where a start's "weights" phase goes (13.6-18.5 s of a warm v3 start on an H100 with the files
     # memory-mapped: built 2.5-2.8, read 4.7-7.2, to cuda 6.0-8.5 s); the first allocation on a GPU also
     # starts its CUDA context
