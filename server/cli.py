@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.config import (
@@ -114,6 +115,11 @@ def add_serving_flags(g: Flags) -> None:
         "--shutdown-grace-s", type=float, default=5.0,
         help="on SIGINT/SIGTERM, streams in flight get this long to finish before they end with an error; "
         "new requests get 503 at once, a second signal exits at once",
+    )  # fmt: skip
+    g.add_argument(
+        "--profile-startup", type=Path, default=None, metavar="DIR",
+        help="diagnostics: sample each start-up phase's thread every 10 ms and write where its time went to "
+        "DIR (a summary .txt and flame-graph stacks .folded per phase)",
     )  # fmt: skip
 
 

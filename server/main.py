@@ -72,7 +72,7 @@ def serve(args: argparse.Namespace) -> None:
     cfg = engine_config(args)
     check_model_dir(cfg.model, cfg.llm_variant)
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
-    timeline = Timeline()  # the engine's phases, timed from this process's launch
+    timeline = Timeline(profile_to=args.profile_startup)  # the engine's phases, timed from launch
     # the server listens first (/health answers at once, /ready once warm); the engine loads behind it
     # Gradio imported while the engine waits for vLLM's start (where it waits), not beside the first requests
     studio = (("studio import", import_studio),)

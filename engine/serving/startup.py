@@ -15,6 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.serving import phase_profile
 
 log = logging.getLogger(__name__)
 LAUNCH = time.monotonic()  # the process's launch, as near as this module can see it (its first import)
@@ -38,8 +41,14 @@ class Phase:
 class Timeline:
     """Phases in the order they ended, the ready instant, and the phases still running."""
 
-    def __init__(self, origin: float = LAUNCH, clock: Callable[[], float] = time.monotonic):
-        self.origin, self.clock = origin, clock
+    def __init__(
+        self,
+        origin: float = LAUNCH,
+        clock: Callable[[], float] = time.monotonic,
+        profile_to: Path | None = None,
+    ):
+        """``profile_to``: each phase's thread sampled while it runs, written there (``phase_profile``)."""
+        self.origin, self.clock, self.profile_to = origin, clock, profile_to
         self._lock = threading.Lock()
         self._phases: list[Phase] = []
         self._running: dict[int, str] = {}  # token -> name, for what /ready lists as pending
@@ -62,11 +71,31 @@ class Timeline:
                 self._queued.remove(name)
         log.info("start-up: %s... (%.1f s since launch)", name, start)
         try:
-            yield
+            with self._profiled(name, start):
+                yield
             self.record(name, start, self.now_s() - start, background)
         finally:
             with self._lock:
                 self._running.pop(token, None)
+
+    @contextlib.contextmanager
+    def _profiled(self, name: str, start_s: float) -> Iterator[None]:
+        """The block's thread sampled into ``profile_to`` (written even where the block raises)."""
+        if self.profile_to is None:
+            yield
+            return
+        sampler = phase_profile.PhaseProfile(threading.get_ident())
+        sampler.start()
+        try:
+            yield
+        finally:
+            stacks = sampler.stop()
+            stem = phase_profile.file_stem(start_s, name)
+            try:
+                path = phase_profile.write(stacks, self.profile_to, stem, sampler.interval_s)
+                log.info("start-up: %s's profile in %s", name, path)
+            except OSError as exc:  # a diagnostic: the start goes on without it
+                log.warning("start-up: %s's profile not written (%s)", name, exc)
 
     def queue(self, name: str) -> None:
         """Announce a phase that runs later (a background job queued at load): pending from now on, so
