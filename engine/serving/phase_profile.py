@@ -19,9 +19,10 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 
 log = logging.getLogger(__name__)
+Names = dict[tuple[CodeType, int], str]  # (code, line) -> "function (file:line)"
 INTERVAL_S = 0.01  # a sample every 10 ms: ~100 a second, a phase of 1 s has a usable profile
 MAX_DEPTH = 120  # frames kept per sample, from the outermost (deeper frames are rare and add no insight)
 TOP = 40  # functions in the summary, by inclusive samples and by own samples
@@ -35,6 +36,7 @@ class PhaseProfile:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.thread_id, self.interval_s = thread_id, interval_s
         self.stacks: Counter[tuple[str, ...]] = Counter()  # outermost first -> samples
+        self._names: Names = {}  # stack_of's cache
         self._done = threading.Event()
         self._sampler = threading.Thread(target=self._run, name="phase-profile", daemon=True)
 
@@ -52,17 +54,22 @@ class PhaseProfile:
             frame = sys._current_frames().get(self.thread_id)
             if frame is None:  # the thread has ended
                 return
-            self.stacks[stack_of(frame)] += 1
+            self.stacks[stack_of(frame, self._names)] += 1
 
 
-def stack_of(frame: FrameType | None) -> tuple[str, ...]:
-    """The frames from the outermost to ``frame`` as ``function (file:line)`` names."""
-    names: list[str] = []
+def stack_of(frame: FrameType | None, names: Names | None = None) -> tuple[str, ...]:
+    """The frames from the outermost to ``frame`` as ``function (file:line)`` names; ``names`` caches them
+    per line, so that a phase's samples share their strings (a cold compile's 30,000 samples of ~100
+    frames would otherwise hold millions of them)."""
+    names = {} if names is None else names
+    stack: list[str] = []
     while frame is not None:
-        code = frame.f_code
-        names.append(f"{code.co_name} ({_short(code.co_filename)}:{frame.f_lineno})")
+        where = (frame.f_code, frame.f_lineno)
+        if (name := names.get(where)) is None:
+            name = names[where] = f"{where[0].co_name} ({_short(where[0].co_filename)}:{where[1]})"
+        stack.append(name)
         frame = frame.f_back
-    return tuple(reversed(names[-MAX_DEPTH:] if len(names) > MAX_DEPTH else names))
+    return tuple(reversed(stack[-MAX_DEPTH:]))
 
 
 def _short(path: str) -> str:
