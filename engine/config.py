@@ -226,6 +226,11 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "with vLLM: fork its engine core from a process started first thing that has imported vLLM, "
         "instead of spawning one that imports it again (default: on)",
     ),
+    "lm-start-after-ready": (
+        "lm_start_after_ready",
+        "with the LM handover: start vLLM once the engine is ready (the native loop serves until it is "
+        "up), not beside the weights, the first graphs and the studio's import (default: off)",
+    ),
     "weights-onto-device": (
         "weights_onto_device",
         "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
@@ -429,9 +434,15 @@ class EngineConfig:
     # vLLM was up 44.3 s after launch with it and the step graphs, 63.7 s without either. Untested with
     # vllm-ascend on an NPU (--no-lm-fork-server there if its engine core does not start)
     lm_fork_server: bool = True
+    # With the handover, vLLM's start (its import and engine arguments in this process: Python, holding the
+    # interpreter) waits until the engine is ready instead of running beside the ready path's own Python.
+    # Why: alone, an H100 loads v3's weights in 1.1-1.3 s; inside a warm start, beside vLLM's start, 13.6-18.5
+    # s (BENCHMARKS.md "Start-up"); the cost: vLLM comes up that much later after ready. Off until measured
+    lm_start_after_ready: bool = False
     # a warm start's converted weights (the cache root's safetensors) read onto the GPU/NPU through one
     # page-locked buffer in large chunks (engine.weights_file), not memory-mapped and copied tensor by tensor
-    # from faulted-in pages: those took 10.7-15.7 s of an H100's warm v3 start (BENCHMARKS.md "Start-up")
+    # from faulted-in pages. Alone on an H100 either way takes 1.1-1.3 s (the reader ~0.1 s slower with the
+    # page cache warm); what a disk read after a reboot makes of it is not measured
     weights_onto_device: bool = True
     # chunks of different requests run through one flow call (and one v3 HiFT call) up to this many; the
     # graph buckets go up to its power of two. 1 = request by request (the A/B for batching)
@@ -544,6 +555,10 @@ class EngineConfig:
             raise ValueError(f"flow_step_graphs must be True or False, got {self.flow_step_graphs!r}")
         if not isinstance(self.lm_fork_server, bool):
             raise ValueError(f"lm_fork_server must be True or False, got {self.lm_fork_server!r}")
+        if not isinstance(self.lm_start_after_ready, bool):
+            raise ValueError(f"lm_start_after_ready must be True or False, got {self.lm_start_after_ready!r}")
+        if self.lm_start_after_ready and self.lm_handover is False:
+            raise ValueError("lm_start_after_ready needs the LM handover (--lm-handover)")
         if not isinstance(self.weights_onto_device, bool):
             raise ValueError(f"weights_onto_device must be True or False, got {self.weights_onto_device!r}")
         if self.flow_compile not in (None, True, False):

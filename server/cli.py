@@ -194,6 +194,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_overlap_flags(g)
     add_lm_handover_flags(g)
     add_switch(g, "lm-fork-server")
+    add_switch(g, "lm-start-after-ready")
     add_switch(g, "weights-onto-device")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
@@ -278,6 +279,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_handover=args.lm_handover,
         lm_fork_server=args.lm_fork_server,
         weights_onto_device=args.weights_onto_device,
+        lm_start_after_ready=args.lm_start_after_ready,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,

@@ -58,6 +58,40 @@ class Rehearsal:
         return cls(short, loop)
 
 
+class StartGate:
+    """Holds the second backend's start until the engine is ready (``EngineConfig.lm_start_after_ready``):
+    its start is Python in this process (vLLM's import, its engine arguments) that would otherwise share the
+    interpreter with the load's own (the weights, the first graphs, the studio's import). ``cancel`` (a
+    failed load, an engine closed first) lets the waiting start end without starting anything."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()  # open and cancel may race (the first request's warm-up, a close)
+        self._cancelled = False
+
+    def open(self) -> None:
+        """The engine is ready: the start goes on (later calls, and a call after ``cancel``, do nothing)."""
+        with self._lock:
+            self._event.set()
+
+    def cancel(self) -> None:
+        """No start from now on, where it has not been let go already."""
+        with self._lock:
+            if not self._event.is_set():
+                self._cancelled = True
+                self._event.set()
+
+    def wait(self) -> None:
+        """Block until opened; raises ``GateCancelled`` where cancelled first."""
+        self._event.wait()
+        if self._cancelled:
+            raise GateCancelled("the engine closed before it was ready: the LM backend was not started")
+
+
+class GateCancelled(RuntimeError):
+    """A gated start that was never to run (the first backend keeps serving, or the engine is gone)."""
+
+
 class HandoverLM:
     """``first`` serves until ``second`` (a future: its start runs elsewhere) is up, then ``second``."""
 
@@ -67,8 +101,10 @@ class HandoverLM:
         second: Future[LMBackend],
         timeline: Timeline | None = None,
         release: Callable[[], object] | None = None,
+        gate: StartGate | None = None,
     ):
-        self.first, self._second = first, second
+        """``gate``: what ``second``'s start waits for, if anything (cancelled by ``close``)."""
+        self.first, self._second, self._gate = first, second, gate
         self.timeline, self._release = timeline or Timeline(), release
         self._lock = threading.Lock()
         self._serving: LMBackend = first  # the backend new requests go to
@@ -141,6 +177,8 @@ class HandoverLM:
         with self._lock:
             self._closed = True
         self._drained.set()
+        if self._gate is not None:  # a start still held never runs
+            self._gate.cancel()
         self.first.close()
         self._second.add_done_callback(_close_started)
 
@@ -163,6 +201,9 @@ class HandoverLM:
         """Wait for the second backend, switch new requests to it, retire the first once drained."""
         try:
             second = self._second.result()
+        except GateCancelled:  # closed before the gate opened: nothing started, nothing to hand over
+            log.info("the %s LM backend served to the end: its successor was never started", self.first.name)
+            return
         except BaseException:  # the start failed: the first keeps serving
             log.exception("the %s LM backend keeps serving: its successor failed to start", self.first.name)
             second = None

@@ -42,7 +42,7 @@ from engine.lm import fork_server
 from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.decode_slot import DecodeSlot
-from engine.lm.handover import HandoverLM
+from engine.lm.handover import HandoverLM, StartGate
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -132,6 +132,7 @@ class TTSEngine:
         self._settings = contextlib.ExitStack()  # process-wide settings held while open (load: cudnn)
         self.startup = Timeline()  # load() passes the one its phases went on
         self.graph_builder = GraphBuilder(self.startup)  # load() passes the one holding the later graphs
+        self._lm_gate: StartGate | None = None  # the LM backend's start, held until warmup (load sets it)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -223,15 +224,19 @@ class TTSEngine:
         with timeline.phase("tokenizer"):
             text = TextFrontend(load_tokenizer(files.qwen, files.family))
         handover = cfg.hands_over and _uses_vllm(cfg, devices.is_accelerator(dev))
+        # with a handover the LM's start may wait for the engine's ready (warmup opens the gate)
+        gate = StartGate() if handover and cfg.lm_start_after_ready else None
         starter = ThreadPoolExecutor(1, thread_name_prefix="lm-start")
         try:
             lm: tuple[object, ...] = (cfg, files, dev, weights.result)
-            started = starter.submit(_timed, timeline, "LM backend", _backend, *lm)
+            started = starter.submit(_started_lm, gate, timeline, *lm)
             builder = GraphBuilder(timeline)
             try:
                 loads = (cfg, files, dev, timeline, text, weights, builder, early)
                 model, vocoder, parts = _beside_the_lm(*loads)
             except BaseException:
+                if gate is not None:  # the held start ends at once, starting nothing
+                    gate.cancel()
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
                 raise
@@ -243,7 +248,7 @@ class TTSEngine:
                 _timed(timeline, name, work)
             backend: LMBackend
             if handover:  # the native loop serves now; vLLM takes new requests once up (engine.lm.handover)
-                backend = _handover(model, cfg, dev, started, timeline)
+                backend = _handover(model, cfg, dev, started, timeline, gate)
             else:
                 backend = started.result()
         finally:
@@ -264,7 +269,7 @@ class TTSEngine:
         log.info("loaded %s (%s) on %s with the %s LM backend", files.root, model.family, dev, backend.name)
         p = parts
         engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
-        engine.startup, engine.graph_builder = timeline, builder
+        engine.startup, engine.graph_builder, engine._lm_gate = timeline, builder, gate
         if cfg.t2w_first_lane:
             engine._first_lane(vocoder, dev, builder)
         return engine
@@ -292,6 +297,8 @@ class TTSEngine:
             async for _ in self.stream(req):
                 pass
         self.startup.mark_ready()
+        if self._lm_gate is not None:  # EngineConfig.lm_start_after_ready: vLLM's start from now on
+            self._lm_gate.open()
         self.graph_builder.yield_to(self._capture_clear)  # captured where no stream can stall for it
         self.graph_builder.start()  # the remaining graphs, behind the requests that now run
 
@@ -797,14 +804,27 @@ def _backend(
 
 
 def _handover(
-    model: LoadedModel, cfg: EngineConfig, dev: torch.device, started: Future[LMBackend], timeline: Timeline
+    model: LoadedModel,
+    cfg: EngineConfig,
+    dev: torch.device,
+    started: Future[LMBackend],
+    timeline: Timeline,
+    gate: StartGate | None,
 ) -> HandoverLM:
-    """The native loop on the loaded LM, serving until vLLM (``started``) is up; its device memory (KV
-    caches) is emptied from torch's cache once it is retired."""
+    """The native loop on the loaded LM, serving until vLLM (``started``, held by ``gate`` if any) is up;
+    its device memory (KV caches) is emptied from torch's cache once it is retired."""
     from engine.lm.native import NativeLM
 
     native = NativeLM(model.lm, cfg.sampling, slot=_decode_slot(cfg, model.lm))
-    return HandoverLM(native, started, timeline, lambda: devices.empty_cache(dev))
+    return HandoverLM(native, started, timeline, lambda: devices.empty_cache(dev), gate)
+
+
+def _started_lm(gate: StartGate | None, timeline: Timeline, *lm: object) -> LMBackend:
+    """The LM backend's start (``_backend(*lm)``), a phase of ``timeline`` from when it begins: once
+    ``gate`` opens, if any."""
+    if gate is not None:
+        gate.wait()  # GateCancelled where the load failed or the engine closed first
+    return _timed(timeline, "LM backend", _backend, *lm)
 
 
 def _decode_slot(cfg: EngineConfig, lm: SpeechLM) -> DecodeSlot | None:

@@ -292,3 +292,31 @@ async def test_the_same_seed_gives_the_same_tokens_on_either_side_of_the_switch(
     finally:
         lm.close()
     assert len(before) == 8 and before == after
+
+
+def test_a_start_gate_lets_its_waiter_go_once_opened_and_a_cancel_after_changes_nothing():
+    import threading
+
+    from engine.lm.handover import StartGate
+
+    gate, passed = StartGate(), threading.Event()
+    waiter = threading.Thread(target=lambda: (gate.wait(), passed.set()))
+    waiter.start()
+    assert not passed.wait(0.05)  # held
+    gate.open()
+    waiter.join(5.0)
+    assert passed.is_set()
+    gate.cancel()
+    gate.wait()  # still open: returns
+
+
+def test_a_cancelled_start_gate_raises_in_its_waiter_and_stays_cancelled():
+    import pytest
+
+    from engine.lm.handover import GateCancelled, StartGate
+
+    gate = StartGate()
+    gate.cancel()
+    gate.open()
+    with pytest.raises(GateCancelled, match="not started"):
+        gate.wait()

@@ -796,6 +796,68 @@ async def test_the_engine_serves_on_the_native_loop_while_vllm_starts_then_hands
         eng.close()
 
 
+async def test_with_lm_start_after_ready_vllm_starts_only_once_the_engine_is_ready(tmp_path, monkeypatch):
+    """lm_start_after_ready: nothing of vLLM's start (here a stand-in that notes when it is called) runs
+    during the load or the warm-up; it begins once warmup has marked the engine ready, its phase on the
+    timeline after ready, and the handover then happens as without the gate."""
+    import engine.serving.engine as module
+    from engine.lm.native import NativeLM
+
+    called: list[float | None] = []  # the timeline's ready instant when vLLM's start began
+
+    def vllm_stand_in(cfg, files, dev, weights):
+        called.append(eng_ready())
+        second = NativeLM(weights().lm, cfg.sampling)
+        second.name = "vllm"  # type: ignore[misc]
+        return second
+
+    monkeypatch.setattr(module, "_backend", vllm_stand_in)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
+    cfg = EngineConfig(
+        model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v"),
+        lm_start_after_ready=True,
+    )  # fmt: skip
+    eng = TTSEngine.load(cfg)
+    eng_ready = lambda: eng.startup.ready_s  # noqa: E731
+    try:
+        assert called == [] and eng.lm_backend == "native"  # loaded, not started
+        await eng.warmup()
+        assert await asyncio.to_thread(eng.backend.wait_settled, WAIT_S)
+        ready = eng.startup.ready_s
+        assert ready is not None and called == [ready]  # once, and after ready
+        phases = {p.name: p for p in eng.startup.phases}
+        assert phases["LM backend"].start_s >= ready
+        assert eng.lm_backend == "vllm" and eng.startup.stage() == "steady"
+    finally:
+        eng.close()
+
+
+def test_an_engine_closed_before_ready_never_starts_its_held_lm(tmp_path, monkeypatch, caplog):
+    """lm_start_after_ready, closed before any warm-up (a server stopping during its start): the held start
+    ends without calling vLLM, its thread ends, and nothing is logged as a failed start."""
+    import engine.serving.engine as module
+
+    called: list[bool] = []
+    monkeypatch.setattr(module, "_backend", lambda *a: called.append(True))
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
+    cfg = EngineConfig(
+        model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v"),
+        lm_start_after_ready=True,
+    )  # fmt: skip
+    eng = TTSEngine.load(cfg)
+    eng.close()
+    assert eng.backend.wait_settled(WAIT_S)
+    assert called == [] and "failed to start" not in caplog.text
+
+
+def test_lm_start_after_ready_needs_the_handover():
+    assert EngineConfig(lm_start_after_ready=True).lm_start_after_ready
+    with pytest.raises(ValueError, match="lm_start_after_ready needs the LM handover"):
+        EngineConfig(lm_start_after_ready=True, lm_handover=False)
+    with pytest.raises(ValueError, match="lm_start_after_ready must be True or False"):
+        EngineConfig(lm_start_after_ready="yes")  # type: ignore[arg-type]
+
+
 def test_the_handover_is_asked_for_and_needs_vllm_with_a_fixed_kv_cache():
     assert EngineConfig().hands_over  # auto: on where vLLM's KV cache has a fixed size (the default)
     assert not EngineConfig(lm_kv_cache_gib=None).hands_over  # a profiling vLLM: no native loop beside it
