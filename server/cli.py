@@ -119,7 +119,7 @@ def add_serving_flags(g: Flags) -> None:
     g.add_argument(
         "--profile-startup", type=Path, default=None, metavar="DIR",
         help="diagnostics: sample each start-up phase's thread every 10 ms and write where its time went to "
-        "DIR (a summary .txt and flame-graph stacks .folded per phase)",
+        "DIR (a summary .txt and flame-graph stacks .folded per phase; default: none)",
     )  # fmt: skip
 
 
