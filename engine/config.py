@@ -211,6 +211,11 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "GPU, where torch.compile compiles the flow (not --flow-aot): keep its programs whole under the "
         "cache root and load them there on the next start, no Dynamo trace, no AOTAutograd (default: on)",
     ),
+    "flow-compile-child": (
+        "flow_compile_child",
+        "GPU: a flow program the cache root lacks (a cold start) is compiled by a child process with an "
+        "interpreter of its own, not in the serving process beside its requests (default: off)",
+    ),
     "flow-step-graphs": (
         "flow_step_graphs",
         "CUDA: capture one flow solver step per graph and replay it once a step, not the whole solve: "
@@ -390,6 +395,12 @@ class EngineConfig:
     # H200 a warm start's "flow compile" took 12.9-20.0 s with it (59-66 s traced, with Inductor's cache
     # holding every kernel) and its full speed came at 111-120 s (175-205 s): BENCHMARKS.md, start-up.
     flow_precompiled: bool = True
+    # A program flow_precompiled's folder lacks (a cold start) compiled by a child process (its own
+    # interpreter, the estimator at random weights: a program holds no weights) while this one only waits
+    # on it, then loaded from the folder as a warm start would (engine.flow.compile_child). Why: a cold
+    # H100 start compiled the flow's two programs for 338 s in the serving process, beside its first
+    # requests (BENCHMARKS.md "Start-up"). Off until measured on a GPU
+    flow_compile_child: bool = False
     # Each flow graph holds one solver step, replayed once a step (engine.flow.stepped), instead of the whole
     # 10-step solve: a tenth of a capture's Python work and graph nodes, the same audio to the bit. For the
     # start: the ~110 flow captures ran ~65 s in the serving process after ready on the H200. On an H100 (v3
@@ -551,6 +562,8 @@ class EngineConfig:
             raise ValueError(f"lm_native_graphs must be True or False, got {self.lm_native_graphs!r}")
         if not isinstance(self.flow_precompiled, bool):
             raise ValueError(f"flow_precompiled must be True or False, got {self.flow_precompiled!r}")
+        if not isinstance(self.flow_compile_child, bool):
+            raise ValueError(f"flow_compile_child must be True or False, got {self.flow_compile_child!r}")
         if not isinstance(self.flow_step_graphs, bool):
             raise ValueError(f"flow_step_graphs must be True or False, got {self.flow_step_graphs!r}")
         if not isinstance(self.lm_fork_server, bool):

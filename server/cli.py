@@ -189,6 +189,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_flow_aot_flag(g)
     add_switch(g, "flow-precompiled")
     add_switch(g, "flow-step-graphs")
+    add_switch(g, "flow-compile-child")
     add_switch(g, "native-lm-graphs")
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
@@ -280,6 +281,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_fork_server=args.lm_fork_server,
         weights_onto_device=args.weights_onto_device,
         lm_start_after_ready=args.lm_start_after_ready,
+        flow_compile_child=args.flow_compile_child,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,

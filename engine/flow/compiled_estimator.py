@@ -48,10 +48,12 @@ class CompiledEstimator(nn.Module):
         cast: bool = True,
         programs: AotPrograms | None = None,
         precompiled: Path | None = None,
+        compile_child: bool = False,
     ) -> None:
         super().__init__()
         self.dtype, self.compiled = dtype, compiled or programs is not None
         self.precompiled = precompiled  # where the whole compiled programs are kept (None: not kept)
+        self.compile_child = compile_child  # a program ``precompiled`` lacks: compiled by a child process
         keep = dtype == torch.float32 or not cast  # not cast: ``estimator`` already holds ``dtype`` weights
         self.inner = estimator if keep else cast_parameters(estimator, dtype)
         # page windows (engine.flow.dit_pages, unet_pages), compiled alike on first use
@@ -72,12 +74,18 @@ class CompiledEstimator(nn.Module):
         from engine.flow.precompiled import Precompiled  # Dynamo: seconds to import, only when compiled
 
         method = getattr(type(self.inner), name)
-        return Precompiled(method, self.inner, self.precompiled, name, fallback=_compiled(fn))
+        from engine.flow.compile_child import compile_elsewhere
+
+        elsewhere = compile_elsewhere if self.compile_child else None
+        return Precompiled(method, self.inner, self.precompiled, name, _compiled(fn), elsewhere)
 
     def twin(self, compiled: bool) -> CompiledEstimator:
         """The same weights (shared, not copied), run eager or by TorchInductor: the engine serves on the
         eager twin while the compiled one is built in the background."""
-        return CompiledEstimator(self.inner, self.dtype, compiled, cast=False, precompiled=self.precompiled)
+        return CompiledEstimator(
+            self.inner, self.dtype, compiled, cast=False, precompiled=self.precompiled,
+            compile_child=self.compile_child,
+        )  # fmt: skip
 
     def with_programs(self, programs: AotPrograms) -> CompiledEstimator:
         """The same weights run by ``programs`` (built ahead of time and bound to them)."""

@@ -75,6 +75,7 @@ class GraphedCFM(nn.Module):
         aot: AotRoot | None = None,
         precompiled: Path | None = None,
         stepped: bool = False,
+        compile_child: bool = False,
     ):
         super().__init__()
         self.cfm, self.frame_bucket, self.dtype = cfm, frame_bucket, dtype
@@ -83,8 +84,12 @@ class GraphedCFM(nn.Module):
         # with ``aot`` the compiled programs come from packages built in a child process (aot_package)
         self.aot = aot if compiled else None
         # eager until the packages' programs replace it (precapture), not torch.compile's; ``precompiled``:
-        # torch.compile's programs kept whole there and loaded without tracing (engine.flow.precompiled)
-        estimator = CompiledEstimator(cfm.estimator, dtype, compiled and aot is None, precompiled=precompiled)
+        # torch.compile's programs kept whole there and loaded without tracing (engine.flow.precompiled),
+        # those it lacks compiled by a child process with ``compile_child`` (engine.flow.compile_child)
+        by_torch = compiled and aot is None
+        estimator = CompiledEstimator(
+            cfm.estimator, dtype, by_torch, precompiled=precompiled, compile_child=compile_child
+        )
         self.solver = cfm.with_estimator(estimator)
         # every flow graph runs a smaller call of its kind exactly: a full solve over masked frames and zero
         # rows (_padded), a page window over queries past each row's total (their pages: the scratch page)

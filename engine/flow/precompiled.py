@@ -39,6 +39,7 @@ from torch.fx.experimental import _config as shape_config
 
 log = logging.getLogger(__name__)
 Key = tuple[object, ...]
+Elsewhere = Callable[[nn.Module, str, Path, Sequence[object]], bool]  # compile_child.compile_elsewhere
 # programs one key may hold (Dynamo's cache holds more than one where a guard of the first refuses a call:
 # the tiny DiT's batch <= 15); past it the key falls back
 MAX_PROGRAMS = 4
@@ -66,9 +67,18 @@ class Precompiled:
     computation compiled by ``torch.compile``) from then on for the key."""
 
     def __init__(
-        self, fn: Callable[..., Any], module: nn.Module, root: Path, name: str, fallback: Callable[..., Any]
+        self,
+        fn: Callable[..., Any],
+        module: nn.Module,
+        root: Path,
+        name: str,
+        fallback: Callable[..., Any],
+        elsewhere: Elsewhere | None = None,
     ) -> None:
+        """``elsewhere(module, name, root, args) -> saved``: a program the root lacks is first asked of it
+        (``engine.flow.compile_child``), and compiled here only where it saved none that fits."""
         self.fn, self.module, self.root, self.name, self.fallback = fn, module, root, name, fallback
+        self.elsewhere = elsewhere
         # key -> its programs, checked in order (as Dynamo's cache entries); None: the fallback
         self.programs: dict[Key, list[Any] | None] = {}
         self._lock = threading.Lock()  # one load or compile at a time, whichever thread calls first
@@ -110,6 +120,9 @@ class Precompiled:
             fit = next((p for p in programs if p.guard_check(self.module, *args)), None)
             if fit is None and len(programs) >= MAX_PROGRAMS:
                 return self._fall_back(key, f"{MAX_PROGRAMS} programs refused a call", None)
+            if fit is None and self._made_elsewhere(args):
+                programs[:] = self._loaded(stem)  # the child's file is the next of this stem
+                fit = next((p for p in programs if p.guard_check(self.module, *args)), None)
             if fit is None:
                 # a key with no program yet that does not compile is noted: later starts skip its trace
                 refused = None if programs else self._note(stem)
@@ -117,6 +130,10 @@ class Precompiled:
                 if fit is not None:
                     programs.append(fit)
             return fit
+
+    def _made_elsewhere(self, args: Sequence[object]) -> bool:
+        """``elsewhere`` (if any) saved a program for ``args`` under this root."""
+        return self.elsewhere is not None and self.elsewhere(self.module, self.name, self.root, args)
 
     def _refused(self, key: Key, stem: str) -> bool:
         """A start before found that ``key`` does not compile whole (``stem``'s ``.refused`` note): the

@@ -871,8 +871,10 @@ def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -
     # used only where torch.compile compiles (CompiledEstimator._compiled): moot when eager or AOT-packaged
     precompiled = kept / "precompiled" if cfg.flow_precompiled else None
     dtype = getattr(torch, cfg.flow_dtype)
-    stepped = cfg.flow_step_graphs
-    return GraphedCFM(cfm, dtype, compiled=compiled, aot=aot, precompiled=precompiled, stepped=stepped)
+    stepped, child = cfg.flow_step_graphs, cfg.flow_compile_child
+    return GraphedCFM(
+        cfm, dtype, compiled=compiled, aot=aot, precompiled=precompiled, stepped=stepped, compile_child=child
+    )
 
 
 def _first_graphs(
