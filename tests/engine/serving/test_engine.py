@@ -754,6 +754,27 @@ def test_the_vllm_backend_gets_the_lm_settings_from_the_config(tmp_path, monkeyp
     assert backend.lm == "the loaded LM"
 
 
+def vllm_stand_in(before):
+    """vLLM's start as the engine's ``_backend``: ``before()`` (a wait, a note), then a second native loop
+    named vllm (the same sampling)."""
+    from engine.lm.native import NativeLM
+
+    def start(cfg, files, dev, weights):
+        before()
+        second = NativeLM(weights().lm, cfg.sampling)
+        second.name = "vllm"  # type: ignore[misc]
+        return second
+
+    return start
+
+
+def vllm_cfg(tmp_path, **settings) -> EngineConfig:
+    """The tiny v2 model on the CPU with vLLM asked for (its start stood in for)."""
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
+    voices = str(tmp_path / "v")
+    return EngineConfig(model=str(model_dir), device="cpu", backend="vllm", voices_dir=voices, **settings)
+
+
 async def test_the_engine_serves_on_the_native_loop_while_vllm_starts_then_hands_over(tmp_path, monkeypatch):
     """With vLLM and a handover (the default where its KV cache has a fixed size) the engine is ready as
     soon as the native loop can serve; /ready's stage is "warming" until vLLM (here a second native loop
@@ -762,21 +783,11 @@ async def test_the_engine_serves_on_the_native_loop_while_vllm_starts_then_hands
     import threading
 
     import engine.serving.engine as module
-    from engine.lm.native import NativeLM
 
     up = threading.Event()
-
-    def vllm_stand_in(cfg, files, dev, weights):
-        assert up.wait(WAIT_S)  # vLLM's start: tens of seconds on a GPU
-        second = NativeLM(weights().lm, cfg.sampling)
-        second.name = "vllm"  # type: ignore[misc]
-        return second
-
-    monkeypatch.setattr(module, "_backend", vllm_stand_in)
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
-    cfg = EngineConfig(
-        model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v")
-    )  # lm_handover auto: on with vLLM and its fixed KV cache
+    # vLLM's start (tens of seconds on a GPU) until the test lets it
+    monkeypatch.setattr(module, "_backend", vllm_stand_in(lambda: up.wait(WAIT_S)))
+    cfg = vllm_cfg(tmp_path)  # lm_handover auto: on with vLLM and its fixed KV cache
     idle: list[bool] = []  # the caller's work beside vLLM's start (the studio import) still runs before ready
     eng = TTSEngine.load(cfg, idle_work=(("studio import", lambda: idle.append(up.is_set())),))
     try:
@@ -801,24 +812,10 @@ async def test_with_lm_start_after_ready_vllm_starts_only_once_the_engine_is_rea
     during the load or the warm-up; it begins once warmup has marked the engine ready, its phase on the
     timeline after ready, and the handover then happens as without the gate."""
     import engine.serving.engine as module
-    from engine.lm.native import NativeLM
 
     called: list[float | None] = []  # the timeline's ready instant when vLLM's start began
-
-    def vllm_stand_in(cfg, files, dev, weights):
-        called.append(eng_ready())
-        second = NativeLM(weights().lm, cfg.sampling)
-        second.name = "vllm"  # type: ignore[misc]
-        return second
-
-    monkeypatch.setattr(module, "_backend", vllm_stand_in)
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
-    cfg = EngineConfig(
-        model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v"),
-        lm_start_after_ready=True,
-    )  # fmt: skip
-    eng = TTSEngine.load(cfg)
-    eng_ready = lambda: eng.startup.ready_s  # noqa: E731
+    monkeypatch.setattr(module, "_backend", vllm_stand_in(lambda: called.append(eng.startup.ready_s)))
+    eng = TTSEngine.load(vllm_cfg(tmp_path, lm_start_after_ready=True))
     try:
         assert called == [] and eng.lm_backend == "native"  # loaded, not started
         await eng.warmup()
@@ -839,12 +836,7 @@ def test_an_engine_closed_before_ready_never_starts_its_held_lm(tmp_path, monkey
 
     called: list[bool] = []
     monkeypatch.setattr(module, "_backend", lambda *a: called.append(True))
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice2", "tiny")
-    cfg = EngineConfig(
-        model=str(model_dir), device="cpu", backend="vllm", voices_dir=str(tmp_path / "v"),
-        lm_start_after_ready=True,
-    )  # fmt: skip
-    eng = TTSEngine.load(cfg)
+    eng = TTSEngine.load(vllm_cfg(tmp_path, lm_start_after_ready=True))
     eng.close()
     assert eng.backend.wait_settled(WAIT_S)
     assert called == [] and "failed to start" not in caplog.text
