@@ -15,7 +15,8 @@ leaves the compile to the server, as without it.
 The child makes the call's tensors at their full sizes (zeros), the page pool's too: Inductor may guard a
 program on its sizes (e.g. 32-bit indexing), so a program traced at a smaller pool could be refused here.
 A cold start on a GPU therefore needs room for a second pool for the minutes of the compile (v3 on an H100:
-26.4 GiB); a child that runs out of memory fails and the server compiles, as without it. Untested on a GPU.
+26.4 GiB): where that and a copy of the module pass 90 % of the free memory no child starts, and a child
+that runs out of memory anyway fails; the server compiles, as without it. Untested on a GPU.
 
     python -m engine.flow.compile_child JOB.json      # what compile_elsewhere runs
 """
@@ -40,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
+ROOM_SHARE = 0.9  # a child starts only where its call's tensors and module fit in this share of free memory
 PARENT_CHECK_S = 1.0  # the child looks this often whether the server that waits for it is still there
 JOB_EXIT = {"identity": 3, "orphaned": 4}  # the child's exit statuses besides 0 (saved) and 1 (failed)
 
@@ -63,12 +65,23 @@ class Arg:
             raise TypeError(f"a child compile takes tensors and plain values, not {type(a).__name__}")
         return cls(value=a)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes ``example`` allocates (0 for a plain value)."""
+        if self.dtype is None:
+            return 0
+        return (
+            _storage_size(self.shape, self.stride)
+            * torch.empty((), dtype=getattr(torch, self.dtype)).itemsize
+        )
+
     def example(self, device: torch.device) -> object:
         """Zeros of this layout (values do not change a program; zero indices stay in range), or the value."""
         if self.dtype is None:
             return self.value
-        size = 1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride)) if all(self.shape) else 0
-        flat = torch.zeros(size, dtype=getattr(torch, self.dtype), device=device)
+        flat = torch.zeros(
+            _storage_size(self.shape, self.stride), dtype=getattr(torch, self.dtype), device=device
+        )
         return flat.as_strided(self.shape, self.stride)
 
 
@@ -136,6 +149,11 @@ class Job:
         return out
 
 
+def _storage_size(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements a tensor of this shape and these strides spans (0 where it is empty)."""
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride)) if all(shape) else 0
+
+
 def identity(module: nn.Module) -> str:
     """A digest of ``precompiled.module_identity``: equal where the child's file is the server's."""
     from engine.flow.precompiled import module_identity
@@ -151,11 +169,29 @@ def compile_elsewhere(module: nn.Module, method: str, root: Path, args: Sequence
     except TypeError as exc:  # an argument or an estimator it cannot describe: the server compiles
         log.info("%s: compiled here (%s)", method, exc)
         return False
+    if (short := _no_room(job, module)) is not None:
+        log.info("%s: compiled here (%s)", method, short)
+        return False
     root.mkdir(parents=True, exist_ok=True)
     stem = f"{method}-{os.getpid()}-{time.monotonic_ns()}.child"
     spec, output = root / f"{stem}.json", root / f"{stem}.log"
     spec.write_text(json.dumps(dataclasses.asdict(job)) + "\n")
     return _ran(spec, output, method)
+
+
+def _no_room(job: Job, module: nn.Module) -> str | None:
+    """Why the child would run out of device memory (its call's tensors, the page pool's among them, and a
+    copy of the module beside this process's), or None where it fits."""
+    from engine import device as devices
+
+    dev = torch.device(job.device)
+    if not devices.is_accelerator(dev):
+        return None
+    weights = sum(p.numel() * p.element_size() for p in (*module.parameters(), *module.buffers()))
+    need, free = weights + sum(a.nbytes for a in job.args), devices.free_memory_bytes(dev)
+    if need <= ROOM_SHARE * free:
+        return None
+    return f"a child would need {need / 2**30:.1f} GiB of device memory, {free / 2**30:.1f} GiB is free"
 
 
 def _ran(spec: Path, output: Path, method: str) -> bool:

@@ -143,3 +143,23 @@ def test_the_engine_config_switch():
     assert cli.engine_config(cli.parse_args(["--flow-compile-child"])).flow_compile_child is True
     with pytest.raises(ValueError, match="flow_compile_child"):
         EngineConfig(flow_compile_child="yes")  # type: ignore[arg-type]
+
+
+def test_no_child_starts_where_the_device_has_no_room_for_its_call(tmp_path, monkeypatch, caplog):
+    """On an accelerator the child must hold the call's tensors (the page pool's among them) and a copy of
+    the module beside this process: where that passes 90 % of the free memory, the server compiles at
+    once instead of waiting for the child's out-of-memory."""
+    from engine import device as devices
+
+    est = tiny_flow("cosyvoice3").decoder.estimator
+    args = (torch.zeros(4, 2**20), True)  # 16 MiB of float32
+    job = Job.of(est, "forward", tmp_path, args)
+    weights = sum(p.numel() * p.element_size() for p in (*est.parameters(), *est.buffers()))
+    assert sum(a.nbytes for a in job.args) == 16 * 2**20
+    monkeypatch.setattr(devices, "is_accelerator", lambda dev: True)
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda dev: int((16 * 2**20 + weights) / 0.9) - 1)
+    with caplog.at_level(logging.INFO, "engine.flow.compile_child"):
+        assert compile_child.compile_elsewhere(est, "forward", tmp_path, args) is False
+    assert "a child would need 0.0 GiB of device memory" in caplog.text and not list(tmp_path.iterdir())
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda dev: int((16 * 2**20 + weights) / 0.9) + 1)
+    assert compile_child._no_room(job, est) is None
