@@ -89,10 +89,7 @@ class AotSpec:
     ) -> AotSpec:
         """The spec of ``cfm``'s estimator served in ``dtype`` on ``device``, with a page pool or not."""
         est = cfm.estimator
-        kind = next((k for k, (c, _) in ESTIMATORS.items() if isinstance(est, c)), None)
-        if kind is None:
-            raise TypeError(f"no ahead-of-time programs for a {type(est).__name__} estimator")
-        config = json.dumps(dataclasses.asdict(est.cfg), sort_keys=True)  # type: ignore[call-overload]
+        kind, config = estimator_kind(est, "ahead-of-time programs")
         solver = json.dumps(dataclasses.asdict(cfm.cfg), sort_keys=True)
         programs = ("final", "paged" if paged else "streaming")
         folded = bool(getattr(est, "fold_masks", False))
@@ -110,17 +107,33 @@ class AotSpec:
 
     def build_cfm(self) -> CausalCFM:
         """The solver around a randomly initialised estimator of this architecture, weights in ``dtype``."""
-        module, config = ESTIMATORS[self.estimator]
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(self.config).items()}
-        dev, dtype = torch.device(self.device), getattr(torch, self.dtype)
-        with dev:
-            estimator = module(config(**fields))
-        for param in estimator.parameters():
-            param.data = param.data.to(dtype)
+        dev = torch.device(self.device)
+        estimator = random_estimator(self.estimator, self.config, dev, getattr(torch, self.dtype))
         cfm = CausalCFM(CfmConfig(**json.loads(self.cfm)), estimator).to(dev).eval()
         if self.folded:
             cfm.fold_attention()
         return cfm
+
+
+def estimator_kind(estimator: nn.Module, what: str) -> tuple[str, str]:
+    """``estimator``'s key of ``ESTIMATORS`` and its config as JSON; a TypeError naming ``what`` (the
+    programs asked for) where it is neither kind."""
+    kind = next((k for k, (c, _) in ESTIMATORS.items() if isinstance(estimator, c)), None)
+    if kind is None:
+        raise TypeError(f"no {what} for a {type(estimator).__name__} estimator")
+    return kind, json.dumps(dataclasses.asdict(estimator.cfg), sort_keys=True)  # type: ignore[call-overload]
+
+
+def random_estimator(kind: str, config: str, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """An estimator of ``kind`` at ``config`` (JSON), randomly initialised on ``device``, its parameters in
+    ``dtype`` (buffers keep theirs): a program's architecture without its weights."""
+    module, cfg = ESTIMATORS[kind]
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(config).items()}
+    with device:
+        estimator = module(cfg(**fields))
+    for param in estimator.parameters():
+        param.data = param.data.to(dtype)
+    return estimator
 
 
 class WholeCall(nn.Module):

@@ -70,10 +70,7 @@ class Arg:
         """The bytes ``example`` allocates (0 for a plain value)."""
         if self.dtype is None:
             return 0
-        return (
-            _storage_size(self.shape, self.stride)
-            * torch.empty((), dtype=getattr(torch, self.dtype)).itemsize
-        )
+        return _storage_size(self.shape, self.stride) * getattr(torch, self.dtype).itemsize
 
     def example(self, device: torch.device) -> object:
         """Zeros of this layout (values do not change a program; zero indices stay in range), or the value."""
@@ -105,15 +102,12 @@ class Job:
 
     @classmethod
     def of(cls, module: nn.Module, method: str, root: Path, args: Sequence[object]) -> Job:
-        from engine.flow.aot_package import ESTIMATORS
+        from engine.flow.aot_package import estimator_kind
 
-        kind = next((k for k, (c, _) in ESTIMATORS.items() if isinstance(module, c)), None)
-        if kind is None:
-            raise TypeError(f"no child compile for a {type(module).__name__} estimator")
+        kind, config = estimator_kind(module, "child compile")
         param, folded = next(module.parameters()), bool(getattr(module, "fold_masks", False))
         return cls(
-            kind, json.dumps(dataclasses.asdict(module.cfg), sort_keys=True),  # type: ignore[call-overload]
-            str(param.dtype).removeprefix("torch."), str(param.device), folded,
+            kind, config, str(param.dtype).removeprefix("torch."), str(param.device), folded,
             method, str(root), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             tuple(Arg.of(a) for a in args), identity(module),
         )  # fmt: skip
@@ -128,14 +122,10 @@ class Job:
     def module(self) -> nn.Module:
         """The estimator at this architecture, randomly initialised, parameters in ``dtype`` (buffers keep
         theirs, as ``compiled_estimator.cast_parameters``), on the device, in eval mode."""
-        from engine.flow.aot_package import ESTIMATORS
+        from engine.flow.aot_package import random_estimator
 
-        cls, config = ESTIMATORS[self.estimator]
-        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(self.config).items()}
-        with torch.device(self.device):
-            module: Any = cls(config(**fields))  # a DiT or U-Net: both have ``fold_masks``
-        for param in module.parameters():
-            param.data = param.data.to(getattr(torch, self.dtype))
+        dev, dtype = torch.device(self.device), getattr(torch, self.dtype)
+        module: Any = random_estimator(self.estimator, self.config, dev, dtype)  # a DiT or U-Net
         module.fold_masks = self.folded  # the attention rule, as CausalCFM.fold_attention sets it
         return module.eval()
 

@@ -71,11 +71,10 @@ class CompiledEstimator(nn.Module):
         (or compiled whole and saved), today's program their fallback."""
         if self.precompiled is None:
             return _compiled(fn)
+        from engine.flow.compile_child import compile_elsewhere
         from engine.flow.precompiled import Precompiled  # Dynamo: seconds to import, only when compiled
 
         method = getattr(type(self.inner), name)
-        from engine.flow.compile_child import compile_elsewhere
-
         elsewhere = compile_elsewhere if self.compile_child else None
         return Precompiled(method, self.inner, self.precompiled, name, _compiled(fn), elsewhere)
 

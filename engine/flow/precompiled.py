@@ -117,12 +117,12 @@ class Precompiled:
             programs = self.programs[key]
             if programs is None:
                 return None
-            fit = next((p for p in programs if p.guard_check(self.module, *args)), None)
+            fit = self._fitting(programs, args)
             if fit is None and len(programs) >= MAX_PROGRAMS:
                 return self._fall_back(key, f"{MAX_PROGRAMS} programs refused a call", None)
             if fit is None and self._made_elsewhere(args):
                 programs[:] = self._loaded(stem)  # the child's file is the next of this stem
-                fit = next((p for p in programs if p.guard_check(self.module, *args)), None)
+                fit = self._fitting(programs, args)
             if fit is None:
                 # a key with no program yet that does not compile is noted: later starts skip its trace
                 refused = None if programs else self._note(stem)
@@ -130,6 +130,10 @@ class Precompiled:
                 if fit is not None:
                     programs.append(fit)
             return fit
+
+    def _fitting(self, programs: list[Any], args: Sequence[object]) -> Any:
+        """The first of ``programs`` whose guards accept ``args``, or None."""
+        return next((p for p in programs if p.guard_check(self.module, *args)), None)
 
     def _made_elsewhere(self, args: Sequence[object]) -> bool:
         """``elsewhere`` (if any) saved a program for ``args`` under this root."""

@@ -65,9 +65,9 @@ def test_a_child_that_saves_nothing_leaves_the_compile_here(tmp_path, caplog):
     assert fallback.calls == 0 and [p.name[-6:] for p in tmp_path.iterdir()] == [".0.bin"]
 
 
-def test_a_real_child_that_fails_leaves_the_compile_here(tmp_path, caplog):
-    """The child exits with an error (the Toy is no flow estimator it can rebuild, so it is not even
-    started); the call still gets its program, compiled here."""
+def test_an_estimator_no_child_can_rebuild_is_compiled_here(tmp_path, caplog):
+    """The Toy is no flow estimator a child can rebuild: no child starts, and the call still gets its
+    program, compiled here."""
     toy = Toy().eval()
     fallback = Eager(toy)
     run = Precompiled(Toy.forward, toy, tmp_path, "forward", fallback, compile_child.compile_elsewhere)
