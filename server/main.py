@@ -77,10 +77,13 @@ def serve(args: argparse.Namespace) -> None:
     # Gradio imported while the engine waits for vLLM's start (where it waits), not beside the first requests
     studio = (("studio import", import_studio),)
     engine = PendingEngine(cfg.model, lambda: build_engine(cfg, timeline, studio), timeline)
-    app = create_app(
-        engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
-        random_weights=cfg.model == DEMO_TINY, studio_later=True,
-    )  # fmt: skip
+    # a phase of its own: the API's import brings torch in before the engine's thread starts (seconds on a
+    # GPU host), which the timeline would otherwise count as nobody's
+    with timeline.phase("web app"):
+        app = create_app(
+            engine, ui_lang=args.ui_lang, limits=cfg.limits, api_key=args.api_key,
+            random_weights=cfg.model == DEMO_TINY, studio_later=True,
+        )  # fmt: skip
     if args.share:
         open_share_link(args.host, args.port)
     server = web_server(app, args.host, args.port, cfg.model, engine, args.shutdown_grace_s)

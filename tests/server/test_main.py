@@ -107,3 +107,29 @@ async def test_a_model_the_load_cannot_read_exits_with_the_config_status(caplog)
     assert srv.should_exit and srv.exit_status == EXIT_CONFIG
     assert not any(r.exc_info for r in caplog.records) and "restarting" not in caplog.text
     assert "cannot start: model directory /models/x" in caplog.text
+
+
+def test_the_web_apps_build_is_a_start_up_phase(monkeypatch):
+    """The API's and the studio's routes are built before the engine's thread starts (their import brings
+    torch in): a phase of the timeline, so /ready and the start-up profile account for those seconds."""
+    seen: dict[str, object] = {}
+
+    class Engine:  # PendingEngine's place: keeps the timeline the server hands it
+        def __init__(self, model, build, timeline):
+            seen["timeline"] = timeline
+
+    class Server:
+        exit_status = 0
+
+        def run(self):
+            timeline = seen["timeline"]
+            assert isinstance(timeline, Timeline)
+            seen["phases"] = [p.name for p in timeline.phases]
+
+    monkeypatch.setattr(entry, "PendingEngine", Engine)
+    monkeypatch.setattr(entry, "create_app", lambda engine, **kw: seen.setdefault("built", True))
+    monkeypatch.setattr(entry, "web_server", lambda *a: Server())
+    monkeypatch.setattr("server.shutdown.leave", lambda status: seen.setdefault("left", status))
+    entry.serve(cli.parse_args(["--model", "demo-tiny"]))
+    assert seen["built"] is True and seen["left"] == 0
+    assert seen["phases"] == ["web app"]
