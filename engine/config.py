@@ -236,6 +236,11 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "with the LM handover: start vLLM once the engine is ready (the native loop serves until it is "
         "up), not beside the weights, the first graphs and the studio's import (default: off)",
     ),
+    "lm-host": (
+        "lm_host",
+        "with vLLM: run its client (vLLM's import, its engine arguments, each step's input and output "
+        "processing) in a process of its own, so this one never imports vLLM (default: off)",
+    ),
     "weights-onto-device": (
         "weights_onto_device",
         "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
@@ -450,6 +455,11 @@ class EngineConfig:
     # Why: alone, an H100 loads v3's weights in 1.1-1.3 s; inside a warm start, beside vLLM's start, 13.6-18.5
     # s (BENCHMARKS.md "Start-up"); the cost: vLLM comes up that much later after ready. Off until measured
     lm_start_after_ready: bool = False
+    # vLLM's client (AsyncLLM: its import, engine arguments, each step's input and output processing) in a
+    # host process of its own that answers over a Unix socket (engine.lm.lm_host), forked from the fork
+    # server with vLLM imported: none of it runs on this process's interpreter. Why: the same as
+    # lm_start_after_ready, without holding vLLM back. Off until measured on a GPU
+    lm_host: bool = False
     # a warm start's converted weights (the cache root's safetensors) read onto the GPU/NPU through one
     # page-locked buffer in large chunks (engine.weights_file), not memory-mapped and copied tensor by tensor
     # from faulted-in pages. Alone on an H100 either way takes 1.1-1.3 s (the reader ~0.1 s slower with the
@@ -570,6 +580,8 @@ class EngineConfig:
             raise ValueError(f"lm_fork_server must be True or False, got {self.lm_fork_server!r}")
         if not isinstance(self.lm_start_after_ready, bool):
             raise ValueError(f"lm_start_after_ready must be True or False, got {self.lm_start_after_ready!r}")
+        if not isinstance(self.lm_host, bool):
+            raise ValueError(f"lm_host must be True or False, got {self.lm_host!r}")
         if self.lm_start_after_ready and self.lm_handover is False:
             raise ValueError("lm_start_after_ready needs the LM handover (--lm-handover)")
         if not isinstance(self.weights_onto_device, bool):

@@ -196,6 +196,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_lm_handover_flags(g)
     add_switch(g, "lm-fork-server")
     add_switch(g, "lm-start-after-ready")
+    add_switch(g, "lm-host")
     add_switch(g, "weights-onto-device")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
@@ -281,6 +282,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_fork_server=args.lm_fork_server,
         weights_onto_device=args.weights_onto_device,
         lm_start_after_ready=args.lm_start_after_ready,
+        lm_host=args.lm_host,
         flow_compile_child=args.flow_compile_child,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,

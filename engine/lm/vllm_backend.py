@@ -9,17 +9,14 @@
   requests run greedy). Stop ids are masked before min_len there too, so vLLM's min_tokens is not used.
 * ``VLLMBackend``: AsyncLLM with prompt embeddings and delta outputs; ``generate`` streams ids; closing the
   iterator aborts the vLLM request.
-* ``VLLMSession`` (text-streaming input, engine/lm/bistream.py): vLLM 0.26 has no way to append input to a
-  running request, so each round is a new request whose prompt is everything fed so far plus the round's
-  input; prefix caching (block hashes cover the prompt embeddings) finds the earlier rounds' blocks, so a
-  round prefills only ~its own input and the last partial block. The RAS state continues across rounds
-  (the token history travels in the request). UNTESTED ON GPU until the lead's run (README).
+* ``VLLMSession`` (text-streaming input, engine/lm/bistream.py; in ``engine.lm.vllm_session``, which
+  imports no vLLM, as does ``generate``'s body): each round a new request over everything fed so far.
+* ``hosted``: the backend as ``engine.lm.lm_host``'s process builds it (vLLM's client out of the server).
 Untested in CI (no vLLM there); exercised by tests marked ``gpu`` and by bench/ on an H200.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -27,7 +24,7 @@ import os
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
@@ -35,11 +32,14 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from engine.config import SamplingConfig
 from engine.lm import fork_server
 from engine.lm.backend import LMRequest
-from engine.lm.bistream import Feed, Layout, Round, Table, embed
 from engine.lm.hf_export import BIAS_FILE, export_hf  # noqa: F401  (export_hf: the backend's input)
 from engine.lm.ras_graphs import ras_stepper
 from engine.lm.sampling import DeviceRAS
 from engine.lm.speech_lm import SpeechLM
+from engine.lm.vllm_session import VLLMSession, generate
+
+if TYPE_CHECKING:
+    from engine.lm.lm_host import HostSpec
 
 log = logging.getLogger(__name__)
 _ARGS = "cosystream"  # key of our per-request data in SamplingParams.extra_args
@@ -229,7 +229,7 @@ class VLLMBackend:
             raise RuntimeError("text-streaming input needs the VLLMBackend built with the SpeechLM")
         return VLLMSession(self, self.lm, request_id, seed)
 
-    def _params(
+    def params(
         self,
         req: LMRequest,
         greedy: bool = False,
@@ -259,12 +259,8 @@ class VLLMBackend:
             extra_args={_ARGS: args},
         )
 
-    async def generate(self, req: LMRequest) -> AsyncIterator[int]:
-        prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
-        async with contextlib.aclosing(self.tokens(prompt, self._params(req), req)) as tokens:
-            async for tok in tokens:
-                if tok not in req.stop_ids:
-                    yield tok
+    def generate(self, req: LMRequest) -> AsyncIterator[int]:
+        return generate(self, req)
 
     async def tokens(self, prompt: dict[str, Any], params: Any, req: LMRequest) -> AsyncGenerator[int, None]:
         """Every id vLLM emits for one request; closed before its end (or failing), the request is aborted
@@ -285,7 +281,7 @@ class VLLMBackend:
     async def greedy(self, req: LMRequest) -> list[int]:
         """Argmax decoding through our processor (bias added, stop ids masked before min_len): the
         export/prompt-embeds parity check against the native LM."""
-        params = self._params(req, greedy=True)
+        params = self.params(req, greedy=True)
         prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
         tokens: list[int] = []
         async for out in self.engine.generate(prompt, params, req.request_id):
@@ -296,59 +292,12 @@ class VLLMBackend:
         self.engine.shutdown()
 
 
-class VLLMSession:
-    """One bistream request on vLLM: a round = a new request over (all fed so far ++ the round's input)."""
-
-    def __init__(self, backend: VLLMBackend, lm: SpeechLM, request_id: str, seed: int):
-        self.backend, self.lm, self.request_id, self.seed = backend, lm, request_id, seed
-        self.layout = Layout.of(lm.config)
-        self.specials = sorted(lm.config.stop_ids)
-        self.fed: list[torch.Tensor] = []  # [P_i, H] in vLLM's dtype, on the CPU: the prompt so far
-        self.history: list[int] = []  # every token appended (fills included): the RAS window
-        self.rounds = 0
-
-    def _embeds(self, feeds: tuple[Feed, ...]) -> torch.Tensor:
-        with torch.inference_mode():
-            return embed(self.lm, feeds).detach().to("cpu", self.backend.dtype)
-
-    def _request(self, rnd: Round) -> tuple[LMRequest, list[int]]:
-        """The round as a vLLM request: (its LMRequest, the ids that end it)."""
-        fill, used = self.layout.fill_id, len(self.history)
-        if rnd.final:  # stop ids masked for min_tokens more steps, any of them ends it
-            stops, min_len, ends = self.specials, used + rnd.min_tokens, self.specials
-        else:  # every special but fill masked for good; fill ends the round
-            stops, min_len, ends = [t for t in self.specials if t != fill], 1 << 30, [fill]
-        prompt = torch.cat(self.fed)
-        rid = f"{self.request_id}:r{self.rounds}"
-        return LMRequest(rid, prompt, self.seed, min_len, rnd.budget, tuple(stops)), ends
-
-    async def round(self, rnd: Round) -> AsyncIterator[int]:
-        self.fed.append(self._embeds(rnd.feeds))
-        self.rounds += 1
-        if rnd.budget == 0:  # nothing may be sampled: a forced fill right after feeding (streaming)
-            if not rnd.final:
-                self.history.append(self.layout.fill_id)
-                yield self.layout.fill_id
-            return
-        req, ends = self._request(rnd)
-        tokens: list[int] = []
-        async for tok in self._generate(req, ends):
-            tokens.append(tok)
-            yield tok
-        speech = [t for t in tokens if t < self.layout.speech_token_size]
-        if speech:  # fed by the calls that produced the next token (the native KV cache holds them)
-            self.fed.append(self._embeds((Feed(Table.SPEECH, tuple(speech)),)))
-        if not rnd.final and len(speech) == rnd.budget:  # budget reached: the loop forces the fill
-            self.history.append(self.layout.fill_id)
-            yield self.layout.fill_id
-
-    async def _generate(self, req: LMRequest, ends: list[int]) -> AsyncIterator[int]:
-        params = self.backend._params(req, ends=ends, history=list(self.history))
-        prompt = {"prompt_embeds": req.prefix}
-        async with contextlib.aclosing(self.backend.tokens(prompt, params, req)) as ids:
-            async for tok in ids:
-                self.history.append(tok)
-                yield tok
-
-    async def aclose(self) -> None:
-        self.fed = []
+def hosted(spec: HostSpec) -> VLLMBackend:
+    """The backend as ``engine.lm.lm_host``'s process builds it. Its engine core forks from the host (vLLM's
+    imports done there; the host has no CUDA context, which vLLM checks before a fork) unless the operator
+    chose a method."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    return VLLMBackend(
+        spec.export, spec.sampling, spec.gpu_memory_utilization, profile_dir=spec.profile_dir,
+        ras_graphs=spec.ras_graphs, kv_cache_gib=spec.kv_cache_gib,
+    )  # fmt: skip

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -64,6 +64,10 @@ from engine.text.stream import Prefetch, text_pieces, token_pieces
 from engine.vocoder.graphs import GraphedHiFT
 from engine.vocoder.hift import CausalHiFTGenerator
 from engine.voices import ExampleVoice, Voice, VoiceLibrary, load_examples
+
+if TYPE_CHECKING:
+    from engine.lm.lm_host import HostedLM
+    from engine.lm.vllm_backend import VLLMBackend
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -787,20 +791,32 @@ def _backend(
     starts from llm.pt's export (read from the file, or from the cache when warm), not from the loaded
     model: ``weights`` (blocking until the load is done) is waited for only after its start."""
     if _uses_vllm(cfg, devices.is_accelerator(dev)):
-        with transformers_import():  # vLLM imports it; Whisper's load may be importing it too
-            from engine.lm.vllm_backend import VLLMBackend
-
-        export = _hf_export(cfg, files)
-        backend = VLLMBackend(
-            export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir,
-            ras_graphs=cfg.lm_ras_graphs, kv_cache_gib=cfg.lm_kv_cache_gib,
-        )  # fmt: skip
+        backend = _vllm(cfg, _hf_export(cfg, files))
         backend.lm = weights().lm  # text streaming embeds its rounds with the loaded LM
         return backend
     from engine.lm.native import NativeLM
 
     lm = weights().lm
     return NativeLM(lm, cfg.sampling, slot=_decode_slot(cfg, lm))
+
+
+def _vllm(cfg: EngineConfig, export: Path) -> VLLMBackend | HostedLM:
+    """vLLM on the LM's export: in this process, or with ``lm_host`` in a host process of its own."""
+    if cfg.lm_host:
+        from engine.lm.lm_host import HostedLM, HostSpec
+
+        spec = HostSpec(
+            export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir,
+            ras_graphs=cfg.lm_ras_graphs, kv_cache_gib=cfg.lm_kv_cache_gib,
+        )  # fmt: skip
+        return HostedLM(spec)
+    with transformers_import():  # vLLM imports it; Whisper's load may be importing it too
+        from engine.lm.vllm_backend import VLLMBackend
+
+    return VLLMBackend(
+        export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir,
+        ras_graphs=cfg.lm_ras_graphs, kv_cache_gib=cfg.lm_kv_cache_gib,
+    )  # fmt: skip
 
 
 def _handover(

@@ -87,6 +87,30 @@ def test_vllm_starts_its_engine_core_by_spawn_unless_the_operator_chose(monkeypa
     assert seen == ["spawn", "forkserver"]
 
 
+def test_in_the_lm_host_vllm_forks_its_engine_core_unless_the_operator_chose(monkeypatch, tmp_path):
+    """engine.lm.lm_host's process has no CUDA context and vLLM imported: its engine core forks from it;
+    the spec's settings reach the engine arguments."""
+    from engine.lm.lm_host import HostSpec
+
+    module = backend_module(monkeypatch)
+    seen: list[tuple[str | None, object]] = []
+
+    def on_start(kwargs: dict[str, object]) -> None:
+        seen.append((os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"), kwargs["logits_processors"]))
+
+    stub_vllm_engine(monkeypatch, module, on_start)
+    (tmp_path / "config.json").write_text('{"vocab_size": 10}')
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    backend = module.hosted(HostSpec(tmp_path, SamplingConfig(), 0.5, ras_graphs=False))
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    module.hosted(HostSpec(tmp_path, SamplingConfig(), 0.5))
+    eager, graphed = (
+        ["engine.lm.vllm_backend:EagerRASLogitsProcessor"],
+        ["engine.lm.vllm_backend:RASLogitsProcessor"],
+    )
+    assert seen == [("fork", eager), ("spawn", graphed)] and backend.lm is None
+
+
 def test_with_the_fork_server_started_vllm_makes_its_engine_core_from_its_context(monkeypatch, tmp_path):
     """EngineConfig.lm_fork_server: vLLM 0.26 makes its engine core with vllm.v1.engine.utils'
     get_mp_context; once the fork server runs, that is engine.lm.fork_server's context as the engine

@@ -754,6 +754,36 @@ def test_the_vllm_backend_gets_the_lm_settings_from_the_config(tmp_path, monkeyp
     assert backend.lm == "the loaded LM"
 
 
+def test_with_lm_host_vllm_is_started_in_a_host_process_with_the_same_settings(tmp_path, monkeypatch):
+    """``lm_host``: the engine starts ``engine.lm.lm_host.HostedLM`` (kept here) and never imports the
+    in-process backend's module."""
+    import sys
+    import types
+
+    import engine.lm.lm_host as lm_host
+    import engine.serving.engine as engine_module
+
+    made: list[lm_host.HostSpec] = []
+
+    class Hosted:
+        def __init__(self, spec):
+            made.append(spec)
+
+    monkeypatch.setattr(lm_host, "HostedLM", Hosted)
+    monkeypatch.setitem(sys.modules, "engine.lm.vllm_backend", None)  # an import of it would fail
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    monkeypatch.setattr(engine_module, "_hf_export", lambda cfg, files: tmp_path / "export")
+    weights = types.SimpleNamespace(lm="the loaded LM")
+    cfg = EngineConfig(
+        model="demo-tiny", device="cpu", lm_host=True, lm_ras_graphs=False, lm_kv_cache_gib=6.0
+    )
+    backend = engine_module._backend(cfg, None, torch.device("cpu"), lambda: weights)  # type: ignore[arg-type]
+    assert made == [
+        lm_host.HostSpec(tmp_path / "export", cfg.sampling, 0.3, None, ras_graphs=False, kv_cache_gib=6.0)
+    ]
+    assert isinstance(backend, Hosted) and backend.lm == "the loaded LM"  # type: ignore[attr-defined]
+
+
 def vllm_stand_in(before):
     """vLLM's start as the engine's ``_backend``: ``before()`` (a wait, a note), then a second native loop
     named vllm (the same sampling)."""
