@@ -112,6 +112,23 @@ def host_folder(host: lm_host.HostedLM) -> Path:
     return host.spec.export
 
 
+async def test_with_the_fork_server_the_host_forks_from_it_and_serves(tmp_path, monkeypatch):
+    """EngineConfig.lm_fork_server: the host is a child of the fork server (vLLM imported there), not of
+    this process, and answers the same."""
+    from engine.lm import fork_server
+
+    monkeypatch.setattr(fork_server, "_started_at", None)  # "started": this test alone (the server lives on)
+    fork_server.start((stand_in.__name__,))
+    backend = lm_host.HostedLM(spec(tmp_path), dtype=torch.float32)
+    try:
+        parent = int(Path(f"/proc/{backend.process.pid}/stat").read_text().split(")")[-1].split()[1])
+        assert parent != os.getpid()
+        assert await ids(backend.generate(request("forked", rows=5, max_len=3))) == [5, 0, stand_in.FIRST_ID]
+    finally:
+        backend.close()
+    assert (tmp_path / "closed").exists()
+
+
 def test_a_host_that_cannot_build_its_backend_fails_the_start_with_the_reason(tmp_path):
     with pytest.raises(lm_host.HostError, match=r"no model at .*missing"):
         lm_host.HostedLM(spec(tmp_path / "missing"))
