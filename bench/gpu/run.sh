@@ -125,7 +125,9 @@
 #                                                 is left after COLD_S); RUNS=warm: no cold start, the
 #                                                 warm ones on STARTUP_ROOT as an earlier step left it;
 #                                                 RUNS=cold: the cold start alone, COLD_S (a hold short of
-#                                                 time: it fills the root for a RUNS=warm call)
+#                                                 time: it fills the root for a RUNS=warm call); %ARM% in
+#                                                 an APP FLAG is each start's name (cold, warm, warm-b), e.g.
+#                                                 --profile-startup "$OUT/profiles_%ARM%"
 #   bench/gpu/run.sh weights FAMILY               H200: a warm start's weights phase alone (bench.weights_load), fresh
 #                                                 processes: the converted files read onto the GPU through a
 #                                                 page-locked buffer (onto, the default) against memory-mapped
@@ -584,7 +586,7 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
     python3 -m bench.startup --family "$(family_dir "$fam")" --cache-kind "$kind" --limit-s "$limit" \
       --hardware "$HARDWARE" --commit "${COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}" \
       --stack-dumps-at "${DUMPS_AT-3,12}" --out "$OUT/startup_${fam}_$arm" -- python3 app.py --model "$model" --device cuda --backend vllm \
-      --port 8000 --asr-model none --allow-forced-tokens --cache-dir "$root" "$@" "${extra[@]}" \
+      --port 8000 --asr-model none --allow-forced-tokens --cache-dir "$root" "${@//%ARM%/$arm}" "${extra[@]}" \
       > "$OUT/startup_${fam}_$arm.log" 2>&1 && echo "$arm: done" || echo "$arm: stopped (rc $?)"
     tail -1 "$OUT/startup_${fam}_$arm.log" | cut -c1-400
     grep -E "start-up: .* took|ready .* after launch" "$OUT/startup_${fam}_$arm/server.log" | cut -c1-160 | tail -14 || true
