@@ -444,7 +444,8 @@ class EngineConfig:
     # at 59.1 s, it gained nothing: the text workers' start then lay on the path. False: ready only once
     # vLLM is up (benchmarks that measure vLLM alone)
     lm_handover: bool | None = None
-    # vLLM's engine core forked from a fork server started first thing in the load, which imports vLLM there
+    # vLLM's engine core forked from a fork server started at launch (server.main, before the web app's
+    # imports; else first thing in the load), which imports vLLM there
     # beside this process's start (engine.lm.fork_server), instead of spawned as a fresh interpreter that
     # imports torch, transformers and vLLM again. On an H100 (v3 warm, one machine, BENCHMARKS.md "Start-up")
     # vLLM was up 44.3 s after launch with it and the step graphs, 63.7 s without either. Untested with

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from engine.config import DEMO_TINY
 from engine.errors import ModelError
+from engine.lm import fork_server
 from engine.serving.startup import Timeline  # stdlib only: its import marks the launch
 from server.cli import build_engine, engine_config
 from server.pending_engine import PendingEngine
@@ -72,6 +73,8 @@ def serve(args: argparse.Namespace) -> None:
     cfg = engine_config(args)
     check_model_dir(cfg.model, cfg.llm_variant)
     log.info("starting CosyStream: model %s, device %s", cfg.model, cfg.device)
+    if cfg.lm_fork_server:  # vLLM's import in its own process from now on, beside this one's
+        fork_server.start_first(cfg.backend, cfg.device)
     timeline = Timeline(profile_to=args.profile_startup)  # the engine's phases, timed from launch
     # the server listens first (/health answers at once, /ready once warm); the engine loads behind it
     # Gradio imported while the engine waits for vLLM's start (where it waits), not beside the first requests

@@ -17,6 +17,7 @@ itself is tested on the CPU. Untested with vllm-ascend.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import multiprocessing
 import multiprocessing.forkserver
@@ -62,6 +63,19 @@ def start(modules: Sequence[str] = PRELOAD) -> None:
     multiprocessing.forkserver.ensure_running()
     _started_at = time.monotonic()
     log.info("fork server started for vLLM's engine core (importing %s)", ", ".join(modules))
+
+
+def start_first(backend: str, device: str) -> bool:
+    """At launch, before the server's own imports (torch's, seconds on a GPU host): start the fork server
+    where vLLM will likely serve (``backend`` vllm, or auto with vLLM installed and ``device`` not the CPU),
+    so vLLM's import there begins at once -> whether it started. The engine's load checks again with the
+    device resolved and starts it where this did not; where this guessed wrong (auto on a host without a
+    GPU), the server idles with vLLM imported."""
+    installed = importlib.util.find_spec("vllm") is not None
+    likely = backend == "vllm" or (backend == "auto" and device != "cpu" and installed)
+    if likely and not started():
+        start()
+    return started()
 
 
 def started() -> bool:

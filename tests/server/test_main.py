@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import types
 
 import pytest
 import uvicorn
@@ -133,3 +134,35 @@ def test_the_web_apps_build_is_a_start_up_phase(monkeypatch):
     entry.serve(cli.parse_args(["--model", "demo-tiny"]))
     assert seen["built"] is True and seen["left"] == 0
     assert seen["phases"] == ["web app"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "first"),
+    [
+        (["--backend", "vllm"], True),
+        (["--backend", "native"], False),
+        (["--backend", "vllm", "--no-lm-fork-server"], False),
+        (["--device", "cpu"], False),  # auto on the CPU: the native loop serves
+    ],
+)
+def test_the_fork_server_starts_before_the_web_apps_imports_where_vllm_will_serve(monkeypatch, flags, first):
+    """vLLM's import (in the fork server's process) begins at launch, not once torch and the web app have
+    loaded here (seconds on a GPU host), wherever vLLM is asked for."""
+    from engine.lm import fork_server
+
+    order: list[str] = []
+
+    def start() -> None:
+        order.append("fork server")
+        fork_server._started_at = 0.0
+
+    monkeypatch.setattr(fork_server, "_started_at", None)
+    monkeypatch.setattr(fork_server, "start", start)
+    monkeypatch.setattr(entry, "PendingEngine", lambda model, build, timeline: None)
+    monkeypatch.setattr(entry, "create_app", lambda engine, **kw: order.append("web app"))
+    monkeypatch.setattr(
+        entry, "web_server", lambda *a: types.SimpleNamespace(run=lambda: None, exit_status=0)
+    )
+    monkeypatch.setattr("server.shutdown.leave", lambda status: None)
+    entry.serve(cli.parse_args(["--model", "demo-tiny", *flags]))
+    assert order == (["fork server", "web app"] if first else ["web app"])
