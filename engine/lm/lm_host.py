@@ -293,8 +293,8 @@ async def _answer(
 
 async def _stream(backend: Any, ask: Ask, writer: asyncio.StreamWriter) -> None:
     req = ask.request
-    params = backend.params(req, ask.sampling.greedy, ask.sampling.ends, ask.sampling.history)
     try:
+        params = backend.params(req, ask.sampling.greedy, ask.sampling.ends, ask.sampling.history)
         async with contextlib.aclosing(backend.tokens({"prompt_embeds": req.prefix}, params, req)) as ids:
             async for tok in ids:
                 writer.write(frame(TOKENS, array("i", [tok]).tobytes()))
