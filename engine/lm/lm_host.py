@@ -9,7 +9,7 @@ warm start and 1.1-1.3 s alone (BENCHMARKS.md, "Start-up"). Here a host process 
 CUDA context of its own).
 
 One connection per request, which is all of the request's state here: the server sends an ``Ask`` (the
-prompt's embeddings [P, H] on the CPU in vLLM's dtype, the request and its sampling), the host streams the
+request and its sampling) and the prompt's embeddings [P, H] (CPU, vLLM's dtype, raw), the host streams the
 ids vLLM emits and ends with DONE, or FAILED and the reason; the server closing the connection first aborts
 the request in vLLM. ``generate`` and text-streaming sessions run in the server's process over ``tokens``
 (``engine.lm.vllm_session``), as for the in-process backend. The host leaves when the server's end of its
@@ -50,7 +50,7 @@ from engine.lm.speech_lm import SpeechLM
 from engine.lm.vllm_session import VLLMSession, generate
 
 log = logging.getLogger(__name__)
-ASK, TOKENS, DONE, FAILED = b"A", b"T", b"D", b"F"  # a frame's kind: 1 byte, then its length (4 bytes)
+ASK, EMBEDS, TOKENS, DONE, FAILED = b"A", b"E", b"T", b"D", b"F"  # a frame's kind (1 byte), its length (4)
 HEADER = struct.Struct("<cI")
 CLOSE_S = 30.0  # a host asked to close has this long to shut vLLM down before it is killed
 
@@ -88,10 +88,26 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Ask:
-    """One request to the host: its prompt embeddings (``request.prefix``, CPU, vLLM's dtype) and sampling."""
+    """One request to the host, but for its prompt embeddings, which follow in an EMBEDS frame as raw bytes
+    (pickling a tensor goes through torch's serialiser: ~10 ms for a 200-row prompt on the VM)."""
 
-    request: LMRequest
+    request: dict[str, Any]  # LMRequest's fields, but prefix
     sampling: Sampling
+    shape: tuple[int, ...]  # the embeddings' [P, H]
+    dtype: str  # torch's name of their dtype (vLLM's)
+
+    @classmethod
+    def of(cls, req: LMRequest, embeds: torch.Tensor, sampling: Sampling) -> tuple[Ask, bytes]:
+        """(the ASK, the EMBEDS bytes) of a request and its embeddings (on the CPU)."""
+        fields = {f.name: getattr(req, f.name) for f in dataclasses.fields(req) if f.name != "prefix"}
+        flat = embeds.contiguous().view(torch.uint8)  # any dtype as its bytes (numpy has no bfloat16)
+        ask = cls(fields, sampling, tuple(embeds.shape), str(embeds.dtype).removeprefix("torch."))
+        return ask, flat.numpy().tobytes()
+
+    def lm_request(self, embeds: bytes) -> LMRequest:
+        dtype = getattr(torch, self.dtype)
+        prefix = torch.frombuffer(bytearray(embeds), dtype=dtype).reshape(self.shape)
+        return LMRequest(prefix=prefix, **self.request)
 
 
 @dataclass(frozen=True)
@@ -181,7 +197,7 @@ class HostedLM:
         self, prompt: dict[str, Any], params: Sampling, req: LMRequest
     ) -> AsyncGenerator[int, None]:
         """Every id vLLM emits for the request, from the host; closed before its end, the host aborts it."""
-        ask = Ask(dataclasses.replace(req, prefix=prompt["prompt_embeds"]), params)
+        ask, embeds = Ask.of(req, prompt["prompt_embeds"], params)
         self._active += 1
         try:
             reader, writer = await asyncio.open_unix_connection(self.socket)
@@ -189,7 +205,7 @@ class HostedLM:
             self._active -= 1
             raise HostError(f"the LM host does not answer ({exc})") from exc
         try:
-            writer.write(frame(ASK, pickle.dumps(ask)))
+            writer.write(frame(ASK, pickle.dumps(ask)) + frame(EMBEDS, embeds))
             async for tok in _answers(reader):
                 yield tok
         finally:
@@ -270,11 +286,8 @@ async def _answer(
 ) -> None:
     """One request: stream its ids; abort it in vLLM where the server closes the connection first."""
     try:
-        kind, payload = await read_frame(reader)
-        if kind != ASK:
-            raise ValueError(f"a request starts with an ASK frame, got {kind!r}")
-        ask: Ask = pickle.loads(payload)
-        streaming = asyncio.ensure_future(_stream(backend, ask, writer))
+        req = await _request(reader)
+        streaming = asyncio.ensure_future(_stream(backend, req, writer))
         gone = asyncio.ensure_future(reader.read(1))  # b"" once the server closes its end
         await asyncio.wait({streaming, gone}, return_when=asyncio.FIRST_COMPLETED)
         gone.cancel()
@@ -291,10 +304,19 @@ async def _answer(
         writer.close()
 
 
-async def _stream(backend: Any, ask: Ask, writer: asyncio.StreamWriter) -> None:
-    req = ask.request
+async def _request(reader: asyncio.StreamReader) -> tuple[LMRequest, Sampling]:
+    """A connection's ASK and EMBEDS frames -> the request (its prefix the embeddings) and its sampling."""
+    (kind, payload), (second, embeds) = await read_frame(reader), await read_frame(reader)
+    if (kind, second) != (ASK, EMBEDS):
+        raise ValueError(f"a request is an ASK frame and an EMBEDS frame, got {kind!r} and {second!r}")
+    ask: Ask = pickle.loads(payload)
+    return ask.lm_request(embeds), ask.sampling
+
+
+async def _stream(backend: Any, request: tuple[LMRequest, Sampling], writer: asyncio.StreamWriter) -> None:
+    req, sampling = request
     try:
-        params = backend.params(req, ask.sampling.greedy, ask.sampling.ends, ask.sampling.history)
+        params = backend.params(req, sampling.greedy, sampling.ends, sampling.history)
         async with contextlib.aclosing(backend.tokens({"prompt_embeds": req.prefix}, params, req)) as ids:
             async for tok in ids:
                 writer.write(frame(TOKENS, array("i", [tok]).tobytes()))
