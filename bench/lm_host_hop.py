@@ -48,7 +48,7 @@ class Clock:
     def __init__(self, spec: Any = None):
         self.healthy = True
 
-    def params(self, req: LMRequest, greedy: bool = False, ends: Any = None, history: Any = None) -> None:
+    def params(self, req: LMRequest, sampling: Any = None) -> None:
         return None
 
     async def tokens(self, prompt: dict[str, Any], params: Any, req: LMRequest) -> AsyncGenerator[int, None]:

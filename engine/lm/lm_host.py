@@ -47,7 +47,7 @@ from engine.config import SamplingConfig
 from engine.lm import fork_server
 from engine.lm.backend import LMRequest
 from engine.lm.speech_lm import SpeechLM
-from engine.lm.vllm_session import VLLMSession, generate
+from engine.lm.vllm_session import Sampling, VLLMSession, generate
 
 log = logging.getLogger(__name__)
 ASK, EMBEDS, TOKENS, DONE, FAILED = b"A", b"E", b"T", b"D", b"F"  # a frame's kind (1 byte), its length (4)
@@ -75,15 +75,6 @@ class HostSpec:
     def __post_init__(self) -> None:
         if self.factory.count(":") != 1:
             raise ValueError(f"factory is 'module:name', got {self.factory!r}")
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """``params``' arguments beside the request: the host makes vLLM's SamplingParams from them."""
-
-    greedy: bool = False
-    ends: list[int] | None = None
-    history: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,14 +167,8 @@ class HostedLM:
     def healthy(self) -> bool:
         return not self._closed and self.process.is_alive()
 
-    def params(
-        self,
-        req: LMRequest,
-        greedy: bool = False,
-        ends: list[int] | None = None,
-        history: list[int] | None = None,
-    ) -> Sampling:
-        return Sampling(greedy, ends, history)
+    def params(self, req: LMRequest, sampling: Sampling | None = None) -> Sampling:
+        return sampling or Sampling()  # the host makes vLLM's SamplingParams from it
 
     def generate(self, req: LMRequest) -> AsyncIterator[int]:
         return generate(self, req)
@@ -316,7 +301,7 @@ async def _request(reader: asyncio.StreamReader) -> tuple[LMRequest, Sampling]:
 async def _stream(backend: Any, request: tuple[LMRequest, Sampling], writer: asyncio.StreamWriter) -> None:
     req, sampling = request
     try:
-        params = backend.params(req, sampling.greedy, sampling.ends, sampling.history)
+        params = backend.params(req, sampling)
         async with contextlib.aclosing(backend.tokens({"prompt_embeds": req.prefix}, params, req)) as ids:
             async for tok in ids:
                 writer.write(frame(TOKENS, array("i", [tok]).tobytes()))

@@ -36,7 +36,7 @@ from engine.lm.hf_export import BIAS_FILE, export_hf  # noqa: F401  (export_hf: 
 from engine.lm.ras_graphs import ras_stepper
 from engine.lm.sampling import DeviceRAS
 from engine.lm.speech_lm import SpeechLM
-from engine.lm.vllm_session import VLLMSession, generate
+from engine.lm.vllm_session import Sampling, VLLMSession, generate
 
 if TYPE_CHECKING:
     from engine.lm.lm_host import HostSpec
@@ -229,14 +229,9 @@ class VLLMBackend:
             raise RuntimeError("text-streaming input needs the VLLMBackend built with the SpeechLM")
         return VLLMSession(self, self.lm, request_id, seed)
 
-    def params(
-        self,
-        req: LMRequest,
-        greedy: bool = False,
-        ends: list[int] | None = None,
-        history: list[int] | None = None,
-    ) -> Any:
-        """Sampling through our processor; ``ends``: the ids that end the request (default: stop ids)."""
+    def params(self, req: LMRequest, sampling: Sampling | None = None) -> Any:
+        """vLLM's SamplingParams: greedy, our processor (``_ARGS``) sampling each id."""
+        sampling = sampling or Sampling()
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -246,14 +241,14 @@ class VLLMBackend:
             "max_len": req.max_len,
             "stop_ids": list(req.stop_ids),
             "sampling": dataclasses.asdict(self.sampling),
-            "greedy": greedy,
+            "greedy": sampling.greedy,
             "vocab": self.vocab,
-            "history": history or [],
+            "history": list(sampling.history),
         }
         return SamplingParams(
             temperature=0.0,
             max_tokens=req.max_len,
-            stop_token_ids=list(req.stop_ids) if ends is None else ends,
+            stop_token_ids=list(req.stop_ids if sampling.ends is None else sampling.ends),
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
             extra_args={_ARGS: args},
@@ -281,7 +276,7 @@ class VLLMBackend:
     async def greedy(self, req: LMRequest) -> list[int]:
         """Argmax decoding through our processor (bias added, stop ids masked before min_len): the
         export/prompt-embeds parity check against the native LM."""
-        params = self.params(req, greedy=True)
+        params = self.params(req, Sampling(greedy=True))
         prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
         tokens: list[int] = []
         async for out in self.engine.generate(prompt, params, req.request_id):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -22,20 +23,24 @@ from engine.lm.bistream import Feed, Layout, Round, Table, embed
 from engine.lm.speech_lm import SpeechLM
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How one vLLM request samples beside its LMRequest: argmax (``greedy``, the parity check), the ids that
+    end it (``ends``; None: its stop ids), the ids before its prompt's end that RAS's window sees
+    (``history``: a text-streaming round's)."""
+
+    greedy: bool = False
+    ends: tuple[int, ...] | None = None
+    history: tuple[int, ...] = ()
+
+
 class PromptBackend(Protocol):
     """A vLLM backend as the session and ``generate`` use it."""
 
     dtype: torch.dtype  # vLLM's: prompt embeddings travel in it, on the CPU
 
-    def params(
-        self,
-        req: LMRequest,
-        greedy: bool = False,
-        ends: list[int] | None = None,
-        history: list[int] | None = None,
-    ) -> Any:
-        """The request's sampling (through our RAS processor); ``ends``: the ids that end it (default: its
-        stop ids); ``history``: the ids before its prompt's end that RAS's window sees."""
+    def params(self, req: LMRequest, sampling: Sampling | None = None) -> Any:
+        """The request's sampling, as its ``tokens`` takes it (through our RAS processor)."""
         ...
 
     def tokens(self, prompt: dict[str, Any], params: Any, req: LMRequest) -> AsyncGenerator[int, None]:
@@ -99,7 +104,7 @@ class VLLMSession:
             yield self.layout.fill_id
 
     async def _generate(self, req: LMRequest, ends: list[int]) -> AsyncIterator[int]:
-        params = self.backend.params(req, ends=ends, history=list(self.history))
+        params = self.backend.params(req, Sampling(ends=tuple(ends), history=tuple(self.history)))
         prompt = {"prompt_embeds": req.prefix}
         async with contextlib.aclosing(self.backend.tokens(prompt, params, req)) as ids:
             async for tok in ids:

@@ -27,8 +27,8 @@ class StandIn:
         self.folder: Path = spec.export
         self.healthy = True
 
-    def params(self, req: Any, greedy: bool = False, ends: Any = None, history: Any = None) -> dict[str, Any]:
-        return {"history": history or []}
+    def params(self, req: Any, sampling: Any = None) -> dict[str, Any]:
+        return {"history": list(sampling.history) if sampling else []}
 
     async def tokens(
         self, prompt: dict[str, Any], params: dict[str, Any], req: Any
