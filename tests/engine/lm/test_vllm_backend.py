@@ -68,9 +68,10 @@ def test_greedy_tokens_match_the_native_backend_to_the_bf16_tolerance(model_dir,
     assert parity(native, rows, got, BF16_TIE_NATS)["within_tolerance"]
 
 
-def vllm_engine(model_dir, max_concurrency: int, handover: bool = False):
+def vllm_engine(model_dir, max_concurrency: int, handover: bool = False, lm_host: bool = False):
     """A ready TTSEngine on vLLM; graphs pre-captured for mel up to 100 frames only, so these requests'
-    longer flow calls take the uncaptured path. Without ``handover`` every request runs on vLLM."""
+    longer flow calls take the uncaptured path. Without ``handover`` every request runs on vLLM; with
+    ``lm_host`` vLLM's client runs in a host process of its own (engine.lm.lm_host)."""
     from engine.config import EngineConfig, Limits
     from engine.serving.engine import TTSEngine
 
@@ -81,17 +82,20 @@ def vllm_engine(model_dir, max_concurrency: int, handover: bool = False):
         limits=Limits(max_concurrency=max_concurrency),
         graph_warmup_s=2.0,
         lm_handover=handover,
+        lm_host=lm_host,
     )
     engine = TTSEngine.load(cfg)
     engine.ready = True
     return engine
 
 
-def test_engine_streams_with_the_vllm_backend(model_dir):
+@pytest.mark.parametrize("lm_host", [False, True], ids=["in_process", "lm_host"])
+def test_engine_streams_with_the_vllm_backend(model_dir, lm_host):
     from engine.request import Mode, SynthesisRequest
     from tests.sounds import speech_like
 
-    engine = vllm_engine(model_dir, max_concurrency=16)
+    engine = vllm_engine(model_dir, max_concurrency=16, lm_host=lm_host)
+    assert type(engine.backend).__name__ == ("HostedLM" if lm_host else "VLLMBackend")
     prompt = (speech_like(3.0, 24000), 24000)
 
     async def one(i: int) -> np.ndarray:
@@ -121,12 +125,13 @@ def test_engine_streams_with_the_vllm_backend(model_dir):
     assert all(0 < o.size <= 100 * 960 and o.size % 480 == 0 and np.isfinite(o).all() for o in outs)
 
 
-def test_text_streaming_requests_run_on_the_vllm_backend(model_dir):
+@pytest.mark.parametrize("lm_host", [False, True], ids=["in_process", "lm_host"])
+def test_text_streaming_requests_run_on_the_vllm_backend(model_dir, lm_host):
     """Bistream on vLLM (a new request per round, prefix caching): 4 live requests, words as they come."""
     from engine.request import Mode, SynthesisRequest
     from tests.sounds import speech_like
 
-    engine = vllm_engine(model_dir, max_concurrency=4)
+    engine = vllm_engine(model_dir, max_concurrency=4, lm_host=lm_host)
     prompt = (speech_like(2.0, 24000), 24000)
     text = "Text written by a language model arrives here one word after another, and we speak it."
     words = text.split(" ")
