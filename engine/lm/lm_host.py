@@ -133,12 +133,12 @@ class HostedLM:
         self._active, self._closed = 0, False
         ctx: Any = fork_server.context() if fork_server.started() else multiprocessing.get_context("spawn")
         ready_r, ready_w = ctx.Pipe(duplex=False)
-        self._stay_r, self._stay_w = ctx.Pipe(duplex=False)  # its EOF (or a message) tells the host to leave
-        self.process = ctx.Process(
-            target=host_main, args=(spec, self.socket, ready_w, self._stay_r), name="lm-host"
-        )
+        stay_r, self._stay_w = ctx.Pipe(duplex=False)  # its EOF (or a message) tells the host to leave
+        ends = (spec, self.socket, ready_w, stay_r)
+        self.process = ctx.Process(target=host_main, args=ends, name="lm-host")
         self.process.start()
-        ready_w.close()
+        ready_w.close()  # the host's ends are the host's alone: its ready pipe reads EOF if it dies
+        stay_r.close()
         try:
             self._await_ready(ready_r)
         except BaseException:
