@@ -57,25 +57,27 @@ class CoreContext(ForkServerContext):
 
 def start(modules: Sequence[str] = PRELOAD) -> None:
     """Start the fork server now, importing ``modules`` there (in its own process: this one goes on at
-    once; a module that fails to import there is imported by each child instead)."""
+    once; a module that fails to import there is imported by each child instead). Once a process: where it
+    has started (at launch, ``start_first``), nothing."""
     global _started_at
+    if started():
+        return
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
     multiprocessing.forkserver.ensure_running()
     _started_at = time.monotonic()
     log.info("fork server started for vLLM's engine core (importing %s)", ", ".join(modules))
 
 
-def start_first(backend: str, device: str) -> bool:
+def start_first(backend: str, device: str) -> None:
     """At launch, before the server's own imports (torch's, seconds on a GPU host): start the fork server
     where vLLM will likely serve (``backend`` vllm, or auto with vLLM installed and ``device`` not the CPU),
-    so vLLM's import there begins at once -> whether it started. The engine's load checks again with the
+    so vLLM's import there begins at once. The engine's load checks again with the
     device resolved and starts it where this did not; where this guessed wrong (auto on a host without a
     GPU), the server idles with vLLM imported."""
     installed = importlib.util.find_spec("vllm") is not None
     likely = backend == "vllm" or (backend == "auto" and device != "cpu" and installed)
-    if likely and not started():
+    if likely:
         start()
-    return started()
 
 
 def started() -> bool:

@@ -853,8 +853,8 @@ def _decode_slot(cfg: EngineConfig, lm: SpeechLM) -> DecodeSlot | None:
 def _start_fork_server(cfg: EngineConfig, dev: torch.device) -> None:
     """Where vLLM serves and ``lm_fork_server`` asks for it: the process its engine core forks from,
     started now (engine.lm.fork_server): vLLM's imports there run beside this load from here on."""
-    if cfg.lm_fork_server and _uses_vllm(cfg, devices.is_accelerator(dev)) and not fork_server.started():
-        fork_server.start()  # not already at launch (server.main: fork_server.start_first)
+    if cfg.lm_fork_server and _uses_vllm(cfg, devices.is_accelerator(dev)):
+        fork_server.start()  # nothing where it started at launch (server.main: fork_server.start_first)
 
 
 def _uses_vllm(cfg: EngineConfig, accelerator: bool) -> bool:

@@ -37,3 +37,12 @@ def test_a_core_process_forks_from_the_preloaded_server_with_this_processs_envir
     assert imported_in == parent != os.getpid() == fork_probe.IMPORTED_IN
     assert child not in (parent, os.getpid())
     assert os.environ["COSYSTREAM_FORK_PROBE"] == "set after the server started"
+
+
+def test_start_runs_once_a_process(monkeypatch):
+    """Started at launch (server.main) and asked again by the engine's load: the second call does nothing."""
+    monkeypatch.setattr(fork_server, "_started_at", 12.5)  # as if started at launch
+    forkserver = fork_server.multiprocessing.forkserver
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: pytest.fail("started again"))
+    fork_server.start((PROBE,))
+    assert fork_server._started_at == 12.5
