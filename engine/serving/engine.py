@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -802,21 +802,18 @@ def _backend(
 
 def _vllm(cfg: EngineConfig, export: Path) -> VLLMBackend | HostedLM:
     """vLLM on the LM's export: in this process, or with ``lm_host`` in a host process of its own."""
+    settings: dict[str, Any] = {
+        "profile_dir": cfg.lm_profile_dir, "ras_graphs": cfg.lm_ras_graphs,
+        "kv_cache_gib": cfg.lm_kv_cache_gib,
+    }  # fmt: skip
     if cfg.lm_host:
         from engine.lm.lm_host import HostedLM, HostSpec
 
-        spec = HostSpec(
-            export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir,
-            ras_graphs=cfg.lm_ras_graphs, kv_cache_gib=cfg.lm_kv_cache_gib,
-        )  # fmt: skip
-        return HostedLM(spec)
+        return HostedLM(HostSpec(export, cfg.sampling, cfg.gpu_memory_utilization, **settings))
     with transformers_import():  # vLLM imports it; Whisper's load may be importing it too
         from engine.lm.vllm_backend import VLLMBackend
 
-    return VLLMBackend(
-        export, cfg.sampling, cfg.gpu_memory_utilization, profile_dir=cfg.lm_profile_dir,
-        ras_graphs=cfg.lm_ras_graphs, kv_cache_gib=cfg.lm_kv_cache_gib,
-    )  # fmt: skip
+    return VLLMBackend(export, cfg.sampling, cfg.gpu_memory_utilization, **settings)
 
 
 def _handover(
