@@ -459,7 +459,8 @@ class EngineConfig:
     # vLLM's client (AsyncLLM: its import, engine arguments, each step's input and output processing) in a
     # host process of its own that answers over a Unix socket (engine.lm.lm_host), forked from the fork
     # server with vLLM imported: none of it runs on this process's interpreter. Why: the same as
-    # lm_start_after_ready, without holding vLLM back. Off until measured on a GPU
+    # lm_start_after_ready, without holding vLLM back. On an H200 (v3, warm) ready came 2.0-3.9 s sooner with
+    # it (BENCHMARKS.md "Start-up", 4518c88); off until its cost under many streams is measured
     lm_host: bool = False
     # a warm start's converted weights (the cache root's safetensors) read onto the GPU/NPU through one
     # page-locked buffer in large chunks (engine.weights_file), not memory-mapped and copied tensor by tensor

@@ -16,8 +16,9 @@ the request in vLLM. ``generate`` and text-streaming sessions run in the server'
 pipe closes (the server exited, however) or when ``close`` asks; a host whose vLLM died exits, and the
 backend reads unhealthy.
 
-The mechanism is tested on the CPU with a stand-in backend in the host; with vLLM it is untested until a
-GPU run (BENCHMARKS.md, "Not measured yet"); with vllm-ascend, untested.
+The mechanism is tested on the CPU with a stand-in backend in the host, and with vLLM on an H200 (the GPU
+tests of ``tests/engine/lm/test_vllm_backend.py``, hosted; BENCHMARKS.md "Start-up", 4518c88); with
+vllm-ascend, untested.
 """
 
 from __future__ import annotations
