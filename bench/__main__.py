@@ -249,9 +249,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(EngineConfig.t2w_first_lane, off by default)",
     )  # fmt: skip
     p.add_argument(
-        "--ab", choices=sorted(AB_SWITCHES),
+        "--ab", type=ab_levers, metavar="LEVER[,LEVER]",
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
-        "alternating which goes first: relaxed-cap: the rule of --t2w-relaxed-cap (auto or on); "
+        "alternating which goes first (with several levers, A and one arm per lever, each with only its own "
+        "lever on, in order and reversed every other run): relaxed-cap: the rule of --t2w-relaxed-cap "
+        "(auto or on); "
         "burst-start: the fast start counted by recent starts (StreamConfig.fast_start_burst_s, the "
         "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
         "vocoder (A: every call whole); quiet-first: calls of buffered chunks held while a first chunk is "
@@ -310,19 +312,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--trace records open-loop runs of the in-process engine: --arrivals poisson, no --url")
     if args.ab and (args.arrivals != "poisson" or args.url):
         p.error("--ab switches the in-process engine between open-loop rates: --arrivals poisson, no --url")
-    if args.ab == "relaxed-cap" and (args.t2w_relaxed_cap == "off" or args.t2w_fifo):
+    args.ab = args.ab or ()
+    if "relaxed-cap" in args.ab and (args.t2w_relaxed_cap == "off" or args.t2w_fifo):
         p.error("--ab relaxed-cap switches the relaxed rule: no --t2w-relaxed-cap off, no --t2w-fifo")
     if args.t2w_fifo and args.t2w_relaxed_cap == "on":
         p.error("--t2w-fifo (arrival order) has no relaxed rule: leave --t2w-relaxed-cap at auto or off")
-    if args.ab == "yield" and (args.no_t2w_yield or args.t2w_fifo):
+    if "yield" in args.ab and (args.no_t2w_yield or args.t2w_fifo):
         p.error("--ab yield switches the seam in token2wav calls: drop --no-t2w-yield and --t2w-fifo")
     if args.t2w_fifo and args.t2w_quiet_first:
         p.error("--t2w-fifo (arrival order) has no slack to hold calls on: drop --t2w-quiet-first")
-    if args.ab == "quiet-first" and (args.t2w_quiet_first or args.t2w_fifo):
+    if "quiet-first" in args.ab and (args.t2w_quiet_first or args.t2w_fifo):
         p.error("--ab quiet-first switches the hold in token2wav: drop --t2w-quiet-first and --t2w-fifo")
-    if args.ab == "first-lane" and args.t2w_first_lane:
+    if "first-lane" in args.ab and args.t2w_first_lane:
         p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane")
-    if args.ab == "burst-start" and args.fast_start != "auto":
+    if "burst-start" in args.ab and args.fast_start != "auto":
         p.error("--ab burst-start switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
         p.error("--overload follows the in-process capacity search: --find-capacity, no --url, FACTOR > 0")
@@ -420,7 +423,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
         t2w_yield_to_urgent=not args.no_t2w_yield,
         t2w_quiet_first=args.t2w_quiet_first,
-        t2w_first_lane=args.t2w_first_lane or args.ab == "first-lane",  # the A/B's lane: built, then switched
+        t2w_first_lane=args.t2w_first_lane or "first-lane" in args.ab,  # the A/B's lane: built, then switched
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
@@ -576,8 +579,7 @@ async def overload_levels(
 
     rate, arm = overload_rate(args, by_arm)
     engine = target.engine  # type: ignore[attr-defined]
-    if args.ab:
-        AB_SWITCHES[args.ab](engine, bool(arm))
+    switch_arm(engine, args.ab, arm)
     out = []
     for guard in [None, *args.overload_admit_s]:
         engine.admission.slack_guard_s = guard
@@ -637,10 +639,24 @@ def arms_at(args: argparse.Namespace, i: int) -> list[str]:
     """The arms of run ``i`` (a rate and seed) as suffixes of the system's name: one (the engine as
     configured), or with ``--ab`` both, which first alternating by run (a slow drift of the machine, a warmer
     engine, then falls on both arms alike)."""
-    if not args.ab:
-        return [""]
-    arms = ["", f" {args.ab}"]
+    arms = ["", *(f" {lever}" for lever in args.ab)]
     return arms if i % 2 == 0 else arms[::-1]
+
+
+def ab_levers(text: str) -> tuple[str, ...]:
+    """--ab's value: levers of AB_SWITCHES, comma-separated, each once."""
+    levers = tuple(text.split(","))
+    unknown = [lever for lever in levers if lever not in AB_SWITCHES]
+    if unknown or len(set(levers)) != len(levers) or not levers:
+        known = ", ".join(sorted(AB_SWITCHES))
+        raise argparse.ArgumentTypeError(f"levers of {known}, each once, got {text!r}")
+    return levers
+
+
+def switch_arm(engine: Any, levers: tuple[str, ...], arm: str) -> None:
+    """Arm `` lever`` has that lever on and the others off; arm ``""`` (A) has every lever off."""
+    for lever in levers:
+        AB_SWITCHES[lever](engine, arm == f" {lever}")
 
 
 async def open_level(
@@ -655,8 +671,7 @@ async def open_level(
     """One rate and seed of one arm; the arm's name follows the system's (``cosystream relaxed-cap``)."""
     from bench.open_loop import run_open_level
 
-    if args.ab:
-        AB_SWITCHES[args.ab](target.engine, bool(arm))  # type: ignore[attr-defined]
+    switch_arm(target.engine, args.ab, arm)  # type: ignore[attr-defined]
     level = await run_open_level(target, workload, open_load(args, rate), prompt, seed, args.window_s)
     level = dataclasses.replace(level, system=level.system + arm)
     p95s = " ".join("-" if w.ttfa_p95_ms is None else f"{w.ttfa_p95_ms:.0f}" for w in level.windows)
@@ -780,7 +795,7 @@ def open_meta(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "open_loop": {
             "arrival_s": args.arrival_s, "window_s": args.window_s, "seeds": args.seeds, "rates": args.rate,
-            "requests": requests, "ab": args.ab, "all_rates": args.all_rates,
+            "requests": requests, "ab": ",".join(args.ab) or None, "all_rates": args.all_rates,
             "warmup": {"rate": args.rate[0], "arrival_s": warm, "requests": round(args.rate[0] * warm)},
         }
     }  # fmt: skip

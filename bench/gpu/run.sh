@@ -47,7 +47,9 @@
 #                                                 chunk is decoded, against never; first-lane: a second
 #                                                 token2wav worker for first chunks, against one), each rate and
 #                                                 seed with both arms, which goes first alternating (results
-#                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/; ARMS=before:
+#                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
+#                                                 and an arm a lever, each alone, in order then reversed
+#                                                 -> ab-a+b/; ~135 s an arm a rate and seed); ARMS=before:
 #                                                 token2wav calls of buffered chunks never kept short
 #                                                 (--t2w-relaxed-cap off), a load of its own; each gives
 #                                                 results.json + trace.jsonl.gz + .log. ADMIT=S adds admission
@@ -61,6 +63,7 @@
 #                                                   ARMS=ab AB=yield RATES=3 bash bench/gpu/run.sh detach capacity v3
 #                                                   ARMS=ab AB=quiet-first RATES=3 bash bench/gpu/run.sh detach capacity v3
 #                                                   ARMS=ab AB=first-lane RATES=3 bash bench/gpu/run.sh detach capacity v3
+#                                                   ARMS=ab AB=quiet-first,first-lane RATES=3 ... (~810 s + the load)
 #                                                   bash bench/gpu/run.sh collect   (later calls, until it exits 0)
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as
@@ -384,7 +387,8 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   # what measuring takes at most (the search may stop early), the loads not counted: a level is ARRIVAL_S of
   # arrivals and a drain, each rate runs once per seed (and per arm with ab), after one warm-up load
   local per_arm=$(( ${#rates[@]} * ${#seeds[@]} * (${ARRIVAL_S:-120} + DRAIN_S) )) runs=0
-  for arm in "${arms[@]}"; do runs=$((runs + $([ "$arm" = ab ] && echo 2 || echo 1))); done
+  local levers=$(( $(tr -cd , <<< "${AB:-yield}" | wc -c) + 1 ))  # AB=a,b: A and one arm a lever
+  for arm in "${arms[@]}"; do runs=$((runs + $([ "$arm" = ab ] && echo $((levers + 1)) || echo 1))); done
   local total=$(( runs * per_arm + ${#arms[@]} * (${WARMUP_S:-20} + DRAIN_S) ))
   echo "capacity: up to ${total} s of measuring (${#rates[@]} rates x ${#seeds[@]} seeds x (${ARRIVAL_S:-120} s" \
     "+ ${DRAIN_S} s drain) x ${runs} arm runs, + warm-up), plus each arm's load (~${LOAD_S} s warm, ~450 s cold)"
@@ -393,6 +397,7 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
     [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-yield}
+    name=${name//,/+}
     case "$arm" in
       ab) flags=(--ab "${AB:-yield}") ;;
       before) flags=(--t2w-relaxed-cap off) ;;

@@ -237,6 +237,13 @@ def test_capacity_measures_each_rate_in_a_steady_state_with_two_seeds(checkout: 
     # one rate x 2 seeds x 2 arms fits a detached step beside its load
     assert "up to 575 s of measuring" in done.stdout and "passes LIMIT_S" not in done.stdout
     assert "plus each arm's load (~280 s warm" in done.stdout
+    calls.unlink()
+    monkeypatch.setenv("AB", "quiet-first,first-lane")  # A and one arm a lever, in one load
+    done = run_sh(checkout, "capacity", "v3")
+    (argv,) = bench_calls(calls)
+    assert flag(argv, "--ab") == "quiet-first,first-lane"
+    assert flag(argv, "--out").endswith("/v3_capacity_ab-quiet-first+first-lane")
+    assert "up to 845 s of measuring" in done.stdout and "x 3 arm runs" in done.stdout
 
 
 def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:

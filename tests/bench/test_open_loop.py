@@ -589,6 +589,40 @@ def test_ab_warms_up_first_then_alternates_the_first_arm_per_rate_and_seed(monke
     assert [arm for _, arm in measured] == [arm for _, arm in expect]
 
 
+def test_ab_of_two_levers_runs_a_then_each_lever_alone_reversed_every_other_run(monkeypatch):
+    """--ab a,b: three arms a rate and seed (neither, a alone, b alone), the order reversed every other run
+    so each arm's mean place is the same; each arm's requests see only its own lever on."""
+    from bench.__main__ import AB_SWITCHES
+
+    monkeypatch.setitem(AB_SWITCHES, "fake", lambda engine, on: setattr(engine, "fake", on))
+    monkeypatch.setitem(AB_SWITCHES, "other", lambda engine, on: setattr(engine, "other", on))
+    target = FakeTarget()
+    seen: list[tuple[bool, bool]] = []
+    run = target.run
+
+    async def spy(req, rec) -> None:
+        seen.append((target.engine.fake, target.engine.other))
+        await run(req, rec)
+
+    target.run = spy
+    flags = ["--ab", "fake,other", "--rate", "100", "--arrival-s", "0.03", "--warmup-arrival-s", "0"]
+    levels = fake_sweep(target, [*flags, "--find-capacity", "--min-requests", "1", "--slo-ttfa-ms", "1e9"])
+    a, f, o = "fake", "fake fake", "fake other"
+    assert [(lv.seed, lv.system) for lv in levels] == [(0, a), (0, f), (0, o), (1, o), (1, f), (1, a)]
+    want = {a: (False, False), f: (True, False), o: (False, True)}
+    assert seen == [want[lv.system] for lv in levels for _ in range(lv.requests)]
+
+
+@pytest.mark.parametrize("ab", ["fake,fake", "fake,nope", ""])
+def test_ab_refuses_an_unknown_or_repeated_lever(ab, monkeypatch, capsys):
+    from bench.__main__ import AB_SWITCHES
+
+    monkeypatch.setitem(AB_SWITCHES, "fake", lambda engine, on: None)
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--arrivals", "poisson", "--ab", ab])
+    assert "--ab" in capsys.readouterr().err
+
+
 def test_a_missed_rate_still_runs_every_seed_and_all_rates_goes_on_past_it():
     slow = ["--rate", "100,200", "--arrival-s", "0.03", "--find-capacity", "--min-requests", "1"]
     slow += ["--slo-ttfa-ms", "0.5"]  # every request takes 2 ms: every rate misses
