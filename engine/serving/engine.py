@@ -737,11 +737,15 @@ def _beside_the_lm(
 ) -> tuple[LoadedModel, GraphedHiFT | None, _Parts]:
     """What loads while the LM backend starts: the weights (``weights``, loading since the start), the
     flow and vocoder graph wrappers (with ``graphs_early``, their first graphs), the frontends."""
+    graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
+    cache = cache_root(cfg.cache_dir)
+    if graphs and not _imports_vllm_here(cfg, dev):
+        # Dynamo's import (~3 s on the H200) while the weights load rather than after: in-process vLLM's
+        # import does it beside them anyway; with lm_host it came between the weights and the first graphs
+        _flow_compile_cache(files.family, cfg, cache)
     model, vocoder = weights.result(), None
     if cfg.flow_attention == "folded":
         model.flow.decoder.fold_attention()
-    graphs = cfg.cuda_graphs and devices.graphs_supported(dev)
-    cache = cache_root(cfg.cache_dir)
     if graphs:
         model.flow.decoder = _graphed_flow(model.flow.decoder, model.family, cfg, cache)  # type: ignore[assignment]
     if graphs and cfg.hift_graphs and isinstance(model.hift, CausalHiFTGenerator):
@@ -875,11 +879,7 @@ def _hf_export(cfg: EngineConfig, files: ModelDir) -> Path:
 def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -> GraphedCFM:
     """The flow solver as CUDA graphs (same forward(inputs, streaming)), of the compiled estimator if on."""
     compiled, cudnn = cfg.compiles_flow(family), cfg.flow_attention == "cudnn"
-    # cuDNN's order changes which attention op a traced graph calls, not the graph Dynamo sees, which
-    # is what a cache entry may be found by: its programs get a cache of their own
-    kept = cache / "compile" / "attention-cudnn" if cudnn else cache / "compile"
-    if compiled:
-        use_compile_cache(kept)
+    kept = _flow_compile_cache(family, cfg, cache)
     aot = AotRoot(cache / "compile" / "aot", cudnn) if cfg.flow_aot else None
     # used only where torch.compile compiles (CompiledEstimator._compiled): moot when eager or AOT-packaged
     precompiled = kept / "precompiled" if cfg.flow_precompiled else None
@@ -888,6 +888,22 @@ def _graphed_flow(cfm: CausalCFM, family: str, cfg: EngineConfig, cache: Path) -
     return GraphedCFM(
         cfm, dtype, compiled=compiled, aot=aot, precompiled=precompiled, stepped=stepped, compile_child=child
     )
+
+
+def _flow_compile_cache(family: str, cfg: EngineConfig, cache: Path) -> Path:
+    """The flow's compile cache under ``cache``, set as Inductor's (importing Dynamo) where it compiles."""
+    # cuDNN's order changes which attention op a traced graph calls, not the graph Dynamo sees, which
+    # is what a cache entry may be found by: its programs get a cache of their own
+    kept = cache / "compile" / "attention-cudnn" if cfg.flow_attention == "cudnn" else cache / "compile"
+    if cfg.compiles_flow(family):
+        use_compile_cache(kept)  # the second call (from _graphed_flow) finds it set: no more than a log line
+    return kept
+
+
+def _imports_vllm_here(cfg: EngineConfig, dev: torch.device) -> bool:
+    """vLLM serves from this process (not the LM host): its import, on the LM's start thread, imports
+    Dynamo too; a second thread importing it at once is what this process then avoids."""
+    return _uses_vllm(cfg, devices.is_accelerator(dev)) and not cfg.lm_host
 
 
 def _first_graphs(

@@ -541,3 +541,45 @@ def _held(method, hold):
         return hold(lambda *a: method(self, *a))(*args)
 
     return call
+
+
+class _Stop(Exception):
+    """Ends a load where the test has seen what it wanted."""
+
+
+@pytest.mark.parametrize(("lm_host", "early"), [(True, True), (False, False)])
+def test_dynamo_imports_beside_the_weights_unless_vllm_imports_it_here(monkeypatch, lm_host, early):
+    """With the LM host (vLLM in a process of its own) the flow's compile cache is set, importing Dynamo
+    (~3 s), before the weights are waited for; with vLLM in process its own import does that beside the
+    weights, and a second thread importing Dynamo at once is avoided (set after the weights)."""
+    from concurrent.futures import Future
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from engine.config import EngineConfig
+    from engine.serving import engine as engine_module
+
+    class Loading(Future):
+        def result(self, timeout: float | None = None) -> object:
+            assert self.done(), "waited for the weights before setting the compile cache"
+            return super().result(timeout)
+
+    weights = Loading()  # still loading
+    seen: list[bool] = []
+
+    def compile_cache(family: str, cfg: EngineConfig, cache: Path) -> Path:
+        seen.append(weights.done())
+        raise _Stop
+
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(engine_module.devices, "is_accelerator", lambda dev: True)
+    monkeypatch.setattr(engine_module, "_flow_compile_cache", compile_cache)
+    cfg = EngineConfig(model="demo-tiny", backend="vllm", lm_host=lm_host)
+    files = SimpleNamespace(family="cosyvoice3")
+    if not early:
+        weights.set_exception(_Stop())  # the weights are waited for first: the load ends there
+    with pytest.raises(_Stop):
+        engine_module._beside_the_lm(cfg, files, torch.device("cpu"), None, None, weights, None, None)
+    assert seen == ([False] if early else [])
