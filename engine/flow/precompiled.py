@@ -14,6 +14,12 @@ layout; every other size stays symbolic (``dynamic=True``, no duck shaping, as
 saved beside the first, as Dynamo would recompile. The unbound method is compiled with its module as first
 argument, so a loaded program reads the module's current parameters (the serving weights, shared).
 
+A serving worker's call never compiles (``serving_thread``): a call that no loaded program fits runs the
+module eager at once, while a thread of its own loads or compiles its program (a compile on the token2wav
+worker held every stream for 144 s on an H100 at 3 requests/s); the calls after it use the program. (A
+key whose program does not compile whole runs the fallback, ``torch.compile``'s, which may still compile
+where it is called.)
+
 Nothing here may fail a request: a program that does not trace whole (``fullgraph``) or compile leaves
 that key on the fallback (today's ``torch.compile`` program), and a key with no program that does not
 compile is noted beside them (``<stem>.refused``), so that later starts run its fallback without tracing it
@@ -29,7 +35,7 @@ import inspect
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +44,23 @@ from torch import Tensor, nn
 from torch.fx.experimental import _config as shape_config
 
 log = logging.getLogger(__name__)
+_serving = threading.local()  # .on: this thread serves requests (serving_thread), so it never compiles
 Key = tuple[object, ...]
 Elsewhere = Callable[[nn.Module, str, Path, Sequence[object]], bool]  # compile_child.compile_elsewhere
 # programs one key may hold (Dynamo's cache holds more than one where a guard of the first refuses a call:
 # the tiny DiT's batch <= 15); past it the key falls back
 MAX_PROGRAMS = 4
+
+
+@contextlib.contextmanager
+def serving_thread() -> Iterator[None]:
+    """Within it, this thread's calls never load or compile a program (seconds to minutes): one that no
+    loaded program fits runs eager, its program made behind it (``Precompiled``)."""
+    _serving.on = True
+    try:
+        yield
+    finally:
+        _serving.on = False
 
 
 def specialisation(args: Sequence[object]) -> Key:
@@ -82,8 +100,10 @@ class Precompiled:
         # key -> its programs, checked in order (as Dynamo's cache entries); None: the fallback
         self.programs: dict[Key, list[Any] | None] = {}
         self._lock = threading.Lock()  # one load or compile at a time, whichever thread calls first
+        self._lock_behind = threading.Lock()  # around ``_behind`` (never held through a load or compile)
         self._warned = False
         self._identity: bytes | None = None  # the module's and its sources' part of every stem, read once
+        self._behind: set[Key] = set()  # keys whose program a thread of their own is making (serving_thread)
 
     def __call__(self, *args: Any) -> Any:
         key = specialisation(args)
@@ -93,8 +113,32 @@ class Precompiled:
         for program in programs:  # mostly one; its guards run here, once (the program's own are off)
             if program.guard_check(self.module, *args):
                 return program(self.module, *args)
+        if getattr(_serving, "on", False):
+            self._make_behind(key, args)
+            return self.fn(self.module, *args)  # eager: milliseconds, where the compile is minutes
         program = self._program(key, args)
         return self.fallback(*args) if program is None else program(self.module, *args)
+
+    def _make_behind(self, key: Key, args: Sequence[object]) -> None:
+        """``key``'s program for ``args`` loaded or compiled on a thread of its own, once at a time per key
+        (the calls meanwhile run eager); ``args`` are read for their shapes and kept until it ends."""
+        with self._lock_behind:
+            if key in self._behind:
+                return
+            self._behind.add(key)
+        log.warning(
+            "%s: no program fits a serving call of %r: eager until one is made behind it", self.name, key
+        )
+        threading.Thread(target=self._behind_one, args=(key, args), name="precompile", daemon=True).start()
+
+    def _behind_one(self, key: Key, args: Sequence[object]) -> None:
+        grad, inference = bool(key[0]), bool(key[1])  # the caller's modes, which the program's guards check
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                self._program(key, args)
+        finally:
+            with self._lock_behind:
+                self._behind.discard(key)
 
     def stem(self, key: Key) -> str:
         """The name of ``key``'s files: a hash of torch's version, the module (``module_identity``, its

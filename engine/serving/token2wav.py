@@ -40,6 +40,7 @@ from engine.errors import SynthesisFailed
 from engine.flow.cfm import Flow, FlowBatch
 from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
+from engine.flow.precompiled import serving_thread
 from engine.frontend import PromptFeatures
 from engine.serving.job_queue import DeadlineQueue, FirstChunk, Hold, Relaxed, frame_bucket_of
 from engine.serving.metrics import ChunkTimes
@@ -460,7 +461,8 @@ class Token2Wav:
             self._first.join(timeout=10)
 
     def _loop(self) -> None:
-        with devices.own_stream(self.device) if self.own_stream else contextlib.nullcontext():
+        stream = devices.own_stream(self.device) if self.own_stream else contextlib.nullcontext()
+        with stream, serving_thread():  # a flow call no compiled program fits runs eager, not compiling here
             self._main_stream = devices.current_stream(self.device)  # the first-chunk lane hands over to it
             self._serve()
 
@@ -489,7 +491,7 @@ class Token2Wav:
         solver on a GPU (its page pool, or none; ``first_lane``). Its calls are not the relaxed rule's
         measure of the worker's speed (``ran``)."""
         self._lane.parts = lane
-        with devices.own_stream(self.device):
+        with devices.own_stream(self.device), serving_thread():
             while (live := self.scheduler.next_first()) is not None:
                 if live:  # empty when its request went away
                     self._run_batch(live)

@@ -15,6 +15,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from engine.demo.make_model import randomize
 from engine.flow.compiled_estimator import CompiledEstimator
 from engine.flow.dit import DiT
-from engine.flow.precompiled import Precompiled, specialisation
+from engine.flow.precompiled import Precompiled, serving_thread, specialisation
 from tests.engine.flow.test_dit_cache import tiny_flow
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="Inductor on the CPU needs g++")
@@ -197,6 +198,36 @@ def test_each_specialisation_and_each_refusing_guard_gets_a_program_of_its_own(t
     with caplog.at_level(logging.WARNING, "engine.flow.precompiled"):
         toy_matches(again, toy, (4, 50, False))
     assert fallback.calls == 1 and "did not compile whole" in caplog.text
+
+
+def test_a_serving_thread_runs_eager_while_the_program_compiles_behind_it(tmp_path, monkeypatch):
+    """On a serving thread (the token2wav worker) a call no program fits does not wait for a compile
+    (minutes at full size): it runs eager, right, while one thread of its own compiles the key's program
+    in the caller's modes, once for the calls meanwhile; the calls after it run the program."""
+    toy = Toy().eval()
+    fallback = Eager(toy)
+    run = Precompiled(Toy.forward, toy, tmp_path, "forward", fallback)
+    gate, compiles = threading.Event(), []
+    compiled = Precompiled._compiled
+
+    def held(self, *args):
+        compiles.append(torch.is_inference_mode_enabled())
+        assert gate.wait(60)
+        return compiled(self, *args)
+
+    monkeypatch.setattr(Precompiled, "_compiled", held)
+    with serving_thread():
+        toy_matches(run, toy, (2, 30, False), (3, 41, False))  # both before the compile may go on
+    (behind,) = [t for t in threading.enumerate() if t.name == "precompile"]
+    assert not run.programs.get(specialisation(toy_call(2, 30, False)))
+    gate.set()
+    behind.join(120)
+    assert compiles == [True] and fallback.calls == 0
+    monkeypatch.setattr(Precompiled, "_compiled", lambda *args: pytest.fail("compiled again"))
+    with serving_thread():
+        toy_matches(run, toy, (5, 70, False))  # the program, whose guards take the serving mode's calls
+    assert [len(p or ()) for p in run.programs.values()] == [1]
+    assert not [t for t in threading.enumerate() if t.name == "precompile"]
 
 
 class Breaking(Toy):
