@@ -514,8 +514,9 @@ class EngineConfig:
     # calls never wait). Why: the LM (vLLM's process) and the flow share the GPU under MPS, and a 16-row
     # flow call slows the LM's decode step 4-5x while it runs (BENCHMARKS.md "CUDA MPS", bench.overlap), so
     # a new request's first tokens decode slowly behind calls nobody needs yet. The price is the worker's
-    # idle time, which near capacity is throughput lost (tests/engine/serving/worker_sim.py). Off until its
-    # A/B has run on a GPU (bench --ab quiet-first); True: on
+    # idle time, which near capacity is throughput lost (tests/engine/serving/worker_sim.py). Off: its A/B
+    # at 3 requests/s on an H100 (bench --ab quiet-first) gave the LM's first tokens no sooner and TTFA
+    # 14-19 ms worse (BENCHMARKS.md); True: on
     t2w_quiet_first: bool = False
     # A second token2wav worker for streaming requests' first chunks (engine.serving.first_lane): its own
     # thread, device stream and graphs at a first chunk's shapes, so a first chunk need not wait behind a
