@@ -302,6 +302,31 @@ def test_ab_burst_start_on_v2_says_both_arms_are_the_same_engine(caplog):
         assert ("same engine" in caplog.text) == warned and engine.cfg.stream.fast_start_burst_s == 0.5
 
 
+def test_ab_wide_start_lets_more_recent_starts_split_their_first_chunk():
+    """B: the fast start while at most 4 requests started within the burst window (A: 2, the default);
+    the engine's rule reads it per request, and v2 says both arms are the same engine."""
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES
+    from engine.config import EngineConfig
+
+    engine = SimpleNamespace(family="cosyvoice3", cfg=EngineConfig(model="demo-tiny"))
+    rule = lambda recent: engine.cfg.stream.splits_first_chunk("cosyvoice3", 3, recent)  # noqa: E731
+    assert [rule(n) for n in (2, 3, 4)] == [True, False, False]  # the default
+    AB_SWITCHES["wide-start"](engine, True)
+    assert [rule(n) for n in (2, 3, 4, 5)] == [True, True, True, False]
+    assert not engine.cfg.stream.splits_first_chunk("cosyvoice3", 8, 1)  # still not with 8 computing
+    AB_SWITCHES["wide-start"](engine, False)
+    assert [rule(n) for n in (2, 3)] == [True, False]
+
+
+@pytest.mark.parametrize("flags", [["--fast-start", "on"], ["--fast-start", "off"]])
+def test_ab_wide_start_needs_the_auto_rule(flags, capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab", "wide-start"])
+    assert "--ab wide-start" in capsys.readouterr().err
+
+
 def test_overload_runs_past_capacity_without_then_with_each_admission_guard(tmp_path, monkeypatch):
     from engine.serving.admission import Admission
 
