@@ -63,6 +63,15 @@ def serving_thread() -> Iterator[None]:
         _serving.on = False
 
 
+def _nearest(key: Key, held: Sequence[Key]) -> str:
+    """Where ``key`` differs from the nearest key with programs (the key's parts: the two modes, then an
+    argument each), so that a log says what made a call need a program of its own."""
+    if not held:
+        return "no key has a program yet"
+    differs = min(([i for i, (a, b) in enumerate(zip(key, k)) if a != b] for k in held), key=len)
+    return f"parts {differs} differ from the nearest of {len(held)} keys with programs"
+
+
 def specialisation(args: Sequence[object]) -> Key:
     """What makes a call need a program of its own: per tensor its sizes of 0 and 1 (others -1), dtype,
     device, contiguity and whether it is an inference tensor; any other argument itself; the grad and
@@ -127,8 +136,9 @@ class Precompiled:
                 return
             self._behind.add(key)
         log.warning(
-            "%s: no program fits a serving call of %r: eager until one is made behind it", self.name, key
-        )
+            "%s: no program fits a serving call of %r (%s): eager until one is made behind it",
+            self.name, key, _nearest(key, [k for k, p in self.programs.items() if p]),
+        )  # fmt: skip
         threading.Thread(target=self._behind_one, args=(key, args), name="precompile", daemon=True).start()
 
     def _behind_one(self, key: Key, args: Sequence[object]) -> None:

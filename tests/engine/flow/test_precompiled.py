@@ -200,7 +200,7 @@ def test_each_specialisation_and_each_refusing_guard_gets_a_program_of_its_own(t
     assert fallback.calls == 1 and "did not compile whole" in caplog.text
 
 
-def test_a_serving_thread_runs_eager_while_the_program_compiles_behind_it(tmp_path, monkeypatch):
+def test_a_serving_thread_runs_eager_while_the_program_compiles_behind_it(tmp_path, monkeypatch, caplog):
     """On a serving thread (the token2wav worker) a call no program fits does not wait for a compile
     (minutes at full size): it runs eager, right, while one thread of its own compiles the key's program
     in the caller's modes, once for the calls meanwhile; the calls after it run the program."""
@@ -216,8 +216,9 @@ def test_a_serving_thread_runs_eager_while_the_program_compiles_behind_it(tmp_pa
         return compiled(self, *args)
 
     monkeypatch.setattr(Precompiled, "_compiled", held)
-    with serving_thread():
+    with serving_thread(), caplog.at_level(logging.WARNING, "engine.flow.precompiled"):
         toy_matches(run, toy, (2, 30, False), (3, 41, False))  # both before the compile may go on
+    assert "no key has a program yet" in caplog.text
     (behind,) = [t for t in threading.enumerate() if t.name == "precompile"]
     assert not run.programs.get(specialisation(toy_call(2, 30, False)))
     gate.set()
@@ -228,6 +229,11 @@ def test_a_serving_thread_runs_eager_while_the_program_compiles_behind_it(tmp_pa
         toy_matches(run, toy, (5, 70, False))  # the program, whose guards take the serving mode's calls
     assert [len(p or ()) for p in run.programs.values()] == [1]
     assert not [t for t in threading.enumerate() if t.name == "precompile"]
+    caplog.clear()
+    monkeypatch.setattr(Precompiled, "_program", lambda *args: None)  # nothing made: the log is the point
+    with serving_thread(), caplog.at_level(logging.WARNING, "engine.flow.precompiled"):
+        toy_matches(run, toy, (1, 30, False))  # batch 1: a key of its own (x and t of size 1: parts 2, 3)
+    assert "parts [2, 3] differ from the nearest of 1 keys with programs" in caplog.text
 
 
 class Breaking(Toy):
