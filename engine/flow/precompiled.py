@@ -16,9 +16,9 @@ argument, so a loaded program reads the module's current parameters (the serving
 
 A serving worker's call never compiles (``serving_thread``): a call that no loaded program fits runs the
 module eager at once, while a thread of its own loads or compiles its program (a compile on the token2wav
-worker held every stream for 144 s on an H100 at 3 requests/s); the calls after it use the program. (A
-key whose program does not compile whole runs the fallback, ``torch.compile``'s, which may still compile
-where it is called.)
+worker held every stream for 144 s on an H100 at 3 requests/s); the calls after it use the program. A key
+that falls back (below) has its fallback run once on that thread, which compiles it, before a serving call
+runs it.
 
 Nothing here may fail a request: a program that does not trace whole (``fullgraph``) or compile leaves
 that key on the fallback (today's ``torch.compile`` program), and a key with no program that does not
@@ -113,20 +113,28 @@ class Precompiled:
         self._warned = False
         self._identity: bytes | None = None  # the module's and its sources' part of every stem, read once
         self._behind: set[Key] = set()  # keys whose program a thread of their own is making (serving_thread)
+        self._warm: set[Key] = set()  # keys on the fallback that have run it (compiled it) once
 
     def __call__(self, *args: Any) -> Any:
         key = specialisation(args)
         programs = self.programs.get(key, ())
-        if programs is None:
-            return self.fallback(*args)
-        for program in programs:  # mostly one; its guards run here, once (the program's own are off)
+        serving = getattr(_serving, "on", False)
+        if programs is None and (key in self._warm or not serving):
+            return self._fallen_back(key, args)
+        for program in programs or ():  # mostly one; its guards run here, once (the program's own are off)
             if program.guard_check(self.module, *args):
                 return program(self.module, *args)
-        if getattr(_serving, "on", False):
+        if serving:  # no program, or a fallback that has not compiled yet
             self._make_behind(key, args)
             return self.fn(self.module, *args)  # eager: milliseconds, where the compile is minutes
         program = self._program(key, args)
-        return self.fallback(*args) if program is None else program(self.module, *args)
+        return self._fallen_back(key, args) if program is None else program(self.module, *args)
+
+    def _fallen_back(self, key: Key, args: Sequence[object]) -> Any:
+        """``fallback(*args)``, and ``key`` marked as having compiled it (a serving thread may call it)."""
+        out = self.fallback(*args)
+        self._warm.add(key)
+        return out
 
     def _make_behind(self, key: Key, args: Sequence[object]) -> None:
         """``key``'s program for ``args`` loaded or compiled on a thread of its own, once at a time per key
@@ -145,7 +153,8 @@ class Precompiled:
         grad, inference = bool(key[0]), bool(key[1])  # the caller's modes, which the program's guards check
         try:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-                self._program(key, args)
+                if self._program(key, args) is None:  # the key falls back: torch.compile's program, here
+                    self._fallen_back(key, args)
         finally:
             with self._lock_behind:
                 self._behind.discard(key)

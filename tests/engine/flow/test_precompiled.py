@@ -246,6 +246,23 @@ class Breaking(Toy):
         return super().forward(x, t, streaming)
 
 
+def test_a_key_that_falls_back_is_compiled_behind_a_serving_thread_too(tmp_path):
+    """A graph break: the program a serving call needs never compiles whole, and its fallback (in the
+    engine ``torch.compile``, which compiles at its first call) runs once on the thread behind, while the
+    serving calls meanwhile run eager; after that they run the fallback."""
+    toy = Breaking().eval()
+    fallback = Eager(toy)
+    run = Precompiled(Breaking.forward, toy, tmp_path, "forward", fallback)
+    with serving_thread():
+        toy_matches(run, toy, (2, 30, False))
+    for behind in [t for t in threading.enumerate() if t.name == "precompile"]:
+        behind.join(120)
+    assert fallback.calls == 1 and list(run.programs.values()) == [None]  # the thread behind, once
+    with serving_thread():
+        toy_matches(run, toy, (3, 40, False))
+    assert fallback.calls == 2
+
+
 def counted_compiles(monkeypatch, error: type[BaseException] = AssertionError) -> list[object]:
     """Every ``torch.compile`` from here on recorded, then failed with ``error``."""
     calls: list[object] = []
