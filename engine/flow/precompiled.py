@@ -145,7 +145,7 @@ class Precompiled:
             self._behind.add(key)
         log.warning(
             "%s: no program fits a serving call of %r (%s): eager until one is made behind it",
-            self.name, key, _nearest(key, [k for k, p in self.programs.items() if p]),
+            self.name, key, _nearest(key, [k for k, p in self.programs.copy().items() if p]),  # copy: atomic
         )  # fmt: skip
         threading.Thread(target=self._behind_one, args=(key, args), name="precompile", daemon=True).start()
 
