@@ -114,6 +114,7 @@ class Precompiled:
         self._identity: bytes | None = None  # the module's and its sources' part of every stem, read once
         self._behind: set[Key] = set()  # keys whose program a thread of their own is making (serving_thread)
         self._warm: set[Key] = set()  # keys on the fallback that have run it (compiled it) once
+        self._eager: set[Key] = set()  # keys whose program (or fallback) failed to be made behind: eager
 
     def __call__(self, *args: Any) -> Any:
         key = specialisation(args)
@@ -140,7 +141,7 @@ class Precompiled:
         """``key``'s program for ``args`` loaded or compiled on a thread of its own, once at a time per key
         (the calls meanwhile run eager); ``args`` are read for their shapes and kept until it ends."""
         with self._lock_behind:
-            if key in self._behind:
+            if key in self._behind or key in self._eager:
                 return
             self._behind.add(key)
         log.warning(
@@ -155,6 +156,11 @@ class Precompiled:
             with torch.inference_mode(inference), torch.set_grad_enabled(grad):
                 if self._program(key, args) is None:  # the key falls back: torch.compile's program, here
                     self._fallen_back(key, args)
+        except Exception as exc:  # anything the compile stack raises: the key's serving calls stay eager
+            log.warning(
+                "%s: no program could be made for %r (%s); its serving calls run eager", self.name, key, exc
+            )
+            self._eager.add(key)
         finally:
             with self._lock_behind:
                 self._behind.discard(key)

@@ -263,6 +263,28 @@ def test_a_key_that_falls_back_is_compiled_behind_a_serving_thread_too(tmp_path)
     assert fallback.calls == 2
 
 
+def test_a_program_that_cannot_be_made_behind_leaves_its_serving_calls_eager(tmp_path, monkeypatch, caplog):
+    """Whatever the thread behind meets (here the compile child's call failing) is logged once and the key's
+    serving calls run eager from then on, right, with no second attempt."""
+    toy = Toy().eval()
+    fallback = Eager(toy)
+    attempts: list[object] = []
+
+    def elsewhere(*args: object) -> bool:
+        attempts.append(args)
+        raise OSError("no room for a child")
+
+    run = Precompiled(Toy.forward, toy, tmp_path, "forward", fallback, elsewhere)
+    monkeypatch.setattr(Precompiled, "_loaded", lambda self, stem: [])
+    with serving_thread(), caplog.at_level(logging.WARNING, "engine.flow.precompiled"):
+        toy_matches(run, toy, (2, 30, False))
+        for behind in [t for t in threading.enumerate() if t.name == "precompile"]:
+            behind.join(60)
+        toy_matches(run, toy, (3, 40, False), (4, 50, False))
+    assert len(attempts) == 1 and fallback.calls == 0
+    assert "no program could be made" in caplog.text and "no room for a child" in caplog.text
+
+
 def counted_compiles(monkeypatch, error: type[BaseException] = AssertionError) -> list[object]:
     """Every ``torch.compile`` from here on recorded, then failed with ``error``."""
     calls: list[object] = []
