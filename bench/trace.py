@@ -3,7 +3,8 @@
 Every row is one sent chunk (``engine.serving.metrics.ChunkTrace``, ms after its request was submitted).
 Per rate it prints the first chunks (the time to first audio: LM until the chunk's tokens were ready, the
 wait for the token2wav worker, flow + vocoder; and the p95 had none of them waited for the worker, the most
-a scheduler that never makes a first chunk wait could give; how many the first-chunk lane ran), the later
+a scheduler that never makes a first chunk wait could give; how many the first-chunk lane ran; by the first
+chunk's length: v3's fast start splits 16 tokens off the reference's 41), the later
 ones (how many missed their playback deadline, and whether the missed ones waited or computed), the batches
 (rows, and the share of flow frames that were padding to the batch's frame bucket: a fragmented mix of
 lengths pays it) and the hand-off to the client.
@@ -68,6 +69,9 @@ class RateSummary:
     hand_off: float | None  # vocoded -> sent
     seed: int = 0  # the arrivals' seed (the bench runs each rate once per seed)
     first_on_lane: int = 0  # first chunks the first-chunk lane ran (EngineConfig.t2w_first_lane)
+    # per first-chunk length (tokens: v3's fast start splits 16 off the reference's 41): (tokens, first
+    # chunks, sent p50, sent p95); traces before chunks named their tokens: none
+    first_by_tokens: tuple[tuple[int, int, float | None, float | None], ...] = ()
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -85,12 +89,27 @@ class RateSummary:
             f"  first chunks that waited for the worker: {self.first_waited}, {self.first_behind_spare} of "
             f"them behind a call of rows with over {SEAM_SLACK_MS / 1000:.0f} s to spare; "
             f"{self.first_on_lane} of {self.requests} ran on the first-chunk lane",
+            *self._by_tokens(f),
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
             f"  batches: {self.batch_rows or 0:.1f} rows, {100 * self.padding_share:.1f} % of flow frames "
             f"padding; flow {f(self.flow)}, vocoder {f(self.vocoder)}, hand-off {f(self.hand_off)} ms",
         ]
+
+    def _by_tokens(self, f: Any) -> list[str]:
+        """The first chunks' line by length, where the trace names their tokens."""
+        parts = [
+            f"{t} tokens: {n}, sent p50 {f(p50)} / p95 {f(p95)} ms" for t, n, p50, p95 in self.first_by_tokens
+        ]
+        return [f"  first chunks by length: {'; '.join(parts)}"] if parts else []
+
+
+def _by_tokens(first: list[Row]) -> tuple[tuple[int, int, float | None, float | None], ...]:
+    """(tokens, how many, sent p50, p95) per first-chunk length, shortest first."""
+    lengths = sorted({r["tokens"] for r in first if "tokens" in r})
+    groups = [[r["sent_ms"] for r in first if r.get("tokens") == t] for t in lengths]
+    return tuple((t, len(g), percentile(g, 50), percentile(g, 95)) for t, g in zip(lengths, groups))
 
 
 def summarise(rows: Sequence[Row], seed: int = 0) -> list[RateSummary]:
@@ -142,6 +161,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         vocoder=_mean(_span(r, "flow_done_ms", "vocoded_ms") for r in rows),
         hand_off=_mean(_span(r, "vocoded_ms", "sent_ms") for r in rows),
         first_on_lane=sum(r.get("lane") == "first" for r in first),  # traces before the lane: none
+        first_by_tokens=_by_tokens(first),
     )
 
 

@@ -44,6 +44,23 @@ def test_summary_splits_first_chunks_from_later_ones_and_counts_misses_and_paddi
     rows[2]["lane"] = "first"
     (s,) = summarise(rows)
     assert s.first_on_lane == 1 and "1 of 2 ran on the first-chunk lane" in "\n".join(s.lines())
+    assert s.first_by_tokens == () and "by length" not in "\n".join(s.lines())  # rows without tokens
+
+
+def test_first_chunks_are_told_apart_by_length():
+    """The fast start's split first chunks (16 tokens) and the reference's (41): how many, and when sent."""
+    rows = [
+        row(i, 0, ready=50, joined=60, vocoded=100 + 10 * i, sent=100 + 10 * i, slack=-1) for i in range(3)
+    ]
+    rows += [row(3 + i, 0, ready=150, joined=160, vocoded=250 + i, sent=250 + i, slack=-1) for i in range(2)]
+    for r, tokens in zip(rows, [16, 16, 16, 41, 41]):
+        r["tokens"] = tokens
+    (s,) = summarise(rows)
+    assert [(t, n) for t, n, _, _ in s.first_by_tokens] == [(16, 3), (41, 2)]
+    assert s.first_by_tokens[0][2] == pytest.approx(percentile([100, 110, 120], 50))
+    assert s.first_by_tokens[1][3] == pytest.approx(percentile([250, 251], 95))
+    line = "\n".join(s.lines())
+    assert "first chunks by length: 16 tokens: 3, sent p50 110 / p95" in line and "41 tokens: 2" in line
 
 
 def test_summary_keeps_the_arms_of_one_run_apart():
