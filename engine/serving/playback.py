@@ -17,9 +17,11 @@ class Playback:
         self.chunks = 0  # audio chunks delivered
         self.finished = False  # all its audio was delivered: its buffer may run out
 
-    def deadline(self) -> float:
-        """When the next audio is needed: now before the first audio, else when the buffer runs dry."""
-        return self.clock() if self.runs_out_at is None else self.runs_out_at
+    def deadline(self) -> float | None:
+        """When the next audio is needed (clock s): when the buffer runs dry; None before the first audio,
+        which is due as soon as it is queued (the token2wav queue then marks it a first chunk, the one the
+        first-chunk lane may take)."""
+        return self.runs_out_at
 
     def buffered_s(self) -> float:
         """Seconds of delivered audio not yet played (0 before the first audio and after a stall)."""

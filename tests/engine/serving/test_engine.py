@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from engine.errors import InvalidInput, NotFound, NotReady, TooLarge
 from engine.lm.backend import LMRequest
 from engine.request import Mode, SynthesisRequest
 from engine.serving.engine import TTSEngine
+from engine.serving.token2wav import FIRST_LANE, ChunkScheduler
 from tests.conftest import WAIT_S
 from tests.reliability.support import idle_state, wait_idle
 from tests.sounds import speech_like, write_wav
@@ -890,18 +892,35 @@ def test_the_handover_is_asked_for_and_needs_vllm_with_a_fixed_kv_cache():
             EngineConfig(**bad)
 
 
-async def test_the_first_chunk_lane_opens_at_load_and_serves_the_same_audio(engine, tmp_path):
-    """t2w_first_lane on the CPU (no graphs): the lane opens with the engine and a streaming request gets the
-    audio the one-worker engine gives."""
+async def test_the_first_chunk_lane_opens_at_load_and_serves_the_same_audio(engine, tmp_path, monkeypatch):
+    """t2w_first_lane on the CPU (no graphs): the lane opens with the engine, and a streaming request's first
+    chunk, queued by the engine as it queues any (its playback deadline), is the lane's to take: with the
+    main worker kept from taking anything, the first audio still comes, from the lane; the later chunks
+    from the main worker once it takes again. The audio is the one-worker engine's."""
+    gate, take = threading.Event(), ChunkScheduler.next_batch
+
+    def gated(self):  # the main worker's take, held until the first audio is out
+        assert gate.wait(WAIT_S)
+        return take(self)
+
+    monkeypatch.setattr(ChunkScheduler, "next_batch", gated)
     cfg = replace(engine.cfg, t2w_first_lane=True, voices_dir=str(tmp_path / "voices"))
     laned = TTSEngine.load(cfg)
     laned.ready = True
     try:
         assert laned.token2wav.first_lane and not engine.token2wav.first_lane
-        got, want = pcm(await collect(laned, req(engine))), pcm(await collect(engine, req(engine)))
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+        stream = laned.stream(req(engine))
+        first = await asyncio.wait_for(anext(stream), WAIT_S)
+        gate.set()
+        got = [first, *[c async for c in stream]]
+        assert first.trace is not None and first.trace.lane == FIRST_LANE
+        assert {c.trace.lane for c in got[1:] if c.trace is not None} == {"main"}
+        gate.set()  # the one-worker engine's take is patched too
+        want = await collect(engine, req(engine))
+        np.testing.assert_allclose(pcm(got), pcm(want), atol=1e-4, rtol=0)
         assert laned.token2wav.healthy
     finally:
+        gate.set()
         laned.close()
 
 

@@ -13,12 +13,15 @@ class FakeClock:
         return self.now
 
 
-def test_before_any_audio_the_deadline_is_now_and_nothing_is_buffered():
+def test_before_any_audio_there_is_no_deadline_and_nothing_is_buffered():
+    """None: the first audio is due as it is queued (the token2wav queue marks it a first chunk)."""
     clock = FakeClock()
     p = Playback(clock)
-    assert p.deadline() == 100.0 and p.buffered_s() == 0.0
+    assert p.deadline() is None and p.buffered_s() == 0.0
     clock.now = 101.5
-    assert p.deadline() == 101.5
+    assert p.deadline() is None
+    p.delivered(0.5)
+    assert p.deadline() == 102.0
 
 
 def test_audio_extends_the_deadline_by_its_length_from_the_first_arrival():
