@@ -51,7 +51,7 @@
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed
-#                                                 -> ab-a+b/; ~135 s an arm a rate and seed); ARMS=before:
+#                                                 -> ab-a_and_b/; ~135 s an arm a rate and seed); ARMS=before:
 #                                                 token2wav calls of buffered chunks never kept short
 #                                                 (--t2w-relaxed-cap off), a load of its own; each gives
 #                                                 results.json + trace.jsonl.gz + .log. ADMIT=S adds admission
@@ -399,7 +399,7 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   for arm in "${arms[@]}"; do
     local flags=() name=${fam}_capacity_$arm
     [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-yield}
-    name=${name//,/+}
+    name=${name//,/_and_}  # the device hands back names of [A-Za-z0-9._-] only
     case "$arm" in
       ab) flags=(--ab "${AB:-yield}") ;;
       before) flags=(--t2w-relaxed-cap off) ;;

@@ -242,7 +242,7 @@ def test_capacity_measures_each_rate_in_a_steady_state_with_two_seeds(checkout: 
     done = run_sh(checkout, "capacity", "v3")
     (argv,) = bench_calls(calls)
     assert flag(argv, "--ab") == "quiet-first,first-lane"
-    assert flag(argv, "--out").endswith("/v3_capacity_ab-quiet-first+first-lane")
+    assert flag(argv, "--out").endswith("/v3_capacity_ab-quiet-first_and_first-lane")
     assert "up to 845 s of measuring" in done.stdout and "x 3 arm runs" in done.stdout
 
 
