@@ -258,8 +258,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
         "vocoder (A: every call whole); quiet-first: calls of buffered chunks held while a first chunk is "
         "decoded (A: never held, the default); first-lane: a second token2wav worker for first chunks "
-        "(A: the one worker, the default; its graphs are captured for both); wide-start: the fast start "
-        f"while at most {WIDE_START} requests started within its window (A: 2, the default); both arms on "
+        "(A: the one worker, the default; its graphs are captured for both); busy-start: the fast start "
+        "by recent starts whatever the number computing (StreamConfig.fast_start_busy; A: not while "
+        "adaptive hops are on, the default); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -326,7 +327,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--ab quiet-first switches the hold in token2wav: drop --t2w-quiet-first and --t2w-fifo")
     if "first-lane" in args.ab and args.t2w_first_lane:
         p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane")
-    for lever in {"burst-start", "wide-start"} & set(args.ab):
+    for lever in {"burst-start", "busy-start"} & set(args.ab):
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -607,16 +608,9 @@ def _burst_start(engine: Any, on: bool) -> None:
     _fast_start_rule(engine, "burst-start", on, fast_start_burst_s=BURST_S if on else None)
 
 
-# --ab wide-start's B: the fast start while at most this many requests started within the burst window,
-# this one included (A: StreamConfig.fast_start_max_active, 2). At 3 requests/s the default split 44-47 % of
-# first chunks, and the 41-token ones took 258-266 ms to their first audio at p50 against 140-159 ms
-# (capacity-quiet-first-95de28a's trace): at 3/s, 4 splits ~93 % of Poisson starts
-WIDE_START = 4
-
-
-def _wide_start(engine: Any, on: bool) -> None:
-    wide = WIDE_START if on else StreamConfig.fast_start_max_active
-    _fast_start_rule(engine, "wide-start", on, fast_start_max_active=wide)
+def _busy_start(engine: Any, on: bool) -> None:
+    """A: no split while adaptive_min_active or more compute (the default); B: the burst rule alone."""
+    _fast_start_rule(engine, "busy-start", on, fast_start_busy=on)
 
 
 def _fast_start_rule(engine: Any, lever: str, on: bool, **rule: Any) -> None:
@@ -650,7 +644,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "yield": _yield,
     "quiet-first": _quiet_first,
     "first-lane": _first_lane,
-    "wide-start": _wide_start,
+    "busy-start": _busy_start,
 }
 
 

@@ -56,13 +56,17 @@ class StreamConfig:
     # when pad >= min_first_hop; every later boundary is unchanged, so the first audio needs `hop` fewer
     # LM tokens. v3's flow and HiFT are causal, so its audio is the same sample for sample; v2 moves one
     # vocoder seam. The extra chunk costs one more flow + HiFT pass and leaves a thin first buffer, so
-    # None (auto) splits only for v3 and only while at most fast_start_max_active requests compute.
+    # None (auto) splits only for v3 and only while few requests start at once (fast_start_burst_s).
     # On a GPU with the bf16 flow it cut the 1-stream TTFA by about a third, RTF unchanged; with the fp32
     # solver the split-off first flow call was once seen to take ~1.4 s (BENCHMARKS.md), so use "off" with
     # --flow-dtype float32 on a GPU.
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
-    fast_start_max_active: int = 2  # auto: requests computing, this one included
+    # auto: at most this many requests started within fast_start_burst_s (or, without it, compute), this
+    # one included. 4 against 2 in one load (H100, v3, 3 requests/s Poisson, two seeds): 75-78 % of first
+    # chunks split against 48 %, TTFA p50 163-170 ms against 213-217, p95 292-303 against 311-333, 0 underrun
+    # in both (BENCHMARKS.md, capacity-wide-start-803867a)
+    fast_start_max_active: int = 4
     # auto's load rule (None: count the requests computing instead, fast_start_max_active at most): count
     # the requests that started within this many seconds (this one included) and split while the engine is
     # below adaptive_min_active. The split's thin first buffer is at risk when first chunks coincide (a wave
@@ -71,6 +75,10 @@ class StreamConfig:
     # reference's 41-token first chunk from a few requests/s on. 0.5 s: about a split first chunk's audio
     # (12 tokens, 0.48 s). Its A/B is bench --ab burst-start (BENCHMARKS "Open loop": capacity up a step).
     fast_start_burst_s: float | None = 0.5
+    # auto's burst rule also while adaptive_min_active or more requests compute (False: the reference's first
+    # chunk then, as its thin first buffer shares a busier flow). Its A/B is bench --ab busy-start: at 3
+    # requests/s the 22-25 % of first chunks left unsplit with the wider rule were most of the TTFA's tail
+    fast_start_busy: bool = False
     # Adaptive hops (serving.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
     # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
     # fewer, larger flow calls under load. Exact for v3 (chunks end on the reference's boundaries; CPU test
@@ -99,6 +107,8 @@ class StreamConfig:
             raise ValueError(f"fast_start must be None (auto), True or False, got {self.fast_start!r}")
         if self.fast_start_max_active < 1:
             raise ValueError("fast_start_max_active must be >= 1")
+        if not isinstance(self.fast_start_busy, bool):
+            raise ValueError(f"fast_start_busy must be True or False, got {self.fast_start_busy!r}")
         if self.fast_start_burst_s is not None and not 0.0 < self.fast_start_burst_s <= 60.0:
             raise ValueError(f"fast_start_burst_s must be in (0, 60] s or None: {self.fast_start_burst_s}")
         if not 5 <= self.min_first_hop < self.token_hop:
@@ -116,14 +126,16 @@ class StreamConfig:
         """Whether a request that starts with ``active`` requests computing (itself included) gets the
         split first chunk: as set, or in auto for v3 while the engine is lightly loaded; with
         ``fast_start_burst_s``, while at most ``fast_start_max_active`` requests started within it
-        (``recent``, itself included) and fewer than ``adaptive_min_active`` compute."""
+        (``recent``, itself included) and fewer than ``adaptive_min_active`` compute (or however many do,
+        with ``fast_start_busy``)."""
         if self.fast_start is not None:
             return self.fast_start
         if family != "cosyvoice3":
             return False
         if self.fast_start_burst_s is None or recent is None:
             return active <= self.fast_start_max_active
-        return recent <= self.fast_start_max_active and active < self.adaptive_min_active
+        calm = self.fast_start_busy or active < self.adaptive_min_active
+        return recent <= self.fast_start_max_active and calm
 
     def adapts_hops(self, family: str, active: int) -> bool:
         """Whether a request that starts with ``active`` requests computing gets adaptive hops: as set, or
@@ -174,7 +186,8 @@ def add_fast_start_flag(parser: Flags) -> None:
     """``--fast-start auto|on|off`` -> ``args.fast_start`` (``fast_start_choice`` makes the config value)."""
     parser.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
-        help="split the first stream chunk at the chunk grid (auto: v3 while at most 2 requests compute)",
+        help="split the first stream chunk at the chunk grid (auto: v3 while at most 4 requests started in 0.5 s "
+        "and fewer than 8 compute)",
     )  # fmt: skip
 
 

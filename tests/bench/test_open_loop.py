@@ -302,29 +302,29 @@ def test_ab_burst_start_on_v2_says_both_arms_are_the_same_engine(caplog):
         assert ("same engine" in caplog.text) == warned and engine.cfg.stream.fast_start_burst_s == 0.5
 
 
-def test_ab_wide_start_lets_more_recent_starts_split_their_first_chunk():
-    """B: the fast start while at most 4 requests started within the burst window (A: 2, the default);
-    the engine's rule reads it per request, and v2 says both arms are the same engine."""
+def test_ab_busy_start_splits_by_recent_starts_however_many_compute():
+    """B: the burst rule alone (StreamConfig.fast_start_busy); A, the default: no split from
+    adaptive_min_active requests computing on. The engine's rule reads it per request."""
     from types import SimpleNamespace
 
     from bench.__main__ import AB_SWITCHES
     from engine.config import EngineConfig
 
     engine = SimpleNamespace(family="cosyvoice3", cfg=EngineConfig(model="demo-tiny"))
-    rule = lambda recent: engine.cfg.stream.splits_first_chunk("cosyvoice3", 3, recent)  # noqa: E731
-    assert [rule(n) for n in (2, 3, 4)] == [True, False, False]  # the default
-    AB_SWITCHES["wide-start"](engine, True)
-    assert [rule(n) for n in (2, 3, 4, 5)] == [True, True, True, False]
-    assert not engine.cfg.stream.splits_first_chunk("cosyvoice3", 8, 1)  # still not with 8 computing
-    AB_SWITCHES["wide-start"](engine, False)
-    assert [rule(n) for n in (2, 3)] == [True, False]
+    rule = lambda active, recent: engine.cfg.stream.splits_first_chunk("cosyvoice3", active, recent)  # noqa: E731
+    assert [rule(n, 1) for n in (7, 8, 30)] == [True, False, False]  # the default
+    AB_SWITCHES["busy-start"](engine, True)
+    assert [rule(n, 1) for n in (7, 8, 30)] == [True, True, True]
+    assert not rule(8, 5)  # a wave of starts still gets the reference's first chunk
+    AB_SWITCHES["busy-start"](engine, False)
+    assert [rule(n, 1) for n in (7, 8)] == [True, False]
 
 
 @pytest.mark.parametrize("flags", [["--fast-start", "on"], ["--fast-start", "off"]])
-def test_ab_wide_start_needs_the_auto_rule(flags, capsys):
+def test_ab_busy_start_needs_the_auto_rule(flags, capsys):
     with pytest.raises(SystemExit):
-        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab", "wide-start"])
-    assert "--ab wide-start" in capsys.readouterr().err
+        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab", "busy-start"])
+    assert "--ab busy-start" in capsys.readouterr().err
 
 
 def test_overload_runs_past_capacity_without_then_with_each_admission_guard(tmp_path, monkeypatch):

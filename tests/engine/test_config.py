@@ -74,9 +74,9 @@ def test_request_mode_accepts_strings():
 def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices_stay():
     assert StreamConfig().fast_start is None  # auto: faster first audio for v3, v2 keeps the reference
     auto = StreamConfig(fast_start=None, fast_start_burst_s=None)  # the rule by requests computing
-    assert auto.fast_start_max_active == 2
-    assert auto.splits_first_chunk("cosyvoice3", active=1) and auto.splits_first_chunk("cosyvoice3", 2)
-    assert not auto.splits_first_chunk("cosyvoice3", active=3)  # busy: the reference's thicker first chunk
+    assert auto.fast_start_max_active == 4
+    assert auto.splits_first_chunk("cosyvoice3", active=1) and auto.splits_first_chunk("cosyvoice3", 4)
+    assert not auto.splits_first_chunk("cosyvoice3", active=5)  # busy: the reference's thicker first chunk
     assert not auto.splits_first_chunk("cosyvoice2", active=1)  # v2 keeps the reference schedule
     for explicit in (True, False):
         cfg = StreamConfig(fast_start=explicit)
@@ -93,11 +93,17 @@ def test_fast_start_burst_rule_counts_recent_starts_and_stops_under_load():
     burst = StreamConfig()
     assert burst.fast_start_burst_s == 0.5  # the default: about a split first chunk's audio
     assert burst.splits_first_chunk("cosyvoice3", active=5, recent=1)  # old rule: 5 active, no split
-    assert burst.splits_first_chunk("cosyvoice3", active=7, recent=2)
-    assert not burst.splits_first_chunk("cosyvoice3", active=5, recent=3)  # a wave
+    assert burst.splits_first_chunk("cosyvoice3", active=7, recent=4)
+    assert not burst.splits_first_chunk("cosyvoice3", active=5, recent=5)  # a wave
     assert not burst.splits_first_chunk("cosyvoice3", active=8, recent=1)  # under load (adaptive hops)
     assert not burst.splits_first_chunk("cosyvoice2", active=1, recent=1)
-    assert not burst.splits_first_chunk("cosyvoice3", active=3)  # without the count: the active rule
+    assert not burst.splits_first_chunk("cosyvoice3", active=5)  # without the count: the active rule
+    busy = StreamConfig(fast_start_busy=True)  # the burst rule whatever the load
+    assert busy.splits_first_chunk("cosyvoice3", active=40, recent=4)
+    assert not busy.splits_first_chunk("cosyvoice3", active=1, recent=5)  # a wave still is one
+    assert not busy.splits_first_chunk("cosyvoice2", active=1, recent=1)
+    with pytest.raises(ValueError, match="fast_start_busy"):
+        StreamConfig(fast_start_busy=1)  # type: ignore[arg-type]
     for bad in (0.0, -1.0, 61.0):
         with pytest.raises(ValueError, match="fast_start_burst_s"):
             StreamConfig(fast_start_burst_s=bad)
