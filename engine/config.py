@@ -63,9 +63,10 @@ class StreamConfig:
     fast_start: bool | None = None
     min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
     # auto: at most this many requests started within fast_start_burst_s (or, without it, compute), this
-    # one included. 4 against 2 in one load (H100, v3, 3 requests/s Poisson, two seeds): 75-78 % of first
-    # chunks split against 48 %, TTFA p50 163-170 ms against 213-217, p95 292-303 against 311-333, 0 underrun
-    # in both (BENCHMARKS.md, capacity-wide-start-803867a)
+    # one included. 4 against 2 in one load (H100, v3, 3 requests/s Poisson, two seeds; two arms equal to 2
+    # ran, so the noise is seen): 75-78 % of first chunks split against 48-52 %, TTFA p50 163-170 ms against
+    # 194-217, p95 292-303 against 292-333, 0 underrun (BENCHMARKS.md, capacity-wide-start-803867a). Most
+    # first chunks left unsplit start while 8 or more compute (fast_start_busy)
     fast_start_max_active: int = 4
     # auto's load rule (None: count the requests computing instead, fast_start_max_active at most): count
     # the requests that started within this many seconds (this one included) and split while the engine is
