@@ -8,7 +8,8 @@
 #                                                 leaves beside the checkout as it is now (PART_MB overrides),
 #                                                 and the parts come out equal in size
 #   bench/gpu/run.sh server-wheels                HERE (network): the server's wheels (Gradio, uvicorn, ...) in
-#                                                 .whl/, for a SERVER=0 bundle: carry .whl to an unpack call
+#                                                 .whl/1, .whl/2, ... (each fits a call beside the checkout),
+#                                                 for a SERVER=0 bundle: carry each to an unpack call
 #                                                 after the parts (app.py's steps: startup, serve)
 #   bench/gpu/run.sh unpack                       H200: keep the carried part; once all are in, install everything
 #                                                 (and any carried .whl/ wheels)
@@ -240,19 +241,39 @@ step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into
   echo "parts: $(tr '\n' ' ' < .vb/PARTS)($(du -sh .vb | cut -f1))"
 }
 
-step_server_wheels() {  # here: the server's wheels (app.py) as .whl/, for a bundle made with SERVER=0
-  rm -rf .whl && mkdir -p .whl
+step_server_wheels() {  # here: the server's wheels (app.py) in .whl/1, .whl/2, ..., for a SERVER=0 bundle
+  local most
+  most=$(part_bytes)
+  rm -rf .whl && mkdir -p .whl/all
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${SERVER_WHEELS[@]}"
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl/all "${SERVER_WHEELS[@]}"
   grep -qx '/.whl/' .git/info/exclude 2> /dev/null || { mkdir -p .git/info && echo /.whl/ >> .git/info/exclude; }
-  echo "server wheels: $(du -sh .whl | cut -f1) in .whl/ (carry .whl with a call after the unpack ones)"
+  wheel_folders "$most"
+  echo "server wheels: $(du -sh .whl | cut -f1) in $(ls -d .whl/* | tr '\n' ' ')(carry each folder with an" \
+    "unpack call after the bundle's; the wheels install without their dependencies, in any order)"
+}
+
+wheel_folders() {  # BYTES: .whl/all's wheels into .whl/1, .whl/2, ... of at most BYTES each, largest first
+  local n=0 used=() size placed i
+  while read -r size whl; do
+    [ "$size" -le "$1" ] || die "$whl ($size B) does not fit beside the checkout ($1 B): bundle with SERVER=1"
+    placed=0
+    for i in "${!used[@]}"; do
+      if [ $((used[i] + size)) -le "$1" ]; then used[i]=$((used[i] + size)) placed=$((i + 1)) && break; fi
+    done
+    if [ "$placed" = 0 ]; then n=$((n + 1)) && used+=("$size") && placed=$n && mkdir -p ".whl/$n"; fi
+    mv "$whl" ".whl/$placed/"
+  done < <(find .whl/all -name '*.whl' -printf '%s %p\n' | sort -rn)
+  rmdir .whl/all
 }
 
 step_unpack() {  # H200: this call's part joins the earlier ones; the call that completes the set installs
   mkdir -p "$VB" "$SITE"
-  if compgen -G ".whl/*.whl" > /dev/null; then  # carried server wheels (server-wheels): into the same site
-    install_wheels --upgrade .whl/*.whl && echo "installed $(ls .whl | wc -l) carried wheels"
+  local carried=()  # server wheels (server-wheels' folders, or loose): into the same site
+  for whl in .whl/*.whl .whl/*/*.whl; do [ -f "$whl" ] && carried+=("$whl"); done
+  if [ ${#carried[@]} -gt 0 ]; then
+    install_wheels --upgrade "${carried[@]}" && echo "installed ${#carried[@]} carried wheels"
     [ -f .vb/PARTS ] || return 0
   fi
   [ -f .vb/PARTS ] || die "carry .vb/PARTS with every part (bench/gpu/run.sh bundle writes it)"

@@ -393,9 +393,9 @@ def test_carried_server_wheels_install_into_the_same_site(checkout: Path) -> Non
     for part in ("bundle.part.aa", "bundle.part.ab"):
         carry_only(checkout, part)
         assert run_sh(checkout, "unpack").returncode == 0
-    shutil.rmtree(checkout / ".vb")  # the wheels' call carries .whl only
-    (checkout / ".whl").mkdir()
-    wheel(checkout / ".whl", "multipart_standin", b"VERSION = 1\n")
+    shutil.rmtree(checkout / ".vb")  # the wheels' call carries one folder of .whl only
+    (checkout / ".whl" / "2").mkdir(parents=True)
+    wheel(checkout / ".whl" / "2", "multipart_standin", b"VERSION = 1\n")
     done = run_sh(checkout, "unpack")
     assert done.returncode == 0, done.stderr
     assert "installed 1 carried wheels" in done.stdout
@@ -433,6 +433,34 @@ def tree_bytes(root: Path) -> int:
     listed = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True, check=True)
     # what the files take on disk in whole blocks (st_blocks counts 512-byte units), as the device tool counts
     return sum((root / name).stat().st_blocks * 512 for name in listed.stdout.split())
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git")
+def test_server_wheels_come_in_folders_that_each_fit_a_call_beside_the_checkout(tmp_path: Path) -> None:
+    """The server's wheels (Gradio alone is ~32 MB) go into .whl/1, .whl/2, ..., each at most what a call
+    carries beside the checkout, largest first into the first folder with room: here 600 + 300 + 100 kB
+    and 500 kB, for a room of 1 MB."""
+    root = bundle_checkout(tmp_path, 1000)
+    sizes = {"big": 600_000, "mid": 500_000, "small": 300_000, "tiny": 100_000}
+    writes = "".join(f'head -c {n} /dev/zero > "$d/{name}-1-py3-none-any.whl"\n' for name, n in sizes.items())
+    pip = f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -d ] && d=$2; shift; done\n{writes}'
+    (tmp_path / "bin" / "python3").write_text(pip)
+    spare, room = 1000, 1_000_000
+    env = os.environ | {
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "CALL_BYTES": str(tree_bytes(root) + spare + room),
+        "CALL_SPARE": str(spare),
+    }
+    env.pop("PART_MB", None)
+    cmd = ["bash", "bench/gpu/run.sh", "server-wheels"]
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    folders = {f.name: sorted(w.name.split("-")[0] for w in f.iterdir()) for f in (root / ".whl").iterdir()}
+    assert folders == {"1": ["big", "small", "tiny"], "2": ["mid"]}
+    assert ".whl/1 .whl/2" in done.stdout
+    env["CALL_BYTES"] = str(tree_bytes(root) + spare + 500_000)  # Gradio alone would not fit
+    refused = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "does not fit beside the checkout" in refused.stderr
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git")

@@ -170,3 +170,57 @@ def test_on_a_gpu_the_lane_needs_the_graphed_solver(tmp_path, monkeypatch):
     assert "graphed flow solver" in (refusal(model.flow, model.device) or "")
     graphed = with_decoder(model.flow, GraphedCFM(model.flow.decoder))
     assert refusal(graphed, model.device) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_on_cuda_the_engine_serves_a_streams_first_chunk_on_the_lane(tmp_path, monkeypatch):
+    """The whole engine on CUDA (the tiny v3, the native LM, the flow's graphs captured at load and the lane
+    opened with them): with the main worker kept from taking a batch, a stream's first audio still comes,
+    from the lane (the engine marks it a first chunk); the later chunks from the main worker once it takes
+    again; the audio within 1e-4 of a one-worker engine's."""
+    from engine.config import EngineConfig
+    from engine.request import Mode, SynthesisRequest
+    from engine.serving.engine import TTSEngine
+    from engine.serving.token2wav import ChunkScheduler
+    from tests.sounds import speech_like
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    gate, take = threading.Event(), ChunkScheduler.next_batch
+
+    def gated(self):  # the main worker's take, held until the first audio is out
+        assert gate.wait(WAIT_S)
+        return take(self)
+
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    prompt = (speech_like(3.0, 24000), 24000)
+    req = SynthesisRequest(
+        text="Hello there.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=3, forced_tokens=120
+    )
+
+    async def serve(lane: bool) -> list:
+        cfg = EngineConfig(
+            model=str(model_dir), device="cuda", backend="native", flow_compile=False, graph_warmup_s=4.0,
+            background_graphs=False, t2w_first_lane=lane, voices_dir=str(tmp_path / f"voices-{lane}"),
+        )  # fmt: skip
+        engine = TTSEngine.load(cfg)
+        engine.ready = True
+        try:
+            assert engine.token2wav.first_lane is lane
+            stream = engine.stream(req)
+            first = await asyncio.wait_for(anext(stream), WAIT_S)
+            gate.set()
+            return [first, *[c async for c in stream]]
+        finally:
+            gate.set()
+            engine.close()
+
+    monkeypatch.setattr(ChunkScheduler, "next_batch", gated)
+    laned = await serve(True)
+    monkeypatch.setattr(ChunkScheduler, "next_batch", take)
+    alone = await serve(False)
+    lanes = [c.trace.lane for c in laned if c.trace is not None]
+    assert lanes[0] == FIRST_LANE and set(lanes[1:]) == {"main"} and len(lanes) > 2
+    got, want = (np.concatenate([c.pcm for c in chunks]) for chunks in (laned, alone))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
