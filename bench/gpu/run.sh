@@ -106,10 +106,12 @@
 #                                                 or load) and a second at other sizes, checked against eager
 #                                                 -> $OUT/precompile_FAMILY/precompile_check.json (~3-5 min)
 #   bench/gpu/run.sh cache-out                    H200: the compile caches (Inductor/Triton kernels, vLLM's) as
-#                                                 $OUT/compile-cache.tgz.aa.. (3 parts of 16 MB at most), to keep
-#                                                 here in .cc/ (git-ignored): a fresh machine then starts warm
-#   bench/gpu/run.sh cache-in                     H200: unpack the carried .cc/ parts into the caches (one call
-#                                                 of its own, after unpack: carry .cc)
+#                                                 $OUT/compile-cache.tgz.aa.. (6 parts of 16 MB at most) and
+#                                                 their list compile-cache.PARTS, to keep here in .cc/
+#                                                 (git-ignored): a fresh machine then starts warm
+#   bench/gpu/run.sh cache-in                     H200: keep the carried .cc/ part; once all are in, restore the
+#                                                 caches (after unpack, a call a part, each carrying
+#                                                 .cc/compile-cache.PARTS and .cc/compile-cache.tgz.XX)
 #   bench/gpu/run.sh serve FAMILY LEVELS [APP FLAGS]           H200: the HTTP API of one process, then of one
 #                                                 Ray Serve replica behind the ingress (--replicas 1), same bench;
 #                                                 ARMS=process or ARMS=replica runs one arm per call (each
@@ -504,7 +506,7 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
   done
 }
 
-CACHE_PARTS_MAX=3  # x 16 MB: with the checkout (~8 MB) a cache-in call stays under the 64 MiB it may carry
+CACHE_PARTS_MAX=6  # x 16 MB, each carried by a cache-in call of its own (with the list), beside the checkout
 
 step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) and vLLM's torch.compile cache
   local dirs=()
@@ -520,6 +522,7 @@ step_cache_out() {  # the caches a cold start fills: ours (cache_dir/compile) an
     rm -f "$OUT"/compile-cache.tgz.*
     die "the compile caches take $parts parts of 16 MB, more than $CACHE_PARTS_MAX: not saved"
   fi
+  (cd "$OUT" && ls compile-cache.tgz.* > compile-cache.PARTS)
   echo "compile caches in $parts part(s): $(du -ch "$OUT"/compile-cache.tgz.* | tail -1 | cut -f1)"
 }
 
@@ -545,9 +548,15 @@ step_precompile_check() {  # FAMILY: a warm start's flow compile, traced again v
   return "$rc"
 }
 
-step_cache_in() {  # the parts cache-out wrote, carried in .cc/, back where the engine and vLLM look
-  ls .cc/compile-cache.tgz.* > /dev/null 2>&1 || die "carry .cc/ with the compile-cache.tgz.* parts"
-  cat .cc/compile-cache.tgz.* | tar -xzf - -P
+step_cache_in() {  # the parts cache-out wrote, carried in .cc/ (a part a call, with the list), back where
+  # the engine and vLLM look once the last one is in
+  [ -f .cc/compile-cache.PARTS ] || die "carry .cc/compile-cache.PARTS and a compile-cache.tgz.* part"
+  mkdir -p "$VB/cc"
+  cp .cc/compile-cache.PARTS .cc/compile-cache.tgz.* "$VB/cc/" 2> /dev/null || true
+  local missing
+  missing=$(cd "$VB/cc" && while read -r p; do [ -f "$p" ] || echo "$p"; done < compile-cache.PARTS)
+  if [ -n "$missing" ]; then echo "cache parts still to come: $(echo $missing)"; return 0; fi
+  (cd "$VB/cc" && xargs cat < compile-cache.PARTS) | tar -xzf - -P
   echo "compile caches restored: $(du -sh "$CACHE/compile" 2>/dev/null | cut -f1) in $CACHE/compile"
 }
 

@@ -136,17 +136,30 @@ def test_compile_caches_go_out_in_parts_and_come_back_on_a_fresh_machine(checkou
         path.write_bytes(data)
     done = run_sh(checkout, "cache-out")
     assert done.returncode == 0, done.stderr
-    parts = sorted((checkout.parent / "out").glob("compile-cache.tgz.*"))
+    out = checkout.parent / "out"
+    parts = sorted(out.glob("compile-cache.tgz.*"))
     assert [p.name for p in parts] == ["compile-cache.tgz.aa"] and "1 part(s)" in done.stdout
-    assert "carry .cc/" in run_sh(checkout, "cache-in").stderr
-    (checkout / ".cc").mkdir()
-    for part in parts:
-        part.rename(checkout / ".cc" / part.name)
+    assert (out / "compile-cache.PARTS").read_text().split() == ["compile-cache.tgz.aa"]
+    assert "carry .cc/compile-cache.PARTS" in run_sh(checkout, "cache-in").stderr
+    # a cache of two parts (a stand-in second one), carried a part a call: restored once both are in
+    whole = parts[0].read_bytes()
+    half = len(whole) // 2
+    (out / "compile-cache.tgz.aa").write_bytes(whole[:half])
+    (out / "compile-cache.tgz.ab").write_bytes(whole[half:])
+    (out / "compile-cache.PARTS").write_text("compile-cache.tgz.aa\ncompile-cache.tgz.ab\n")
     data = vllm.read_bytes()
     shutil.rmtree(checkout.parent / "cache")
     shutil.rmtree(checkout.parent / "home")
-    done = run_sh(checkout, "cache-in")
-    assert done.returncode == 0, done.stderr
+    (checkout / ".cc").mkdir()
+    for name in ("compile-cache.tgz.aa", "compile-cache.tgz.ab"):
+        for old in (checkout / ".cc").glob("compile-cache.tgz.*"):
+            old.unlink()  # what one call carries: the list and this part
+        shutil.copy(out / "compile-cache.PARTS", checkout / ".cc")
+        shutil.copy(out / name, checkout / ".cc")
+        done = run_sh(checkout, "cache-in")
+        assert done.returncode == 0, done.stderr
+        if name.endswith("aa"):
+            assert "cache parts still to come: compile-cache.tgz.ab" in done.stdout and not kernel.exists()
     assert kernel.read_bytes() == b"compiled" and vllm.read_bytes() == data
 
 
