@@ -442,6 +442,21 @@ def bundle_checkout(tmp_path: Path, slim_bytes: int) -> Path:
     return root
 
 
+SPARE = 1000  # CALL_SPARE of room_env's calls
+
+
+def room_env(tmp_path: Path, root: Path, room: int) -> dict[str, str]:
+    """run.sh's environment for a call that carries ``room`` bytes beside ``root`` (and the spare), with
+    bundle_checkout's stand-in tools first on the path."""
+    env = os.environ | {
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "CALL_BYTES": str(tree_bytes(root) + SPARE + room),
+        "CALL_SPARE": str(SPARE),
+    }
+    env.pop("PART_MB", None)
+    return env
+
+
 def tree_bytes(root: Path) -> int:
     listed = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True, check=True)
     # what the files take on disk in whole blocks (st_blocks counts 512-byte units), as the device tool counts
@@ -458,20 +473,14 @@ def test_server_wheels_come_in_folders_that_each_fit_a_call_beside_the_checkout(
     writes = "".join(f'head -c {n} /dev/zero > "$d/{name}-1-py3-none-any.whl"\n' for name, n in sizes.items())
     pip = f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = -d ] && d=$2; shift; done\n{writes}'
     (tmp_path / "bin" / "python3").write_text(pip)
-    spare, room = 1000, 1_000_000
-    env = os.environ | {
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "CALL_BYTES": str(tree_bytes(root) + spare + room),
-        "CALL_SPARE": str(spare),
-    }
-    env.pop("PART_MB", None)
+    env = room_env(tmp_path, root, 1_000_000)
     cmd = ["bash", "bench/gpu/run.sh", "server-wheels"]
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     folders = {f.name: sorted(w.name.split("-")[0] for w in f.iterdir()) for f in (root / ".whl").iterdir()}
     assert folders == {"1": ["big", "small", "tiny"], "2": ["mid"]}
     assert ".whl/1 .whl/2" in done.stdout
-    env["CALL_BYTES"] = str(tree_bytes(root) + spare + 500_000)  # Gradio alone would not fit
+    env = room_env(tmp_path, root, 500_000)  # the largest wheel (as Gradio's) would not fit
     refused = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "does not fit beside the checkout" in refused.stderr
 
@@ -481,13 +490,8 @@ def test_bundle_parts_fit_a_call_beside_the_checkout(tmp_path: Path) -> None:
     """With no PART_MB, each part is at most what a call carries less the checkout (and a spare): a larger
     checkout makes more, equal parts, which joined give back the bundle."""
     root = bundle_checkout(tmp_path, 300_000)
-    spare, room = 1000, 70_000
-    env = os.environ | {
-        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
-        "CALL_BYTES": str(tree_bytes(root) + spare + room),
-        "CALL_SPARE": str(spare),
-    }
-    env.pop("PART_MB", None)
+    room = 70_000
+    env = room_env(tmp_path, root, room)
     cmd = ["bash", "bench/gpu/run.sh", "bundle"]
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -500,7 +504,7 @@ def test_bundle_parts_fit_a_call_beside_the_checkout(tmp_path: Path) -> None:
         slim = tar.extractfile("./vllm-slim.tar.xz")
         assert slim is not None and len(slim.read()) == 300_000
     # a checkout with no room left for a part is refused by name, before the parts it has are touched
-    env["CALL_BYTES"] = str(tree_bytes(root) + spare)
+    env["CALL_BYTES"] = str(tree_bytes(root) + SPARE)
     refused = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "leaves no room for a bundle part" in refused.stderr
     assert (root / ".vb" / "PARTS").read_text().split() == names
