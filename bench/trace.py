@@ -40,6 +40,30 @@ def _span(row: Row, start: str, end: str) -> float | None:
 
 
 @dataclass(frozen=True)
+class FirstLength:
+    """The first chunks of one length (tokens: v3's fast start splits 16 off the reference's 41): how many,
+    when sent (ms), and the engine's load as their requests started (what the fast start's rule read;
+    None in traces from before it was recorded)."""
+
+    tokens: int
+    count: int
+    sent_p50: float | None
+    sent_p95: float | None
+    computing_p50: float | None  # requests computing, this one included
+    computing_max: int | None
+    recent_p50: float | None  # requests that started within StreamConfig.fast_start_burst_s
+
+    def line(self, f: Any) -> str:
+        load = ""
+        if self.computing_p50 is not None:
+            recent = "" if self.recent_p50 is None else f", started within the window p50 {self.recent_p50:g}"
+            computing = f"computing p50 {self.computing_p50:g}, max {self.computing_max}"
+            load = f" (at their start: {computing}{recent})"
+        sent = f"sent p50 {f(self.sent_p50)} / p95 {f(self.sent_p95)} ms"
+        return f"{self.tokens} tokens: {self.count}, {sent}{load}"
+
+
+@dataclass(frozen=True)
 class RateSummary:
     """One (mode, rate)'s chunks; times in ms (means unless named)."""
 
@@ -69,9 +93,8 @@ class RateSummary:
     hand_off: float | None  # vocoded -> sent
     seed: int = 0  # the arrivals' seed (the bench runs each rate once per seed)
     first_on_lane: int = 0  # first chunks the first-chunk lane ran (EngineConfig.t2w_first_lane)
-    # per first-chunk length (tokens: v3's fast start splits 16 off the reference's 41): (tokens, first
-    # chunks, sent p50, sent p95); traces before chunks named their tokens: none
-    first_by_tokens: tuple[tuple[int, int, float | None, float | None], ...] = ()
+    # per first-chunk length, shortest first; traces before chunks named their tokens: none
+    first_by_tokens: tuple[FirstLength, ...] = ()
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -99,17 +122,29 @@ class RateSummary:
 
     def _by_tokens(self, f: Any) -> list[str]:
         """The first chunks' line by length, where the trace names their tokens."""
-        parts = [
-            f"{t} tokens: {n}, sent p50 {f(p50)} / p95 {f(p95)} ms" for t, n, p50, p95 in self.first_by_tokens
-        ]
+        parts = [length.line(f) for length in self.first_by_tokens]
         return [f"  first chunks by length: {'; '.join(parts)}"] if parts else []
 
 
-def _by_tokens(first: list[Row]) -> tuple[tuple[int, int, float | None, float | None], ...]:
-    """(tokens, how many, sent p50, p95) per first-chunk length, shortest first."""
+def _by_tokens(first: list[Row]) -> tuple[FirstLength, ...]:
+    """The first chunks by length, shortest first."""
     lengths = sorted({r["tokens"] for r in first if "tokens" in r})
-    groups = [[r["sent_ms"] for r in first if r.get("tokens") == t] for t in lengths]
-    return tuple((t, len(g), percentile(g, 50), percentile(g, 95)) for t, g in zip(lengths, groups))
+    return tuple(_length(t, [r for r in first if r.get("tokens") == t]) for t in lengths)
+
+
+def _length(tokens: int, rows: list[Row]) -> FirstLength:
+    sent = [r["sent_ms"] for r in rows]
+    computing = [r["computing_at_start"] for r in rows if r.get("computing_at_start") is not None]
+    recent = [r["recent_starts"] for r in rows if r.get("recent_starts") is not None]
+    return FirstLength(
+        tokens,
+        len(rows),
+        percentile(sent, 50),
+        percentile(sent, 95),
+        percentile(computing, 50) if computing else None,
+        max(computing) if computing else None,
+        percentile(recent, 50) if recent else None,
+    )
 
 
 def summarise(rows: Sequence[Row], seed: int = 0) -> list[RateSummary]:

@@ -517,7 +517,7 @@ class TTSEngine:
         stream = req.streams_audio
         schedule = replace(
             self.cfg.stream,
-            fast_start=self._splits_first_chunk(),
+            fast_start=self._splits_first_chunk(watch),
             adaptive_hop=self.cfg.stream.adapts_hops(self.family, self.admission.active),
         )
         if plan.source_tokens is not None:
@@ -535,12 +535,13 @@ class TTSEngine:
             if active.cancelled.is_set():
                 return
 
-    def _splits_first_chunk(self) -> bool:
+    def _splits_first_chunk(self, watch: Stopwatch) -> bool:
         """StreamConfig.splits_first_chunk at the engine's load now (requests computing, and with
-        ``fast_start_burst_s`` those that started within it)."""
+        ``fast_start_burst_s`` those that started within it), noted in ``watch`` for the trace."""
         stream = self.cfg.stream
         burst = stream.fast_start_burst_s
         recent = None if burst is None else self.admission.started_within(burst, time.perf_counter())
+        watch.load_at_start(self.admission.active, recent)
         return stream.splits_first_chunk(self.family, self.admission.active, recent)
 
     async def _segment(
@@ -596,7 +597,7 @@ class TTSEngine:
     ) -> AsyncGenerator[np.ndarray, None]:
         """Text-streaming input: one bistream decode over the pieces as they arrive (lm/bistream.py)."""
         stream = req.streams_audio
-        schedule = replace(self.cfg.stream, fast_start=self._splits_first_chunk())
+        schedule = replace(self.cfg.stream, fast_start=self._splits_first_chunk(watch))
         utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
         _, prompt_ids, speech_ids = plan.segments[0]
         interleaver = Interleaver(Layout.of(self.model.lm.config), prompt_ids, speech_ids)

@@ -77,6 +77,10 @@ class ChunkTrace:
     audio_s: float
     lm_first_token_ms: float | None
     lane: str = "main"  # the token2wav worker that ran it (ChunkTimes.lane)
+    # the engine's load as its request started (what the fast start's rule read): requests computing, and
+    # those that started within StreamConfig.fast_start_burst_s (None: not counted), this one included
+    computing_at_start: int | None = None
+    recent_starts: int | None = None
 
     @property
     def first(self) -> bool:
@@ -108,6 +112,11 @@ class Stopwatch:
         self.chunks_sent = 0
         # the last computed chunk not yet sent: its worker times, deadline (clock s) and token count
         self._computed: tuple[ChunkTimes, float, int] | None = None
+        self.load: tuple[int, int | None] = (0, None)  # (computing, recent starts) as the audio began
+
+    def load_at_start(self, computing: int, recent: int | None) -> None:
+        """The engine's load as this request's audio began (its trace's ``computing_at_start``, ...)."""
+        self.load = (computing, recent)
 
     def now(self) -> float:
         return self._clock()
@@ -185,6 +194,8 @@ class Stopwatch:
             audio_s=seconds,
             lm_first_token_ms=ms(self.t_lm_start),
             lane=times.lane,
+            computing_at_start=self.load[0],
+            recent_starts=self.load[1],
         )
 
     def snapshot(self, done: bool = False) -> RequestMetrics:

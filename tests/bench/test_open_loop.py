@@ -271,9 +271,9 @@ def test_ab_burst_start_switches_the_fast_start_rule_the_engine_reads_per_reques
     seen: list[float | None] = []
     rule = TTSEngine._splits_first_chunk
 
-    def splits(engine: TTSEngine) -> bool:
+    def splits(engine: TTSEngine, watch) -> bool:
         seen.append(engine.cfg.stream.fast_start_burst_s)
-        return rule(engine)
+        return rule(engine, watch)
 
     monkeypatch.setattr(TTSEngine, "_splits_first_chunk", splits)
     assert ab_arms(tmp_path, "burst-start") == ["cosystream", "cosystream burst-start"]

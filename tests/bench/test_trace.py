@@ -56,11 +56,25 @@ def test_first_chunks_are_told_apart_by_length():
     for r, tokens in zip(rows, [16, 16, 16, 41, 41]):
         r["tokens"] = tokens
     (s,) = summarise(rows)
-    assert [(t, n) for t, n, _, _ in s.first_by_tokens] == [(16, 3), (41, 2)]
-    assert s.first_by_tokens[0][2] == pytest.approx(percentile([100, 110, 120], 50))
-    assert s.first_by_tokens[1][3] == pytest.approx(percentile([250, 251], 95))
+    assert [(g.tokens, g.count) for g in s.first_by_tokens] == [(16, 3), (41, 2)]
+    assert s.first_by_tokens[0].sent_p50 == pytest.approx(percentile([100, 110, 120], 50))
+    assert s.first_by_tokens[1].sent_p95 == pytest.approx(percentile([250, 251], 95))
+    assert s.first_by_tokens[0].computing_p50 is None  # traces from before the load was recorded
     line = "\n".join(s.lines())
     assert "first chunks by length: 16 tokens: 3, sent p50 110 / p95" in line and "41 tokens: 2" in line
+    assert "at their start" not in line
+    # the load as each request started: the 41-token ones came among more requests computing
+    for r, computing, recent in zip(rows, [1, 2, 3, 9, 11], [1, 2, 2, 1, 6]):
+        r["computing_at_start"], r["recent_starts"] = computing, recent
+    (s,) = summarise(rows)
+    split, whole = s.first_by_tokens
+    assert (split.computing_p50, split.computing_max) == (2, 3)
+    assert (whole.computing_p50, whole.computing_max) == (10, 11)
+    assert whole.recent_p50 == pytest.approx(3.5)
+    line = "\n".join(s.lines())
+    assert "41 tokens: 2, sent p50 250 / p95 251 ms (at their start: computing p50 10, max 11, started" in (
+        line
+    )
 
 
 def test_summary_keeps_the_arms_of_one_run_apart():

@@ -627,19 +627,26 @@ async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(en
 
 async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(engine, monkeypatch):
     """With fast_start_burst_s the engine counts its recent slot takings: a request alone gets the split
-    (v3), one that starts right after a burst of others does not, whatever the active count."""
+    (v3), one that starts right after a burst of others does not, whatever the active count. What the rule
+    read is noted for the request's trace (requests computing, recent starts, its own included)."""
     from engine.serving.admission import Admission
+    from engine.serving.metrics import Stopwatch
 
     burst = replace(engine.cfg.stream, fast_start=None, fast_start_burst_s=30.0)
     monkeypatch.setattr(engine, "cfg", replace(engine.cfg, stream=burst))
     monkeypatch.setattr(engine, "admission", Admission(max_active=4, max_queue=4))  # no earlier starts
-    assert engine._splits_first_chunk() is (engine.family == "cosyvoice3")
+    watch = Stopwatch("r", 0)
+    assert engine._splits_first_chunk(watch) is (engine.family == "cosyvoice3")
+    assert watch.load == (0, 0)
     most = engine.cfg.stream.fast_start_max_active
     for _ in range(most + 1):
         engine.admission.started(time.perf_counter())
-    assert not engine._splits_first_chunk()  # a burst of starts: the reference's first chunk
-    await engine.synthesize(req(engine))  # the request's own start is counted too
+    assert not engine._splits_first_chunk(watch)  # a burst of starts: the reference's first chunk
+    assert watch.load == (0, most + 1)
+    chunks = await collect(engine, req(engine))  # the request's own start is counted too
     assert engine.admission.started_within(30.0, time.perf_counter()) == most + 2
+    traces = [c.trace for c in chunks if c.trace is not None]
+    assert traces and {(t.computing_at_start, t.recent_starts) for t in traces} == {(1, most + 2)}
 
 
 def test_the_worker_hears_of_a_stream_short_of_audio_from_the_engines_own_streams(engine, monkeypatch):
