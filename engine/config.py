@@ -255,6 +255,11 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "with vLLM: run its client (vLLM's import, its engine arguments, each step's input and output "
         "processing) in a process of its own, so this one never imports vLLM (default: off)",
     ),
+    "single-stream-graphs-at-load": (
+        "single_stream_graphs_at_load",
+        "CUDA, with background graphs: capture every single-stream flow and vocoder graph before ready, so a "
+        "lone request replays its own bucket from the first one, not the widest padded (default: off)",
+    ),
     "weights-onto-device": (
         "weights_onto_device",
         "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
@@ -448,6 +453,14 @@ class EngineConfig:
     # graphs come in the background. On the H200 this takes v3's first graphs (~15 s) off its warm start's
     # path (BENCHMARKS.md "Start-up"). True: early even where vLLM profiles (a race); False: after its start
     first_graphs_early: bool | None = None
+    # With background_graphs, every single-stream graph (flow and vocoder, batch 1, each frame bucket) is
+    # captured before ready, not only the widest. A warm start's first requests (H200,
+    # startup-lm-host-4518c88) replayed the widest graphs padded (a flow call of 200 frames in the
+    # 800-frame graph, the vocoder's 100 in 800): their first chunk's flow + vocoder took 131-155 ms against
+    # 45-48 steady, while the builder's single-stream graphs came 10-11 s after ready, behind the vocoder's
+    # other 30. Costs ready those captures (~1-3 s warm). Not yet measured (bench/gpu/run.sh startup with
+    # B_FLAGS="--single-stream-graphs-at-load")
+    single_stream_graphs_at_load: bool = False
     # Serve within seconds, upgrade in place (engine.lm.handover): where vLLM serves the LM, the native loop
     # serves from the moment the weights are loaded while vLLM starts, then hands new requests over (those in
     # flight finish on it) and is closed. It needs vLLM's KV cache at a fixed size (lm_kv_cache_gib: a vLLM
@@ -585,6 +598,9 @@ class EngineConfig:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
         if not isinstance(self.flow_aot, bool):
             raise ValueError(f"flow_aot must be True or False, got {self.flow_aot!r}")
+        if not isinstance(self.single_stream_graphs_at_load, bool):
+            got = self.single_stream_graphs_at_load
+            raise ValueError(f"single_stream_graphs_at_load must be True or False, got {got!r}")
         if not isinstance(self.lm_native_graphs, bool):
             raise ValueError(f"lm_native_graphs must be True or False, got {self.lm_native_graphs!r}")
         if not isinstance(self.flow_precompiled, bool):

@@ -95,6 +95,10 @@ class GraphCache:
         self._graphs: OrderedDict[Hashable, devices.CapturedCall] = OrderedDict()
         self._pool = self._stream = None  # created on the first capture (CUDA only)
         self.frozen = False  # no capture on a request's path: set by precapture
+        # precapture with a builder: every single-stream bucket (batch 1) now, not only the first keys, so
+        # a lone request's calls replay their own bucket from the start instead of the widest one, padded
+        # (EngineConfig.single_stream_graphs_at_load)
+        self.single_stream_now = False
         self._builder: int | None = None  # the thread capturing precapture's keys (it may, frozen)
         self._lock = threading.Lock()  # the background builder inserts while the token2wav thread replays
         self._missed: set[Hashable] = set()  # keys logged once as run uncaptured
@@ -117,11 +121,15 @@ class GraphCache:
         between: tuple[str, Job] | None = None,
     ) -> int:
         """``capture(key)`` for every key, with room for all of them; returns how many. With ``later``
-        (a ``GraphBuilder.add``) only ``first_keys`` are captured now and the rest is handed to ``later``,
+        (a ``GraphBuilder.add``) only ``first_keys`` (and with ``single_stream_now`` every batch-1 key) are
+        captured now and the rest is handed to ``later``,
         captured in ``serving_order`` while requests run on what exists. With ``between`` (a named job) the
         single-stream keys go first as a job of their own, then ``between``, then the rest."""
         self.max_graphs = max(self.max_graphs, len(keys))
         now = first_keys(keys, self.covers) if later is not None else list(keys)
+        if self.single_stream_now:
+            picked = set(now)
+            now = [k for k in keys if k in picked or k[0] == 1]
         self._capture_all(now, capture, dev, None)
         self.frozen = True
         if later is None:

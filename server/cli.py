@@ -198,6 +198,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_switch(g, "lm-start-after-ready")
     add_switch(g, "lm-host")
     add_switch(g, "weights-onto-device")
+    add_switch(g, "single-stream-graphs-at-load")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
@@ -278,6 +279,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         graph_warmup_s=args.graph_warmup_s,
         background_graphs=args.background_graphs,
         first_graphs_early=args.first_graphs_early,
+        single_stream_graphs_at_load=args.single_stream_graphs_at_load,
         lm_handover=args.lm_handover,
         lm_fork_server=args.lm_fork_server,
         weights_onto_device=args.weights_onto_device,

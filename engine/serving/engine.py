@@ -956,6 +956,7 @@ def _precapture(
     # slows every uncaptured (op by op) call beside it
     for name, graphed in (("vocoder", hift), ("flow", flow)):
         if isinstance(graphed, GraphedCFM | GraphedHiFT):
+            graphed.graphs.single_stream_now = cfg.single_stream_graphs_at_load
             t0 = time.perf_counter()
             n = graphed.precapture(batch, frames, dev, later)
             now = len(graphed.graphs)

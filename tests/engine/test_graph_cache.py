@@ -187,3 +187,27 @@ def test_a_covering_cache_starts_with_its_widest_buckets_and_lends_them_to_small
     job(threading.Event())  # type: ignore[operator]  # the rest
     assert cache.covering((2, 100, "whole")) == (2, 100, "whole")  # its own bucket, once captured
     assert GraphCache("plain", max_graphs=1).covering((1, 100, "whole")) is None
+
+
+def test_single_stream_now_captures_every_batch_one_bucket_before_serving(monkeypatch):
+    """EngineConfig.single_stream_graphs_at_load: with a builder, every batch-1 bucket is captured now beside
+    the first keys (in the keys' order), so no "(1 stream)" job is left; the other buckets still go later."""
+    emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    keys = [(b, t) for b in (4, 2, 1) for t in (300, 200, 100)]
+    for between in (None, ("compile", lambda stop: None)):
+        cache = GraphCache("test", max_graphs=1)
+        cache.single_stream_now = True
+        jobs: list[tuple[str, object]] = []
+        captured: list[tuple] = []
+
+        def capture(key: tuple, cache=cache, captured=captured) -> object:
+            captured.append(key)
+            return cache.get(key, lambda x: x, lambda: (torch.zeros(key[0], key[1]),))
+
+        later = lambda name, job, jobs=jobs: jobs.append((name, job))  # noqa: E731
+        assert cache.precapture(keys, capture, torch.device("cpu"), later, between) == 9
+        assert captured == [(2, 100), (1, 300), (1, 200), (1, 100)]  # the first keys and every batch 1
+        assert [name for name, _ in jobs] == ([] if between is None else ["compile"]) + ["test graphs"]
+        jobs[-1][1](threading.Event())  # type: ignore[operator]
+        assert sorted(captured[4:]) == [(2, 200), (2, 300), (4, 100), (4, 200), (4, 300)]

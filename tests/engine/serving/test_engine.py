@@ -974,3 +974,35 @@ def test_the_fork_server_starts_only_where_asked_for_and_vllm_serves(monkeypatch
     cfg = EngineConfig(backend=backend, lm_fork_server=asked)
     engine_module._start_fork_server(cfg, torch.device("cpu"))
     assert calls == ([()] if started else [])
+
+
+def test_single_stream_graphs_at_load_captures_every_lone_bucket_before_ready(tmp_path, monkeypatch):
+    """EngineConfig.single_stream_graphs_at_load: the load's first graphs hold every batch-1 bucket of the
+    vocoder (the tiny v3's, capture emulated on the CPU), not only the widest; the background job keeps the
+    rest. Off (the default): batch 1's widest alone, the others left to the builder."""
+    from types import SimpleNamespace
+
+    from engine.checkpoint import load_model
+    from engine.hub import validate_model_dir
+    from engine.serving import engine as engine_module
+    from engine.vocoder.graphs import GraphedHiFT
+    from tests.engine.test_graph_cache import emulate_capture
+
+    emulate_capture(monkeypatch)
+    monkeypatch.setattr("engine.graph_cache.devices.empty_cache", lambda dev: None)
+    cpu = torch.device("cpu")
+    hift = load_model(validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), cpu).hift
+    lone: dict[bool, list] = {}
+    for on in (False, True):
+        graphed = GraphedHiFT(hift, frame_bucket=100, max_frames=400)
+        # 8 s of mel: buckets of up to 400 frames
+        cfg = EngineConfig(model="demo-tiny", graph_warmup_s=8.0, single_stream_graphs_at_load=on)
+        jobs: list[str] = []
+        builder = SimpleNamespace(add=lambda name, job, jobs=jobs: jobs.append(name))
+        with torch.inference_mode():
+            engine_module._precapture(None, graphed, cfg, cpu, builder)  # type: ignore[arg-type]
+        lone[on] = sorted(k for k in graphed.graphs.keys() if k[0] == 1)  # noqa: SIM118 (not a dict)
+        assert jobs == ["vocoder graphs"]
+    assert lone == {False: [(1, 400)], True: [(1, 100), (1, 200), (1, 300), (1, 400)]}
+    with pytest.raises(ValueError, match="single_stream_graphs_at_load"):
+        EngineConfig(single_stream_graphs_at_load="yes")  # type: ignore[arg-type]
