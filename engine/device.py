@@ -140,12 +140,23 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def onnx_providers(device: torch.device) -> list[str]:
-    """onnxruntime execution providers for the frontend's ONNX models on this device."""
+    """onnxruntime execution providers for the frontend's ONNX models on this device. On a GPU/NPU whose
+    provider onnxruntime lacks (its CPU build: requirements.txt's), the speech tokenizer (0.5-0.9 GB at
+    full size) runs on the CPU for every new voice: said once, loudly, with what to install."""
     import onnxruntime
 
     available = onnxruntime.get_available_providers()
     wanted = {"cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}.get(device.type, "")
-    return [wanted, "CPUExecutionProvider"] if wanted in available else ["CPUExecutionProvider"]
+    if wanted in available:
+        return [wanted, "CPUExecutionProvider"]
+    if wanted:
+        package = "onnxruntime-gpu" if device.type == "cuda" else "onnxruntime-cann"
+        log.warning(
+            "onnxruntime has no %s (it has %s): the speech tokenizer runs on the CPU, so each new voice's "
+            "prompt takes longer; install %s built for this device's runtime in place of onnxruntime",
+            wanted, ", ".join(available), package,
+        )  # fmt: skip
+    return ["CPUExecutionProvider"]
 
 
 def has_vllm() -> bool:

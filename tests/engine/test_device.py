@@ -31,6 +31,22 @@ def test_cpu_machine():
     assert device.onnx_providers(cpu) == ["CPUExecutionProvider"]
 
 
+def test_onnx_providers_say_when_the_gpu_provider_is_missing(monkeypatch, caplog):
+    """A GPU whose onnxruntime is the CPU build: the CPU provider, and a warning naming what to install; with
+    the provider there, it first; the CPU: no warning."""
+    import onnxruntime
+
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with caplog.at_level("WARNING", "engine.device"):
+        assert device.onnx_providers(cpu) == ["CPUExecutionProvider"] and not caplog.records
+        assert device.onnx_providers(gpu) == ["CPUExecutionProvider"]
+    assert "no CUDAExecutionProvider" in caplog.text and "onnxruntime-gpu" in caplog.text
+    found = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: found)
+    assert device.onnx_providers(gpu) == found
+
+
 def test_out_of_memory_is_recognised():
     assert device.is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
     assert device.is_out_of_memory(RuntimeError("NPU out of memory"))
