@@ -23,9 +23,15 @@ ENV PYTHONUNBUFFERED=1 \
     COSYSTREAM_DEVICE=${DEVICE}
 WORKDIR /app
 COPY requirements.txt requirements-gpu.txt requirements-npu.txt ./
-# torch and vLLM come with the base image: install the rest without touching them.
+# torch and vLLM come with the base image: install the rest without touching them. On CUDA the prompt's speech
+# tokenizer runs on the GPU only with onnxruntime-gpu (1.31 is built for CUDA 13, as vLLM 0.26's torch is):
+# it replaces the CPU build requirements.txt names (untested here: no image is built in CI; where its CUDA
+# provider cannot load, onnxruntime falls back to the CPU and the server's log says so).
 RUN grep -v -E '^(torch|vllm)' requirements.txt > /tmp/req.txt \
     && python3 -m pip install -r /tmp/req.txt "modelscope>=1.20" \
+    && if [ "$DEVICE" = cuda ]; then \
+         python3 -m pip uninstall -y onnxruntime && python3 -m pip install "onnxruntime-gpu>=1.31"; \
+       fi \
     && useradd --create-home --uid 1000 cosy \
     && mkdir -p /data && chown cosy /data
 COPY --chown=1000 . .
