@@ -281,8 +281,8 @@ step_unpack() {  # H200: this call's part joins the earlier ones; the call that 
   [ -f .vb/PARTS ] || die "carry .vb/PARTS with every part (bench/gpu/run.sh bundle writes it)"
   cp .vb/PARTS .vb/bundle.part.* "$VB/" 2>/dev/null || true
   local missing
-  missing=$(cd "$VB" && while read -r p; do [ -f "$p" ] || echo "$p"; done < PARTS)
-  if [ -n "$missing" ]; then echo "parts still to come: $(echo $missing)"; return 0; fi
+  missing=$(missing_parts "$VB" PARTS)
+  if [ -n "$missing" ]; then echo "parts still to come: $missing"; return 0; fi
   if [ ! -f "$SITE/.vllm-done" ]; then
     mkdir -p "$VB/b"
     (cd "$VB" && xargs cat < PARTS) | tar -x -C "$VB/b"
@@ -293,6 +293,10 @@ step_unpack() {  # H200: this call's part joins the earlier ones; the call that 
     touch "$SITE/.vllm-done"
   fi
   echo "vLLM and the wheels installed in $SITE"
+}
+
+missing_parts() {  # DIR LIST: the parts LIST (a file in DIR) names that DIR lacks, on one line
+  (cd "$1" && while read -r p; do [ -f "$p" ] || echo "$p"; done < "$2") | tr '\n' ' ' | sed 's/ $//'
 }
 
 install_wheels() {
@@ -554,8 +558,8 @@ step_cache_in() {  # the parts cache-out wrote, carried in .cc/ (a part a call, 
   mkdir -p "$VB/cc"
   cp .cc/compile-cache.PARTS .cc/compile-cache.tgz.* "$VB/cc/" 2> /dev/null || true
   local missing
-  missing=$(cd "$VB/cc" && while read -r p; do [ -f "$p" ] || echo "$p"; done < compile-cache.PARTS)
-  if [ -n "$missing" ]; then echo "cache parts still to come: $(echo $missing)"; return 0; fi
+  missing=$(missing_parts "$VB/cc" compile-cache.PARTS)
+  if [ -n "$missing" ]; then echo "cache parts still to come: $missing"; return 0; fi
   (cd "$VB/cc" && xargs cat < compile-cache.PARTS) | tar -xzf - -P
   echo "compile caches restored: $(du -sh "$CACHE/compile" 2>/dev/null | cut -f1) in $CACHE/compile"
 }
