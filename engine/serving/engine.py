@@ -649,7 +649,7 @@ class TTSEngine:
             due = playback.deadline()  # None: the first audio, due as it is queued
             pcm = await self.token2wav.run(utt, job, due, active.first)  # a no-op on the ticket once ended
             if utt.last_times is not None:
-                watch.chunk_computed(utt.last_times, utt.last_times.due, job.end)
+                watch.chunk_computed(utt.last_times, job.end)
             if utt.first_job_started is not None:
                 watch.mark("first_chunk_started", utt.first_job_started)
             for stage in ("flow", "hift"):

@@ -110,8 +110,8 @@ class Stopwatch:
         self.stage_ms = dict.fromkeys(STAGES, 0.0)
         self.marks: dict[str, float] = {}  # first time each TTFA milestone was reached (clock s)
         self.chunks_sent = 0
-        # the last computed chunk not yet sent: its worker times, deadline (clock s) and token count
-        self._computed: tuple[ChunkTimes, float, int] | None = None
+        # the last computed chunk not yet sent: its worker times and token count
+        self._computed: tuple[ChunkTimes, int] | None = None
         self.load: tuple[int, int | None] = (0, None)  # (computing, recent starts) as the audio began
 
     def load_at_start(self, computing: int, recent: int | None) -> None:
@@ -163,15 +163,16 @@ class Stopwatch:
             self.mark("first_audio", self.t_first_audio)
         self.audio_s += seconds
 
-    def chunk_computed(self, times: ChunkTimes, deadline: float, tokens: int) -> None:
-        """The worker handed back a chunk's audio (``times``); it was due at ``deadline`` (clock s)."""
-        self._computed = (times, deadline, tokens)
+    def chunk_computed(self, times: ChunkTimes, tokens: int) -> None:
+        """The worker handed back a chunk's audio (``times``, its ``due`` the client's deadline)."""
+        self._computed = (times, tokens)
 
     def chunk_sent(self, seconds: float) -> ChunkTrace | None:
         """The chunk computed last leaves for the client now: its trace (None when none was computed)."""
         if self._computed is None:
             return None
-        (times, deadline, tokens), self._computed = self._computed, None
+        (times, tokens), self._computed = self._computed, None
+        deadline = times.due
         now, index = self._clock(), self.chunks_sent
         self.chunks_sent += 1
 
