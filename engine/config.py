@@ -187,8 +187,9 @@ def add_fast_start_flag(parser: Flags) -> None:
     """``--fast-start auto|on|off`` -> ``args.fast_start`` (``fast_start_choice`` makes the config value)."""
     parser.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
-        help="split the first stream chunk at the chunk grid (auto: v3 while at most 4 requests started in "
-        "0.5 s and fewer than 8 compute)",
+        help="split the first stream chunk at the chunk grid (auto: v3 while at most "
+        f"{StreamConfig.fast_start_max_active} requests started in {StreamConfig.fast_start_burst_s:g} s and "
+        f"fewer than {StreamConfig.adaptive_min_active} compute)",
     )  # fmt: skip
 
 
