@@ -43,6 +43,7 @@ from engine.config import (
     StreamConfig,
     add_device_flags,
     add_fast_start_flag,
+    add_first_lane_flags,
     add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
@@ -243,11 +244,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="token2wav holds calls of chunks with plenty of audio buffered while a request's LM decodes its "
         "first chunk (up to 0.25 s; EngineConfig.t2w_quiet_first, off by default)",
     )  # fmt: skip
-    p.add_argument(
-        "--t2w-first-lane", action="store_true",
-        help="a second token2wav worker for streaming requests' first chunks, with its own stream and graphs "
-        "(EngineConfig.t2w_first_lane, off by default)",
-    )  # fmt: skip
+    add_first_lane_flags(p)
     p.add_argument(
         "--ab", type=ab_levers, metavar="LEVER[,LEVER]",
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
@@ -258,9 +255,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
         "vocoder (A: every call whole); quiet-first: calls of buffered chunks held while a first chunk is "
         "decoded (A: never held, the default); first-lane: a second token2wav worker for first chunks "
-        "(A: the one worker, the default; its graphs are captured for both); busy-start: the fast start "
-        "by recent starts whatever the number computing (StreamConfig.fast_start_busy; A: not while "
-        "adaptive hops are on, the default); both arms on "
+        "(the default on a GPU; A: the one worker; its graphs are captured for both); busy-start: the fast "
+        "start by recent starts whatever the number computing (StreamConfig.fast_start_busy, the default; "
+        "A: not while adaptive hops are on); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -325,8 +322,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--t2w-fifo (arrival order) has no slack to hold calls on: drop --t2w-quiet-first")
     if "quiet-first" in args.ab and (args.t2w_quiet_first or args.t2w_fifo):
         p.error("--ab quiet-first switches the hold in token2wav: drop --t2w-quiet-first and --t2w-fifo")
-    if "first-lane" in args.ab and args.t2w_first_lane:
-        p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane")
+    if "first-lane" in args.ab and args.t2w_first_lane is not None:
+        p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane / --no-t2w-first-lane")
     for lever in {"burst-start", "busy-start"} & set(args.ab):
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")
@@ -426,7 +423,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
         t2w_yield_to_urgent=not args.no_t2w_yield,
         t2w_quiet_first=args.t2w_quiet_first,
-        t2w_first_lane=args.t2w_first_lane or "first-lane" in args.ab,  # the A/B's lane: built, then switched
+        t2w_first_lane=True if "first-lane" in args.ab else args.t2w_first_lane,  # the A/B's: built, switched
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
@@ -609,7 +606,7 @@ def _burst_start(engine: Any, on: bool) -> None:
 
 
 def _busy_start(engine: Any, on: bool) -> None:
-    """A: no split while adaptive_min_active or more compute (the default); B: the burst rule alone."""
+    """A: no split while adaptive_min_active or more compute; B: the burst rule alone (the default)."""
     _fast_start_rule(engine, "busy-start", on, fast_start_busy=on)
 
 

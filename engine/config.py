@@ -77,9 +77,11 @@ class StreamConfig:
     # (12 tokens, 0.48 s). Its A/B is bench --ab burst-start (BENCHMARKS "Open loop": capacity up a step).
     fast_start_burst_s: float | None = 0.5
     # auto's burst rule also while adaptive_min_active or more requests compute (False: the reference's first
-    # chunk then, as its thin first buffer shares a busier flow). Its A/B is bench --ab busy-start: at 3
-    # requests/s the 22-25 % of first chunks left unsplit with the wider rule were most of the TTFA's tail
-    fast_start_busy: bool = False
+    # chunk then, as its thin first buffer shares a busier flow). Its A/B (bench --ab busy-start, one load,
+    # H100, v3, 3 requests/s Poisson, two seeds): TTFA p95 262 / 254 ms against 295 / 286, first chunks left
+    # unsplit 16-31 of 360 against 81-83, 0 underrun either way (BENCHMARKS.md,
+    # capacity-busy-start-first-lane-d20012e)
+    fast_start_busy: bool = True
     # Adaptive hops (serving.streaming.ChunkPlanner): while a stream's client has hold_buffer_s of audio
     # buffered, its next chunk waits to span more of the reference's chunks, up to max_adaptive_hop tokens:
     # fewer, larger flow calls under load. Exact for v3 (chunks end on the reference's boundaries; CPU test
@@ -185,11 +187,13 @@ def add_device_flags(parser: Flags, device: str = "auto", llm_variant: bool = Fa
 
 def add_fast_start_flag(parser: Flags) -> None:
     """``--fast-start auto|on|off`` -> ``args.fast_start`` (``fast_start_choice`` makes the config value)."""
+    busy = StreamConfig.fast_start_busy  # the burst rule however many compute, or only below adaptive hops
+    calm = "" if busy else f" and fewer than {StreamConfig.adaptive_min_active} compute"
     parser.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
         help="split the first stream chunk at the chunk grid (auto: v3 while at most "
-        f"{StreamConfig.fast_start_max_active} requests started in {StreamConfig.fast_start_burst_s:g} s and "
-        f"fewer than {StreamConfig.adaptive_min_active} compute)",
+        f"{StreamConfig.fast_start_max_active} requests started in {StreamConfig.fast_start_burst_s:g} s"
+        f"{calm})",
     )  # fmt: skip
 
 
@@ -198,6 +202,15 @@ def add_flow_compile_flags(parser: Flags) -> None:
     _add_auto_flags(
         parser, "flow-compile", "GPU: compile the flow estimator with TorchInductor (default: v3 only)",
         "GPU: run the flow estimator eagerly inside its CUDA graphs (no torch.compile)",
+    )  # fmt: skip
+
+
+def add_first_lane_flags(parser: Flags) -> None:
+    """``--t2w-first-lane`` / ``--no-t2w-first-lane`` -> ``args.t2w_first_lane`` (None when neither: auto)."""
+    _add_auto_flags(
+        parser, "t2w-first-lane", "a second token2wav worker for streaming requests' first chunks, with its "
+        "own stream and graphs (default: v3 on a GPU whose flow solver has graphs; this: also v2, the CPU)",
+        "one token2wav worker for every chunk (no first-chunk lane)",
     )  # fmt: skip
 
 
@@ -549,9 +562,14 @@ class EngineConfig:
     # A second token2wav worker for streaming requests' first chunks (engine.serving.first_lane): its own
     # thread, device stream and graphs at a first chunk's shapes, so a first chunk need not wait behind a
     # call of rows with seconds of audio buffered (the steady-state trace's wait for the worker). The price:
-    # its calls share the GPU with the main worker's. Off until its A/B has run on a GPU (bench --ab
-    # first-lane); True: on
-    t2w_first_lane: bool = False
+    # its calls share the GPU with the main worker's. Its A/B (bench --ab first-lane, one load, H100, v3, 3
+    # requests/s Poisson, two seeds): the lane took 284-289 first chunks of 360, their wait for the worker
+    # 3 ms against 18-27 (mean), their flow + vocoder 59-61 ms against 51, TTFA p95 274 / 265 ms against
+    # 295 / 286, 0 underrun (BENCHMARKS.md, capacity-busy-start-first-lane-d20012e). None (auto): v3 where
+    # the device replays graphs and the flow solver has them (first_lane.refusal); not v2, whose lane has not
+    # run on a GPU, nor the CPU, where a second worker would share its few cores with the first; True: on
+    # wherever it can run; False: off
+    t2w_first_lane: bool | None = None
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
@@ -630,8 +648,8 @@ class EngineConfig:
             raise ValueError(f"t2w_yield_to_urgent must be True or False, got {self.t2w_yield_to_urgent!r}")
         if not isinstance(self.t2w_quiet_first, bool):
             raise ValueError(f"t2w_quiet_first must be True or False, got {self.t2w_quiet_first!r}")
-        if not isinstance(self.t2w_first_lane, bool):
-            raise ValueError(f"t2w_first_lane must be True or False, got {self.t2w_first_lane!r}")
+        if not (self.t2w_first_lane is None or isinstance(self.t2w_first_lane, bool)):
+            raise ValueError(f"t2w_first_lane must be None (auto), True or False: {self.t2w_first_lane!r}")
         if self.t2w_fifo and self.t2w_quiet_first:
             raise ValueError("t2w_fifo (arrival order) has no slack to hold calls on: t2w_quiet_first off")
         if self.t2w_fifo and self.t2w_relaxed_cap:
@@ -687,6 +705,13 @@ class EngineConfig:
         if self.flow_compile is not None:
             return self.flow_compile
         return family == "cosyvoice3"
+
+    def opens_first_lane(self, family: str, graphs: bool) -> bool:
+        """Whether the engine opens the first-chunk lane: as set, or in auto for v3 where the device replays
+        graphs (``graphs``; the lane's refusal, no graphed solver, may still keep it closed there)."""
+        if self.t2w_first_lane is not None:
+            return self.t2w_first_lane
+        return graphs and family == "cosyvoice3"
 
     def reuses_flow(self, family: str, graphed: bool) -> bool:
         """Whether streaming flow calls reuse finished frames: as set, or in auto everywhere but v2's

@@ -22,6 +22,7 @@ from engine.config import (
     StreamConfig,
     add_device_flags,
     add_fast_start_flag,
+    add_first_lane_flags,
     add_flow_aot_flag,
     add_flow_attention_flag,
     add_flow_compile_flags,
@@ -194,6 +195,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
     add_lm_handover_flags(g)
+    add_first_lane_flags(g)
     add_switch(g, "lm-fork-server")
     add_switch(g, "lm-start-after-ready")
     add_switch(g, "lm-host")
@@ -286,6 +288,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_start_after_ready=args.lm_start_after_ready,
         lm_host=args.lm_host,
         flow_compile_child=args.flow_compile_child,
+        t2w_first_lane=args.t2w_first_lane,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,

@@ -274,7 +274,7 @@ class TTSEngine:
         p = parts
         engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
         engine.startup, engine.graph_builder, engine._lm_gate = timeline, builder, gate
-        if cfg.t2w_first_lane:
+        if cfg.opens_first_lane(model.family, devices.graphs_supported(dev)):
             engine._first_lane(vocoder, dev, builder)
         return engine
 
@@ -282,7 +282,8 @@ class TTSEngine:
         """EngineConfig.t2w_first_lane: with background graphs, the lane's graphs are the builder's last
         job (of the solver serving by then) and it opens after them; else its graphs now, and it opens."""
         if (why := lane_refusal(self.model.flow, dev)) is not None:
-            log.warning("%s: not opened", why)
+            # asked for (True): a warning; auto: what it would have needed, for whoever reads the log
+            log.log(logging.WARNING if self.cfg.t2w_first_lane else logging.INFO, "%s: not opened", why)
             return
         frames = int(max(self.cfg.graph_warmup_s, 0.0) * MEL_FRAMES_PER_S)
         parts = (self.token2wav, self.model.flow, vocoder, frames, dev)

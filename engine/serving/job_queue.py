@@ -38,7 +38,7 @@ then goes first), its head's slack falls to ``slack_s``, or ``bound_s`` passes, 
 An urgent batch is never held; the rows held lose at most ``bound_s`` out of their seconds of slack. The
 price is the worker's idle time: near its capacity that is throughput lost (worker_sim's ``hold_s``).
 
-The first-chunk lane (EngineConfig.t2w_first_lane, off until measured on a GPU): a second worker takes
+The first-chunk lane (EngineConfig.t2w_first_lane, on by default for v3 on a GPU): a second worker takes
 first chunks one at a time (``take_first``) while the lane is open, so a first chunk queued while the main
 worker runs a call need not wait for it; whichever worker is free first takes it.
 

@@ -4,9 +4,9 @@ Every request keeps its own ``Utterance`` (prompt conditioning, chunk planner, v
 worker takes chunk jobs from all active requests, a batch at a time earliest playback deadline first
 (``job_queue``; a call made of chunks with plenty of slack kept short, at the speed the worker measures,
 so a first chunk does not wait long behind it), so GPU work is serialised by one owner we time instead of
-interleaving threads. The one exception, off by default: the first-chunk lane (``open_first_lane``,
-engine.serving.first_lane), a second worker that takes streaming requests' first chunks with graphs and a
-device stream of its own, beside the main worker's call.
+interleaving threads. The one exception, on by default for v3 on a GPU: the first-chunk lane
+(``open_first_lane``, engine.serving.first_lane), a second worker that takes streaming requests' first
+chunks with graphs and a device stream of its own, beside the main worker's call.
 ``run`` is awaited by the request's coroutine. HiFT runs a batch's rows together where that gives each row
 what it gets alone (``Token2Wav._groups``): v3's non-final chunks in one right-padded call, its final chunks
 in two (``CausalHiFTGenerator.finals``), v2's in groups of one input shape (by default on a GPU/NPU only),

@@ -245,6 +245,7 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("quiet-first", ["--t2w-fifo"]),
         ("quiet-first", ["--url", "http://127.0.0.1:9"]),
         ("first-lane", ["--t2w-first-lane"]),
+        ("first-lane", ["--no-t2w-first-lane"]),
         ("first-lane", ["--arrivals", "closed"]),
     ],
 )
@@ -303,7 +304,7 @@ def test_ab_burst_start_on_v2_says_both_arms_are_the_same_engine(caplog):
 
 
 def test_ab_busy_start_splits_by_recent_starts_however_many_compute():
-    """B: the burst rule alone (StreamConfig.fast_start_busy); A, the default: no split from
+    """B, the default: the burst rule alone (StreamConfig.fast_start_busy); A: no split from
     adaptive_min_active requests computing on. The engine's rule reads it per request."""
     from types import SimpleNamespace
 
@@ -312,7 +313,9 @@ def test_ab_busy_start_splits_by_recent_starts_however_many_compute():
 
     engine = SimpleNamespace(family="cosyvoice3", cfg=EngineConfig(model="demo-tiny"))
     rule = lambda active, recent: engine.cfg.stream.splits_first_chunk("cosyvoice3", active, recent)  # noqa: E731
-    assert [rule(n, 1) for n in (7, 8, 30)] == [True, False, False]  # the default
+    assert [rule(n, 1) for n in (7, 8, 30)] == [True, True, True]  # the default
+    AB_SWITCHES["busy-start"](engine, False)
+    assert [rule(n, 1) for n in (7, 8, 30)] == [True, False, False]
     AB_SWITCHES["busy-start"](engine, True)
     assert [rule(n, 1) for n in (7, 8, 30)] == [True, True, True]
     assert not rule(8, 5)  # a wave of starts still gets the reference's first chunk

@@ -43,6 +43,7 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(lm_native_graphs=1), "lm_native_graphs"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_yield_to_urgent=None), "t2w_yield_to_urgent"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_quiet_first=None), "t2w_quiet_first"),  # type: ignore[arg-type]
+        (lambda: EngineConfig(t2w_first_lane=1), "t2w_first_lane"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_fifo=True, t2w_quiet_first=True), "t2w_quiet_first off"),
         (lambda: EngineConfig(first_graphs_early=True, background_graphs=False), "needs background_graphs"),
         (lambda: EngineConfig(lm_kv_cache_gib=0.0), "lm_kv_cache_gib"),
@@ -65,6 +66,19 @@ def test_defaults_are_the_released_values():
 def test_bad_values_are_refused(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_the_first_chunk_lane_opens_by_default_for_v3_where_the_device_replays_graphs():
+    """auto (None, the default): a second token2wav worker for v3 where graphs replay (a GPU), not on the
+    CPU, whose few cores the one worker already keeps busy, nor for v2 (not run on a GPU); True and False
+    as set."""
+    auto, v3, v2 = EngineConfig(), "cosyvoice3", "cosyvoice2"
+    assert auto.t2w_first_lane is None
+    assert [auto.opens_first_lane(v3, g) for g in (True, False)] == [True, False]
+    assert not auto.opens_first_lane(v2, True)
+    for lane in (True, False):
+        cfg = EngineConfig(t2w_first_lane=lane)
+        assert all(cfg.opens_first_lane(f, g) is lane for f in (v2, v3) for g in (True, False))
 
 
 def test_request_mode_accepts_strings():
@@ -90,7 +104,7 @@ def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices
 def test_fast_start_burst_rule_counts_recent_starts_and_stops_under_load():
     """With fast_start_burst_s, auto splits while few requests started within the window (a wave's first
     chunks coincide; earlier streams are past theirs) and the engine is below adaptive_min_active."""
-    burst = StreamConfig()
+    burst = StreamConfig(fast_start_busy=False)
     assert burst.fast_start_burst_s == 0.5  # the default: about a split first chunk's audio
     assert burst.splits_first_chunk("cosyvoice3", active=5, recent=1)  # old rule: 5 active, no split
     assert burst.splits_first_chunk("cosyvoice3", active=7, recent=4)
@@ -98,8 +112,8 @@ def test_fast_start_burst_rule_counts_recent_starts_and_stops_under_load():
     assert not burst.splits_first_chunk("cosyvoice3", active=8, recent=1)  # under load (adaptive hops)
     assert not burst.splits_first_chunk("cosyvoice2", active=1, recent=1)
     assert not burst.splits_first_chunk("cosyvoice3", active=5)  # without the count: the active rule
-    busy = StreamConfig(fast_start_busy=True)  # the burst rule whatever the load
-    assert busy.splits_first_chunk("cosyvoice3", active=40, recent=4)
+    busy = StreamConfig()  # the burst rule whatever the load (fast_start_busy, the default)
+    assert busy.fast_start_busy and busy.splits_first_chunk("cosyvoice3", active=40, recent=4)
     assert not busy.splits_first_chunk("cosyvoice3", active=1, recent=5)  # a wave still is one
     assert not busy.splits_first_chunk("cosyvoice2", active=1, recent=1)
     with pytest.raises(ValueError, match="fast_start_busy"):

@@ -931,9 +931,11 @@ async def test_the_first_chunk_lane_opens_at_load_and_serves_the_same_audio(engi
         laned.close()
 
 
-def test_with_background_graphs_the_first_lane_opens_as_the_builders_last_job(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lane", [None, True, False])
+def test_with_background_graphs_the_first_lane_opens_as_the_builders_last_job(tmp_path, monkeypatch, lane):
     """Where the flow is graphed, the lane's graphs are captured (and it opens) after every other graph
-    job: of the solver serving by then. Capture itself is recorded, not run."""
+    job: of the solver serving by then; by default too (auto: where the device replays graphs), not when
+    turned off. Capture itself is recorded, not run."""
     import engine.serving.engine as engine_module
     from engine.flow.graphs import GraphedCFM
 
@@ -948,14 +950,15 @@ def test_with_background_graphs_the_first_lane_opens_as_the_builders_last_job(tm
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(
         model=str(model_dir), device="cpu", backend="native", graph_warmup_s=4.0, hift_graphs=False,
-        t2w_first_lane=True,
+        t2w_first_lane=lane,
     )  # fmt: skip
     eng = TTSEngine.load(cfg)
     try:
-        assert [name for name, _ in eng.graph_builder._jobs] == ["flow", "first-chunk lane graphs"]
+        jobs = ["flow", "first-chunk lane graphs"] if lane is not False else ["flow"]
+        assert [name for name, _ in eng.graph_builder._jobs] == jobs
         assert opened == []  # not before the builder runs
         eng.graph_builder.start()
-        assert eng.graph_builder.wait(WAIT_S) and opened == [200]  # 4 s of mel
+        assert eng.graph_builder.wait(WAIT_S) and opened == ([200] if lane is not False else [])  # 4 s of mel
     finally:
         eng.close()
 

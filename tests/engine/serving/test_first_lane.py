@@ -144,6 +144,14 @@ def test_the_lane_is_switched_and_refused_before_it_is_opened(tmp_path, monkeypa
         t2w.close()
 
 
+def test_the_servers_flags_set_the_lane_and_leave_it_auto_unset():
+    from server import cli
+
+    lane = [cli.engine_config(cli.parse_args(f)).t2w_first_lane for f in ([], ["--t2w-first-lane"])]
+    assert lane == [None, True]
+    assert cli.engine_config(cli.parse_args(["--no-t2w-first-lane"])).t2w_first_lane is False
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda_the_lane_runs_beside_a_held_call_on_its_own_stream_and_graphs(tmp_path, monkeypatch):
@@ -176,9 +184,9 @@ def test_on_a_gpu_the_lane_needs_the_graphed_solver(tmp_path, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 async def test_on_cuda_the_engine_serves_a_streams_first_chunk_on_the_lane(tmp_path, monkeypatch):
     """The whole engine on CUDA (the tiny v3, the native LM, the flow's graphs captured at load and the lane
-    opened with them): with the main worker kept from taking a batch, a stream's first audio still comes,
-    from the lane (the engine marks it a first chunk); the later chunks from the main worker once it takes
-    again; the audio within 1e-4 of a one-worker engine's."""
+    opened with them, as by default): with the main worker kept from taking a batch, a stream's first audio
+    still comes, from the lane (the engine marks it a first chunk); the later chunks from the main worker
+    once it takes again; the audio within 1e-4 of a one-worker engine's."""
     from engine.config import EngineConfig
     from engine.request import Mode, SynthesisRequest
     from engine.serving.engine import TTSEngine
@@ -199,7 +207,7 @@ async def test_on_cuda_the_engine_serves_a_streams_first_chunk_on_the_lane(tmp_p
         text="Hello there.", mode=Mode.CROSS_LINGUAL, prompt_audio=prompt, seed=3, forced_tokens=120
     )
 
-    async def serve(lane: bool) -> list:
+    async def serve(lane: bool | None) -> list:
         cfg = EngineConfig(
             model=str(model_dir), device="cuda", backend="native", flow_compile=False, graph_warmup_s=4.0,
             background_graphs=False, t2w_first_lane=lane, voices_dir=str(tmp_path / f"voices-{lane}"),
@@ -207,7 +215,7 @@ async def test_on_cuda_the_engine_serves_a_streams_first_chunk_on_the_lane(tmp_p
         engine = TTSEngine.load(cfg)
         engine.ready = True
         try:
-            assert engine.token2wav.first_lane is lane
+            assert engine.token2wav.first_lane is (lane is not False)  # None: auto, on for v3 on CUDA
             stream = engine.stream(req)
             first = await asyncio.wait_for(anext(stream), WAIT_S)
             gate.set()
@@ -217,7 +225,7 @@ async def test_on_cuda_the_engine_serves_a_streams_first_chunk_on_the_lane(tmp_p
             engine.close()
 
     monkeypatch.setattr(ChunkScheduler, "next_batch", gated)
-    laned = await serve(True)
+    laned = await serve(None)
     monkeypatch.setattr(ChunkScheduler, "next_batch", take)
     alone = await serve(False)
     lanes = [c.trace.lane for c in laned if c.trace is not None]
