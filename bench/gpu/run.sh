@@ -131,7 +131,8 @@
 #                                                 graphs-early": a third launch, warm, with these flags too
 #                                                 -> startup_FAMILY_warm-b/ (the two warm starts share what
 #                                                 is left after COLD_S); RUNS=warm: no cold start, the
-#                                                 warm ones on STARTUP_ROOT as an earlier step left it;
+#                                                 warm ones on STARTUP_ROOT as an earlier step left it
+#                                                 (stopped where no earlier step made it);
 #                                                 RUNS=cold: the cold start alone, COLD_S (a hold short of
 #                                                 time: it fills the root for a RUNS=warm call); %ARM% in
 #                                                 an APP FLAG is each start's name (cold, warm, warm-b), e.g.
@@ -614,9 +615,12 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
     die "RUNS: 'cold warm', 'warm' or 'cold', got '${RUNS:-}'"
   read -r -a runs <<< "${RUNS:-cold warm}"
   [ -z "${B_FLAGS:-}" ] || runs+=(warm-b)  # B_FLAGS: a second warm start with these flags added (an A/B)
+  root=${STARTUP_ROOT:-/root/startup-cache-$fam}
+  # a warm start on no root is a cold one under the wrong name (startup.json's "cache": "warm")
+  [ "${runs[0]}" = cold ] || [ -d "$root" ] ||
+    die "RUNS=warm needs the root a cold start of this hold filled ($root): RUNS=cold first, or RUNS='cold warm'"
   environment
   model=$(build_model "$fam" | tail -1)  # outside the root: a cold start is a fresh machine with the weights
-  root=${STARTUP_ROOT:-/root/startup-cache-$fam}
   local warm_n=${#runs[@]}
   if [ "${runs[0]}" = cold ]; then rm -rf "$root" && warm_n=$((warm_n - 1)); else cold_s=0; fi
   local warm_s=$((warm_n > 0 ? (LIMIT_S - cold_s - 10) / warm_n : 0))

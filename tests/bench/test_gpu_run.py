@@ -271,7 +271,8 @@ def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypat
 
 def test_startup_runs_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
     """RUNS picks the starts: a cold then a warm one (the default), warm ones only on a root an earlier
-    step filled, or the cold one alone; anything else stops at once, before the root is touched."""
+    step filled (none there: stopped), or the cold one alone; anything else stops at once, before the root
+    is touched."""
     root = checkout.parent / "filled-root"
     (root / "compile").mkdir(parents=True)
     monkeypatch.setenv("STARTUP_ROOT", str(root))
@@ -284,6 +285,12 @@ def test_startup_runs_are_checked_before_anything_runs(checkout: Path, monkeypat
         done = run_sh(checkout, "startup", "v3")  # good runs get as far as the missing vLLM install
         assert done.returncode == 2 and "vLLM is not installed" in done.stderr
     assert (root / "compile").is_dir()
+    monkeypatch.setenv("STARTUP_ROOT", str(checkout.parent / "no-root"))
+    monkeypatch.setenv("RUNS", "warm")  # a warm start on no root would be a cold one labelled warm
+    done = run_sh(checkout, "startup", "v3")
+    assert done.returncode == 2 and "RUNS=warm needs the root a cold start of this hold filled" in done.stderr
+    monkeypatch.setenv("RUNS", "cold")  # the cold start makes its root
+    assert "vLLM is not installed" in run_sh(checkout, "startup", "v3").stderr
 
 
 @pytest.mark.parametrize(
