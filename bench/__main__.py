@@ -246,6 +246,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     add_first_lane_flags(p)
     p.add_argument(
+        "--t2w-lane-priority", action="store_true",
+        help="the first-chunk lane's calls on a high-priority CUDA stream (EngineConfig.t2w_lane_priority, "
+        "off by default)",
+    )  # fmt: skip
+    p.add_argument(
         "--ab", type=ab_levers, metavar="LEVER[,LEVER]",
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
         "alternating which goes first (with several levers, A and one arm per lever, each with only its own "
@@ -257,7 +262,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "decoded (A: never held, the default); first-lane: a second token2wav worker for first chunks "
         "(the default on a GPU; A: the one worker; its graphs are captured for both); busy-start: the fast "
         "start by recent starts whatever the number computing (StreamConfig.fast_start_busy, the default; "
-        "A: not while adaptive hops are on); both arms on "
+        "A: not while adaptive hops are on); lane-priority: the first-chunk lane's calls on a high-priority "
+        "stream (EngineConfig.t2w_lane_priority; A: a normal one, the default; needs the lane); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -322,6 +328,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--t2w-fifo (arrival order) has no slack to hold calls on: drop --t2w-quiet-first")
     if "quiet-first" in args.ab and (args.t2w_quiet_first or args.t2w_fifo):
         p.error("--ab quiet-first switches the hold in token2wav: drop --t2w-quiet-first and --t2w-fifo")
+    if "lane-priority" in args.ab and (args.t2w_lane_priority or args.t2w_first_lane is False):
+        p.error(
+            "--ab lane-priority switches the lane's stream: drop --t2w-lane-priority, --no-t2w-first-lane"
+        )
     if "first-lane" in args.ab and args.t2w_first_lane is not None:
         p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane / --no-t2w-first-lane")
     for lever in {"burst-start", "busy-start"} & set(args.ab):
@@ -423,7 +433,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
         t2w_yield_to_urgent=not args.no_t2w_yield,
         t2w_quiet_first=args.t2w_quiet_first,
-        t2w_first_lane=True if "first-lane" in args.ab else args.t2w_first_lane,  # the A/B's: built, switched
+        # --ab first-lane, lane-priority: the lane built at load, then switched per arm
+        t2w_first_lane=True if {"first-lane", "lane-priority"} & set(args.ab) else args.t2w_first_lane,
+        t2w_lane_priority=args.t2w_lane_priority,
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
         ),
@@ -634,6 +646,13 @@ def _first_lane(engine: Any, on: bool) -> None:
     engine.token2wav.first_lane = on
 
 
+def _lane_priority(engine: Any, on: bool) -> None:
+    """A: the first-chunk lane on a normal-priority stream; B: on a high-priority one (CUDA)."""
+    if on and not engine.token2wav.first_lane:
+        log.warning("--ab lane-priority: no first-chunk lane is open here, both arms are the same engine")
+    engine.token2wav.lane_urgent = on
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
@@ -642,6 +661,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "quiet-first": _quiet_first,
     "first-lane": _first_lane,
     "busy-start": _busy_start,
+    "lane-priority": _lane_priority,
 }
 
 

@@ -570,6 +570,11 @@ class EngineConfig:
     # run on a GPU, nor the CPU, where a second worker would share its few cores with the first; True: on
     # wherever it can run; False: off
     t2w_first_lane: bool | None = None
+    # The first-chunk lane's calls on a high-priority device stream (CUDA), so the GPU schedules their
+    # kernels ahead of the main worker's queued ones: in the lane's A/B its first chunks' flow + vocoder took
+    # 59-61 ms against 51 on the one worker, beside the main worker's calls. Off until its A/B has run on a
+    # GPU (bench --ab lane-priority); True: on
+    t2w_lane_priority: bool = False
     # streaming flow calls reuse each request's finished frames (keys/values of every attention layer and
     # Euler step: engine.flow.dit_cache for v3's DiT, engine.flow.unet_cache for v2's U-Net, which also
     # keeps its causal convs' left frames) and compute only the frames after them: exact, as the streaming
@@ -648,6 +653,8 @@ class EngineConfig:
             raise ValueError(f"t2w_yield_to_urgent must be True or False, got {self.t2w_yield_to_urgent!r}")
         if not isinstance(self.t2w_quiet_first, bool):
             raise ValueError(f"t2w_quiet_first must be True or False, got {self.t2w_quiet_first!r}")
+        if not isinstance(self.t2w_lane_priority, bool):
+            raise ValueError(f"t2w_lane_priority must be True or False, got {self.t2w_lane_priority!r}")
         if not (self.t2w_first_lane is None or isinstance(self.t2w_first_lane, bool)):
             raise ValueError(f"t2w_first_lane must be None (auto), True or False: {self.t2w_first_lane!r}")
         if self.t2w_fifo and self.t2w_quiet_first:

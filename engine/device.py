@@ -224,6 +224,25 @@ def own_stream(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.stream(torch.cuda.Stream(device))
 
 
+def worker_stream(device: torch.device, urgent: bool = False) -> Any | None:
+    """A device stream for a worker thread to keep (CUDA; None elsewhere). ``urgent``: a high-priority one,
+    whose queued kernels (a graph's too) the GPU schedules ahead of those of normal-priority streams (the
+    default stream's) as blocks free up; running blocks are not preempted."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.Stream(device, priority=-1 if urgent else 0)  # lower is sooner; 0 is the default's
+
+
+def on_stream(stream: Any | None, after: Any | None = None) -> contextlib.AbstractContextManager[Any]:
+    """The with-block's device work on ``stream`` (a ``worker_stream``; None: where it is), ordered after
+    the work queued on ``after`` so far (an event wait on the device, no host sync)."""
+    if stream is None:
+        return contextlib.nullcontext()
+    if after is not None:
+        stream.wait_stream(after)
+    return torch.cuda.stream(stream)
+
+
 def current_stream(device: torch.device) -> Any | None:
     """The calling thread's current device stream (CUDA); None elsewhere (no streams to order)."""
     return torch.cuda.current_stream(device) if device.type == "cuda" else None

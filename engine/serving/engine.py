@@ -124,6 +124,7 @@ class TTSEngine:
             reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
         )  # fmt: skip
+        self.token2wav.lane_urgent = cfg.t2w_lane_priority  # read by the first-chunk lane, where one opens
         self.admission = Admission(
             cfg.limits.max_concurrency,
             cfg.limits.max_queue,

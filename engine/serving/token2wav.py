@@ -326,6 +326,8 @@ class Token2Wav:
         # the main worker's flow and graphed vocoder; the first-chunk lane's thread sees its own (``_lane``)
         self._main, self._lane = Lane(flow, hift_graphs), threading.local()
         self._first: threading.Thread | None = None  # the first-chunk lane's worker (open_first_lane)
+        # the lane's calls on a high-priority device stream (EngineConfig.t2w_lane_priority), read per batch
+        self.lane_urgent = False
         self._main_stream: object | None = None  # the main worker's device stream, once it runs
         self.flow_reuse, self.reuse_budget = (
             flow_reuse,
@@ -491,13 +493,18 @@ class Token2Wav:
         solver on a GPU (its page pool, or none; ``first_lane``). Its calls are not the relaxed rule's
         measure of the worker's speed (``ran``)."""
         self._lane.parts = lane
-        with devices.own_stream(self.device), serving_thread():
+        # (normal, urgent): lane_urgent picks per batch; each batch is ordered after the other's work, so the
+        # lane's calls stay in order (its graphs' input buffers are reused) whichever it ran on last
+        streams = (devices.worker_stream(self.device), devices.worker_stream(self.device, urgent=True))
+        with serving_thread():
             while (live := self.scheduler.next_first()) is not None:
-                if live:  # empty when its request went away
-                    self._run_batch(live)
-                    for job in live:  # the requests' later chunks run on the main worker's stream
-                        for tensor in job.utt.vocoder.tensors():
-                            devices.used_on(tensor, self._main_stream)
+                urgent = self.lane_urgent
+                with devices.on_stream(streams[urgent], after=streams[not urgent]):
+                    if live:  # empty when its request went away
+                        self._run_batch(live)
+                        for job in live:  # the requests' later chunks run on the main worker's stream
+                            for tensor in job.utt.vocoder.tensors():
+                                devices.used_on(tensor, self._main_stream)
                 del live
 
     def _deliver(self, job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:

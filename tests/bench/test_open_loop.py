@@ -246,6 +246,8 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("quiet-first", ["--url", "http://127.0.0.1:9"]),
         ("first-lane", ["--t2w-first-lane"]),
         ("first-lane", ["--no-t2w-first-lane"]),
+        ("lane-priority", ["--t2w-lane-priority"]),
+        ("lane-priority", ["--no-t2w-first-lane"]),
         ("first-lane", ["--arrivals", "closed"]),
     ],
 )
@@ -459,6 +461,24 @@ def test_the_first_lane_ab_builds_the_lane_and_opens_it_for_the_b_arm_only(tmp_p
     monkeypatch.setitem(bench_main.AB_SWITCHES, "first-lane", spy)
     assert ab_arms(tmp_path, "first-lane") == ["cosystream", "cosystream first-lane"]
     assert (False, False) in switched and (True, True) in switched
+
+
+def test_the_lane_priority_ab_opens_the_lane_and_switches_its_stream_per_arm(tmp_path, monkeypatch):
+    """--ab lane-priority: the lane opens at load (also where auto would not: the CPU) and each arm sets
+    which of its streams it runs on: the normal one for A, the high-priority one for B."""
+    from bench import __main__ as bench_main
+    from engine.serving.engine import TTSEngine
+
+    switched: list[tuple[bool, bool, bool]] = []
+    real = bench_main.AB_SWITCHES["lane-priority"]
+
+    def spy(engine: TTSEngine, on: bool) -> None:
+        real(engine, on)
+        switched.append((on, engine.token2wav.lane_urgent, engine.token2wav.first_lane))
+
+    monkeypatch.setitem(bench_main.AB_SWITCHES, "lane-priority", spy)
+    assert ab_arms(tmp_path, "lane-priority") == ["cosystream", "cosystream lane-priority"]
+    assert (False, False, True) in switched and (True, True, True) in switched
 
 
 def test_the_quiet_first_flag_needs_the_deadline_order(capsys):

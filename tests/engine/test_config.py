@@ -44,6 +44,7 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(t2w_yield_to_urgent=None), "t2w_yield_to_urgent"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_quiet_first=None), "t2w_quiet_first"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_first_lane=1), "t2w_first_lane"),  # type: ignore[arg-type]
+        (lambda: EngineConfig(t2w_lane_priority=None), "t2w_lane_priority"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_fifo=True, t2w_quiet_first=True), "t2w_quiet_first off"),
         (lambda: EngineConfig(first_graphs_early=True, background_graphs=False), "needs background_graphs"),
         (lambda: EngineConfig(lm_kv_cache_gib=0.0), "lm_kv_cache_gib"),

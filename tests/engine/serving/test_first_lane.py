@@ -38,14 +38,17 @@ def tiny(tmp_path, family: str, graphed: bool, monkeypatch, device: str = "cpu")
     return model
 
 
-def beside_a_held_call(tmp_path, family: str, lane: bool, graphed: bool, monkeypatch, device: str = "cpu"):
+def beside_a_held_call(
+    tmp_path, family: str, lane: bool, graphed: bool, monkeypatch, device: str = "cpu", urgent: bool = False
+):
     """Stream a's second chunk (6 s of audio buffered) is held in the main worker's call when stream b's
-    first chunk is queued; with ``lane`` the lane is open. -> (the three chunks' audio, whether b's first
-    chunk was done while a's call was still held, the worker b's first chunk ran on, b's vocoder state
-    tensors after it)."""
+    first chunk is queued; with ``lane`` the lane is open (on its high-priority stream with ``urgent``).
+    -> (the three chunks' audio, whether b's first chunk was done while a's call was still held, the worker
+    b's first chunk ran on, b's vocoder state tensors after it)."""
     model = tiny(tmp_path, family, graphed, monkeypatch, device)
     clock = [0.0]
     t2w = Token2Wav(model.flow, model.hift, family, model.device, StreamConfig(), clock=lambda: clock[0])
+    t2w.lane_urgent = urgent
     if lane:
         open_lane(t2w, model.flow, None, 400, model.device)
         assert t2w.first_lane
@@ -95,6 +98,66 @@ def test_a_first_chunk_runs_on_the_lane_beside_a_held_call_with_the_same_audio(t
     for got, want in zip(with_lane, alone, strict=True):
         assert got.size > 0
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("urgent", [False, True])
+def test_the_lane_runs_each_call_on_the_stream_lane_urgent_picks_after_the_others_work(
+    tmp_path, monkeypatch, urgent
+):
+    """The lane keeps two streams (normal, high-priority) and runs each batch on the one ``lane_urgent``
+    picks, ordered after the other's work (CPU: stand-ins record it; the same audio either way)."""
+    import contextlib
+
+    made: list[bool] = []
+    entered: list[tuple[object, object]] = []
+
+    def worker_stream(device, urgent=False):
+        made.append(urgent)
+        return f"stream-{'urgent' if urgent else 'normal'}"
+
+    def on_stream(stream, after=None):
+        entered.append((stream, after))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr("engine.serving.token2wav.devices.worker_stream", worker_stream)
+    monkeypatch.setattr("engine.serving.token2wav.devices.on_stream", on_stream)
+    audio, beside, worker, _ = beside_a_held_call(
+        tmp_path, "cosyvoice3", True, False, monkeypatch, urgent=urgent
+    )
+    assert beside and worker == FIRST_LANE and made == [False, True]
+    picked, other = ("stream-urgent", "stream-normal")[:: 1 if urgent else -1]
+    assert entered and set(entered) == {(picked, other)}  # b's first chunk (a's too, where the lane took it)
+    assert all(a.size > 0 for a in audio)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_urgent_lane_runs_on_a_high_priority_stream(tmp_path, monkeypatch):
+    """lane_urgent: the lane's flow call runs on a stream of a higher priority (a lower number) than the
+    default stream's, where the main worker runs; the audio within 1e-4 of the normal stream's."""
+    seen: list[tuple[str, int]] = []
+    real = Token2Wav._run_batch
+
+    def spy(self, jobs):
+        seen.append((threading.current_thread().name, torch.cuda.current_stream().priority))
+        return real(self, jobs)
+
+    monkeypatch.setattr(Token2Wav, "_run_batch", spy)
+    v3, args = "cosyvoice3", (True, True, monkeypatch, "cuda")
+    urgent, beside, worker, _ = beside_a_held_call(tmp_path / "a", v3, *args, urgent=True)
+    first_run, seen[:] = list(seen), []
+    normal, *_ = beside_a_held_call(tmp_path / "b", v3, *args, urgent=False)
+    assert beside and worker == FIRST_LANE
+
+    def priorities(calls: list[tuple[str, int]], lane: bool) -> set[int]:
+        return {prio for name, prio in calls if (name == "token2wav-first") is lane}
+
+    default = torch.cuda.default_stream().priority
+    lane_first = priorities(first_run, True)
+    assert len(lane_first) == 1 and max(lane_first) < default  # a lower number is a higher priority
+    assert priorities(seen, True) == {default} == priorities(first_run + seen, False)
+    for got, want in zip(urgent, normal, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
 
 def test_through_the_graphed_solver_the_lane_replays_graphs_of_its_own(tmp_path, monkeypatch):
