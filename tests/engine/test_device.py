@@ -233,3 +233,24 @@ def test_the_staging_buffer_is_plain_host_memory_for_the_cpu():
 
     buf = staging_bytes(5, torch.device("cpu"))
     assert buf.dtype == torch.uint8 and buf.numel() == 5 and buf.device.type == "cpu" and not buf.is_pinned()
+
+
+def test_worker_streams_exist_on_cuda_only_and_order_after_the_other():
+    """The CPU has no streams: none made, the block runs as it is. On CUDA an urgent stream has a higher
+    priority (a lower number) than a normal one, and entering one orders it after the other's work."""
+    cpu = torch.device("cpu")
+    assert device.worker_stream(cpu) is None and device.worker_stream(cpu, urgent=True) is None
+    with device.on_stream(None, after=None):
+        assert torch.ones(2).sum().item() == 2.0
+    if not torch.cuda.is_available():
+        return
+    gpu = torch.device("cuda", 0)
+    normal, urgent = device.worker_stream(gpu), device.worker_stream(gpu, urgent=True)
+    assert urgent.priority < normal.priority == torch.cuda.default_stream(gpu).priority
+    x = torch.zeros(1 << 20, device=gpu)
+    with device.on_stream(normal):
+        x += 1
+    with device.on_stream(urgent, after=normal):
+        y = x * 2  # after normal's add: 2, never 0
+    torch.cuda.synchronize(gpu)
+    assert y.min().item() == 2.0
