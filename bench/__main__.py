@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt_audio, run_level
+from bench.load import EngineTarget, HttpTarget, Level, Target, Workload, prompt_audio, prompt_set, run_level
 from bench.report import write_report
 from engine.config import (
     FAST_START_CHOICES,
@@ -263,10 +263,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(the default on a GPU; A: the one worker; its graphs are captured for both); busy-start: the fast "
         "start by recent starts whatever the number computing (StreamConfig.fast_start_busy, the default; "
         "A: not while adaptive hops are on); lane-priority: the first-chunk lane's calls on a high-priority "
-        "stream (EngineConfig.t2w_lane_priority; A: a normal one, the default; needs the lane); both arms on "
+        "stream (EngineConfig.t2w_lane_priority; A: a normal one, the default; needs the lane); short-split: "
+        "the fast start also where the first chunk's grid offset is 8-11 tokens (StreamConfig.min_first_hop "
+        "8; A: 12, the default; see --prompt-spread); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
+    p.add_argument(
+        "--prompt-spread", action="store_true",
+        help="open loop: 25 voices whose lengths (3.50-4.46 s) step one speech token through the flow's "
+        "25-token chunk grid, request i cloning the (i mod 25)-th, so the first chunks' grid offsets are "
+        "a random visitor's (default: the one 3.5-s prompt, whose offset always allows the fast start)",
+    )  # fmt: skip
     p.add_argument(
         "--adaptive-hop", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.adaptive_hop),
         help="merge reference chunks while a client has audio buffered (auto: v3 from 8 active streams)",
@@ -315,6 +323,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--find-capacity searches open-loop rates: add --arrivals poisson")
     if args.trace and (args.arrivals != "poisson" or args.url):
         p.error("--trace records open-loop runs of the in-process engine: --arrivals poisson, no --url")
+    if args.prompt_spread and args.arrivals != "poisson":
+        p.error("--prompt-spread varies the open loop's prompts: add --arrivals poisson")
     if args.ab and (args.arrivals != "poisson" or args.url):
         p.error("--ab switches the in-process engine between open-loop rates: --arrivals poisson, no --url")
     args.ab = args.ab or ()
@@ -334,7 +344,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if "first-lane" in args.ab and args.t2w_first_lane is not None:
         p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane / --no-t2w-first-lane")
-    for lever in {"burst-start", "busy-start"} & set(args.ab):
+    for lever in {"burst-start", "busy-start", "short-split"} & set(args.ab):
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -495,7 +505,7 @@ def mode_levels(args: argparse.Namespace, mode: str, levels: Sequence[int]) -> S
 async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> list[Level]:
     """Every mode x rate x seed (x arm), open loop, after a warm-up load; ``--requests`` raises a level's
     arrivals above rate x ``--arrival-s``."""
-    prompt = prompt_audio()
+    prompt = prompt_set(args.prompt_spread)
     out: list[Level] = []
     if args.trace:  # this run's traces only
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -511,8 +521,8 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
     for mode in args.modes:
         workload = Workload(tokens=args.tokens, stream=mode == "stream")
         if args.warmup:
-            await run_level(target, workload, 1, args.warmup, prompt, seed=10**6)
-        await warmup_load(target, workload, args, prompt)
+            await run_level(target, workload, 1, args.warmup, prompt[0], seed=10**6)
+        await warmup_load(target, workload, args, prompt)  # every voice's features cached before measuring
         by_arm = await search(target, workload, args, prompt, keep)
         if args.overload:
             for level in await overload_levels(target, workload, args, prompt, by_arm):
@@ -606,6 +616,7 @@ async def overload_levels(
 
 
 BURST_S = StreamConfig.fast_start_burst_s  # --ab burst-start's window (B); A counts requests computing
+SHORT_SPLIT = 8  # --ab short-split's StreamConfig.min_first_hop (B; tokens): 0.32 s of audio first
 
 
 def _relaxed_cap(engine: Any, on: bool) -> None:
@@ -620,6 +631,12 @@ def _burst_start(engine: Any, on: bool) -> None:
 def _busy_start(engine: Any, on: bool) -> None:
     """A: no split while adaptive_min_active or more compute; B: the burst rule alone (the default)."""
     _fast_start_rule(engine, "busy-start", on, fast_start_busy=on)
+
+
+def _short_split(engine: Any, on: bool) -> None:
+    """A: the split where the first chunk's grid offset is >= 12 tokens (the default); B: >= 8."""
+    first_hop = SHORT_SPLIT if on else StreamConfig.min_first_hop
+    _fast_start_rule(engine, "short-split", on, min_first_hop=first_hop)
 
 
 def _fast_start_rule(engine: Any, lever: str, on: bool, **rule: Any) -> None:
@@ -662,6 +679,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "first-lane": _first_lane,
     "busy-start": _busy_start,
     "lane-priority": _lane_priority,
+    "short-split": _short_split,
 }
 
 

@@ -58,6 +58,22 @@ def prompt_audio(seconds: float = 3.5, sr: int = SAMPLE_RATE, f0: float = 130.0)
     return (0.25 * voice * syllables + 0.005 * noise).astype(np.float32)
 
 
+# --prompt-spread: voices whose lengths step one speech token (40 ms at 25 tokens/s) through one 25-token
+# chunk of the flow's grid. The first chunk ends on that grid (the reference's: hop + pad tokens, pad the
+# tokens from the prompt's end to the next grid line), and the fast start splits it only where pad >=
+# StreamConfig.min_first_hop, so the one 3.5-s prompt (pad 13) always splits where a random visitor's
+# prompt does about half the time. Their f0s differ too: a voice each.
+PROMPT_SPREAD = tuple(3.5 + 0.04 * k for k in range(25))  # s
+
+
+def prompt_set(spread: bool = False) -> tuple[np.ndarray, ...]:
+    """The open loop's prompts (request i clones the (i mod n)-th): the bench's one prompt, or with
+    ``spread`` one per length of ``PROMPT_SPREAD``."""
+    if not spread:
+        return (prompt_audio(),)
+    return tuple(prompt_audio(seconds, f0=100.0 + 4.0 * k) for k, seconds in enumerate(PROMPT_SPREAD))
+
+
 @dataclass(frozen=True)
 class Workload:
     """What every request of a run asks for; ``tokens`` speech tokens = tokens / 25 s of audio."""

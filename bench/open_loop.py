@@ -171,12 +171,14 @@ async def run_open_level(
     target: Target,
     workload: Workload,
     load: OpenLoop,
-    prompt: np.ndarray,
+    prompt: np.ndarray | tuple[np.ndarray, ...],
     seed: int = 0,
     window_s: float = 30.0,
 ) -> Level:
     """Send every request at its arrival time (arrivals and lengths drawn from ``seed``; request i's
-    synthesis seed ``seed + i``), wait for all of them; TTFA also per ``window_s`` of arrivals."""
+    synthesis seed ``seed + i``, its prompt the (i mod n)-th of a tuple of n), wait for all of them; TTFA
+    also per ``window_s`` of arrivals."""
+    prompts = prompt if isinstance(prompt, tuple) else (prompt,)
     rng = random.Random(seed)
     sends, lengths = load.arrivals(rng), load.lengths(workload.tokens, rng)
     target.reset_peak_memory()
@@ -186,7 +188,7 @@ async def run_open_level(
     async def send(i: int) -> tuple[float, RequestResult]:
         await asyncio.sleep(max(0.0, t0 + sends[i] - time.perf_counter()))  # the schedule, not a poll
         sent = time.perf_counter() - t0
-        req = dataclasses.replace(workload, tokens=lengths[i]).request(seed + i, prompt)
+        req = dataclasses.replace(workload, tokens=lengths[i]).request(seed + i, prompts[i % len(prompts)])
         return sent, await one_request(target, req, i)
 
     done = await asyncio.gather(*(send(i) for i in range(load.requests)))

@@ -4,7 +4,8 @@ Every row is one sent chunk (``engine.serving.metrics.ChunkTrace``, ms after its
 Per rate it prints the first chunks (the time to first audio: LM until the chunk's tokens were ready, the
 wait for the token2wav worker, flow + vocoder; and the p95 had none of them waited for the worker, the most
 a scheduler that never makes a first chunk wait could give; how many the first-chunk lane ran; by the first
-chunk's length: v3's fast start splits 16 tokens off the reference's 41), the later
+chunk's length: v3's fast start splits 16 tokens off the reference's 41 at the bench's prompt; prompts of
+many lengths give many, printed as two bands, split and the reference's), the later
 ones (how many missed their playback deadline, and whether the missed ones waited or computed), the batches
 (rows, and the share of flow frames that were padding to the batch's frame bucket: a fragmented mix of
 lengths pays it) and the hand-off to the client.
@@ -13,6 +14,7 @@ lengths pays it) and the hand-off to the client.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import math
@@ -45,13 +47,15 @@ class FirstLength:
     when sent (ms), and the engine's load as their requests started (what the fast start's rule read;
     None in traces from before it was recorded)."""
 
-    tokens: int
+    tokens: int  # the shortest of them
     count: int
     sent_p50: float | None
     sent_p95: float | None
     computing_p50: float | None  # requests computing, this one included
     computing_max: int | None
     recent_p50: float | None  # requests that started within StreamConfig.fast_start_burst_s
+    top: int | None = None  # a band of lengths: the longest (None: all are ``tokens`` long)
+    band: str = ""  # the band's name (split, reference)
 
     def line(self, f: Any) -> str:
         load = ""
@@ -60,7 +64,10 @@ class FirstLength:
             computing = f"computing p50 {self.computing_p50:g}, max {self.computing_max}"
             load = f" (at their start: {computing}{recent})"
         sent = f"sent p50 {f(self.sent_p50)} / p95 {f(self.sent_p95)} ms"
-        return f"{self.tokens} tokens: {self.count}, {sent}{load}"
+        size = (
+            f"{self.tokens} tokens" if self.top is None else f"{self.band}, {self.tokens}-{self.top} tokens"
+        )
+        return f"{size}: {self.count}, {sent}{load}"
 
 
 @dataclass(frozen=True)
@@ -126,10 +133,27 @@ class RateSummary:
         return [f"  first chunks by length: {'; '.join(parts)}"] if parts else []
 
 
+# a first chunk shorter than this (tokens: a chunk and v3's look-ahead) was split by the fast start: it ends
+# on the grid line after the prompt, the reference's one grid line later
+SPLIT_BELOW = StreamConfig.token_hop + StreamConfig.lookahead
+MAX_LENGTHS = 4  # more distinct lengths (prompts of many lengths: --prompt-spread) print as two bands
+
+
 def _by_tokens(first: list[Row]) -> tuple[FirstLength, ...]:
-    """The first chunks by length, shortest first."""
-    lengths = sorted({r["tokens"] for r in first if "tokens" in r})
-    return tuple(_length(t, [r for r in first if r.get("tokens") == t]) for t in lengths)
+    """The first chunks by length, shortest first; with more than MAX_LENGTHS lengths, as two bands: the
+    split ones and the reference's."""
+    rows = [r for r in first if "tokens" in r]
+    lengths = sorted({r["tokens"] for r in rows})
+    if len(lengths) <= MAX_LENGTHS:
+        return tuple(_length(t, [r for r in rows if r["tokens"] == t]) for t in lengths)
+    split = [r for r in rows if r["tokens"] < SPLIT_BELOW]
+    reference = [r for r in rows if r["tokens"] >= SPLIT_BELOW]
+    return tuple(_band(name, band) for name, band in (("split", split), ("reference", reference)) if band)
+
+
+def _band(name: str, rows: list[Row]) -> FirstLength:
+    tokens = [r["tokens"] for r in rows]
+    return dataclasses.replace(_length(min(tokens), rows), top=max(tokens), band=name)
 
 
 def _length(tokens: int, rows: list[Row]) -> FirstLength:

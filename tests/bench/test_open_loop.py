@@ -9,11 +9,13 @@ import json
 import random
 import types
 
+import numpy as np
 import pytest
 
 from bench.__main__ import main
 from bench.load import Level, RequestResult, Workload, prompt_audio
 from bench.open_loop import OpenLoop, Slo, active_streams, capacity, run_open_level, windows
+from engine.config import StreamConfig
 
 
 def test_arrivals_are_a_poisson_process_at_the_rate():
@@ -248,6 +250,7 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("first-lane", ["--no-t2w-first-lane"]),
         ("lane-priority", ["--t2w-lane-priority"]),
         ("lane-priority", ["--no-t2w-first-lane"]),
+        ("short-split", ["--fast-start", "off"]),
         ("first-lane", ["--arrivals", "closed"]),
     ],
 )
@@ -678,6 +681,58 @@ def test_a_missed_rate_still_runs_every_seed_and_all_rates_goes_on_past_it():
     assert [(lv.rate, lv.seed) for lv in levels] == [(100.0, 0), (100.0, 1)]  # both seeds, then it stops
     levels = fake_sweep(FakeTarget(lambda n: 0.002), [*slow, "--all-rates"])
     assert [(lv.rate, lv.seed) for lv in levels] == [(100.0, 0), (100.0, 1), (200.0, 0), (200.0, 1)]
+
+
+def test_the_prompt_spread_steps_the_requests_through_every_offset_of_the_chunk_grid():
+    """--prompt-spread: 25 voices 40 ms (one speech token) apart, so the tokens from a prompt's end to the
+    flow's next 25-token grid line (where the first chunk ends) take every value 0-24 once: the fast start
+    (offset >= 12 at the default) then splits about half, as for random visitors; the bench's one prompt
+    has offset 13. Request i clones the (i mod 25)-th; without the flag every request the one prompt."""
+    from bench.load import PROMPT_SPREAD, prompt_set
+
+    def offset(prompt: np.ndarray) -> int:  # v3's speech tokens: 25 a second (87 for 3.5 s)
+        return -(len(prompt) * 25 // 24000) % 25
+
+    assert [offset(p) for p in prompt_set()] == [13]
+    spread = prompt_set(True)
+    assert len(spread) == len(PROMPT_SPREAD) == 25 and sorted(offset(p) for p in spread) == list(range(25))
+    assert len({round(float(np.abs(np.fft.rfft(p[:24000])).argmax())) for p in spread}) == 25  # own f0s
+
+    class Prompts(FakeTarget):
+        async def run(self, req, rec) -> None:
+            self.lengths.append((req.seed, len(req.prompt_audio[0])))
+            await super().run(req, rec)
+
+    for flags, want in (([], {len(prompt_set()[0])}), (["--prompt-spread"], {len(p) for p in spread})):
+        target = Prompts()
+        target.lengths = []
+        fake_sweep(
+            target,
+            ["--rate", "1000", "--arrival-s", "0.05", "--seeds", "0", "--warmup-arrival-s", "0", *flags],
+        )
+        assert {n for _, n in target.lengths} == want
+        if flags:  # request i: seed 0 + i, the (i mod 25)-th voice
+            assert all(n == len(spread[seed % 25]) for seed, n in target.lengths if seed < 10**6)
+
+
+def test_the_prompt_spread_is_the_open_loops(capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--prompt-spread"])
+    assert "--prompt-spread" in capsys.readouterr().err
+
+
+def test_ab_short_split_lowers_the_fast_starts_least_grid_offset():
+    """B: the split also where the first chunk's grid offset is 8-11 tokens (min_first_hop 8); A: 12."""
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES
+    from engine.config import EngineConfig
+
+    engine = SimpleNamespace(family="cosyvoice3", cfg=EngineConfig(model="demo-tiny"))
+    AB_SWITCHES["short-split"](engine, True)
+    assert engine.cfg.stream.min_first_hop == 8
+    AB_SWITCHES["short-split"](engine, False)
+    assert engine.cfg.stream.min_first_hop == StreamConfig.min_first_hop == 12
 
 
 def test_a_server_that_falls_behind_shows_rising_windows():

@@ -77,6 +77,29 @@ def test_first_chunks_are_told_apart_by_length():
     )
 
 
+def test_first_chunks_of_many_lengths_print_as_two_bands_split_and_the_references():
+    """Prompts of many lengths (bench --prompt-spread) give as many first-chunk lengths: more than four
+    print as two bands, the split ones (shorter than a chunk and the look-ahead: 28 tokens) and the
+    reference's, each with its range."""
+    lengths = [15, 16, 20, 27, 28, 33, 39]
+    rows = [
+        row(i, 0, ready=100, joined=110, vocoded=100 + t, sent=100 + t, slack=-1)
+        for i, t in enumerate(lengths)
+    ]
+    for r, tokens in zip(rows, lengths):
+        r["tokens"] = tokens
+    (s,) = summarise(rows)
+    split, reference = s.first_by_tokens
+    assert (split.band, split.tokens, split.top, split.count) == ("split", 15, 27, 4)
+    assert (reference.band, reference.tokens, reference.top, reference.count) == ("reference", 28, 39, 3)
+    assert reference.sent_p50 == pytest.approx(133)
+    line = "\n".join(s.lines())
+    assert (
+        "first chunks by length: split, 15-27 tokens: 4, sent p50" in line
+        and "; reference, 28-39 tokens: 3" in line
+    )
+
+
 def test_summary_keeps_the_arms_of_one_run_apart():
     arm = {"system": "cosystream relaxed-cap"}
     rows = [row(0, 0, 100, 110, 150, 151, -51), row(1, 0, 100, 110, 150, 151, -51) | arm]
