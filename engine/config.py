@@ -61,7 +61,11 @@ class StreamConfig:
     # solver the split-off first flow call was once seen to take ~1.4 s (BENCHMARKS.md), so use "off" with
     # --flow-dtype float32 on a GPU.
     fast_start: bool | None = None
-    min_first_hop: int = 12  # tokens (0.48 s of speech) for the split-off first chunk
+    # tokens (0.48 s of speech): the least grid offset (pad) that splits. Offsets are the prompt's length
+    # modulo the chunk, so where prompts' lengths fall anywhere 13 of 25 offsets split and the rest keep the
+    # reference's 25-36-token first chunk; the bench's 3.5-s prompt has offset 13 (bench --prompt-spread
+    # gives every offset; --ab short-split: 8)
+    min_first_hop: int = 12
     # auto: at most this many requests started within fast_start_burst_s (or, without it, compute), this
     # one included. 4 against 2 in one load (H100, v3, 3 requests/s Poisson, two seeds; two arms equal to 2
     # ran, so the noise is seen): 75-78 % of first chunks split against 48-52 %, TTFA p50 163-170 ms against
