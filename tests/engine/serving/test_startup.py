@@ -274,6 +274,7 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
         model=str(model_dir), device="cpu", backend="native", cache_dir=str(tmp_path / "c"),
         flow_compile=True, hift_graphs=False, flow_reuse=False, graph_warmup_s=4.0, flow_batch=2,
         limits=Limits(max_concurrency=2), flow_precompiled=kept,
+        t2w_first_lane=False,  # its graphs, the builder's last job (test_engine.py), are not this test's
     )  # fmt: skip
     prompt = (0.1 * np.random.default_rng(1).standard_normal(24000 * 2)).astype(np.float32), 24000
     req = SynthesisRequest(
