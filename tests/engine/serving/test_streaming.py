@@ -161,6 +161,20 @@ def test_fast_start_keeps_the_reference_first_chunk_when_the_pad_is_short():
         assert drain(ChunkPlanner(prompt, fast), 300) == drain(ChunkPlanner(prompt, CFG), 300)
 
 
+@pytest.mark.parametrize(("first_hop", "split"), [(12, 13), (8, 17)])
+def test_over_every_prompt_length_the_fast_start_splits_where_the_grid_offset_allows(first_hop, split):
+    """What README and BENCHMARKS say of prompts of any length: over one chunk of prompt lengths the offset
+    to the grid takes every value once, and the split (first chunk = offset + look-ahead tokens) comes for
+    offsets >= min_first_hop: 13 of 25 at the default (12), 17 with bench --ab short-split's 8; the rest
+    keep the reference's 28-39 tokens. The bench's one prompt (87 tokens) has offset 13: 16 tokens."""
+    fast = StreamConfig(fast_start=True, min_first_hop=first_hop)
+    firsts = [drain(ChunkPlanner(tokens, fast), 300)[0].end for tokens in range(87, 112)]
+    la = fast.lookahead
+    assert sum(end < fast.token_hop + la for end in firsts) == split
+    assert {end for end in firsts if end >= fast.token_hop + la} == set(range(28, 28 + 25 - split))
+    assert firsts[0] == 13 + la == 16 and max(firsts) == 25 + first_hop - 1 + la
+
+
 def test_min_first_hop_must_leave_audio_and_stay_below_the_hop():
     import pytest
 
