@@ -219,9 +219,7 @@ def own_stream(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The calling thread's device work on a stream of its own (CUDA; the current stream is per thread):
     a worker's long flow and HiFT calls then neither delay nor wait for the short copies and lookups that
     request threads put on the default stream. Elsewhere, and as a no-op on CPU: nothing changes."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.Stream(device))
+    return on_stream(worker_stream(device))
 
 
 def worker_stream(device: torch.device, urgent: bool = False) -> Any | None:
