@@ -265,7 +265,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "A: not while adaptive hops are on); lane-priority: the first-chunk lane's calls on a high-priority "
         "stream (EngineConfig.t2w_lane_priority; A: a normal one, the default; needs the lane); short-split: "
         "the fast start also where the first chunk's grid offset is 8-11 tokens (StreamConfig.min_first_hop "
-        "8; A: 12, the default; see --prompt-spread); both arms on "
+        "8; A: 12, the default; see --prompt-spread); prompt-trim: the fast start for every prompt length, "
+        "the flow's prompt cut by up to 12 tokens at its start where its offset is short "
+        "(StreamConfig.fast_start_trim 12; A: 0, the default; see --prompt-spread); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -344,7 +346,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if "first-lane" in args.ab and args.t2w_first_lane is not None:
         p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane / --no-t2w-first-lane")
-    for lever in {"burst-start", "busy-start", "short-split"} & set(args.ab):
+    if not 0 <= args.fast_start_trim <= StreamConfig.min_first_hop:
+        p.error(f"--fast-start-trim: 0 to {StreamConfig.min_first_hop} tokens, got {args.fast_start_trim}")
+    if "prompt-trim" in args.ab and args.fast_start_trim:
+        p.error("--ab prompt-trim sets the trim for its B arm: drop --fast-start-trim")
+    for lever in {"burst-start", "busy-start", "short-split", "prompt-trim"} & set(args.ab):
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -447,7 +453,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_first_lane=True if {"first-lane", "lane-priority"} & set(args.ab) else args.t2w_first_lane,
         t2w_lane_priority=args.t2w_lane_priority,
         stream=StreamConfig(
-            fast_start=fast_start_choice(args.fast_start), adaptive_hop=fast_start_choice(args.adaptive_hop)
+            fast_start=fast_start_choice(args.fast_start),
+            adaptive_hop=fast_start_choice(args.adaptive_hop),
+            fast_start_trim=args.fast_start_trim,
         ),
         text_workers=None if args.text_workers < 0 else args.text_workers,
         lm_profile_dir=getattr(args, "lm_profile_dir", None),  # bench.overlap --lm-profile
@@ -617,6 +625,7 @@ async def overload_levels(
 
 BURST_S = StreamConfig.fast_start_burst_s  # --ab burst-start's window (B); A counts requests computing
 SHORT_SPLIT = 8  # --ab short-split's StreamConfig.min_first_hop (B; tokens): 0.32 s of audio first
+PROMPT_TRIM = StreamConfig.min_first_hop  # --ab prompt-trim's StreamConfig.fast_start_trim (B; tokens)
 
 
 def _relaxed_cap(engine: Any, on: bool) -> None:
@@ -637,6 +646,12 @@ def _short_split(engine: Any, on: bool) -> None:
     """A: the split where the first chunk's grid offset is >= 12 tokens (the default); B: >= 8."""
     first_hop = SHORT_SPLIT if on else StreamConfig.min_first_hop
     _fast_start_rule(engine, "short-split", on, min_first_hop=first_hop)
+
+
+def _prompt_trim(engine: Any, on: bool) -> None:
+    """A: the split only where the prompt leaves a grid offset of >= 12 tokens (the default); B: every
+    prompt, its flow's prompt cut by up to 12 tokens at the start where it leaves less."""
+    _fast_start_rule(engine, "prompt-trim", on, fast_start_trim=PROMPT_TRIM if on else 0)
 
 
 def _fast_start_rule(engine: Any, lever: str, on: bool, **rule: Any) -> None:
@@ -680,6 +695,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "busy-start": _busy_start,
     "lane-priority": _lane_priority,
     "short-split": _short_split,
+    "prompt-trim": _prompt_trim,
 }
 
 

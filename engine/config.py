@@ -66,6 +66,13 @@ class StreamConfig:
     # reference's 25-36-token first chunk; the bench's 3.5-s prompt has offset 13 (bench --prompt-spread
     # gives every offset; --ab short-split: 8)
     min_first_hop: int = 12
+    # tokens: at most this many cut from the start of the FLOW's prompt (the LM keeps it whole, as the
+    # reference's cross-lingual mode gives the flow a prompt the LM does not see) where a split first chunk
+    # would otherwise fall short of min_first_hop: the cut moves the prompt's end to an offset of exactly
+    # min_first_hop, so every prompt length gets the fast start. The flow then clones from a prompt up to
+    # 0.48 s shorter: exact for that shorter prompt, not the reference's audio for the visitor's whole one.
+    # 0 (off, the default) until its A/B (bench --ab prompt-trim, with --prompt-spread)
+    fast_start_trim: int = 0
     # auto: at most this many requests started within fast_start_burst_s (or, without it, compute), this
     # one included. 4 against 2 in one load (H100, v3, 3 requests/s Poisson, two seeds; two arms equal to 2
     # ran, so the noise is seen): 75-78 % of first chunks split against 48-52 %, TTFA p50 163-170 ms against
@@ -120,6 +127,8 @@ class StreamConfig:
             raise ValueError(f"fast_start_burst_s must be in (0, 60] s or None: {self.fast_start_burst_s}")
         if not 5 <= self.min_first_hop < self.token_hop:
             raise ValueError("need 5 <= min_first_hop < token_hop (v3 holds back 4 tokens of each chunk)")
+        if not 0 <= self.fast_start_trim <= self.min_first_hop:
+            raise ValueError(f"need 0 <= fast_start_trim <= min_first_hop, got {self.fast_start_trim}")
         if self.adaptive_hop not in (None, True, False):
             raise ValueError(f"adaptive_hop must be None (auto), True or False, got {self.adaptive_hop!r}")
         if self.adaptive_min_active < 1 or self.hold_buffer_s < 0 or self.urgent_slack_s < 0:
@@ -143,6 +152,16 @@ class StreamConfig:
             return active <= self.fast_start_max_active
         calm = self.fast_start_busy or active < self.adaptive_min_active
         return recent <= self.fast_start_max_active and calm
+
+    def flow_prompt_cut(self, prompt_tokens: int) -> int:
+        """Tokens to cut from the start of the flow's prompt (``fast_start_trim``): the least that brings
+        its grid offset up to ``min_first_hop`` where this schedule splits (``fast_start`` resolved on),
+        the offset is shorter and at least one chunk of prompt is left; else 0."""
+        pad = -prompt_tokens % self.token_hop
+        cut = self.min_first_hop - pad
+        if not self.fast_start or not 0 < cut <= self.fast_start_trim:
+            return 0
+        return cut if prompt_tokens - cut >= self.token_hop else 0
 
     def adapts_hops(self, family: str, active: int) -> bool:
         """Whether a request that starts with ``active`` requests computing gets adaptive hops: as set, or
@@ -198,6 +217,12 @@ def add_fast_start_flag(parser: Flags) -> None:
         help="split the first stream chunk at the chunk grid (auto: v3 while at most "
         f"{StreamConfig.fast_start_max_active} requests started in {StreamConfig.fast_start_burst_s:g} s"
         f"{calm})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--fast-start-trim", type=int, default=StreamConfig.fast_start_trim, metavar="TOKENS",
+        help="where the first chunk's grid offset is too short to split, cut up to this many speech tokens "
+        f"(at most {StreamConfig.min_first_hop}) from the start of the flow's prompt so it splits: the "
+        "voice cloned from a prompt up to 0.48 s shorter (0: never, the reference's audio)",
     )  # fmt: skip
 
 

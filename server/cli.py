@@ -292,7 +292,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,
         limits=limits,
-        stream=StreamConfig(fast_start=fast_start_choice(args.fast_start)),
+        stream=StreamConfig(
+            fast_start=fast_start_choice(args.fast_start), fast_start_trim=args.fast_start_trim
+        ),
         asr_model=args.asr_model,
     )
 

@@ -43,6 +43,8 @@ def test_flags_reach_the_engine_config() -> None:
     assert cli.engine_config(cli.parse_args(["--fast-start", "auto"])).stream.fast_start is None
     assert cli.engine_config(cli.parse_args(["--fast-start", "off"])).stream.fast_start is False
     assert cli.engine_config(cli.parse_args(["--fast-start", "on"])).stream.fast_start is True
+    assert cfg.stream.fast_start_trim == 0  # the reference's audio unless asked
+    assert cli.engine_config(cli.parse_args(["--fast-start-trim", "12"])).stream.fast_start_trim == 12
     flags = ["--flow-dtype", "float32", "--graph-warmup-s", "15", "--gpu-memory-utilization", "0.5"]
     gpu = cli.parse_args([*flags, "--no-flow-compile", "--no-flow-reuse", "--flow-reuse-gb", "1.5"])
     cfg = cli.engine_config(gpu)
@@ -107,6 +109,7 @@ def test_flags_reach_the_engine_config() -> None:
         ["--max-concurrency", "0"],
         ["--ui-lang", "fr"],
         ["--fast-start", "x"],
+        ["--fast-start-trim", "13"],
         ["--flow-dtype", "float16"],
         ["--gpu-memory-utilization", "2"],
         ["--max-prompt-s", "100"],

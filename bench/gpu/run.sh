@@ -51,8 +51,10 @@
 #                                                 while 8 or more requests compute (the default), against
 #                                                 not; lane-priority: the lane's calls on a high-priority
 #                                                 CUDA stream, against a normal one; short-split: the split
-#                                                 from a grid offset of 8 tokens, against 12: with the
-#                                                 BENCH FLAG --prompt-spread), each rate and
+#                                                 from a grid offset of 8 tokens, against 12; prompt-trim:
+#                                                 the flow's prompt cut by up to 12 tokens at its start
+#                                                 so every prompt length splits, against no cut: both with
+#                                                 the BENCH FLAG --prompt-spread), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed
@@ -72,6 +74,7 @@
 #                                                   ARMS=ab AB=first-lane RATES=3 bash bench/gpu/run.sh detach capacity v3
 #                                                   ARMS=ab AB=busy-start,first-lane RATES=3 ... (~810 s + the load)
 #                                                   ARMS=ab AB=lane-priority,short-split RATES=3 ... capacity v3 --prompt-spread
+#                                                   ARMS=ab AB=prompt-trim RATES=3 ... capacity v3 --prompt-spread
 #                                                   bash bench/gpu/run.sh collect   (later calls, until it exits 0)
 #   bench/gpu/run.sh kernels FAMILY               H200: the flow solver alone (bench.flow_kernels: 1x300,
 #                                                 16x400, 16x800 buckets, fidelity) with the attention as

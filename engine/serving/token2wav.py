@@ -363,12 +363,15 @@ class Token2Wav:
         ``schedule``: another chunk schedule for this one (the reference-style baseline's); ``flow_reuse``:
         False recomputes the flow's prefix in every call even where the worker reuses it (None: the
         worker's setting)."""
-        dev = self.device
+        dev, schedule = self.device, schedule or self.stream_cfg
+        # the fast start's trim (StreamConfig.fast_start_trim): only a 2:1-aligned prompt loses its head
+        cut = schedule.flow_prompt_cut(len(features.speech_tokens)) if stream and features.trimmed else 0
         # copies: cached features are shared, read-only arrays
-        tokens = torch.tensor(features.speech_tokens, dtype=torch.long, device=dev)[None]
-        feat = torch.tensor(features.prompt_mel, dtype=torch.float32, device=dev)[None]
+        tokens = torch.tensor(features.speech_tokens[cut:], dtype=torch.long, device=dev)[None]
+        mel = features.prompt_mel[TOKEN_MEL_RATIO * cut :]
+        feat = torch.tensor(mel, dtype=torch.float32, device=dev)[None]
         emb = torch.tensor(features.speaker_embedding, dtype=torch.float32, device=dev)[None]
-        planner = ChunkPlanner(tokens.shape[1], schedule or self.stream_cfg, stream, feat.shape[1])
+        planner = ChunkPlanner(tokens.shape[1], schedule, stream, feat.shape[1])
         v2 = self.family == "cosyvoice2"
         reuse = self.reuses_flow and stream and flow_reuse is not False
         cache = self.flow.decoder.frame_cache(self.reuse_budget) if reuse else None

@@ -251,6 +251,8 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("lane-priority", ["--t2w-lane-priority"]),
         ("lane-priority", ["--no-t2w-first-lane"]),
         ("short-split", ["--fast-start", "off"]),
+        ("prompt-trim", ["--fast-start", "on"]),
+        ("prompt-trim", ["--fast-start-trim", "6"]),
         ("first-lane", ["--arrivals", "closed"]),
     ],
 )
@@ -733,6 +735,26 @@ def test_ab_short_split_lowers_the_fast_starts_least_grid_offset():
     assert engine.cfg.stream.min_first_hop == 8
     AB_SWITCHES["short-split"](engine, False)
     assert engine.cfg.stream.min_first_hop == StreamConfig.min_first_hop == 12
+
+
+def test_ab_prompt_trim_lets_every_prompt_length_split():
+    """B: the flow's prompt cut by up to 12 tokens where its offset is short (fast_start_trim 12); A: 0."""
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES
+    from engine.config import EngineConfig
+
+    engine = SimpleNamespace(family="cosyvoice3", cfg=EngineConfig(model="demo-tiny"))
+    AB_SWITCHES["prompt-trim"](engine, True)
+    assert engine.cfg.stream.fast_start_trim == engine.cfg.stream.min_first_hop == 12
+    AB_SWITCHES["prompt-trim"](engine, False)
+    assert engine.cfg.stream.fast_start_trim == StreamConfig.fast_start_trim == 0
+
+
+def test_the_trim_flag_is_checked_as_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--fast-start-trim", "13"])
+    assert "--fast-start-trim" in capsys.readouterr().err
 
 
 def test_a_server_that_falls_behind_shows_rising_windows():

@@ -175,6 +175,30 @@ def test_over_every_prompt_length_the_fast_start_splits_where_the_grid_offset_al
     assert firsts[0] == 13 + la == 16 and max(firsts) == 25 + first_hop - 1 + la
 
 
+def test_with_the_prompt_trim_every_prompt_length_splits_after_its_cut():
+    """fast_start_trim 12: over one chunk of prompt lengths each offset below 12 is cut up to exactly 12
+    (cut = 12 - offset, at most 12 tokens), so every first chunk splits: 12-24 tokens and the look-ahead."""
+    trim = StreamConfig(fast_start=True, fast_start_trim=12)
+    cuts = {tokens: trim.flow_prompt_cut(tokens) for tokens in range(87, 112)}
+    assert {(-t % 25, c) for t, c in cuts.items() if c} == {(pad, 12 - pad) for pad in range(12)}
+    firsts = [drain(ChunkPlanner(tokens - cut, trim), 300)[0].end for tokens, cut in cuts.items()]
+    la = trim.lookahead
+    assert sorted(firsts) == [12 + la] * 13 + list(range(13 + la, 25 + la))
+
+
+def test_the_prompt_trim_cuts_only_what_the_split_needs():
+    trim = StreamConfig(fast_start=True, fast_start_trim=12)
+    assert trim.flow_prompt_cut(95) == 7  # offset 5: 7 tokens off the head leave offset 12
+    assert trim.flow_prompt_cut(88) == 0  # offset 12 splits as it is
+    assert trim.flow_prompt_cut(20) == 0  # the cut would leave less than a chunk of prompt
+    assert StreamConfig(fast_start=True, fast_start_trim=6).flow_prompt_cut(95) == 0  # 7 > 6
+    for no_split in (False, None):  # None: auto, unresolved (the engine resolves it per request)
+        assert StreamConfig(fast_start=no_split, fast_start_trim=12).flow_prompt_cut(95) == 0
+    assert StreamConfig(fast_start=True).flow_prompt_cut(95) == 0  # off by default
+    with pytest.raises(ValueError, match="fast_start_trim"):
+        StreamConfig(fast_start_trim=13)
+
+
 def test_min_first_hop_must_leave_audio_and_stay_below_the_hop():
     import pytest
 

@@ -4,6 +4,7 @@ end-to-end arrays (fixtures ref_e2e.npz: the official CosyVoice3Model.tts VC pat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -231,6 +232,44 @@ def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path)
     # float32 rounding, not a moved boundary (that would differ by the signal itself, ~1e-2). Tolerance:
     # 3x the measured ratio, relative to the peak so that it holds for any weights.
     np.testing.assert_allclose(fast, ref, rtol=0, atol=2e-3 * float(np.abs(ref).max()))
+
+
+def cut_head(features: PromptFeatures, cut: int) -> PromptFeatures:
+    """The same prompt without its first ``cut`` tokens (and their 2 mel frames each)."""
+    return dataclasses.replace(
+        features, speech_tokens=features.speech_tokens[cut:], prompt_mel=features.prompt_mel[2 * cut :]
+    )
+
+
+def test_v3_fast_start_trim_splits_a_short_offset_as_the_flow_would_for_the_shorter_prompt(tmp_path):
+    """A 45-token prompt leaves 5 tokens to the grid, too few to split. With fast_start_trim the flow's
+    prompt loses its first 7 tokens (offset 12): the stream then splits, and its audio is the split stream's
+    for the prompt cut by hand; with the trim but no fast start the audio is the whole prompt's, uncut."""
+    from engine.demo.make_model import build_model_dir
+
+    model = load_model(
+        validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device("cpu")
+    )
+    features, tokens = random_prompt(45, 160)
+    arms = {
+        "trim": (features, StreamConfig(fast_start=True, fast_start_trim=12)),
+        "by hand": (cut_head(features, 7), StreamConfig(fast_start=True)),
+        "unsplit": (features, StreamConfig(fast_start=True)),
+        "trim, no fast start": (features, StreamConfig(fast_start=False, fast_start_trim=12)),
+    }
+    chunks = {}
+    for name, (prompt, cfg) in arms.items():
+        t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, cfg)
+        try:
+            chunks[name] = asyncio.run(run_all(t2w, prompt, tokens, stream=True))
+        finally:
+            t2w.close()
+    assert len(chunks["trim"]) == len(chunks["unsplit"]) + 1
+    assert chunks["trim"][0].size < chunks["unsplit"][0].size / 2  # 12 - 4 withheld tokens vs 30 - 4
+    pairs = (("trim", "by hand"), ("trim, no fast start", "unsplit"))
+    for got, want in ((chunks[a], chunks[b]) for a, b in pairs):
+        assert [c.size for c in got] == [c.size for c in want]
+        np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
 
 
 def test_worker_is_healthy_until_closed(tmp_path):
