@@ -350,6 +350,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--fast-start-trim: 0 to {StreamConfig.min_first_hop} tokens, got {args.fast_start_trim}")
     if "prompt-trim" in args.ab and args.fast_start_trim:
         p.error("--ab prompt-trim sets the trim for its B arm: drop --fast-start-trim")
+    if "short-split" in args.ab and args.fast_start_trim > SHORT_SPLIT:
+        p.error(f"--ab short-split lowers min_first_hop to {SHORT_SPLIT}: --fast-start-trim at most that")
     for lever in {"burst-start", "busy-start", "short-split", "prompt-trim"} & set(args.ab):
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")

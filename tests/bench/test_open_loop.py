@@ -253,6 +253,7 @@ def test_ab_relaxed_cap_stops_each_arm_at_its_first_miss(tmp_path):
         ("short-split", ["--fast-start", "off"]),
         ("prompt-trim", ["--fast-start", "on"]),
         ("prompt-trim", ["--fast-start-trim", "6"]),
+        ("short-split", ["--fast-start-trim", "12"]),
         ("first-lane", ["--arrivals", "closed"]),
     ],
 )
