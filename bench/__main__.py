@@ -447,6 +447,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_own_stream=args.t2w_own_stream,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,
+        mps_flow_below_normal=args.mps_flow_below_normal,
         t2w_fifo=args.t2w_fifo,
         t2w_relaxed_cap=fast_start_choice(args.t2w_relaxed_cap),
         t2w_yield_to_urgent=not args.no_t2w_yield,

@@ -337,7 +337,8 @@ def add_flow_reuse_flags(parser: Flags) -> None:
 
 
 def add_overlap_flags(parser: Flags) -> None:
-    """``--cuda-mps``, ``--mps-flow-percent`` -> ``args.cuda_mps``, ``.mps_flow_percent`` (EngineConfig)."""
+    """``--cuda-mps``, ``--mps-flow-percent``, ``--mps-flow-below-normal`` -> ``args.cuda_mps``,
+    ``.mps_flow_percent``, ``.mps_flow_below_normal`` (EngineConfig)."""
     _add_auto_flags(
         parser, "cuda-mps",
         "CUDA: run this process and vLLM's engine core under a CUDA MPS daemon the engine starts and stops "
@@ -349,6 +350,11 @@ def add_overlap_flags(parser: Flags) -> None:
         "--mps-flow-percent", type=int, default=None, metavar="PERCENT",
         help="under MPS: the share of SMs this process's flow and vocoder may fill (the LM: all; "
         "default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--mps-flow-below-normal", action="store_true",
+        help="under MPS: this process's flow and vocoder at below-normal client priority, vLLM's LM at "
+        "normal, so the LM's steps go first where both have work (default: both normal)",
     )  # fmt: skip
 
 
@@ -559,6 +565,12 @@ class EngineConfig:
     # may fill, so the LM's small kernels in vLLM's engine core (which keeps every SM) always find SMs free
     # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for this process's context only); None: every SM
     mps_flow_percent: int | None = None
+    # with cuda_mps: this process's context at below-normal MPS client priority (CUDA_MPS_CLIENT_PRIORITY 1,
+    # for this context only), vLLM's engine core at normal: where both have kernels ready, the LM's blocks
+    # are dispatched first, so its steps (a stream's first tokens among them) wait less behind the flow's
+    # calls. Fixed when the contexts are made, so its A/B takes a load per arm (bench/gpu/run.sh capacity
+    # ARMS=after,lm-first). Off until measured
+    mps_flow_below_normal: bool = False
     # token2wav takes chunks in arrival order, every queued chunk of a kind in one batch, instead of
     # earliest playback deadline first inside frame buckets (serving.job_queue): the A/B for the scheduler
     t2w_fifo: bool = False
@@ -721,6 +733,8 @@ class EngineConfig:
             raise ValueError(
                 f"mps_flow_percent needs cuda_mps (on or auto) and 1-100 %, got {self.mps_flow_percent}"
             )
+        if self.mps_flow_below_normal and not mps_may_run:
+            raise ValueError("mps_flow_below_normal is an MPS client priority: needs cuda_mps (on or auto)")
 
     @property
     def hands_over(self) -> bool:

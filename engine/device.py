@@ -275,6 +275,9 @@ def graph_pool():
 MPS_CONTROL = "nvidia-cuda-mps-control"
 MPS_PIPE, MPS_LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
 MPS_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # a client's SM share, read when its context is created
+# a client's scheduling priority, read when its context is created: 0 normal (the default), 1 below normal,
+# whose kernels' blocks wait while a normal client's are ready to run
+MPS_PRIORITY, MPS_BELOW_NORMAL = "CUDA_MPS_CLIENT_PRIORITY", "1"
 # a Unix socket's path holds at most 107 bytes; the daemon's sockets live in the pipe directory
 MPS_PIPE_MAX_CHARS = 80
 # Sends ``quit`` once its stdin reaches end of file: when ``CudaMps.close`` closes it, or when this process
@@ -348,11 +351,15 @@ class CudaMps:
         os.environ.update(self._env_vars())
         log.info("CUDA MPS: control daemon started (pipe %s, log %s)", self.pipe, self.log_dir)
 
-    def connect(self, device: str, sm_percent: int | None = None) -> torch.device:
+    def connect(self, device: str, sm_percent: int | None = None, below_normal: bool = False) -> torch.device:
         """Resolve ``device`` (it must be CUDA) and create this process's context on it now, as an MPS
-        client that may fill ``sm_percent`` of the SMs (None: all). The share holds for this context only:
-        the processes started later (vLLM's engine core) keep every SM."""
-        with _environment({MPS_THREADS: str(sm_percent)} if sm_percent is not None else {}):
+        client that may fill ``sm_percent`` of the SMs (None: all), at below-normal priority where
+        ``below_normal``. Both hold for this context only: the processes started later (vLLM's engine core)
+        keep every SM and the normal priority, so their kernels go first."""
+        client = {MPS_THREADS: str(sm_percent)} if sm_percent is not None else {}
+        if below_normal:
+            client[MPS_PRIORITY] = MPS_BELOW_NORMAL
+        with _environment(client):
             try:  # CUDA's initialisation, where a process connects to MPS, then its first allocation
                 dev = resolve(device)
                 if dev.type == "cuda":
@@ -365,6 +372,8 @@ class CudaMps:
                 raise RuntimeError(f"--cuda-mps needs a CUDA device, and this engine runs on {dev.type}")
         if sm_percent is not None:
             log.info("CUDA MPS: this process's kernels may fill %d %% of the SMs", sm_percent)
+        if below_normal:
+            log.info("CUDA MPS: this process's kernels at below-normal priority (vLLM's LM: normal)")
         return dev
 
     def servers(self) -> list[int]:

@@ -277,6 +277,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_reuse=args.flow_reuse,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,
+        mps_flow_below_normal=args.mps_flow_below_normal,
         flow_reuse_gb=args.flow_reuse_gb,
         graph_warmup_s=args.graph_warmup_s,
         background_graphs=args.background_graphs,

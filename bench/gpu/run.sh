@@ -60,7 +60,13 @@
 #                                                 and an arm a lever, each alone, in order then reversed
 #                                                 -> ab-a_and_b/; ~135 s an arm a rate and seed); ARMS=before:
 #                                                 token2wav calls of buffered chunks never kept short
-#                                                 (--t2w-relaxed-cap off), a load of its own; each gives
+#                                                 (--t2w-relaxed-cap off), a load of its own; ARMS=lm-first:
+#                                                 today's defaults with this process at below-normal MPS
+#                                                 client priority (--mps-flow-below-normal: vLLM's LM steps
+#                                                 first), a load of its own, so its A/B is two loads in one
+#                                                 call (ARMS=after,lm-first, then lm-first,after in the
+#                                                 next hold; RATES=3: ~1,300 s in one detach with
+#                                                 a cold first load, ~310 s to full speed on an H100); each gives
 #                                                 results.json + trace.jsonl.gz + .log. ADMIT=S adds admission
 #                                                 by SLO (--admit-slack-s S) to the arms but before; BENCH
 #                                                 FLAGS --overload 2 --overload-admit-s 0.5,1.5: after the
@@ -416,7 +422,10 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   family_dir "$fam" > /dev/null
   IFS=, read -r -a arms <<< "${ARMS:-ab}"
   for arm in "${arms[@]}"; do
-    case "$arm" in ab | before | after) ;; *) die "ARMS: ab, or before and/or after, got '$arm'" ;; esac
+    case "$arm" in
+      ab | before | after | lm-first) ;;
+      *) die "ARMS: ab, or before, after and/or lm-first, got '$arm'" ;;
+    esac
   done
   IFS=, read -r -a rates <<< "${RATES:-2,3,4}"
   IFS=, read -r -a seeds <<< "${SEEDS:-0,1}"
@@ -439,6 +448,7 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
     case "$arm" in
       ab) flags=(--ab "${AB:-yield}") ;;
       before) flags=(--t2w-relaxed-cap off) ;;
+      lm-first) flags=(--mps-flow-below-normal) ;;
     esac
     [ "$arm" = before ] || [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
     [ "${ALL_RATES:-0}" = 0 ] || flags+=(--all-rates)

@@ -168,7 +168,9 @@ class TTSEngine:
             mps = settings.enter_context(_cuda_mps(cfg))  # before anything here initialises CUDA
             # under MPS our context comes now, at its SM share, before vLLM's engine core starts with all
             dev = (
-                devices.resolve(cfg.device) if mps is None else mps.connect(cfg.device, cfg.mps_flow_percent)
+                devices.resolve(cfg.device)
+                if mps is None
+                else mps.connect(cfg.device, cfg.mps_flow_percent, cfg.mps_flow_below_normal)
             )
             devices.configure(dev)
             if cfg.flow_attention == "cudnn":  # before the flow compiles and captures: they fix the kernel

@@ -189,11 +189,24 @@ def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypa
     loads in one); a wrong name stops at once."""
     monkeypatch.setenv("ARMS", "after,middle")
     done = run_sh(checkout, "capacity", "v3")
-    assert done.returncode == 2 and "ARMS: ab, or before and/or after, got 'middle'" in done.stderr
+    assert done.returncode == 2 and "ARMS: ab, or before, after and/or lm-first, got 'middle'" in done.stderr
     for arms in ("after", "ab"):
         monkeypatch.setenv("ARMS", arms)
         done = run_sh(checkout, "capacity", "v3")  # a good arm gets as far as the missing vLLM install
         assert done.returncode == 2 and "vLLM is not installed" in done.stderr
+
+
+def test_the_lm_first_arm_is_a_load_of_its_own_at_below_normal_priority(checkout: Path, monkeypatch) -> None:
+    """ARMS=after,lm-first: two bench runs one after the other, the second with this process's MPS context
+    below normal (an MPS client's priority is fixed when its context is made, so no in-load A/B)."""
+    calls = fake_device(checkout, monkeypatch)
+    monkeypatch.setenv("ARMS", "after,lm-first")
+    monkeypatch.setenv("RATES", "3")
+    done = run_sh(checkout, "capacity", "v3", "--prompt-spread")
+    assert done.returncode == 0, done.stderr
+    after, lm_first = bench_calls(calls)
+    assert "--mps-flow-below-normal" not in after and "--mps-flow-below-normal" in lm_first
+    assert flag(lm_first, "--out").endswith("/v3_capacity_lm-first") and "--prompt-spread" in lm_first
 
 
 def fake_device(checkout: Path, monkeypatch) -> Path:

@@ -56,6 +56,7 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(cuda_mps=False, mps_flow_percent=60), "mps_flow_percent needs cuda_mps"),
         (lambda: EngineConfig(cuda_mps=True, mps_flow_percent=0), "1-100"),
         (lambda: EngineConfig(cuda_mps=True, mps_flow_percent=101), "1-100"),
+        (lambda: EngineConfig(cuda_mps=False, mps_flow_below_normal=True), "needs cuda_mps"),
         (lambda: StreamConfig(token_hop=0), "token_hop"),
         (lambda: Limits(max_prompt_s=40), "30"),
         (lambda: Limits(max_concurrency=0), "max_concurrency"),
@@ -202,6 +203,8 @@ def test_cuda_mps_is_auto_by_default_and_its_flags_turn_it_on_or_off() -> None:
         p.parse_args(["--cuda-mps", "--no-cuda-mps"])
     assert p.parse_args([]).mps_flow_percent is EngineConfig.mps_flow_percent is None
     assert EngineConfig(mps_flow_percent=60).mps_flow_percent == 60  # auto: the share where MPS runs
+    assert p.parse_args([]).mps_flow_below_normal is EngineConfig.mps_flow_below_normal is False
+    assert p.parse_args(["--mps-flow-below-normal"]).mps_flow_below_normal is True
     args = p.parse_args(["--cuda-mps", "--mps-flow-percent", "60"])
     assert args.cuda_mps is True and EngineConfig(cuda_mps=True, mps_flow_percent=60).mps_flow_percent == 60
     assert (

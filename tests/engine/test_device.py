@@ -119,7 +119,7 @@ def mps_env(tmp_path, monkeypatch):
     """The stand-in nvidia-cuda-mps-control first on PATH; the MPS variables restored after the test."""
     fake_mps_control(tmp_path / "bin")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    for name in (device.MPS_PIPE, device.MPS_LOG, device.MPS_THREADS):
+    for name in (device.MPS_PIPE, device.MPS_LOG, device.MPS_THREADS, device.MPS_PRIORITY):
         monkeypatch.setenv(name, "")  # recorded, so the test's value goes afterwards
         monkeypatch.delenv(name)
     return tmp_path / "mps"
@@ -195,6 +195,24 @@ def test_mps_connect_needs_cuda_and_leaves_no_sm_share_behind(mps_env: Path, mon
     with pytest.raises(RuntimeError, match="torch sees no CUDA"):
         mps.connect("cuda", 40)
     assert os.environ[device.MPS_THREADS] == "90"
+
+
+def test_mps_connect_makes_only_this_context_below_normal(mps_env: Path, monkeypatch):
+    """The priority is in the environment while this process's context is made, and gone after it, so
+    vLLM's engine core, started later, connects at normal priority; without it nothing is set."""
+    seen: list[str | None] = []
+
+    def context(dev: str) -> torch.device:
+        seen.append(os.environ.get(device.MPS_PRIORITY))
+        return torch.device("cpu")  # no CUDA here: connect then refuses, after the context's moment
+
+    monkeypatch.setattr(device, "resolve", context)
+    mps = device.CudaMps(mps_env)
+    for below in (True, False):
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            mps.connect("cuda", None, below_normal=below)
+        assert device.MPS_PRIORITY not in os.environ
+    assert seen == [device.MPS_BELOW_NORMAL, None]
 
 
 def test_mps_auto_says_why_it_stays_off(mps_env: Path, monkeypatch, tmp_path: Path):
