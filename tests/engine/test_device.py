@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -272,3 +273,27 @@ def test_worker_streams_exist_on_cuda_only_and_order_after_the_other():
         y = x * 2  # after normal's add: 2, never 0
     torch.cuda.synchronize(gpu)
     assert y.min().item() == 2.0
+
+
+REAL_MPS = shutil.which(device.MPS_CONTROL)
+BELOW_NORMAL_CLIENT = """
+import pathlib, sys, torch
+from engine.device import CudaMps
+with CudaMps(pathlib.Path(sys.argv[1])) as mps:
+    dev = mps.connect("cuda", None, below_normal=True)
+    assert (torch.ones(1 << 20, device=dev) * 2).sum().item() == 2 * (1 << 20)
+    print("servers", mps.check_serving())
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or REAL_MPS is None, reason="needs CUDA and MPS")
+def test_a_below_normal_mps_client_connects_and_computes(tmp_path):
+    """The real daemon accepts this process's context at below-normal priority (a fresh process: CUDA
+    connects to MPS once, when it first initialises)."""
+    done = subprocess.run(
+        [sys.executable, "-c", BELOW_NORMAL_CLIENT, str(tmp_path / "mps")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "servers [" in done.stdout
