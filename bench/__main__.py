@@ -346,12 +346,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if "first-lane" in args.ab and args.t2w_first_lane is not None:
         p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane / --no-t2w-first-lane")
-    if not 0 <= args.fast_start_trim <= StreamConfig.min_first_hop:
-        p.error(f"--fast-start-trim: 0 to {StreamConfig.min_first_hop} tokens, got {args.fast_start_trim}")
     if "prompt-trim" in args.ab and args.fast_start_trim:
         p.error("--ab prompt-trim sets the trim for its B arm: drop --fast-start-trim")
-    if "short-split" in args.ab and args.fast_start_trim > SHORT_SPLIT:
-        p.error(f"--ab short-split lowers min_first_hop to {SHORT_SPLIT}: --fast-start-trim at most that")
+    # StreamConfig's own rule (trim <= min_first_hop), for the configured schedule and short-split's B arm
+    schedules = {"": StreamConfig.min_first_hop}
+    if "short-split" in args.ab:
+        schedules["--ab short-split's "] = SHORT_SPLIT
+    for which, first_hop in schedules.items():
+        try:
+            StreamConfig(min_first_hop=first_hop, fast_start_trim=args.fast_start_trim)
+        except ValueError as err:
+            p.error(f"--fast-start-trim {args.fast_start_trim} with {which}min_first_hop {first_hop}: {err}")
     for lever in {"burst-start", "busy-start", "short-split", "prompt-trim"} & set(args.ab):
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")
