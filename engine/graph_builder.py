@@ -1,5 +1,6 @@
 """Work that makes a serving engine faster but is not needed to serve correctly (the CUDA graphs beyond
-the first of each kind), queued at load and run on one background thread once the engine is ready.
+the first of each kind), queued at load and run on one background thread once the engine is ready, or
+earlier (``begin``) where the load would only wait for the LM backend's start.
 
 Requests never wait for it: a shape whose graph is not captured yet replays a wider captured graph of its
 kind (``GraphCache.covering``), or runs uncaptured on its padded bucket shape: the same computation.
@@ -50,19 +51,25 @@ class Pace(threading.Event):
 
 
 class GraphBuilder:
-    """Jobs added at load (``add``), run in order on one daemon thread after ``start``."""
+    """Jobs added at load (``add``), run in order on one daemon thread: from ``start`` (the engine is
+    ready: nothing more is added), or from ``begin`` (jobs added after it join the queue until ``start``)."""
 
     def __init__(self, timeline: Timeline):
         self.timeline = timeline
         self._jobs: list[tuple[str, Job]] = []
+        self._next = 0  # the index in _jobs of the next job to run
+        self._sealed = False  # start() came: no job is added after it, the thread ends with the queue
+        self._queue = threading.Condition()  # guards the three above; the thread waits on it for jobs
         self._stop, self._done = Pace(), threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, name: str, job: Job) -> None:
-        if self._thread is not None:
-            raise RuntimeError("the graph builder has started: add its jobs at load")
-        self._jobs.append((name, job))
-        self.timeline.queue(name)  # pending on /ready from now until it has run
+        with self._queue:
+            if self._sealed:
+                raise RuntimeError("the graph builder has started: add its jobs at load")
+            self._jobs.append((name, job))
+            self.timeline.queue(name)  # pending on /ready from now until it has run (queued before it runs)
+            self._queue.notify()
 
     @property
     def pending(self) -> int:
@@ -74,14 +81,20 @@ class GraphBuilder:
         delay no stream into a stall -> True then, False at the bound) paces the captures from now on."""
         self._stop.clear_for_capture = clear
 
+    def begin(self) -> None:
+        """Run the queued jobs now, before the engine is ready (the load has seconds to wait for the LM
+        backend's start), and those added later until ``start``; later calls do nothing."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="graph-builder", daemon=True)
+            self._thread.start()
+
     def start(self) -> None:
-        """Run the jobs on a background thread (once; later calls do nothing)."""
-        if self._thread is not None:
-            return
-        if not self._jobs:
-            self._done.set()
-        self._thread = threading.Thread(target=self._run, name="graph-builder", daemon=True)
-        self._thread.start()
+        """No more jobs: run them on a background thread (begun here unless ``begin`` came first), which
+        ends with the last; later calls do nothing."""
+        with self._queue:
+            self._sealed = True
+            self._queue.notify()
+        self.begin()
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every job has run (benchmarks measure the finished engine) -> whether they have."""
@@ -90,6 +103,8 @@ class GraphBuilder:
     def stop(self) -> None:
         """Ask the running job to return after its current capture, and wait for it a little."""
         self._stop.set()
+        with self._queue:
+            self._queue.notify()
         if self._thread is not None:
             self._thread.join(STOP_WAIT_S)
 
@@ -97,13 +112,20 @@ class GraphBuilder:
         switch = sys.getswitchinterval()
         sys.setswitchinterval(min(switch, BACKGROUND_SWITCH_S))
         try:
-            for name, job in self._jobs:
-                if self._stop.is_set():
-                    return
-                self._one(name, job)
+            while (queued := self._taken()) is not None:
+                self._one(*queued)
         finally:
             sys.setswitchinterval(switch)
             self._done.set()
+
+    def _taken(self) -> tuple[str, Job] | None:
+        """The next job, waiting for one until ``start`` seals the queue; None: no more (or a stop)."""
+        with self._queue:
+            self._queue.wait_for(lambda: self._stop.is_set() or self._sealed or self._next < len(self._jobs))
+            if self._stop.is_set() or self._next == len(self._jobs):
+                return None
+            self._next += 1
+            return self._jobs[self._next - 1]
 
     def _one(self, name: str, job: Job) -> None:
         """One job; a failure is logged and the engine keeps serving on what it has (graphs are an

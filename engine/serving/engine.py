@@ -193,20 +193,23 @@ class TTSEngine:
         """Load the checkpoint onto ``dev``, build the solver, frontends and backend, start the workers.
         The weights load on a thread of their own from the start. The LM backend (vLLM's start: about a
         minute on a GPU) starts in a thread right after the tokenizer, from llm.pt (or its cached export),
-        while the weights finish loading, then the prompt frontend and the
-        voices; Whisper and the graphs come after it (it sizes its KV cache from the memory free at its
-        start), the first graph of each kind now and the rest behind a serving engine (``graph_builder``,
-        started by ``warmup``). With a handover (``EngineConfig.lm_handover``, on by default) the load does
-        not wait for vLLM: the native loop serves until vLLM is up (``engine.lm.handover``)."""
+        while the weights finish loading, then the prompt frontend and the voices; Whisper and the graphs
+        come after it (it sizes its KV cache from the memory free at its start), the first graph of each
+        kind now and the rest behind a serving engine (``graph_builder``, started by ``warmup``; where
+        ready waits for vLLM, begun in that wait). With a handover (``EngineConfig.lm_handover``, on by
+        default) the load does not wait for vLLM: the native loop serves until vLLM is up
+        (``engine.lm.handover``)."""
         _start_fork_server(cfg, dev)
         # the text workers first: separate processes, each importing for seconds (10 s of the path to ready
         # on an H200 when they started after the frontends and the LM did not hide them: the handover)
         early = _started_pool(cfg, files, dev)
         weights = _loading(cfg, files, dev, timeline)
+        builder = GraphBuilder(timeline)
         try:
-            return cls._assemble_beside(cfg, files, dev, timeline, idle_work, early, weights)
+            return cls._assemble_beside(cfg, files, dev, idle_work, early, weights, builder)
         except BaseException:
-            wait([weights])  # no loading thread outlives a failed load
+            builder.stop()  # where it began beside vLLM's start, no capture outlives a failed load
+            wait([weights])  # nor a loading thread
             if early is not None:
                 early.close()
             raise
@@ -217,13 +220,15 @@ class TTSEngine:
         cfg: EngineConfig,
         files: ModelDir,
         dev: torch.device,
-        timeline: Timeline,
         idle_work: Sequence[tuple[str, Callable[[], object]]],
         early: TextPool | None,
         weights: Future[LoadedModel],
+        builder: GraphBuilder,
     ) -> TTSEngine:
         """``_assemble`` once the text workers (``early``: None where there are none) are starting and the
-        weights loading (``weights``)."""
+        weights loading (``weights``); ``builder`` takes the graphs past the first (its timeline is the
+        load's)."""
+        timeline = builder.timeline
         # the tokenizer (tokenizers alone, ~0.1-0.5 s), then the LM's start: vLLM's import (transformers with
         # it, seconds of Python) now runs beside the weights, which map their files without a host copy.
         # When the weights were still unpickled beside vLLM's start, both ran slower (BENCHMARKS.md,
@@ -237,7 +242,6 @@ class TTSEngine:
         try:
             lm: tuple[object, ...] = (cfg, files, dev, weights.result)
             started = starter.submit(_started_lm, gate, timeline, *lm)
-            builder = GraphBuilder(timeline)
             try:
                 loads = (cfg, files, dev, timeline, text, weights, builder, early)
                 model, vocoder, parts = _beside_the_lm(*loads)
@@ -247,6 +251,8 @@ class TTSEngine:
                 if started.exception() is None:  # the load fails: the started backend goes with it
                     started.result().close()
                 raise
+            if _builds_while_lm_starts(cfg, dev, handover):
+                builder.begin()
             # the caller's idle work (the studio's import) still beside vLLM's start with a handover: the
             # studio is then built before ready, not beside the first requests
             for name, work in idle_work:
@@ -775,6 +781,14 @@ def _loading(
         return loader.submit(_timed, timeline, "weights", load_model, files, dev, cache, onto)
     finally:
         loader.shutdown(wait=False)  # the thread ends with its one job
+
+
+def _builds_while_lm_starts(cfg: EngineConfig, dev: torch.device, handover: bool) -> bool:
+    """Whether the graph builder begins once the first graphs are captured, not at ready: where ready
+    waits for vLLM's start (no handover; ~20 s on an H100) the builder's jobs (the flow's programs, the
+    other graphs: ~12 s on an H100 warm) fill that wait, so the first requests meet fewer of them. vLLM's
+    KV cache is then of a fixed size (``graphs_early``), so these captures change nothing it measures."""
+    return not handover and _graphs_early(cfg, dev)
 
 
 def _graphs_early(cfg: EngineConfig, dev: torch.device) -> bool:

@@ -130,6 +130,37 @@ def test_a_failing_background_job_is_logged_and_the_rest_still_run(caplog):
         builder.add("late", lambda stop: None)
 
 
+def test_a_builder_begun_early_runs_its_queue_and_later_jobs_until_start_ends_it():
+    """``begin``: the jobs run while the load waits for the LM backend's start; a job added after (the
+    first-chunk lane's, once the engine exists) joins the queue; only ``start`` (ready) lets the thread
+    end, and no job is added after it."""
+    timeline = Timeline()
+    builder = GraphBuilder(timeline)
+    ran: list[str] = []
+    first_ran = threading.Event()
+    builder.add("vocoder graphs", lambda stop: (ran.append("vocoder"), first_ran.set()))
+    builder.begin()
+    assert first_ran.wait(WAIT_S)  # before start: the load's wait for vLLM
+    builder.add("first-chunk lane graphs", lambda stop: ran.append("lane"))
+    assert not builder.wait(0.2) and "lane" in timeline.pending() + ran  # the thread waits for more
+    builder.start()
+    assert builder.wait(WAIT_S) and ran == ["vocoder", "lane"] and timeline.pending() == []
+    builder.begin()  # later calls do nothing
+    with pytest.raises(RuntimeError, match="started"):
+        builder.add("late", lambda stop: None)
+
+
+def test_a_builder_begun_early_and_waiting_for_jobs_ends_at_a_stop():
+    """A failed load stops a builder that began beside the LM's start: its thread ends, no job runs."""
+    builder = GraphBuilder(Timeline())
+    builder.begin()
+    builder.stop()
+    assert builder.wait(WAIT_S)
+    builder.add("vocoder graphs", lambda stop: pytest.fail("ran after the stop"))
+    builder.start()
+    assert builder.wait(WAIT_S)
+
+
 def test_queued_jobs_are_pending_from_load_until_each_has_run():
     """/ready's "pending" lists the builder's jobs from the moment they are queued (before ``start`` and
     between two jobs it would otherwise read empty, and a bench would take the engine for finished)."""

@@ -374,6 +374,50 @@ def test_early_first_graphs_are_captured_while_the_lm_starts_with_vllms_share_le
     assert weights.start_s + weights.seconds <= first.start_s <= phases["frontends"].start_s
 
 
+def test_without_a_handover_the_graph_builder_runs_while_the_lm_starts(tmp_path, monkeypatch):
+    """Where ready waits for vLLM's start anyway (no handover), the builder's jobs (the flow's programs, the
+    other graphs) run in that wait, not after ready: the LM's start here waits for a background job. With
+    a handover they wait for ready (the first requests run beside them, on the native loop)."""
+    import threading
+
+    import engine.serving.engine as engine_module
+    from engine.flow.graphs import GraphedCFM
+    from engine.lm.native import NativeLM
+
+    polished = threading.Event()
+
+    def precapture(self, b, t, dev, later=None):
+        later("flow solver graphs", lambda stop: polished.set())
+        return 0
+
+    def backend(cfg, files, dev, weights):  # vLLM's start, outlasting the builder's job
+        assert polished.wait(WAIT_S), "the builder waited for ready"
+        return NativeLM(weights().lm, cfg.sampling)
+
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    monkeypatch.setattr(engine_module, "_backend", backend)
+    monkeypatch.setattr(GraphedCFM, "precapture", precapture)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", hift_graphs=False)
+    eng = TTSEngine.load(cfg)
+    try:
+        phases = {p.name: p for p in eng.startup.phases}
+        assert (
+            polished.is_set()
+            and phases["flow solver graphs"].start_s
+            < phases["LM backend"].start_s + phases["LM backend"].seconds
+        )
+        assert not eng.graph_builder.wait(0.1)  # begun, not ended: jobs may still come until ready
+        eng.graph_builder.start()  # as warmup does at ready
+        assert eng.graph_builder.wait(WAIT_S)
+    finally:
+        eng.close()
+    assert engine_module._builds_while_lm_starts(cfg, torch.device("cpu"), handover=True) is False
+    no_vllm = EngineConfig(model=str(model_dir), device="cpu", backend="native", first_graphs_early=False)
+    assert engine_module._builds_while_lm_starts(no_vllm, torch.device("cpu"), handover=False) is False
+
+
 def test_by_default_the_first_graphs_come_early_only_beside_a_vllm_start(monkeypatch) -> None:
     """Auto: early where vLLM starts with a fixed KV cache (no memory profiling to race); never beside the
     native LM, whose start is instant; off where vLLM sizes its cache by profiling, unless forced."""
