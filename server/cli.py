@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,7 +66,13 @@ ENV_DEFAULTS = {  # flags whose default an environment variable sets (the Docker
     "--cache-dir": "COSYSTREAM_CACHE",
     "--api-key": "COSYSTREAM_API_KEY",
 }
-EPILOG = "Environment: " + ", ".join(f"{env} ({flag})" for flag, env in ENV_DEFAULTS.items()) + "."
+# more flags, shell-quoted, for hosts that set variables but no command line (a Space): before the command
+# line's, which win where both give one
+ENV_FLAGS = "COSYSTREAM_ARGS"
+EPILOG = (
+    "Environment: " + ", ".join(f"{env} ({flag})" for flag, env in ENV_DEFAULTS.items())
+    + f"; {ENV_FLAGS}: more flags, e.g. '--no-lm-handover --single-stream-graphs-at-load'."
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = build_parser()
-    args = p.parse_args(argv)
+    args = p.parse_args(_with_env_flags(p, argv))
     if not 0 <= args.shutdown_grace_s <= 600:
         p.error(f"--shutdown-grace-s must be within [0, 600], got {args.shutdown_grace_s}")
     if args.replicas < 0:
@@ -95,6 +103,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     except ValueError as err:
         p.error(str(err))
     return args
+
+
+def _with_env_flags(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> list[str]:
+    """``ENV_FLAGS``'s flags, then the command line's (``sys.argv`` where ``argv`` is None)."""
+    extra = os.environ.get(ENV_FLAGS, "")
+    try:
+        flags = shlex.split(extra)
+    except ValueError as err:  # an unclosed quote
+        p.error(f"{ENV_FLAGS} ({extra!r}): {err}")
+    return flags + list(sys.argv[1:] if argv is None else argv)
 
 
 def add_serving_flags(g: Flags) -> None:

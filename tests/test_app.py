@@ -228,6 +228,26 @@ def test_model_and_device_defaults_come_from_the_environment(monkeypatch):
     assert args.model == "iic/CosyVoice2-0.5B" and args.device == "cpu"
 
 
+def test_more_flags_come_from_the_environment_before_the_command_line(monkeypatch, capsys):
+    """A Space sets variables, not a command line: COSYSTREAM_ARGS's flags (shell-quoted) apply, the
+    command line's win where both give one, and a broken value is a usage error that names the variable."""
+    from server import cli
+
+    monkeypatch.setenv("COSYSTREAM_ARGS", "--no-lm-handover --single-stream-graphs-at-load --ui-lang 'zh'")
+    args = cli.parse_args(["--ui-lang", "en"])
+    assert (args.lm_handover, args.single_stream_graphs_at_load, args.ui_lang) == (False, True, "en")
+    assert cli.engine_config(args).lm_handover is False
+    monkeypatch.setenv("COSYSTREAM_ARGS", "--ui-lang 'zh")
+    with pytest.raises(SystemExit):
+        cli.parse_args([])
+    assert "COSYSTREAM_ARGS" in capsys.readouterr().err
+    monkeypatch.setenv("COSYSTREAM_ARGS", "--no-such-flag")
+    with pytest.raises(SystemExit):
+        cli.parse_args([])
+    monkeypatch.delenv("COSYSTREAM_ARGS")
+    assert cli.parse_args([]).lm_handover is None
+
+
 def test_every_limit_has_a_flag():
     from server import cli
 
