@@ -144,7 +144,8 @@
 #                                                 that many s after ready (empty: none); B_FLAGS="--first-
 #                                                 graphs-early": a third launch, warm, with these flags too
 #                                                 -> startup_FAMILY_warm-b/ (the two warm starts share what
-#                                                 is left after COLD_S); RUNS=warm: no cold start, the
+#                                                 is left after COLD_S; B_FIRST=1: B before A, the next
+#                                                 pair's order); RUNS=warm: no cold start, the
 #                                                 warm ones on STARTUP_ROOT as an earlier step left it
 #                                                 (stopped where no earlier step made it);
 #                                                 RUNS=cold: the cold start alone, COLD_S (a hold short of
@@ -634,6 +635,13 @@ step_startup() {  # FAMILY [APP FLAGS]: two launches in one call, each bounded (
     die "RUNS: 'cold warm', 'warm' or 'cold', got '${RUNS:-}'"
   read -r -a runs <<< "${RUNS:-cold warm}"
   [ -z "${B_FLAGS:-}" ] || runs+=(warm-b)  # B_FLAGS: a second warm start with these flags added (an A/B)
+  [[ ${B_FIRST:-0} =~ ^[01]$ ]] || die "B_FIRST: 0 or 1, got '${B_FIRST:-}'"
+  local n=${#runs[@]}
+  if [ "${B_FIRST:-0}" = 1 ]; then  # the pair's other order (pairs alternate which goes first)
+    [ "$n" -ge 2 ] && [ "${runs[n - 2]}" = warm ] || die "B_FIRST=1 needs B_FLAGS and a warm start to follow"
+    runs[n - 2]=warm-b runs[n - 1]=warm
+  fi
+  echo "starts, in order: ${runs[*]}"
   root=${STARTUP_ROOT:-/root/startup-cache-$fam}
   # a warm start on no root is a cold one under the wrong name (startup.json's "cache": "warm")
   [ "${runs[0]}" = cold ] || [ -d "$root" ] ||

@@ -94,6 +94,26 @@ def test_steps_that_need_vllm_stop_before_unpack(checkout: Path) -> None:
         assert "vLLM is not installed" in done.stderr and "unpack" in done.stderr
 
 
+def test_a_startup_pair_runs_in_either_order(checkout: Path, monkeypatch) -> None:
+    """B_FLAGS adds a second warm start (B) after A; B_FIRST=1 puts it before A (pairs alternate), the
+    cold start staying first; B_FIRST without a pair to turn, or another value, stops at once."""
+    root = checkout.parent / "filled-root"
+    (root / "compile").mkdir(parents=True)
+    monkeypatch.setenv("STARTUP_ROOT", str(root))
+    monkeypatch.setenv("B_FLAGS", "--no-lm-handover")
+    for runs, first, order in (("warm", "0", "warm warm-b"), ("warm", "1", "warm-b warm"),
+                               ("cold warm", "1", "cold warm-b warm")):  # fmt: skip
+        monkeypatch.setenv("RUNS", runs)
+        monkeypatch.setenv("B_FIRST", first)
+        done = run_sh(checkout, "startup", "v3")  # as far as the missing vLLM install
+        assert f"starts, in order: {order}\n" in done.stdout and "vLLM is not installed" in done.stderr
+    monkeypatch.setenv("B_FIRST", "yes")
+    assert "B_FIRST: 0 or 1, got 'yes'" in run_sh(checkout, "startup", "v3").stderr
+    monkeypatch.setenv("B_FIRST", "1")
+    monkeypatch.delenv("B_FLAGS")
+    assert "B_FIRST=1 needs B_FLAGS" in run_sh(checkout, "startup", "v3").stderr
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
