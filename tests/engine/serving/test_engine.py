@@ -418,6 +418,40 @@ def test_without_a_handover_the_graph_builder_runs_while_the_lm_starts(tmp_path,
     assert engine_module._builds_while_lm_starts(no_vllm, torch.device("cpu"), handover=False) is False
 
 
+def test_a_failed_lm_start_stops_the_builder_begun_beside_it(tmp_path, monkeypatch):
+    """No capture outlives a failed load: the builder's running job is told to stop, and the load's error
+    reaches the caller."""
+    import threading
+
+    import engine.serving.engine as engine_module
+    from engine.flow.graphs import GraphedCFM
+
+    running, stopped = threading.Event(), threading.Event()
+
+    def job(stop: threading.Event) -> None:
+        running.set()
+        if stop.wait(WAIT_S):
+            stopped.set()
+
+    def precapture(self, b, t, dev, later=None):
+        later("flow solver graphs", job)
+        return 0
+
+    def backend(cfg, files, dev, weights):
+        assert running.wait(WAIT_S)
+        raise RuntimeError("vLLM's engine core died")
+
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    monkeypatch.setattr(engine_module, "_backend", backend)
+    monkeypatch.setattr(GraphedCFM, "precapture", precapture)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", hift_graphs=False)
+    with pytest.raises(RuntimeError, match="engine core died"):
+        TTSEngine.load(cfg)
+    assert stopped.is_set()
+
+
 def test_by_default_the_first_graphs_come_early_only_beside_a_vllm_start(monkeypatch) -> None:
     """Auto: early where vLLM starts with a fixed KV cache (no memory profiling to race); never beside the
     native LM, whose start is instant; off where vLLM sizes its cache by profiling, unless forced."""
