@@ -374,6 +374,24 @@ def test_early_first_graphs_are_captured_while_the_lm_starts_with_vllms_share_le
     assert weights.start_s + weights.seconds <= first.start_s <= phases["frontends"].start_s
 
 
+def _vllm_like_load(tmp_path, monkeypatch, job, backend) -> EngineConfig:
+    """A tiny v3's load as beside vLLM's start without a handover: graphs "supported" (the flow's
+    precapture queues ``job`` on the builder, capturing nothing), ``backend`` the LM's start."""
+    import engine.serving.engine as engine_module
+    from engine.flow.graphs import GraphedCFM
+
+    def precapture(self, b, t, dev, later=None):
+        later("flow solver graphs", job)
+        return 0
+
+    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
+    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
+    monkeypatch.setattr(engine_module, "_backend", backend)
+    monkeypatch.setattr(GraphedCFM, "precapture", precapture)
+    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
+    return EngineConfig(model=str(model_dir), device="cpu", backend="native", hift_graphs=False)
+
+
 def test_without_a_handover_the_graph_builder_runs_while_the_lm_starts(tmp_path, monkeypatch):
     """Where ready waits for vLLM's start anyway (no handover), the builder's jobs (the flow's programs, the
     other graphs) run in that wait, not after ready: the LM's start here waits for a background job. With
@@ -381,25 +399,18 @@ def test_without_a_handover_the_graph_builder_runs_while_the_lm_starts(tmp_path,
     import threading
 
     import engine.serving.engine as engine_module
-    from engine.flow.graphs import GraphedCFM
     from engine.lm.native import NativeLM
 
     polished = threading.Event()
 
-    def precapture(self, b, t, dev, later=None):
-        later("flow solver graphs", lambda stop: polished.set())
-        return 0
+    def job(stop: threading.Event) -> None:
+        polished.set()
 
     def backend(cfg, files, dev, weights):  # vLLM's start, outlasting the builder's job
         assert polished.wait(WAIT_S), "the builder waited for ready"
         return NativeLM(weights().lm, cfg.sampling)
 
-    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
-    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
-    monkeypatch.setattr(engine_module, "_backend", backend)
-    monkeypatch.setattr(GraphedCFM, "precapture", precapture)
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", hift_graphs=False)
+    cfg = _vllm_like_load(tmp_path, monkeypatch, job, backend)
     eng = TTSEngine.load(cfg)
     try:
         phases = {p.name: p for p in eng.startup.phases}
@@ -414,17 +425,14 @@ def test_without_a_handover_the_graph_builder_runs_while_the_lm_starts(tmp_path,
     finally:
         eng.close()
     assert engine_module._builds_while_lm_starts(cfg, torch.device("cpu"), handover=True) is False
-    no_vllm = EngineConfig(model=str(model_dir), device="cpu", backend="native", first_graphs_early=False)
-    assert engine_module._builds_while_lm_starts(no_vllm, torch.device("cpu"), handover=False) is False
+    late_graphs = replace(cfg, first_graphs_early=False)  # the first graphs after vLLM: nothing early
+    assert engine_module._builds_while_lm_starts(late_graphs, torch.device("cpu"), handover=False) is False
 
 
 def test_a_failed_lm_start_stops_the_builder_begun_beside_it(tmp_path, monkeypatch):
     """No capture outlives a failed load: the builder's running job is told to stop, and the load's error
     reaches the caller."""
     import threading
-
-    import engine.serving.engine as engine_module
-    from engine.flow.graphs import GraphedCFM
 
     running, stopped = threading.Event(), threading.Event()
 
@@ -433,20 +441,11 @@ def test_a_failed_lm_start_stops_the_builder_begun_beside_it(tmp_path, monkeypat
         if stop.wait(WAIT_S):
             stopped.set()
 
-    def precapture(self, b, t, dev, later=None):
-        later("flow solver graphs", job)
-        return 0
-
     def backend(cfg, files, dev, weights):
         assert running.wait(WAIT_S)
         raise RuntimeError("vLLM's engine core died")
 
-    monkeypatch.setattr(engine_module.devices, "graphs_supported", lambda dev: True)
-    monkeypatch.setattr(engine_module, "_uses_vllm", lambda cfg, accelerator: True)
-    monkeypatch.setattr(engine_module, "_backend", backend)
-    monkeypatch.setattr(GraphedCFM, "precapture", precapture)
-    model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
-    cfg = EngineConfig(model=str(model_dir), device="cpu", backend="native", hift_graphs=False)
+    cfg = _vllm_like_load(tmp_path, monkeypatch, job, backend)
     with pytest.raises(RuntimeError, match="engine core died"):
         TTSEngine.load(cfg)
     assert stopped.is_set()
