@@ -786,8 +786,10 @@ def _loading(
 def _builds_while_lm_starts(cfg: EngineConfig, dev: torch.device, handover: bool) -> bool:
     """Whether the graph builder begins once the first graphs are captured, not at ready: where ready
     waits for vLLM's start (no handover; ~20 s on an H100) the builder's jobs (the flow's programs, the
-    other graphs: ~12 s on an H100 warm) fill that wait, so the first requests meet fewer of them. vLLM's
-    KV cache is then of a fixed size (``graphs_early``), so these captures change nothing it measures."""
+    other graphs: ~12 s on an H100 warm) fill that wait, so the first requests meet fewer of them. Where
+    the first graphs come early by default, vLLM's KV cache is of a fixed size and these captures change
+    nothing it measures; a forced ``first_graphs_early`` beside a profiling vLLM takes them into the race
+    that option accepts."""
     return not handover and _graphs_early(cfg, dev)
 
 
