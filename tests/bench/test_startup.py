@@ -28,6 +28,8 @@ SERVER = textwrap.dedent(
     VOICES = set()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: one handler per connection, for all of its requests
+
         def log_message(self, *args):
             pass
 
@@ -40,6 +42,7 @@ SERVER = textwrap.dedent(
             self.wfile.write(data)
 
         def do_GET(self):
+            self.probes = getattr(self, "probes", 0) + 1
             now = time.monotonic() - t0
             if self.path == "/health":
                 return self.reply(200, {"status": "ok"})
@@ -53,6 +56,7 @@ SERVER = textwrap.dedent(
                              "startup": {"ready_s": READY_S, "phases": phases, "pending": pending}})
 
         def do_POST(self):
+            print(f"POST on a connection that answered {getattr(self, 'probes', 0)} GETs", flush=True)
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             assert body["stream_format"] == "sse", body  # the bench asks for events: TTFA parts come last
             audio = base64.b64encode(bytes(2 * 2400)).decode()
@@ -115,6 +119,9 @@ def test_a_start_is_timed_from_launch_to_full_speed(tmp_path: Path, capsys, capl
     seeds = [*range(5), *range(100, 105)]
     assert [m.split(":")[0] for m in ended] == [f"request {i}" for i in seeds]
     assert summary["first_ttfa_ms"] == run["first_ttfa_ms"] and "first_ttfa_parts_ms" not in summary
+    # the requests share the probes' connection: the first one's TTFA holds no first connection or set-up
+    posts = [line for line in (out / "server.log").read_text().splitlines() if line.startswith("POST on")]
+    assert len(posts) == 10 and all(int(line.split()[-2]) > 0 for line in posts), posts
 
 
 def test_a_start_stopped_before_full_speed_keeps_ready_the_first_requests_and_the_timeline(tmp_path: Path):
