@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
 import struct
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +82,25 @@ def _av_codec(fmt: str) -> str | None:
             continue
         return name
     return None
+
+
+def probe_formats_ahead() -> threading.Thread:
+    """``supported_formats`` computed on a thread of its own, now: its PyAV import (40-120 ms) was the first
+    speech request's, outside every part of its TTFA the server measures. An import that fails here (PyAV
+    absent, or another thread importing a module it shares) probes nothing, so the first request's call
+    finds out for itself rather than caching a list without PyAV's formats."""
+
+    def probe() -> None:
+        try:
+            import av  # noqa: F401
+        except ImportError as err:
+            logging.getLogger(__name__).debug("no audio formats probed ahead: %s", err)
+            return
+        supported_formats()
+
+    thread = threading.Thread(target=probe, name="probe-formats", daemon=True)
+    thread.start()
+    return thread
 
 
 @functools.cache

@@ -24,7 +24,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from api.auth import require_key
 from api.context import ApiContext, EngineLike
 from api.contract import check_fields
-from api.encode import MEDIA_TYPES, StreamEncoder, encode_audio, stream_encoder, supported_formats
+from api.encode import (
+    MEDIA_TYPES,
+    StreamEncoder,
+    encode_audio,
+    probe_formats_ahead,
+    stream_encoder,
+    supported_formats,
+)
 from api.errors import ApiError, from_engine, retry_after
 from api.lexicons import applied_header, apply_lexicon
 from api.ops import check_model
@@ -60,6 +67,7 @@ def body_cap(ctx: ApiContext) -> int:
 
 
 def routes(ctx: ApiContext) -> APIRouter:
+    probe_formats_ahead()  # before the server listens: the first request does not pay PyAV's import
     router = APIRouter(route_class=guarded_route(ctx.telemetry, body_cap(ctx)))
     # the caller's voice namespace; a default (not Annotated): string annotations cannot see this local
     owner = Depends(require_key(ctx.api_keys))

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import io
 import struct
+import sys
 
 import av
 import numpy as np
 import pytest
 import soundfile as sf
 
+from api.app import build_api
 from api.encode import (
     FORMATS,
     WAV_UNKNOWN_SIZE,
     encode_audio,
+    probe_formats_ahead,
     stream_encoder,
     supported_formats,
     to_int16,
     wav_header,
 )
+from tests.api.support import wait_until
+from tests.fakes import FakeEngine
 
 RATES = (24000, 22050)  # CosyVoice2/3 and CosyVoice1 output rates
 LOSSY_PAD_S = (
@@ -112,3 +117,28 @@ def test_empty_stream_is_still_a_valid_wav() -> None:
 def test_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown audio format"):
         stream_encoder("ogg-vorbis", 24000)
+
+
+def test_the_formats_are_probed_ahead_on_a_thread() -> None:
+    """The first speech request finds the formats probed (PyAV imported and its encoders asked) already."""
+    supported_formats.cache_clear()
+    probe_formats_ahead().join(30)
+    assert supported_formats.cache_info().currsize == 1
+    assert {"mp3", "opus"} <= set(supported_formats()) and supported_formats.cache_info().hits == 1
+
+
+def test_a_probe_whose_import_fails_leaves_the_formats_to_the_first_request(monkeypatch) -> None:
+    """A failed import ahead (another thread's import of a shared module, say) caches nothing: the first
+    request's own call probes, rather than serving a list without PyAV's formats from then on."""
+    supported_formats.cache_clear()
+    monkeypatch.setitem(sys.modules, "av", None)  # ``import av`` raises ImportError
+    probe_formats_ahead().join(30)
+    assert supported_formats.cache_info().currsize == 0
+    monkeypatch.setitem(sys.modules, "av", av)  # importable again
+    assert "mp3" in supported_formats()
+
+
+def test_the_speech_api_probes_the_formats_as_it_is_built() -> None:
+    supported_formats.cache_clear()
+    build_api(FakeEngine())
+    assert wait_until(lambda: supported_formats.cache_info().currsize == 1)
