@@ -210,7 +210,12 @@ class CausalCFM(nn.Module):
         -> [2B,80,Q], the conditioned rows then their unconditioned twins -> x after the last step."""
         times, sizes = self.schedule(x.device, x.dtype)
         for step in range(self.cfg.n_timesteps):
-            x = self._advance(x, velocity(x, times[step : step + 1], step), sizes[step : step + 1])
+            # t [1] a tensor of its own, as the stepped solve's ``times[step]``: a view of the schedule (a
+            # normal tensor) gave the estimator's call another specialisation key (engine.flow.precompiled),
+            # so a call past the graphs found no loaded program and compiled one in the serving process (a
+            # 2-s first chunk for a 6.3-s prompt on an H100)
+            t = times[step : step + 1].clone()
+            x = self._advance(x, velocity(x, t, step), sizes[step : step + 1])
         return x
 
     def _advance_at(

@@ -16,6 +16,7 @@ import torch
 from engine.errors import TooLarge
 from engine.flow.attention import attention_mask
 from engine.flow.cfm import CfmInputs, CosyVoice2Flow, CosyVoice3Flow, Flow, FlowBatch, build_flow, flow_noise
+from engine.flow.precompiled import specialisation
 from tests.conftest import FAMILIES, NO_CASES, fixture_file, tiny_cases, tiny_yaml
 from tests.engine.flow.test_dit_cache import tiny_flow, voice
 
@@ -203,6 +204,36 @@ def test_the_schedule_is_the_reference_loop_and_one_step_at_a_time_solves_exactl
             for step in range(10):
                 cfm.solve_step(x, torch.tensor([step]), inputs, streaming)
         assert torch.equal(x, whole)
+
+
+class KeySpy(torch.nn.Module):
+    """The estimator, with each call's specialisation key (engine.flow.precompiled) noted."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.keys = inner, set()
+
+    def forward(self, *args):
+        self.keys.add(specialisation(args))
+        return self.inner(*args)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_the_whole_solve_calls_the_estimator_as_the_stepped_solve_does(streaming: bool) -> None:
+    """A call past the graphs runs the whole solve; its estimator calls have the specialisation key of the
+    captured (stepped) solve's, so the programs loaded for those serve it and none compiles while serving."""
+    flow = tiny_flow("cosyvoice3")
+    v = voice(13, seed=4)
+    batch = FlowBatch.one(v.tokens[:, :41], v.prompt, v.feat, v.embedding)
+    whole, stepped = KeySpy(flow.decoder.estimator), KeySpy(flow.decoder.estimator)
+    with torch.inference_mode():
+        inputs = flow.prepare(batch, streaming=streaming, finalize=not streaming)
+        flow.decoder.with_estimator(whole)(inputs, streaming)
+        x = flow.decoder.initial_noise(inputs.mu.size(2), torch.device("cpu"), torch.float32)
+        x = x.expand_as(inputs.mu).clone()
+        for step in range(flow.decoder.cfg.n_timesteps):
+            flow.decoder.with_estimator(stepped).solve_step(x, torch.tensor([step]), inputs, streaming)
+    assert len(whole.keys) == 1 and whole.keys == stepped.keys, (whole.keys, stepped.keys)
 
 
 def test_a_solve_with_autograd_on_after_one_in_inference_mode_runs() -> None:
