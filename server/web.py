@@ -91,6 +91,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # the engine serves only once warm: a built one is warmed on the server's event loop before the
         # server listens; a PendingEngine loads and warms behind a server that already answers /health
+        # anyio's first thread call on this loop imports its asyncio backend (15 ms of a 2-core CPU): made
+        # here, not by the first request's prompt decode
+        import anyio.to_thread
+
+        await anyio.to_thread.run_sync(int)
         if not isinstance(engine, PendingEngine) and not engine.ready:
             await engine.warmup()
         async with contextlib.AsyncExitStack() as later:

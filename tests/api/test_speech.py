@@ -28,6 +28,7 @@ from tests.api.support import (
     b64,
     client_for,
     expected_samples,
+    wait_until,
     wav_bytes,
 )
 from tests.conftest import WAIT_S
@@ -458,3 +459,16 @@ async def test_forced_tokens_reach_the_engine_only_where_the_server_allows_them(
         r = await client.post(SPEECH, json=body(forced_tokens=250))
     assert r.status_code == 200, r.text
     assert engine.requests[-1].forced_tokens == (250 if allowed else None)
+
+
+def test_the_api_decodes_a_prompt_ahead_as_it_is_built(monkeypatch) -> None:
+    """Building the speech routes decodes a short WAV through the prompts' own decoder on a thread, so the
+    first request's prompt is not the decoder's first (libsndfile's load)."""
+    import engine.audio
+
+    decoded: list[engine.audio.Audio] = []
+    real = engine.audio.read_audio
+    monkeypatch.setattr(engine.audio, "read_audio", lambda data, *a: decoded.append(real(data, *a)))
+    build_api(RecordingEngine())
+    assert wait_until(lambda: len(decoded) == 1)
+    assert decoded[0].sample_rate == 24000 and decoded[0].samples.size == 2400
