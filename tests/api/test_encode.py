@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from api import encode
 from api.app import build_api
 from api.encode import (
     FORMATS,
     WAV_UNKNOWN_SIZE,
     encode_audio,
-    probe_formats_ahead,
     stream_encoder,
     supported_formats,
     to_int16,
@@ -122,7 +122,7 @@ def test_unknown_format_is_refused() -> None:
 def test_the_formats_are_probed_ahead_on_a_thread() -> None:
     """The first speech request finds the formats probed (PyAV imported and its encoders asked) already."""
     supported_formats.cache_clear()
-    probe_formats_ahead().join(30)
+    encode.probe_formats_ahead().join(30)
     assert supported_formats.cache_info().currsize == 1
     assert {"mp3", "opus"} <= set(supported_formats()) and supported_formats.cache_info().hits == 1
 
@@ -132,7 +132,7 @@ def test_a_probe_whose_import_fails_leaves_the_formats_to_the_first_request(monk
     request's own call probes, rather than serving a list without PyAV's formats from then on."""
     supported_formats.cache_clear()
     monkeypatch.setitem(sys.modules, "av", None)  # ``import av`` raises ImportError
-    probe_formats_ahead().join(30)
+    encode.probe_formats_ahead().join(30)
     assert supported_formats.cache_info().currsize == 0
     monkeypatch.setitem(sys.modules, "av", av)  # importable again
     assert "mp3" in supported_formats()
