@@ -32,8 +32,6 @@ from api.encode import (
     probe_formats_ahead,
     stream_encoder,
     supported_formats,
-    to_int16,
-    wav_header,
 )
 from api.errors import ApiError, from_engine, retry_after
 from api.lexicons import applied_header, apply_lexicon
@@ -277,7 +275,7 @@ def decode_ahead() -> threading.Thread:
         from engine.audio import read_audio  # engine.audio imports torch: the server has it by now
 
         tone = 0.1 * np.sin(2 * np.pi * 220.0 * np.arange(2400) / 24000)
-        read_audio(wav_header(24000, tone.size) + to_int16(tone).tobytes())
+        read_audio(encode_audio(tone, 24000, "wav"))
 
     thread = threading.Thread(target=decode, name="decode-ahead", daemon=True)
     thread.start()
