@@ -38,6 +38,7 @@ FAMILIES = ("cosyvoice3", "cosyvoice2")
 POLL_S = 0.25  # between probes of a starting server
 FIRST_REQUESTS = 5
 LONG_FIELDS = ("phases", "command", "first_ttfa_parts_ms", "steady_ttfa_parts_ms")  # not in the summary line
+STOP_WAIT_S = 60.0  # for the server to exit on SIGINT (app.py: its shutdown grace, then 2 s), then a kill
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,9 @@ class Server:
         self.url, self.command = url.rstrip("/"), command
         self._log = log_path.open("wb")
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=default_sigint
+        )
 
     def since_launch(self) -> float:
         return round(time.monotonic() - self.t0, 3)
@@ -121,11 +124,21 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(60)
+                self.proc.wait(STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def default_sigint() -> None:
+    """In the server's process, before its command runs: SIGINT back at its default, so that stop()'s SIGINT
+    ends it. A shell starts a background job (``cmd &``: a long run, or the whole test suite) with SIGINT
+    ignored, and children inherit that: a Python server then never raises KeyboardInterrupt (app.py's uvicorn
+    takes SIGINT only once it runs, after the imports), and stop() waited STOP_WAIT_S for it, then killed it
+    with no clean-up. Only a signal call between fork and exec: nothing that takes a lock another thread of
+    this process could hold."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def full_speed(body: dict[str, Any]) -> bool:

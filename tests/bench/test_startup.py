@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import signal
 import socket
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.startup import StartupRun, main, parse_args
+from bench.startup import Server, StartupRun, main, parse_args
 
 SERVER = textwrap.dedent(
     """
@@ -147,6 +148,22 @@ def test_a_server_that_dies_is_recorded_with_how_far_it_got(tmp_path: Path) -> N
     assert main(argv) == 1
     run = json.loads((tmp_path / "startup.json").read_text())
     assert run["launch_to_health_s"] is None and "exited (rc 3)" in run["error"]
+
+
+def test_a_server_launched_from_a_background_job_takes_its_sigint(tmp_path: Path, monkeypatch) -> None:
+    """A shell starts a background job (the whole suite, a long bench run: ``cmd &``) with SIGINT ignored,
+    which children inherit: the server is launched with SIGINT at its default, so stop()'s SIGINT ends it
+    (rc -SIGINT), not a kill after the wait (in the suite run in the background this file's three stand-in
+    servers waited 60 s each for it)."""
+    monkeypatch.setattr("bench.startup.STOP_WAIT_S", 10.0)  # a failure waits 10 s, not 60
+    command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job starts
+    try:
+        server = Server(command, "http://127.0.0.1:1", tmp_path / "server.log")
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    server.stop()
+    assert server.proc.returncode == -signal.SIGINT
 
 
 def test_the_record_checks_its_kind_and_the_command_is_required() -> None:
