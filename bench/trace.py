@@ -6,7 +6,9 @@ wait for the token2wav worker, flow + vocoder; and the p95 had none of them wait
 a scheduler that never makes a first chunk wait could give; how many the first-chunk lane ran; by the first
 chunk's length: v3's fast start splits 16 tokens off the reference's 41 at the bench's prompt; prompts of
 many lengths give many, printed as two bands, split and the reference's), the later
-ones (how many missed their playback deadline, and whether the missed ones waited or computed), the batches
+ones (how many missed their playback deadline, and whether the missed ones waited or computed), the LM's
+part of first chunks by the load their requests started in (its first token, then each later one: how much
+other streams' decodes and the flow's calls beside them slow it), the batches
 (rows, and the share of flow frames that were padding to the batch's frame bucket: a fragmented mix of
 lengths pays it) and the hand-off to the client.
 """
@@ -71,6 +73,26 @@ class FirstLength:
 
 
 @dataclass(frozen=True)
+class LmPace:
+    """The LM's part of the first chunks whose requests started while ``low``..``high`` requests computed
+    (this one included; ``high`` None: or more), p50s in ms: submit -> the first speech token (the queue, the
+    prompt's features and text work and the prefill included), then each later token until the chunk's
+    were ready."""
+
+    low: int
+    high: int | None
+    count: int
+    first_token_p50: float | None
+    per_token_p50: float | None
+
+    def part(self, f: Any) -> str:
+        load = f"{self.low}+" if self.high is None else f"{self.low}-{self.high}"
+        load = str(self.low) if self.high == self.low else load
+        per = "-" if self.per_token_p50 is None else f"{self.per_token_p50:.1f}"
+        return f"{load} computing: {self.count}, first token {f(self.first_token_p50)} + {per} ms a token"
+
+
+@dataclass(frozen=True)
 class RateSummary:
     """One (mode, rate)'s chunks; times in ms (means unless named)."""
 
@@ -102,6 +124,8 @@ class RateSummary:
     first_on_lane: int = 0  # first chunks the first-chunk lane ran (EngineConfig.t2w_first_lane)
     # per first-chunk length, shortest first; traces before chunks named their tokens: none
     first_by_tokens: tuple[FirstLength, ...] = ()
+    # the LM's part of first chunks by the load their requests started in; traces before it was recorded: none
+    lm_by_load: tuple[LmPace, ...] = ()
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -120,6 +144,7 @@ class RateSummary:
             f"them behind a call of rows with over {SEAM_SLACK_MS / 1000:.0f} s to spare; "
             f"{self.first_on_lane} of {self.requests} ran on the first-chunk lane",
             *self._by_tokens(f),
+            *self._lm_by_load(f),
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -131,6 +156,11 @@ class RateSummary:
         """The first chunks' line by length, where the trace names their tokens."""
         parts = [length.line(f) for length in self.first_by_tokens]
         return [f"  first chunks by length: {'; '.join(parts)}"] if parts else []
+
+    def _lm_by_load(self, f: Any) -> list[str]:
+        """The LM's pace for first chunks by load, where the trace has their first tokens and load."""
+        parts = [pace.part(f) for pace in self.lm_by_load]
+        return [f"  the LM's first-chunk tokens by load (p50s): {'; '.join(parts)}"] if parts else []
 
 
 # a first chunk shorter than this (tokens: a chunk and v3's look-ahead) was split by the fast start: it ends
@@ -169,6 +199,34 @@ def _length(tokens: int, rows: list[Row]) -> FirstLength:
         max(computing) if computing else None,
         percentile(recent, 50) if recent else None,
     )
+
+
+# requests computing as a first chunk's request started (itself included): alone, beside a few, beside many
+LOAD_BANDS: tuple[tuple[int, int | None], ...] = ((1, 1), (2, 4), (5, 9), (10, None))
+
+
+def _lm_by_load(first: list[Row]) -> tuple[LmPace, ...]:
+    """The first chunks' LM pace per ``LOAD_BANDS`` band that has any (rows naming their first token, tokens
+    and load only)."""
+    keys = ("lm_first_token_ms", "tokens", "computing_at_start")
+    rows = [r for r in first if all(r.get(k) is not None for k in keys)]
+    paces = []
+    for low, high in LOAD_BANDS:
+        band = [
+            r
+            for r in rows
+            if low <= r["computing_at_start"] and (high is None or r["computing_at_start"] <= high)
+        ]
+        if band:
+            paces.append(_pace(low, high, band))
+    return tuple(paces)
+
+
+def _pace(low: int, high: int | None, rows: list[Row]) -> LmPace:
+    first = [r["lm_first_token_ms"] for r in rows]
+    # [first token, tokens ready] holds the chunk's other tokens: a chunk of one token has none to time
+    per = [(r["ready_ms"] - r["lm_first_token_ms"]) / (r["tokens"] - 1) for r in rows if r["tokens"] > 1]
+    return LmPace(low, high, len(rows), percentile(first, 50), percentile(per, 50) if per else None)
 
 
 def summarise(rows: Sequence[Row], seed: int = 0) -> list[RateSummary]:
@@ -221,6 +279,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         hand_off=_mean(_span(r, "vocoded_ms", "sent_ms") for r in rows),
         first_on_lane=sum(r.get("lane") == "first" for r in first),  # traces before the lane: none
         first_by_tokens=_by_tokens(first),
+        lm_by_load=_lm_by_load(first),
     )
 
 

@@ -100,6 +100,34 @@ def test_first_chunks_of_many_lengths_print_as_two_bands_split_and_the_reference
     )
 
 
+def test_the_lms_first_chunk_pace_is_told_by_the_load_its_requests_started_in():
+    """The first token and the ms a later token per band of requests computing: alone, beside 2-4, 5-9,
+    10 or more; bands with no first chunk are left out, and rows without a first token give no line."""
+    # (tokens ready ms, first token ms, tokens, requests computing at the start)
+    firsts = [(40, 16, 17, 1), (60, 20, 21, 1), (300, 50, 26, 12), (130, 40, 31, 3)]
+    rows = [row(i, 0, ready=ready, joined=ready, vocoded=ready + 50, sent=ready + 50, slack=-1)
+            for i, (ready, *_) in enumerate(firsts)]  # fmt: skip
+    for r, (_, _, tokens, computing) in zip(rows, firsts):
+        r["tokens"], r["computing_at_start"] = tokens, computing
+    rows.append(
+        row(9, 1, ready=500, joined=500, vocoded=550, sent=550, slack=100)
+    )  # a later chunk: not timed
+    (s,) = summarise(rows)
+    assert s.lm_by_load == () and "by load" not in "\n".join(s.lines())  # no first token recorded
+    for r, (_, first_token, _, _) in zip(rows, firsts):
+        r["lm_first_token_ms"] = first_token
+    (s,) = summarise(rows)
+    alone, few, many = s.lm_by_load
+    assert [(p.low, p.high, p.count) for p in s.lm_by_load] == [(1, 1, 2), (2, 4, 1), (10, None, 1)]
+    assert alone.first_token_p50 == pytest.approx(percentile([16, 20], 50))
+    # (40 - 16) / 16 and (60 - 20) / 20 ms a token alone; (300 - 50) / 25 beside 11 others
+    assert alone.per_token_p50 == pytest.approx(percentile([1.5, 2.0], 50))
+    assert (few.per_token_p50, many.per_token_p50) == (pytest.approx(3.0), pytest.approx(10.0))
+    line = next(x for x in s.lines() if "by load" in x)
+    assert "1 computing: 2, first token 18 + 1.8 ms a token; 2-4 computing: 1, first token 40 + 3.0" in line
+    assert "10+ computing: 1, first token 50 + 10.0 ms a token" in line and "5-9" not in line
+
+
 def test_summary_keeps_the_arms_of_one_run_apart():
     arm = {"system": "cosystream relaxed-cap"}
     rows = [row(0, 0, 100, 110, 150, 151, -51), row(1, 0, 100, 110, 150, 151, -51) | arm]
