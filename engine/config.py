@@ -510,6 +510,14 @@ class EngineConfig:
     # other 30. Costs ready those captures (~1-3 s warm). Not yet measured (bench/gpu/run.sh startup with
     # B_FLAGS="--single-stream-graphs-at-load")
     single_stream_graphs_at_load: bool = False
+    # Ready waits up to this long (s) after the warm-up for the graph builder's jobs (the background graphs,
+    # the flow's programs), begun then if not before: where what is left is short, a first request meets a
+    # steady engine instead of a capture in flight. With ready held for vLLM (no handover) the builder
+    # begins in that wait and is mostly done by ready: on two H100s its last captures still ran then, and
+    # the first request's frontend took 50-90 ms against 15-25 (startup-pairs-8ba3fcf); on an H200 the
+    # bench's own engine had 1.0 s of them left (capacity-steady-spread-44d5d9d). 0: ready at once (the
+    # default). Not yet measured (bench/gpu/run.sh startup with B_FLAGS adding --ready-graph-wait-s 5)
+    ready_graph_wait_s: float = 0.0
     # Serve within seconds, upgrade in place (engine.lm.handover): where vLLM serves the LM, the native loop
     # serves from the moment the weights are loaded while vLLM starts, then hands new requests over (those in
     # flight finish on it) and is closed. It needs vLLM's KV cache at a fixed size (lm_kv_cache_gib: a vLLM
@@ -663,6 +671,8 @@ class EngineConfig:
             raise ValueError(f"text_workers must be within [0, 64] or None (auto), got {self.text_workers}")
         if not isinstance(self.flow_aot, bool):
             raise ValueError(f"flow_aot must be True or False, got {self.flow_aot!r}")
+        if not 0.0 <= self.ready_graph_wait_s <= 600.0:  # NaN fails it too
+            raise ValueError(f"ready_graph_wait_s must be within [0, 600] s, got {self.ready_graph_wait_s!r}")
         if not isinstance(self.single_stream_graphs_at_load, bool):
             got = self.single_stream_graphs_at_load
             raise ValueError(f"single_stream_graphs_at_load must be True or False, got {got!r}")

@@ -225,6 +225,11 @@ def add_gpu_flags(g: Flags) -> None:
         "Default: 4 eager; with CUDA graphs 40%% of the memory free after vLLM starts",
     )  # fmt: skip
     g.add_argument(
+        "--ready-graph-wait-s", type=float, default=EngineConfig.ready_graph_wait_s,
+        help="after the warm-up, ready waits up to this long (s) for the background graphs and the flow's "
+        "programs, so the first requests meet none of them in flight (default: 0, ready at once)",
+    )  # fmt: skip
+    g.add_argument(
         "--graph-warmup-s", type=float, default=EngineConfig.graph_warmup_s,
         help="capture the flow/HiFT CUDA graphs for mel up to this many seconds at load; 0: on first use",
     )  # fmt: skip
@@ -301,6 +306,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         background_graphs=args.background_graphs,
         first_graphs_early=args.first_graphs_early,
         single_stream_graphs_at_load=args.single_stream_graphs_at_load,
+        ready_graph_wait_s=args.ready_graph_wait_s,
         lm_handover=args.lm_handover,
         lm_fork_server=args.lm_fork_server,
         weights_onto_device=args.weights_onto_device,

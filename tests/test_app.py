@@ -233,10 +233,11 @@ def test_more_flags_come_from_the_environment_before_the_command_line(monkeypatc
     command line's win where both give one, and a broken value is a usage error that names the variable."""
     from server import cli
 
-    monkeypatch.setenv("COSYSTREAM_ARGS", "--no-lm-handover --single-stream-graphs-at-load --ui-lang 'zh'")
+    flags = "--no-lm-handover --single-stream-graphs-at-load --ready-graph-wait-s 5 --ui-lang 'zh'"
+    monkeypatch.setenv("COSYSTREAM_ARGS", flags)
     args = cli.parse_args(["--ui-lang", "en"])
     assert (args.lm_handover, args.single_stream_graphs_at_load, args.ui_lang) == (False, True, "en")
-    assert cli.engine_config(args).lm_handover is False
+    assert (cli.engine_config(args).lm_handover, cli.engine_config(args).ready_graph_wait_s) == (False, 5.0)
     monkeypatch.setenv("COSYSTREAM_ARGS", "--ui-lang 'zh")
     with pytest.raises(SystemExit):
         cli.parse_args([])

@@ -310,11 +310,23 @@ class TTSEngine:
         with self.startup.phase("warm-up"):
             async for _ in self.stream(req):
                 pass
+        if self.cfg.ready_graph_wait_s > 0:
+            await self._graphs_before_ready(self.cfg.ready_graph_wait_s)
         self.startup.mark_ready()
         if self._lm_gate is not None:  # EngineConfig.lm_start_after_ready: vLLM's start from now on
             self._lm_gate.open()
         self.graph_builder.yield_to(self._capture_clear)  # captured where no stream can stall for it
         self.graph_builder.start()  # the remaining graphs, behind the requests that now run
+
+    async def _graphs_before_ready(self, wait_s: float) -> None:
+        """EngineConfig.ready_graph_wait_s: the builder's jobs run now (unpaced: nothing is served yet), ready
+        waiting for them ``wait_s`` at most; what is left then goes on behind the requests, paced."""
+        self.graph_builder.start()  # no job comes after the load: the queue is sealed, the thread begun
+        with self.startup.phase("graphs before ready"):
+            done = await asyncio.to_thread(self.graph_builder.wait, wait_s)
+        if not done:
+            left = self.startup.pending()
+            log.info("ready after %.1f s of background graphs; still to run: %s", wait_s, ", ".join(left))
 
     def close(self) -> None:
         self.ready = False

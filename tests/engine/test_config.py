@@ -48,6 +48,8 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(t2w_fifo=True, t2w_quiet_first=True), "t2w_quiet_first off"),
         (lambda: EngineConfig(first_graphs_early=True, background_graphs=False), "needs background_graphs"),
         (lambda: EngineConfig(lm_kv_cache_gib=0.0), "lm_kv_cache_gib"),
+        (lambda: EngineConfig(ready_graph_wait_s=-1.0), "ready_graph_wait_s"),
+        (lambda: EngineConfig(ready_graph_wait_s=float("nan")), "ready_graph_wait_s"),
         (lambda: EngineConfig(lm_kv_cache_gib=2048.0), "lm_kv_cache_gib"),
         (lambda: EngineConfig(prompt_cache_size=-1), "prompt_cache_size"),
         (lambda: EngineConfig(llm_variant="dpo"), "llm_variant"),

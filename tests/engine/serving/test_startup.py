@@ -312,6 +312,53 @@ async def test_the_engine_is_ready_before_the_flow_compile_and_serves_exactly_th
     assert eng.startup.ready_s < compile_end
 
 
+@pytest.mark.parametrize(("wait_s", "release_after_s"), [(0.0, 0.3), (60.0, 0.3), (0.3, None)])
+async def test_ready_waits_for_the_background_work_up_to_its_bound(tiny_cfg, wait_s, release_after_s):
+    """EngineConfig.ready_graph_wait_s: 0 (the default), ready at once and the builder's jobs after it; else
+    they run after the warm-up and ready waits for them, at most that long: a job still held then goes on
+    behind ready (pending on /ready), and ends when released."""
+    import dataclasses
+
+    from engine.serving.engine import TTSEngine
+
+    eng = TTSEngine.load(dataclasses.replace(tiny_cfg, ready_graph_wait_s=wait_s))
+    began, release = threading.Event(), threading.Event()
+
+    def held(stop: threading.Event) -> None:  # a capture job, held by the test
+        began.set()
+        release.wait(60.0)
+
+    def release_later(after_s: float) -> None:  # the job's release, that long after it began
+        if began.wait(60.0):
+            time.sleep(after_s)
+        release.set()
+
+    eng.graph_builder.add("held graphs", held)
+    if release_after_s is not None:
+        threading.Thread(target=release_later, args=(release_after_s,), daemon=True).start()
+    try:
+        await eng.warmup()
+        timeline = eng.startup
+        assert eng.ready and timeline.ready_s is not None
+        pending_at_ready = timeline.pending()
+        release.set()
+        assert eng.graph_builder.wait(60.0)
+    finally:
+        release.set()
+        eng.close()
+    phases = {p.name: p for p in timeline.phases}
+    held = phases["held graphs"]
+    if wait_s == 0.0:  # ready first, the job behind it
+        assert "graphs before ready" not in phases and held.start_s >= timeline.ready_s
+    elif release_after_s is not None:  # the job done within the bound: ready after it, nothing pending
+        assert pending_at_ready == [] and held.start_s + held.seconds <= timeline.ready_s
+        assert held.seconds >= 0.25  # it did wait for the release
+    else:  # the bound first: ready with the job still running
+        assert pending_at_ready == ["held graphs"]
+        waited = phases["graphs before ready"].seconds
+        assert 0.3 <= waited < 30.0 and held.start_s < timeline.ready_s < held.start_s + held.seconds
+
+
 async def test_the_background_graphs_are_paced_by_this_engines_streams(tiny_cfg, monkeypatch):
     """At ready the graph builder is told to capture only where no stream can stall for it: with the
     engine idle, or with every stream in it holding ``CAPTURE_SLACK_S`` of audio at its client; else it
