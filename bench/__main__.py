@@ -205,6 +205,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_switch(p, "flow-precompiled")
     add_switch(p, "flow-step-graphs")
     add_switch(p, "native-lm-graphs")
+    add_switch(p, "lm-host")  # vLLM's client in a process of its own: an arm of its own (run.sh ARMS=lm-host)
     add_flow_reuse_flags(p)
     add_overlap_flags(p)
     p.add_argument(
@@ -469,6 +470,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_profile_dir=getattr(args, "lm_profile_dir", None),  # bench.overlap --lm-profile
         lm_ras_graphs=not args.no_ras_graphs,
         lm_kv_cache_gib=args.lm_kv_cache_gib or None,  # 0: sized by vLLM
+        lm_host=args.lm_host,
         lm_handover=False,  # every request measured on vLLM, none on the native loop serving while it starts
     )
 

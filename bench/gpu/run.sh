@@ -66,7 +66,10 @@
 #                                                 first), a load of its own, so its A/B is two loads in one
 #                                                 call (ARMS=after,lm-first, then lm-first,after in the
 #                                                 next hold; RATES=3: ~1,300 s in one detach with
-#                                                 a cold first load, ~310 s to full speed on an H100); each gives
+#                                                 a cold first load, ~310 s to full speed on an H100); ARMS=lm-host:
+#                                                 today's defaults with vLLM's client in a process of its own
+#                                                 (--lm-host: its output handling off this process's event loop),
+#                                                 a load of its own likewise; each gives
 #                                                 results.json + trace.jsonl.gz + .log. ADMIT=S adds admission
 #                                                 by SLO (--admit-slack-s S) to the arms but before; BENCH
 #                                                 FLAGS --overload 2 --overload-admit-s 0.5,1.5: after the
@@ -425,8 +428,8 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
   IFS=, read -r -a arms <<< "${ARMS:-ab}"
   for arm in "${arms[@]}"; do
     case "$arm" in
-      ab | before | after | lm-first) ;;
-      *) die "ARMS: ab, or before, after and/or lm-first, got '$arm'" ;;
+      ab | before | after | lm-first | lm-host) ;;
+      *) die "ARMS: ab, or before, after, lm-first and/or lm-host, got '$arm'" ;;
     esac
   done
   IFS=, read -r -a rates <<< "${RATES:-2,3,4}"
@@ -451,6 +454,7 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
       ab) flags=(--ab "${AB:-yield}") ;;
       before) flags=(--t2w-relaxed-cap off) ;;
       lm-first) flags=(--mps-flow-below-normal) ;;
+      lm-host) flags=(--lm-host) ;;
     esac
     [ "$arm" = before ] || [ -z "${ADMIT:-}" ] || flags+=(--admit-slack-s "$ADMIT")
     [ "${ALL_RATES:-0}" = 0 ] || flags+=(--all-rates)

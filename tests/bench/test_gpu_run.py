@@ -209,7 +209,9 @@ def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypa
     loads in one); a wrong name stops at once."""
     monkeypatch.setenv("ARMS", "after,middle")
     done = run_sh(checkout, "capacity", "v3")
-    assert done.returncode == 2 and "ARMS: ab, or before, after and/or lm-first, got 'middle'" in done.stderr
+    assert done.returncode == 2 and "ARMS: ab, or before, after, lm-first and/or lm-host, got 'middle'" in (
+        done.stderr
+    )
     for arms in ("after", "ab"):
         monkeypatch.setenv("ARMS", arms)
         done = run_sh(checkout, "capacity", "v3")  # a good arm gets as far as the missing vLLM install
@@ -227,6 +229,21 @@ def test_the_lm_first_arm_is_a_load_of_its_own_at_below_normal_priority(checkout
     after, lm_first = bench_calls(calls)
     assert "--mps-flow-below-normal" not in after and "--mps-flow-below-normal" in lm_first
     assert flag(lm_first, "--out").endswith("/v3_capacity_lm-first") and "--prompt-spread" in lm_first
+
+
+def test_the_lm_host_arm_is_a_load_of_its_own_with_vllms_client_in_its_own_process(
+    checkout: Path, monkeypatch
+) -> None:
+    """ARMS=lm-host,after: the first bench run with --lm-host (a process layout fixed at the load), the second
+    without; each its own output folder."""
+    calls = fake_device(checkout, monkeypatch)
+    monkeypatch.setenv("ARMS", "lm-host,after")
+    monkeypatch.setenv("RATES", "4")
+    done = run_sh(checkout, "capacity", "v3", "--prompt-spread")
+    assert done.returncode == 0, done.stderr
+    lm_host, after = bench_calls(calls)
+    assert "--lm-host" in lm_host and "--lm-host" not in after
+    assert flag(lm_host, "--out").endswith("/v3_capacity_lm-host") and flag(lm_host, "--rate") == "4"
 
 
 def fake_device(checkout: Path, monkeypatch) -> Path:
