@@ -11,6 +11,7 @@ block. The RAS state continues across rounds (the token history travels in the r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -72,6 +73,11 @@ class VLLMSession:
         with torch.inference_mode():
             return embed(self.lm, feeds).detach().to("cpu", self.backend.dtype)
 
+    async def _embedded(self, feeds: tuple[Feed, ...]) -> torch.Tensor:
+        """``_embeds`` off the event loop: the lookups run on the LM's device, and the copy to the host waits
+        for them behind whatever else that device runs (the flow's calls); the loop carries every stream."""
+        return await asyncio.to_thread(self._embeds, feeds)
+
     def _request(self, rnd: Round) -> tuple[LMRequest, list[int]]:
         """The round as a vLLM request: (its LMRequest, the ids that end it)."""
         fill, used = self.layout.fill_id, len(self.history)
@@ -84,7 +90,7 @@ class VLLMSession:
         return LMRequest(rid, prompt, self.seed, min_len, rnd.budget, tuple(stops)), ends
 
     async def round(self, rnd: Round) -> AsyncIterator[int]:
-        self.fed.append(self._embeds(rnd.feeds))
+        self.fed.append(await self._embedded(rnd.feeds))
         self.rounds += 1
         if rnd.budget == 0:  # nothing may be sampled: a forced fill right after feeding (streaming)
             if not rnd.final:
@@ -98,7 +104,7 @@ class VLLMSession:
             yield tok
         speech = [t for t in tokens if t < self.layout.speech_token_size]
         if speech:  # fed by the calls that produced the next token (the native KV cache holds them)
-            self.fed.append(self._embeds((Feed(Table.SPEECH, tuple(speech)),)))
+            self.fed.append(await self._embedded((Feed(Table.SPEECH, tuple(speech)),)))
         if not rnd.final and len(speech) == rnd.budget:  # budget reached: the loop forces the fill
             self.history.append(self.layout.fill_id)
             yield self.layout.fill_id
