@@ -218,32 +218,24 @@ def test_capacity_arms_are_checked_before_anything_runs(checkout: Path, monkeypa
         assert done.returncode == 2 and "vLLM is not installed" in done.stderr
 
 
-def test_the_lm_first_arm_is_a_load_of_its_own_at_below_normal_priority(checkout: Path, monkeypatch) -> None:
-    """ARMS=after,lm-first: two bench runs one after the other, the second with this process's MPS context
-    below normal (an MPS client's priority is fixed when its context is made, so no in-load A/B)."""
+@pytest.mark.parametrize(
+    ("arm", "lever"),
+    [("lm-first", "--mps-flow-below-normal"), ("lm-host", "--lm-host")],
+)
+def test_a_process_level_arm_is_a_load_of_its_own(checkout: Path, monkeypatch, arm: str, lever: str) -> None:
+    """ARMS=after,lm-first (this process's MPS context below normal: an MPS client's priority is fixed when
+    its context is made) and lm-host,after (vLLM's client in a process of its own: the layout is fixed at
+    the load): no in-load A/B, so two bench runs one after the other in the order given, only the arm's
+    with its flag, each its own output folder."""
     calls = fake_device(checkout, monkeypatch)
-    monkeypatch.setenv("ARMS", "after,lm-first")
-    monkeypatch.setenv("RATES", "3")
-    done = run_sh(checkout, "capacity", "v3", "--prompt-spread")
-    assert done.returncode == 0, done.stderr
-    after, lm_first = bench_calls(calls)
-    assert "--mps-flow-below-normal" not in after and "--mps-flow-below-normal" in lm_first
-    assert flag(lm_first, "--out").endswith("/v3_capacity_lm-first") and "--prompt-spread" in lm_first
-
-
-def test_the_lm_host_arm_is_a_load_of_its_own_with_vllms_client_in_its_own_process(
-    checkout: Path, monkeypatch
-) -> None:
-    """ARMS=lm-host,after: the first bench run with --lm-host (a process layout fixed at the load), the second
-    without; each its own output folder."""
-    calls = fake_device(checkout, monkeypatch)
-    monkeypatch.setenv("ARMS", "lm-host,after")
+    order = ["after", arm] if arm == "lm-first" else [arm, "after"]
+    monkeypatch.setenv("ARMS", ",".join(order))
     monkeypatch.setenv("RATES", "4")
     done = run_sh(checkout, "capacity", "v3", "--prompt-spread")
     assert done.returncode == 0, done.stderr
-    lm_host, after = bench_calls(calls)
-    assert "--lm-host" in lm_host and "--lm-host" not in after
-    assert flag(lm_host, "--out").endswith("/v3_capacity_lm-host") and flag(lm_host, "--rate") == "4"
+    runs = dict(zip(order, bench_calls(calls)))
+    assert lever not in runs["after"] and lever in runs[arm] and "--prompt-spread" in runs[arm]
+    assert flag(runs[arm], "--out").endswith(f"/v3_capacity_{arm}") and flag(runs[arm], "--rate") == "4"
 
 
 def fake_device(checkout: Path, monkeypatch) -> Path:
