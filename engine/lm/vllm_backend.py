@@ -36,7 +36,7 @@ from engine.lm.hf_export import BIAS_FILE, export_hf  # noqa: F401  (export_hf: 
 from engine.lm.ras_graphs import ras_stepper
 from engine.lm.sampling import DeviceRAS
 from engine.lm.speech_lm import SpeechLM
-from engine.lm.vllm_session import Sampling, VLLMSession, generate
+from engine.lm.vllm_session import Sampling, VLLMSession, generate, on_host
 
 if TYPE_CHECKING:
     from engine.lm.lm_host import HostSpec
@@ -277,7 +277,7 @@ class VLLMBackend:
         """Argmax decoding through our processor (bias added, stop ids masked before min_len): the
         export/prompt-embeds parity check against the native LM."""
         params = self.params(req, Sampling(greedy=True))
-        prompt = {"prompt_embeds": req.prefix.detach().to("cpu", self.dtype)}
+        prompt = {"prompt_embeds": on_host(req.prefix, self.dtype)}
         tokens: list[int] = []
         async for out in self.engine.generate(prompt, params, req.request_id):
             tokens.extend(out.outputs[0].token_ids)

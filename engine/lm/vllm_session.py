@@ -51,11 +51,21 @@ class PromptBackend(Protocol):
 
 async def generate(backend: PromptBackend, req: LMRequest) -> AsyncIterator[int]:
     """One segment's speech-token ids as sampled (its stop id excluded); closing it aborts the request."""
-    prompt = {"prompt_embeds": req.prefix.detach().to("cpu", backend.dtype)}
+    prefix, dtype = req.prefix, backend.dtype
+    # vLLM takes the prompt on the host: a device tensor's copy waits for its lookups behind whatever the
+    # device runs (the flow's calls), so it is made off the event loop, which carries every stream
+    on_device = prefix.device.type != "cpu"
+    embeds = await asyncio.to_thread(on_host, prefix, dtype) if on_device else on_host(prefix, dtype)
+    prompt = {"prompt_embeds": embeds}
     async with contextlib.aclosing(backend.tokens(prompt, backend.params(req), req)) as tokens:
         async for tok in tokens:
             if tok not in req.stop_ids:
                 yield tok
+
+
+def on_host(embeds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``embeds`` [P, H] as vLLM takes prompt embeddings: on the host, in its dtype."""
+    return embeds.detach().to("cpu", dtype)
 
 
 class VLLMSession:
@@ -71,7 +81,7 @@ class VLLMSession:
 
     def _embeds(self, feeds: tuple[Feed, ...]) -> torch.Tensor:
         with torch.inference_mode():
-            return embed(self.lm, feeds).detach().to("cpu", self.backend.dtype)
+            return on_host(embed(self.lm, feeds), self.backend.dtype)
 
     async def _embedded(self, feeds: tuple[Feed, ...]) -> torch.Tensor:
         """``_embeds`` off the event loop: the lookups run on the LM's device, and the copy to the host waits

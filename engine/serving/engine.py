@@ -743,11 +743,9 @@ def _cuda_mps(cfg: EngineConfig) -> contextlib.AbstractContextManager[devices.Cu
 
 
 def _prefix(lm: SpeechLM, text_ids: list[int], prompt_ids: list[int], speech_ids: list[int]) -> torch.Tensor:
-    """The LM's prompt embeddings [P, H] on the host (device work and its copy: off the event loop). vLLM
-    takes them there; a copy there on the loop waited for the lookups behind the flow's calls, holding
-    every stream; the native loop copies them back onto its device (~0.7 MB)."""
+    """The LM's prompt embeddings (device work: off the event loop)."""
     with torch.inference_mode():
-        return lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids)).to("cpu")
+        return lm.prefix_embeds(_ids(text_ids), _ids(prompt_ids), _ids(speech_ids))
 
 
 def _beside_the_lm(

@@ -56,3 +56,24 @@ async def test_a_rounds_embeddings_are_made_off_the_event_loop_and_reach_vllm_on
     assert len(threads) == 2 and threading.get_ident() not in threads  # the text, then the ids fed back
     (prompt,) = backend.prompts
     assert prompt.device.type == "cpu" and prompt.dtype == torch.bfloat16 and prompt.shape == (4, 16)
+
+
+async def test_a_prefix_made_on_a_device_reaches_the_host_off_the_event_loop(monkeypatch):
+    """A segment's prompt embeddings made on a device (the GPU's prefix) are copied to the host on a worker
+    thread (the copy waits for the device); a prefix already on the host is cast where it is."""
+    threads: list[int] = []
+    real = vllm_session.on_host
+
+    def recorded(embeds: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        threads.append(threading.get_ident())
+        return torch.zeros(embeds.shape, dtype=dtype) if embeds.device.type == "meta" else real(embeds, dtype)
+
+    monkeypatch.setattr(vllm_session, "on_host", recorded)
+    for device in ("meta", "cpu"):  # meta: a device tensor that no host copy can read, standing in for CUDA
+        backend = Backend()
+        req = LMRequest(f"seg-{device}", torch.ones(3, 16, device=device), 0, 1, 4, (7,))
+        assert [t async for t in vllm_session.generate(backend, req)] == [3, 5]
+        (prompt,) = backend.prompts
+        assert prompt.device.type == "cpu" and prompt.dtype == torch.bfloat16 and prompt.shape == (3, 16)
+    device_thread, host_thread = threads
+    assert device_thread != threading.get_ident() and host_thread == threading.get_ident()
