@@ -346,9 +346,8 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     assert plain.t2w_first_lane is None is EngineConfig().t2w_first_lane  # auto: on where graphs replay
     assert engine_config(parse_args([*base, "--t2w-lane-priority"])).t2w_lane_priority
     assert not plain.t2w_lane_priority and not EngineConfig().t2w_lane_priority  # off until measured
-    assert (
-        engine_config(parse_args([*base, "--lm-host"])).lm_host and not plain.lm_host
-    )  # the engine's default
+    hosted = engine_config(parse_args([*base, "--lm-host"]))
+    assert hosted.lm_host and not plain.lm_host  # off without the flag: the engine's default
     defaults = EngineConfig()
     assert (plain.cuda_graphs, plain.hift_graphs, plain.flow_batch, plain.flow_dtype) == (
         defaults.cuda_graphs, defaults.hift_graphs, defaults.flow_batch, defaults.flow_dtype

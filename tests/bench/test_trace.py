@@ -109,9 +109,8 @@ def test_the_lms_first_chunk_pace_is_told_by_the_load_its_requests_started_in():
             for i, (ready, *_) in enumerate(firsts)]  # fmt: skip
     for r, (_, _, tokens, computing) in zip(rows, firsts):
         r["tokens"], r["computing_at_start"] = tokens, computing
-    rows.append(
-        row(9, 1, ready=500, joined=500, vocoded=550, sent=550, slack=100)
-    )  # a later chunk: not timed
+    later = row(9, 1, ready=500, joined=500, vocoded=550, sent=550, slack=100)  # a later chunk: not timed
+    rows.append(later)
     (s,) = summarise(rows)
     assert s.lm_by_load == () and "by load" not in "\n".join(s.lines())  # no first token recorded
     for r, (_, first_token, _, _) in zip(rows, firsts):
