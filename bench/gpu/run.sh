@@ -7,6 +7,9 @@
 #                                                 bench, soak, GPU tests); a part is at most what a call's 64 MiB
 #                                                 leaves beside the checkout as it is now (PART_MB overrides),
 #                                                 and the parts come out equal in size
+#   bench/gpu/run.sh resplit                      HERE (no network): the parts in .vb/ joined and split again, each
+#                                                 at most what a call leaves beside the checkout as it is now
+#                                                 (after bench/results/ grew and a call was refused for size)
 #   bench/gpu/run.sh server-wheels                HERE (network): the server's wheels (Gradio, uvicorn, ...) in
 #                                                 .whl/1, .whl/2, ... (each fits a call beside the checkout),
 #                                                 for a SERVER=0 bundle: carry each to an unpack call
@@ -240,7 +243,7 @@ part_bytes() {  # the most one bundle part may hold: PART_MB, else what a call l
 }
 step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into parts (one per device call)
   [ -d ../shared/tools ] || die "needs ../shared/tools/vllm-bundle.sh beside the checkout"
-  local work size parts most
+  local work most
   most=$(part_bytes)  # before anything: a checkout too large for any part keeps the .vb/ it has
   work=$(mktemp -d)
   bash ../shared/tools/vllm-bundle.sh "$work/vllm" 1000 > /dev/null  # one part: unsplit here
@@ -250,16 +253,33 @@ step_bundle() {  # here: vLLM's bundle and the wheels in one archive, split into
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$work/all/wheels" \
     "${BENCH_WHEELS[@]}" $([ "$SERVER" = 0 ] || echo "${SERVER_WHEELS[@]}") \
     $([ "$CLUSTER" = 0 ] || echo "${CLUSTER_WHEELS[@]}")
-  rm -rf .vb && mkdir -p .vb
   tar -C "$work/all" -cf "$work/bundle.tar" .
-  # equal parts of at most what a call carries beside the checkout: the smallest part count, and each part
-  # as small as that count allows (a growing bench/results/ turns 4 parts into 5 rather than a failed call)
-  size=$(stat -c %s "$work/bundle.tar")
-  parts=$(((size + most - 1) / most))
-  split -n "$parts" -d "$work/bundle.tar" .vb/bundle.part.
-  (cd .vb && ls bundle.part.* > PARTS)
+  split_parts "$work/bundle.tar" "$most"
   rm -rf "$work"
+}
+
+split_parts() {  # TAR MOST: .vb/ becomes TAR in equal parts of at most MOST bytes, listed in .vb/PARTS
+  # the smallest part count, and each part as small as that count allows (a growing bench/results/ turns 4
+  # parts into 5 rather than a failed call)
+  local size parts
+  size=$(stat -c %s "$1")
+  parts=$(((size + $2 - 1) / $2))
+  rm -rf .vb && mkdir -p .vb
+  split -n "$parts" -d "$1" .vb/bundle.part.
+  (cd .vb && ls bundle.part.* > PARTS)
   echo "parts: $(tr '\n' ' ' < .vb/PARTS)($(du -sh .vb | cut -f1))"
+}
+
+step_resplit() {  # here (no network): the parts .vb/ holds, joined and split again to fit beside today's checkout
+  [ -f .vb/PARTS ] || die "no .vb/PARTS here: run.sh bundle first"
+  local most work missing
+  most=$(part_bytes)
+  missing=$(missing_parts .vb PARTS)
+  [ -z "$missing" ] || die "resplit needs every part in .vb/, and these are missing: $missing"
+  work=$(mktemp -d)
+  (cd .vb && xargs cat < PARTS) > "$work/bundle.tar"
+  split_parts "$work/bundle.tar" "$most"
+  rm -rf "$work"
 }
 
 step_server_wheels() {  # here: the server's wheels (app.py) in .whl/1, .whl/2, ..., for a SERVER=0 bundle
@@ -769,13 +789,14 @@ step_collect() {  # wait (LIMIT_S at most) for the detached step's end; its file
   return "$(cat "$dir/rc")"
 }
 
-STEPS="bundle|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
+STEPS="bundle|resplit|unpack|gpu-tests|check|bench|compare|profile|speed|capacity|kernels|overlap|cache-out|cache-in|serve|startup"
 STEPS="$STEPS|soak-start|soak-collect|soak|aot-check|precompile-check|server-wheels|detach|collect|weights"
 [ $# -ge 1 ] || die "usage: run.sh $STEPS ... (see the header)"
 step=$1
 shift
 case "$step" in
   bundle) step_bundle ;;
+  resplit) step_resplit ;;
   unpack) step_unpack ;;
   gpu-tests) step_gpu_tests "$@" ;;
   check) step_check "$@" ;;

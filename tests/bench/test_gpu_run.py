@@ -559,6 +559,34 @@ def test_bundle_parts_fit_a_call_beside_the_checkout(tmp_path: Path) -> None:
     assert (root / ".vb" / "PARTS").read_text().split() == names
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="git")
+def test_resplit_fits_the_parts_beside_a_checkout_that_grew(tmp_path: Path) -> None:
+    """``resplit`` (no network) joins the parts .vb/ holds in PARTS' order and splits them again for the
+    room a call leaves now: a smaller room makes more parts, which join to the same bytes; a missing part
+    is refused by name, the parts left as they were."""
+    root = bundle_checkout(tmp_path, 300_000)
+    (root / ".git" / "info" / "exclude").write_text("/.vb/\n")  # as in the project's .gitignore
+
+    def run(step: str, room: int) -> subprocess.CompletedProcess[str]:
+        cmd, env = ["bash", "bench/gpu/run.sh", step], room_env(tmp_path, root, room)
+        return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=60)
+
+    done = run("bundle", 160_000)
+    assert done.returncode == 0, done.stderr
+    before = (root / ".vb" / "PARTS").read_text().split()
+    whole = b"".join((root / ".vb" / n).read_bytes() for n in before)
+    done = run("resplit", 70_000)
+    assert done.returncode == 0, done.stderr
+    names = (root / ".vb" / "PARTS").read_text().split()
+    assert len(before) == 2 and len(names) == -(-len(whole) // 70_000) == 5
+    assert sorted(p.name for p in (root / ".vb").glob("bundle.part.*")) == names
+    assert b"".join((root / ".vb" / n).read_bytes() for n in names) == whole
+    (root / ".vb" / names[1]).unlink()
+    refused = run("resplit", 50_000)
+    assert refused.returncode != 0 and f"these are missing: {names[1]}" in refused.stderr
+    assert (root / ".vb" / "PARTS").read_text().split() == names
+
+
 def test_gpu_tests_runs_every_test_file_that_holds_a_gpu_test() -> None:
     """``run.sh gpu-tests`` lists its files (the rest import the UI, which the device lacks): a file with a
     ``gpu``-marked test that is not listed would never run on the device. The fault tests kill vLLM's
