@@ -161,6 +161,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--overload-admit-s guard, the same arrivals each time (is the promise to admitted streams kept?)",
     )  # fmt: skip
     p.add_argument(
+        "--closed-after", type=int_list, default=None, metavar="LEVELS",
+        help="open loop, in process: after the rates (and --overload), closed-loop waves at each of LEVELS "
+        "streams in the same load, e.g. 16 (one untimed wave, then --requests or 4 waves of them)",
+    )  # fmt: skip
+    p.add_argument(
         "--overload-admit-s", type=rate_list, default=[1.0],
         help="--overload: the admission guards (s of playback slack) of its admitted arms, e.g. 0.5,1.5",
     )  # fmt: skip
@@ -367,6 +372,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--overload-admit-s: guards within [0, 10] s")
     if args.slo_ttfa_ms <= 0 or args.min_requests < 1:
         p.error("--slo-ttfa-ms must be > 0 and --min-requests >= 1")
+    if args.closed_after and (args.arrivals != "poisson" or max(args.closed_after) > busiest(args)):
+        p.error("--closed-after follows an open loop (--arrivals poisson), at most --concurrency streams")
     if args.all_rates and not args.find_capacity:
         p.error("--all-rates measures a capacity search's every rate: add --find-capacity")
     if args.arrival_s <= 0 or args.window_s <= 0:
@@ -545,6 +552,23 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
         if args.overload:
             for level in await overload_levels(target, workload, args, prompt, by_arm):
                 keep(level)
+        for level in await closed_after(target, workload, args):
+            out.append(level)  # no chunk traces: bench.trace reads the open loop's by rate
+            save(out)
+    return out
+
+
+async def closed_after(target: Target, workload: Workload, args: argparse.Namespace) -> list[Level]:
+    """--closed-after: closed-loop waves at each level in the load the open loop warmed (the bench's one
+    prompt, one untimed wave first, then ``--requests`` or 4 waves), the search's A arm as configured."""
+    out = []
+    if args.closed_after and args.ab:
+        switch_arm(target.engine, args.ab, "")  # type: ignore[attr-defined]
+    for c in args.closed_after or ():
+        await run_level(target, workload, c, c, prompt_audio(), seed=10**6)
+        level = await run_level(target, workload, c, max(args.requests, 4 * c), prompt_audio(), args.seed)
+        log.info("closed loop after the open loop: %s", _line(level))
+        out.append(level)
     return out
 
 
@@ -900,7 +924,7 @@ def capacity_meta(args: argparse.Namespace, levels: list[Level]) -> dict[str, An
         return {}
     from bench.open_loop import capacity
 
-    searched = [lv for lv in levels if OVERLOAD not in lv.system]
+    searched = [lv for lv in levels if OVERLOAD not in lv.system and lv.rate is not None]
     runs = sorted({(lv.mode, lv.system) for lv in searched})
     one = len({system for _, system in runs}) == 1  # one arm: keyed by mode alone, as before the A/B
 

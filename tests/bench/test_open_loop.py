@@ -409,6 +409,35 @@ def test_overload_refuses_what_it_cannot_run(flags, capsys):
     assert "--overload" in capsys.readouterr().err
 
 
+def test_closed_after_runs_waves_in_the_open_loops_load_outside_its_capacity_and_traces(tmp_path):
+    """--closed-after 2: after the rate, closed-loop waves of 2 streams in the same load (4 waves of the
+    bench's fixed length), kept as a closed level (no rate) that the capacity record and the chunk traces
+    leave out."""
+    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+    argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5", "--seeds", "0"]
+    argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "stream", "--trace"]
+    paths = main([*argv, "--closed-after", "2", "--warmup", "0", "--out", str(tmp_path / "out")])
+    result = json.loads(paths["json"].read_text())
+    runs = [(lv["rate"], lv["concurrency"], lv["requests"], lv["failed"]) for lv in result["levels"]]
+    assert runs[0][0] == 2.0 and runs[1] == (None, 2, 8, 0)
+    closed = result["levels"][1]
+    assert len({round(r["audio_s"], 3) for r in closed["per_request"]}) == 1  # the fixed length, no spread
+    assert closed["ttfa_ms"]["p95"] > 0
+    assert [r["rate"] for r in result["meta"]["capacity"]["stream open-loop"]["rates"]] == [2.0]
+    traced = [json.loads(line) for line in (tmp_path / "out" / "trace.jsonl").read_text().splitlines()]
+    assert traced and {row["rate"] for row in traced} == {2.0}
+
+
+CLOSED_AFTER_MISUSE = [["--closed-after", "4"], ["--arrivals", "poisson", "--closed-after", "16"]]
+
+
+@pytest.mark.parametrize("flags", CLOSED_AFTER_MISUSE)  # a closed sweep; more streams than --concurrency
+def test_closed_after_refuses_what_it_cannot_run(flags, capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--concurrency", "8", *flags])
+    assert "--closed-after" in capsys.readouterr().err
+
+
 def test_ab_yield_switches_the_seam_of_the_engines_token2wav_worker(tmp_path, monkeypatch):
     """A: every token2wav call whole; B: urgent batches at a relaxed call's seam; each rate's arms see the
     switch (the scheduler's setting, read per call)."""
