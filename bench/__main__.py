@@ -273,7 +273,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "the fast start also where the first chunk's grid offset is 8-11 tokens (StreamConfig.min_first_hop "
         "8; A: 12, the default; see --prompt-spread); prompt-trim: the fast start for every prompt length, "
         "the flow's prompt cut by up to 12 tokens at its start where its offset is short "
-        "(StreamConfig.fast_start_trim 12; A: 0, the default; see --prompt-spread); both arms on "
+        "(StreamConfig.fast_start_trim 12; A: 0, the default; see --prompt-spread); fast-start-on: every "
+        "request's first chunk split where its offset allows, v2's too (StreamConfig.fast_start on; A: "
+        "auto, which never splits v2's); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -363,7 +365,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             StreamConfig(min_first_hop=first_hop, fast_start_trim=args.fast_start_trim)
         except ValueError as err:
             p.error(f"--fast-start-trim {args.fast_start_trim} with {which}min_first_hop {first_hop}: {err}")
-    for lever in {"burst-start", "busy-start", "short-split", "prompt-trim"} & set(args.ab):
+    for lever in {"burst-start", "busy-start", "short-split", "prompt-trim", "fast-start-on"} & set(args.ab):
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -697,6 +699,13 @@ def _fast_start_rule(engine: Any, lever: str, on: bool, **rule: Any) -> None:
     engine.cfg = dataclasses.replace(engine.cfg, stream=dataclasses.replace(engine.cfg.stream, **rule))
 
 
+def _fast_start_on(engine: Any, on: bool) -> None:
+    """A: auto (v3 by its load rules, v2 never); B: every request's first chunk split where its grid offset
+    allows (StreamConfig.fast_start on): v2's fast start, whose split first chunk moves one vocoder seam."""
+    stream = dataclasses.replace(engine.cfg.stream, fast_start=True if on else None)
+    engine.cfg = dataclasses.replace(engine.cfg, stream=stream)
+
+
 def _yield(engine: Any, on: bool) -> None:
     """A: every token2wav call whole before the next; B: urgent batches at a relaxed call's seam."""
     engine.token2wav.scheduler.yield_to_urgent = on
@@ -730,6 +739,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "lane-priority": _lane_priority,
     "short-split": _short_split,
     "prompt-trim": _prompt_trim,
+    "fast-start-on": _fast_start_on,
 }
 
 

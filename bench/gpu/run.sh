@@ -57,7 +57,9 @@
 #                                                 from a grid offset of 8 tokens, against 12; prompt-trim:
 #                                                 the flow's prompt cut by up to 12 tokens at its start
 #                                                 so every prompt length splits, against no cut: both with
-#                                                 the BENCH FLAG --prompt-spread), each rate and
+#                                                 the BENCH FLAG --prompt-spread; fast-start-on: every
+#                                                 first chunk split where its offset allows, v2's too,
+#                                                 against auto, which never splits v2's), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed

@@ -263,9 +263,9 @@ def test_ab_refuses_what_it_cannot_switch(ab, flags, capsys):
     assert "--ab" in capsys.readouterr().err
 
 
-def ab_arms(tmp_path, ab: str) -> list[str]:
-    """One rate (2/s, two tiny v3 requests an arm) of ``--ab ab`` in process: the levels' arms, in order."""
-    argv = ["--random-tiny", "v3", "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
+def ab_arms(tmp_path, ab: str, family: str = "v3") -> list[str]:
+    """One rate (2/s, two tiny requests an arm) of ``--ab ab`` in process: the levels' arms, in order."""
+    argv = ["--random-tiny", family, "--cache-dir", str(tmp_path / "cache"), "--concurrency", "8"]
     argv += ["--arrivals", "poisson", "--find-capacity", "--rate", "2", "--duration-s", "0.5", "--seeds", "0"]
     argv += ["--min-requests", "2", "--slo-ttfa-ms", "1e9", "--tokens", "30", "--modes", "offline"]
     paths = main(
@@ -289,6 +289,25 @@ def test_ab_burst_start_switches_the_fast_start_rule_the_engine_reads_per_reques
     # the engine's warm-up request first (the configured rule, the default), then two requests an arm, each
     # reading the rule as switched: A by requests computing, B by recent starts
     assert seen[-4:] == [None, None, 0.5, 0.5] and set(seen[:-4]) <= {0.5}
+
+
+def test_ab_fast_start_on_splits_v2s_first_chunks_in_the_b_arm_only(tmp_path, monkeypatch):
+    """v2's fast start as a lever: auto never splits a v2 first chunk (A); B splits every request's where
+    its grid offset allows (the bench's prompt: offset 13), read per request."""
+    from engine.serving.engine import TTSEngine
+
+    seen: list[tuple[bool | None, bool]] = []
+    rule = TTSEngine._splits_first_chunk
+
+    def splits(engine: TTSEngine, watch) -> bool:
+        split = rule(engine, watch)
+        seen.append((engine.cfg.stream.fast_start, split))
+        return split
+
+    monkeypatch.setattr(TTSEngine, "_splits_first_chunk", splits)
+    assert ab_arms(tmp_path, "fast-start-on", "v2") == ["cosystream", "cosystream fast-start-on"]
+    assert seen[-4:] == [(None, False), (None, False), (True, True), (True, True)]
+    assert {fast for fast, _ in seen[:-4]} <= {None}  # the engine's warm-up: auto, as configured
 
 
 def test_find_capacity_needs_open_loop_arrivals():
@@ -331,11 +350,12 @@ def test_ab_busy_start_splits_by_recent_starts_however_many_compute():
     assert [rule(n, 1) for n in (7, 8)] == [True, False]
 
 
+@pytest.mark.parametrize("lever", ["busy-start", "fast-start-on"])
 @pytest.mark.parametrize("flags", [["--fast-start", "on"], ["--fast-start", "off"]])
-def test_ab_busy_start_needs_the_auto_rule(flags, capsys):
+def test_ab_fast_start_levers_need_the_auto_rule(flags, lever, capsys):
     with pytest.raises(SystemExit):
-        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab", "busy-start"])
-    assert "--ab busy-start" in capsys.readouterr().err
+        main(["--random-tiny", "v3", "--arrivals", "poisson", *flags, "--ab", lever])
+    assert f"--ab {lever}" in capsys.readouterr().err
 
 
 def test_overload_runs_past_capacity_without_then_with_each_admission_guard(tmp_path, monkeypatch):
