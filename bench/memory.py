@@ -1,4 +1,4 @@
-"""A long run's memory: process RSS, device memory and the objects Python's GC tracks, sampled at a fixed
+"""A long run's memory: process RSS, device memory and the blocks Python's allocator holds, sampled at a fixed
 interval beside the load (``sampler``), and the verdict on whether they stayed flat (``memory_trend``).
 Both soaks use it: the closed one (``bench.soak``) and the open one (``bench.soak_open``).
 """
@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import gc
 import logging
 import resource
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +38,7 @@ class Sample:
     queued: int
     completed: int
     failed: int
-    py_objects: int  # objects the garbage collector tracks: growth here is a Python-level leak
+    py_blocks: int  # memory blocks Python's allocator holds (python_blocks): growth is a Python-level leak
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,15 @@ def release_free_heap() -> None:
         log.debug("no glibc: RSS is read untrimmed")
 
 
+def python_blocks() -> int:
+    """Memory blocks Python's allocator holds now (``sys.getallocatedblocks``): what a Python-level leak
+    grows. Read without touching any object: ``len(gc.get_objects())``, read here before, held a reference
+    to every tracked object for a moment, and a tuple another thread was still building from a generator
+    (the flow's ``tuple(...)`` on the token2wav worker) then failed its resize with SystemError, failing
+    that request (seen in CI, 2026-12-07)."""
+    return sys.getallocatedblocks()
+
+
 def sample(engine: Any, t0: float, trim: bool = False) -> Sample:
     from engine import device as devices
 
@@ -77,7 +86,7 @@ def sample(engine: Any, t0: float, trim: bool = False) -> Sample:
         release_free_heap()
     return Sample(
         t_s=time.monotonic() - t0,
-        py_objects=len(gc.get_objects()),
+        py_blocks=python_blocks(),
         rss_mb=rss_mb(),
         device_mb=devices.memory_mb(dev),
         device_peak_mb=devices.peak_memory_mb(dev),
@@ -96,8 +105,8 @@ async def sampler(
         s = sample(engine, every.t0, every.trim)
         samples.append(s)
         log.info(
-            "t=%5.0f s  %s  RSS %.0f MiB  device %.0f MiB (peak %.0f)  active %d  objects %d",
-            s.t_s, status(), s.rss_mb, s.device_mb, s.device_peak_mb, s.active, s.py_objects,
+            "t=%5.0f s  %s  RSS %.0f MiB  device %.0f MiB (peak %.0f)  active %d  Python blocks %d",
+            s.t_s, status(), s.rss_mb, s.device_mb, s.device_peak_mb, s.active, s.py_blocks,
         )  # fmt: skip
         with contextlib.suppress(TimeoutError):  # the interval passed: sample again
             await asyncio.wait_for(stop.wait(), every.interval_s)

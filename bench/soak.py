@@ -145,7 +145,7 @@ def summarize(run: SoakRun) -> dict[str, Any]:
         "audio_s_total": audio_s,
         "audio_s_per_s": audio_s / run.duration_s if run.duration_s > 0 else None,
         "rss_mb": memory_trend(ts, [s.rss_mb for s in run.samples], run.duration_s),
-        "py_objects": memory_trend(ts, [float(s.py_objects) for s in run.samples], run.duration_s),
+        "py_blocks": memory_trend(ts, [float(s.py_blocks) for s in run.samples], run.duration_s),
         "device_mb": memory_trend(ts, [s.device_mb for s in run.samples], run.duration_s),
         "device_peak_mb": max((s.device_peak_mb for s in run.samples), default=0.0),
         "end_state": asdict(run.samples[-1]) if run.samples else None,
@@ -187,15 +187,15 @@ def markdown(summary: dict[str, Any], device: str, model: str) -> str:
         slopes = f"{num(m['slope_mb_per_min'], '.2f')} | {num(m['late_slope_mb_per_min'], '.2f')}"
         levels = f"{num(m['first'])} | {num(m['min'])} | {num(m['max'])} | {num(m['last'])}"
         lines.append(f"| {label} | {levels} | {slopes} | {m['flat']} |")
-    objects = summary["py_objects"]
+    blocks = summary["py_blocks"]
     lines += ["", f"Device peak (torch): {summary['device_peak_mb']:.0f} MiB."]
-    if objects.get("flat") is not None:
+    if blocks.get("flat") is not None:
         lines.append(
-            f"Python objects tracked by the GC: {objects['first']:.0f} first, {objects['last']:.0f} last, "
-            f"late slope {num(objects['late_slope_mb_per_min'], '.0f')} /min."
+            f"Python's allocated blocks: {blocks['first']:.0f} first, {blocks['last']:.0f} last, "
+            f"late slope {num(blocks['late_slope_mb_per_min'], '.0f')} /min."
         )
     lines.append(
-        "The verdict uses raw RSS and device memory; the trimmed RSS and object count tell a leak "
+        "The verdict uses raw RSS and device memory; the trimmed RSS and Python's block count tell a leak "
         "(both grow) from allocator caching (only raw RSS grows)."
     )
     if summary["error_kinds"]:

@@ -261,7 +261,7 @@ def summarize(run: OpenSoakRun) -> dict[str, Any]:
         "ttfa_windows": ttfa_windows(served, run.config.window_s, run.config.mix.minutes * 60.0),
         "audio_s_per_s": audio / run.duration_s if run.duration_s > 0 else None,
         "rss_mb": memory_trend(ts, [s.rss_mb for s in run.samples], run.duration_s),
-        "py_objects": memory_trend(ts, [float(s.py_objects) for s in run.samples], run.duration_s),
+        "py_blocks": memory_trend(ts, [float(s.py_blocks) for s in run.samples], run.duration_s),
         "device_mb": memory_trend(ts, [s.device_mb for s in run.samples], run.duration_s),
         "device_peak_mb": max((s.device_peak_mb for s in run.samples), default=0.0),
         "end_state": asdict(run.samples[-1]) if run.samples else None,

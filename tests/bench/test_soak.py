@@ -139,7 +139,7 @@ def test_config_is_checked():
         soak.SoakConfig(minutes=0)
 
 
-def test_trim_option_is_recorded_and_objects_are_counted(tmp_path):
+def test_trim_option_is_recorded_and_python_blocks_are_counted(tmp_path):
     model = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     out = tmp_path / "soak"
     argv = ["--model", str(model), "--streams", "2", "--minutes", "0.05", "--tokens", "30", "--sample-s", "1"]
@@ -149,8 +149,8 @@ def test_trim_option_is_recorded_and_objects_are_counted(tmp_path):
     # then looks like a trend); the verdict's rules have tests of their own above
     assert data["summary"]["errors"] == 0 and data["summary"]["completed"] > 0
     assert data["summary"]["config"]["trim"] is True
-    assert all(s["py_objects"] > 1000 for s in data["samples"])
-    assert data["summary"]["py_objects"]["first"] > 0
+    assert all(s["py_blocks"] > 1000 for s in data["samples"])
+    assert data["summary"]["py_blocks"]["first"] > 0
     assert "process RSS (after malloc_trim)" in (out / "soak.md").read_text()
 
 
