@@ -696,14 +696,18 @@ def _fast_start_rule(engine: Any, lever: str, on: bool, **rule: Any) -> None:
         log.warning(
             "--ab %s on %s: the rule acts on v3 only, both arms are the same engine", lever, engine.family
         )
-    engine.cfg = dataclasses.replace(engine.cfg, stream=dataclasses.replace(engine.cfg.stream, **rule))
+    _set_stream(engine, **rule)
 
 
 def _fast_start_on(engine: Any, on: bool) -> None:
     """A: auto (v3 by its load rules, v2 never); B: every request's first chunk split where its grid offset
     allows (StreamConfig.fast_start on): v2's fast start, whose split first chunk moves one vocoder seam."""
-    stream = dataclasses.replace(engine.cfg.stream, fast_start=True if on else None)
-    engine.cfg = dataclasses.replace(engine.cfg, stream=stream)
+    _set_stream(engine, fast_start=True if on else None)
+
+
+def _set_stream(engine: Any, **fields: Any) -> None:
+    """The engine's StreamConfig with ``fields`` replaced, read per request: the next ones see it."""
+    engine.cfg = dataclasses.replace(engine.cfg, stream=dataclasses.replace(engine.cfg.stream, **fields))
 
 
 def _yield(engine: Any, on: bool) -> None:
