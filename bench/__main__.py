@@ -260,7 +260,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ab", type=ab_levers, metavar="LEVER[,LEVER]",
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
         "alternating which goes first (with several levers, A and one arm per lever, each with only its own "
-        "lever on, in order and reversed every other run): relaxed-cap: the rule of --t2w-relaxed-cap "
+        "lever on, in order and reversed every other run; a+b: one arm with both on): relaxed-cap: the rule of --t2w-relaxed-cap "
         "(auto or on); "
         "burst-start: the fast start counted by recent starts (StreamConfig.fast_start_burst_s, the "
         "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
@@ -338,34 +338,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.ab and (args.arrivals != "poisson" or args.url):
         p.error("--ab switches the in-process engine between open-loop rates: --arrivals poisson, no --url")
     args.ab = args.ab or ()
-    if "relaxed-cap" in args.ab and (args.t2w_relaxed_cap == "off" or args.t2w_fifo):
+    levers = ab_lever_set(args.ab)
+    if "relaxed-cap" in levers and (args.t2w_relaxed_cap == "off" or args.t2w_fifo):
         p.error("--ab relaxed-cap switches the relaxed rule: no --t2w-relaxed-cap off, no --t2w-fifo")
     if args.t2w_fifo and args.t2w_relaxed_cap == "on":
         p.error("--t2w-fifo (arrival order) has no relaxed rule: leave --t2w-relaxed-cap at auto or off")
-    if "yield" in args.ab and (args.no_t2w_yield or args.t2w_fifo):
+    if "yield" in levers and (args.no_t2w_yield or args.t2w_fifo):
         p.error("--ab yield switches the seam in token2wav calls: drop --no-t2w-yield and --t2w-fifo")
     if args.t2w_fifo and args.t2w_quiet_first:
         p.error("--t2w-fifo (arrival order) has no slack to hold calls on: drop --t2w-quiet-first")
-    if "quiet-first" in args.ab and (args.t2w_quiet_first or args.t2w_fifo):
+    if "quiet-first" in levers and (args.t2w_quiet_first or args.t2w_fifo):
         p.error("--ab quiet-first switches the hold in token2wav: drop --t2w-quiet-first and --t2w-fifo")
-    if "lane-priority" in args.ab and (args.t2w_lane_priority or args.t2w_first_lane is False):
+    if "lane-priority" in levers and (args.t2w_lane_priority or args.t2w_first_lane is False):
         p.error(
             "--ab lane-priority switches the lane's stream: drop --t2w-lane-priority, --no-t2w-first-lane"
         )
-    if "first-lane" in args.ab and args.t2w_first_lane is not None:
+    if "first-lane" in levers and args.t2w_first_lane is not None:
         p.error("--ab first-lane opens the lane for its B arm: drop --t2w-first-lane / --no-t2w-first-lane")
-    if "prompt-trim" in args.ab and args.fast_start_trim:
+    if "prompt-trim" in levers and args.fast_start_trim:
         p.error("--ab prompt-trim sets the trim for its B arm: drop --fast-start-trim")
     # StreamConfig's own rule (trim <= min_first_hop), for the configured schedule and short-split's B arm
     schedules = {"": StreamConfig.min_first_hop}
-    if "short-split" in args.ab:
+    if "short-split" in levers:
         schedules["--ab short-split's "] = SHORT_SPLIT
     for which, first_hop in schedules.items():
         try:
             StreamConfig(min_first_hop=first_hop, fast_start_trim=args.fast_start_trim)
         except ValueError as err:
             p.error(f"--fast-start-trim {args.fast_start_trim} with {which}min_first_hop {first_hop}: {err}")
-    for lever in {"burst-start", "busy-start", "short-split", "prompt-trim", "fast-start-on"} & set(args.ab):
+    for lever in {"burst-start", "busy-start", "short-split", "prompt-trim", "fast-start-on"} & levers:
         if args.fast_start != "auto":
             p.error(f"--ab {lever} switches auto's rule: leave --fast-start at auto")
     if args.overload is not None and (not args.find_capacity or args.url or args.overload <= 0):
@@ -468,7 +469,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_yield_to_urgent=not args.no_t2w_yield,
         t2w_quiet_first=args.t2w_quiet_first,
         # --ab first-lane, lane-priority: the lane built at load, then switched per arm
-        t2w_first_lane=True if {"first-lane", "lane-priority"} & set(args.ab) else args.t2w_first_lane,
+        t2w_first_lane=(
+            True if {"first-lane", "lane-priority"} & ab_lever_set(args.ab) else args.t2w_first_lane
+        ),
         t2w_lane_priority=args.t2w_lane_priority,
         stream=StreamConfig(
             fast_start=fast_start_choice(args.fast_start),
@@ -756,19 +759,27 @@ def arms_at(args: argparse.Namespace, i: int) -> list[str]:
 
 
 def ab_levers(text: str) -> tuple[str, ...]:
-    """--ab's value: levers of AB_SWITCHES, comma-separated, each once."""
-    levers = tuple(text.split(","))
+    """--ab's value: its B arms, comma-separated, each a lever of AB_SWITCHES or levers joined by ``+``
+    (one arm with all of them on); each lever once."""
+    arms = tuple(text.split(","))
+    levers = [lever for arm in arms for lever in arm.split("+")]
     unknown = [lever for lever in levers if lever not in AB_SWITCHES]
-    if unknown or len(set(levers)) != len(levers) or not levers:
+    if unknown or len(set(levers)) != len(levers) or not all(levers):
         known = ", ".join(sorted(AB_SWITCHES))
-        raise argparse.ArgumentTypeError(f"levers of {known}, each once, got {text!r}")
-    return levers
+        raise argparse.ArgumentTypeError(f"levers of {known} (a+b: one arm), each once, got {text!r}")
+    return arms
 
 
-def switch_arm(engine: Any, levers: tuple[str, ...], arm: str) -> None:
-    """Arm `` lever`` has that lever on and the others off; arm ``""`` (A) has every lever off."""
-    for lever in levers:
-        AB_SWITCHES[lever](engine, arm == f" {lever}")
+def ab_lever_set(arms: tuple[str, ...]) -> set[str]:
+    """Every lever of --ab's arms (``a+b`` counts as a and b)."""
+    return {lever for arm in arms for lever in arm.split("+")}
+
+
+def switch_arm(engine: Any, arms: tuple[str, ...], arm: str) -> None:
+    """Arm `` a+b`` has levers a and b on and the others off; arm ``""`` (A) has every lever off."""
+    on = set(arm.strip().split("+")) if arm else set()
+    for lever in sorted(ab_lever_set(arms)):
+        AB_SWITCHES[lever](engine, lever in on)
 
 
 async def open_level(

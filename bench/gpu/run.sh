@@ -63,7 +63,8 @@
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed
-#                                                 -> ab-a_and_b/; ~135 s an arm a rate and seed); ARMS=before:
+#                                                 -> ab-a_and_b/; AB=a+b: one B arm with both on ->
+#                                                 ab-a_with_b/; ~135 s an arm a rate and seed); ARMS=before:
 #                                                 token2wav calls of buffered chunks never kept short
 #                                                 (--t2w-relaxed-cap off), a load of its own; ARMS=lm-first:
 #                                                 today's defaults with this process at below-normal MPS
@@ -472,6 +473,7 @@ step_capacity() {  # FAMILY [BENCH FLAGS]: the arms of ARMS (default both) in on
     local flags=() name=${fam}_capacity_$arm
     [ "$arm" != ab ] || name=${fam}_capacity_ab-${AB:-yield}
     name=${name//,/_and_}  # the device hands back names of [A-Za-z0-9._-] only
+    name=${name//+/_with_}  # AB=a+b: one B arm with both levers on
     case "$arm" in
       ab) flags=(--ab "${AB:-yield}") ;;
       before) flags=(--t2w-relaxed-cap off) ;;

@@ -536,6 +536,42 @@ def test_the_lane_priority_ab_opens_the_lane_and_switches_its_stream_per_arm(tmp
     assert (False, False, True) in switched and (True, True, True) in switched
 
 
+def test_a_joined_arm_turns_its_levers_on_together_and_builds_the_lane_for_v2(tmp_path, monkeypatch):
+    """--ab first-lane+fast-start-on: one B arm with both levers on (v2's levers at once), A with both off;
+    the lane is built at load although auto keeps it closed for v2."""
+    from bench import __main__ as bench_main
+    from engine.serving.engine import TTSEngine
+
+    seen: list[tuple[bool, bool | None]] = []
+    rule = TTSEngine._splits_first_chunk
+
+    def splits(engine: TTSEngine, watch) -> bool:
+        seen.append((engine.token2wav.first_lane, engine.cfg.stream.fast_start))
+        return rule(engine, watch)
+
+    monkeypatch.setattr(TTSEngine, "_splits_first_chunk", splits)
+    arms = ab_arms(tmp_path, "first-lane+fast-start-on", "v2")
+    assert arms == ["cosystream", "cosystream first-lane+fast-start-on"]
+    assert seen[-4:] == [(False, None), (False, None), (True, True), (True, True)]
+    assert bench_main.ab_lever_set(("first-lane+fast-start-on", "yield")) == {
+        "first-lane", "fast-start-on", "yield"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("ab", ["yield+yield", "yield,yield+seam", "first-lane+", "+yield", "yield,yield"])
+def test_ab_refuses_a_lever_twice_or_unknown_in_a_joined_arm(ab, capsys):
+    with pytest.raises(SystemExit):
+        main(["--random-tiny", "v3", "--arrivals", "poisson", "--ab", ab])
+    assert "a+b: one arm" in capsys.readouterr().err
+
+
+def test_a_joined_arm_is_checked_lever_by_lever(capsys):
+    with pytest.raises(SystemExit):
+        argv = ["--random-tiny", "v3", "--arrivals", "poisson", "--fast-start", "on"]
+        main([*argv, "--ab", "yield+fast-start-on"])
+    assert "--ab fast-start-on" in capsys.readouterr().err
+
+
 def test_the_quiet_first_flag_needs_the_deadline_order(capsys):
     with pytest.raises(SystemExit):
         main(["--random-tiny", "v3", "--t2w-fifo", "--t2w-quiet-first"])
