@@ -260,8 +260,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--ab", type=ab_levers, metavar="LEVER[,LEVER]",
         help="open loop, in process: each rate twice in one load, with this switched off (A) and on (B), "
         "alternating which goes first (with several levers, A and one arm per lever, each with only its own "
-        "lever on, in order and reversed every other run; a+b: one arm with both on): relaxed-cap: the rule of --t2w-relaxed-cap "
-        "(auto or on); "
+        "lever on, in order and reversed every other run; a+b: one arm with both on): relaxed-cap: the "
+        "rule of --t2w-relaxed-cap (auto or on); "
         "burst-start: the fast start counted by recent starts (StreamConfig.fast_start_burst_s, the "
         "default; A: by requests computing); yield: urgent batches between a relaxed call's flow and "
         "vocoder (A: every call whole); quiet-first: calls of buffered chunks held while a first chunk is "
