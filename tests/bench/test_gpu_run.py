@@ -299,6 +299,13 @@ def test_capacity_measures_each_rate_in_a_steady_state_with_two_seeds(checkout: 
     assert flag(argv, "--ab") == "quiet-first,first-lane"
     assert flag(argv, "--out").endswith("/v3_capacity_ab-quiet-first_and_first-lane")
     assert "up to 845 s of measuring" in done.stdout and "x 3 arm runs" in done.stdout
+    calls.unlink()
+    monkeypatch.setenv("AB", "first-lane+fast-start-on")  # one B arm with both levers on
+    done = run_sh(checkout, "capacity", "v2")
+    (argv,) = bench_calls(calls)
+    assert flag(argv, "--ab") == "first-lane+fast-start-on"
+    assert flag(argv, "--out").endswith("/v2_capacity_ab-first-lane_with_fast-start-on")
+    assert "x 2 arm runs" in done.stdout
 
 
 def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypatch) -> None:
