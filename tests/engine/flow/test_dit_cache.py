@@ -5,6 +5,7 @@ test_unet_cache)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import gc
 from collections.abc import Sequence
@@ -130,6 +131,28 @@ def test_streamed_calls_reusing_frames_emit_what_recomputing_emits(family: str) 
     assert cache.calls == 6 and cache.queried < sum(v.frames(n) for n in (20, 41, 63, 90, 140, 201)) / 2
     with pytest.raises(ValueError, match="non-final"):  # the final call has full attention: no reuse
         run([v], [230], [cache], finalize=True, family=family)
+
+
+@families
+def test_a_voices_prompt_chunks_carry_over_exactly_to_another_request_of_that_voice(family: str) -> None:
+    """The premise of keeping a voice's prompt frames across its requests (BENCHMARKS, "Not measured yet"):
+    the prompt's complete chunks before the look-ahead of its first speech token, [0, F_v) with F_v =
+    (2 (P - look-ahead) // chunk) x chunk, depend on the voice alone, so a request's first call run from
+    another request's cache cut there (and holding its state there) emits what recomputing emits; a chunk
+    further, the other request's speech has reached the frames."""
+    flow, p = tiny_flow(family), 40
+    a, other = voice(p, seed=0, tokens=60), voice(p, seed=5, tokens=60)
+    b = Voice(a.prompt, a.feat, a.embedding, other.tokens)  # the same voice, other speech
+    voice_frames = 2 * (p - LOOKAHEAD) // CHUNK * CHUNK
+    want = run([b], [30], family=family, flow=flow)
+    for n, exact in ((12, True), (20, False)):  # a's first call ends at the voice's frames, then a chunk on
+        donor = CACHES[family]()
+        run([a], [n], [donor], family=family, flow=flow)
+        assert donor.frames == voice_frames + (0 if exact else CHUNK)
+        got = run([b], [30], [copy.deepcopy(donor)], family=family, flow=flow)
+        assert got.shape == want.shape
+        error = (got - want).abs().max().item()
+        assert error < 1e-4 if exact else error > 1e-2, (n, error)
 
 
 @families
