@@ -209,6 +209,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_flow_aot_flag(p)
     add_switch(p, "flow-precompiled")
     add_switch(p, "flow-step-graphs")
+    add_switch(p, "flow-voice-pages")
     add_switch(p, "native-lm-graphs")
     add_switch(p, "lm-host")  # vLLM's client in a process of its own: an arm of its own (run.sh ARMS=lm-host)
     add_flow_reuse_flags(p)
@@ -275,7 +276,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "the flow's prompt cut by up to 12 tokens at its start where its offset is short "
         "(StreamConfig.fast_start_trim 12; A: 0, the default; see --prompt-spread); fast-start-on: every "
         "request's first chunk split where its offset allows, v2's too (StreamConfig.fast_start on; A: "
-        "auto, which never splits v2's); both arms on "
+        "auto, which never splits v2's); voice-pages: a kept voice's later requests start their first "
+        "flow call after its prompt pages (EngineConfig.flow_voice_pages; A: off, the default; needs CUDA "
+        "graphs with flow reuse; see --prompt-spread); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -455,6 +458,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_aot=args.flow_aot,
         flow_precompiled=args.flow_precompiled,
         flow_step_graphs=args.flow_step_graphs,
+        # --ab voice-pages: the voices' windows captured at load, the store used per arm
+        flow_voice_pages=args.flow_voice_pages or "voice-pages" in ab_lever_set(args.ab),
         lm_native_graphs=args.native_lm_graphs,
         flow_reuse=args.flow_reuse,
         graph_warmup_s=warmup_s(args),
@@ -728,6 +733,14 @@ def _first_lane(engine: Any, on: bool) -> None:
     engine.token2wav.first_lane = on
 
 
+def _voice_pages(engine: Any, on: bool) -> None:
+    """A: every first chunk computes its prompt; B: a kept voice's later requests start after its prompt
+    pages (EngineConfig.flow_voice_pages, built at load for both arms)."""
+    if on and getattr(engine.token2wav.flow.decoder, "voices", None) is None:
+        log.warning("--ab voice-pages: no page pool here (CUDA graphs, flow reuse): both arms are one engine")
+    engine.token2wav.voice_pages = on
+
+
 def _lane_priority(engine: Any, on: bool) -> None:
     """A: the first-chunk lane on a normal-priority stream; B: on a high-priority one (CUDA)."""
     if on and not engine.token2wav.first_lane:
@@ -747,6 +760,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "short-split": _short_split,
     "prompt-trim": _prompt_trim,
     "fast-start-on": _fast_start_on,
+    "voice-pages": _voice_pages,
 }
 
 

@@ -303,6 +303,12 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "CUDA, with background graphs: capture every single-stream flow and vocoder graph before ready, so a "
         "lone request replays its own bucket from the first one, not the widest padded (default: off)",
     ),
+    "flow-voice-pages": (
+        "flow_voice_pages",
+        "CUDA graphs with flow reuse: keep each voice's prompt frames (its complete chunks before the first "
+        "speech token's look-ahead) in the page pool across its requests, so a later request's first flow "
+        "call skips them; exact (default: off)",
+    ),
     "weights-onto-device": (
         "weights_onto_device",
         "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
@@ -641,6 +647,11 @@ class EngineConfig:
     # with the CUDA graphs a page pool of ``AUTO_POOL_SHARE`` of the device memory free once vLLM started
     # (allocated at load: the graphs read it at fixed addresses)
     flow_reuse_gb: float | None = None
+    # a voice's prompt frames kept across its requests in the page pool (engine.flow.voice_pages): the
+    # prompt's complete chunks before its first speech token's look-ahead depend on the voice alone, so a
+    # later request of the voice starts its first flow call after them (exact; up to 1/8 of the pool, least
+    # recently used voices out). CUDA graphs with a page pool only. Off until measured under load.
+    flow_voice_pages: bool = False
     # processes that normalise and tokenise request texts (engine.text.pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
     # server, 0 on the CPU (tests, small demos: each worker costs a second or two to start and ~0.3 GiB)
@@ -682,6 +693,8 @@ class EngineConfig:
             raise ValueError(f"flow_precompiled must be True or False, got {self.flow_precompiled!r}")
         if not isinstance(self.flow_compile_child, bool):
             raise ValueError(f"flow_compile_child must be True or False, got {self.flow_compile_child!r}")
+        if not isinstance(self.flow_voice_pages, bool):
+            raise ValueError(f"flow_voice_pages must be True or False, got {self.flow_voice_pages!r}")
         if not isinstance(self.flow_step_graphs, bool):
             raise ValueError(f"flow_step_graphs must be True or False, got {self.flow_step_graphs!r}")
         if not isinstance(self.lm_fork_server, bool):

@@ -209,6 +209,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_switch(g, "flow-precompiled")
     add_switch(g, "flow-step-graphs")
     add_switch(g, "flow-compile-child")
+    add_switch(g, "flow-voice-pages")
     add_switch(g, "native-lm-graphs")
     add_flow_reuse_flags(g)
     add_overlap_flags(g)
@@ -313,6 +314,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_start_after_ready=args.lm_start_after_ready,
         lm_host=args.lm_host,
         flow_compile_child=args.flow_compile_child,
+        flow_voice_pages=args.flow_voice_pages,
         t2w_first_lane=args.t2w_first_lane,
         cache_dir=args.cache_dir,
         voices_dir=args.voices_dir,

@@ -76,7 +76,9 @@ class PageLayout:
 
 class PagePool:
     """Every stream's cached chunks in two tensors allocated once; pages handed out and back, thread-safe
-    (a request dropped without its final call gives its pages back from whichever thread collects it)."""
+    (a request dropped without its final call gives its pages back from whichever thread collects it). A
+    page may have several holders (a voice's prompt pages, engine.flow.voice_pages): it is free again when
+    the last gives it back."""
 
     def __init__(self, layout: PageLayout) -> None:
         self.layout = lay = layout
@@ -93,6 +95,7 @@ class PagePool:
         self.kv_pages, self.x_pages = self.kv.flatten(0, 1), self.x.flatten(0, 1)
         self.states_pages = self.states.flatten(0, 1)
         self._free = list(range(lay.pages - 1, SCRATCH, -1))
+        self._holders = [0] * lay.pages  # per page: who holds it (a request's cache, a kept voice)
         self._lock = threading.Lock()
 
     @property
@@ -109,11 +112,27 @@ class PagePool:
         with self._lock:
             got = self._free[len(self._free) - min(wanted, len(self._free)) :]
             del self._free[len(self._free) - len(got) :]
+            for page in got:
+                self._holders[page] = 1
         return got[::-1]
 
-    def give(self, pages: Sequence[int]) -> None:
+    def share(self, pages: Sequence[int]) -> None:
+        """One more holder of each of these held pages."""
         with self._lock:
-            self._free.extend(reversed(pages))
+            if any(self._holders[p] < 1 for p in pages):
+                raise ValueError(f"page pool: sharing a page nobody holds among {list(pages)}")
+            for page in pages:
+                self._holders[page] += 1
+
+    def give(self, pages: Sequence[int]) -> None:
+        """One holder fewer of each page; those nobody holds any more are free."""
+        with self._lock:
+            if any(self._holders[p] < 1 for p in pages):
+                raise ValueError(f"page pool: giving back a free page among {list(pages)}")
+            for page in reversed(pages):
+                self._holders[page] -= 1
+                if self._holders[page] == 0:
+                    self._free.append(page)
 
     def at(self, step: int | Tensor, pages: Tensor) -> Tensor:
         """Page numbers of one step -> their numbers in the flattened pools (``kv_pages`` ...); ``step`` an
@@ -170,6 +189,14 @@ class PagedCache:
         if wanted > 0:
             self.pages += self.pool.take(wanted)
         return max(min(end, len(self.pages) * self.pool.layout.chunk), self.frames)
+
+    def adopt(self, pages: Sequence[int], frames: int) -> None:
+        """A fresh cache begins with another holder's pages of chunks [0, frames) (a voice's prompt: its
+        windows read them and write only the chunks after ``frames``, into pages of its own)."""
+        if self.pages or self.frames or frames != len(pages) * self.pool.layout.chunk:
+            raise ValueError(f"flow reuse: adopting {len(pages)} pages for {frames} frames into a used cache")
+        self.pool.share(pages)
+        self.pages, self.frames = list(pages), frames
 
     def commit(self, frames: int, queried: int) -> None:
         self.frames = frames

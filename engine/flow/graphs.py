@@ -39,6 +39,7 @@ from engine.flow.dit_cache import ReuseBudget, gather_frames, place_windows
 from engine.flow.dit_pages import PagedBatch, PagedCache, PageLayout, PagePool
 from engine.flow.stepped import SteppedCall, step_statics
 from engine.flow.unet import CausalConditionalDecoder
+from engine.flow.voice_pages import VoicePages
 from engine.graph_cache import GraphCache, Job, Later, bucket, largest_first
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 # a page-window graph's key: (batch, queries, WINDOW, prefix pages); a full solve's (batch, frames, streaming)
 WINDOW = "window"
+VOICE_SHARE = 8  # the kept voices' prompt pages: up to 1/8 of the pool (the rest: the streams' caches)
 log = logging.getLogger(__name__)
 
 
@@ -101,6 +103,10 @@ class GraphedCFM(nn.Module):
         # width should share one compiled program (a compile costs ~1 min at the engine's load).
         self.prefix_pages = 0
         self.prefix_buckets: tuple[int, ...] = (2,)
+        # the voices' prompt pages (EngineConfig.flow_voice_pages): kept in the pool, and then the first-chunk
+        # lane also captures windows after a voice's prefix (``voice_windows``, set before its graphs)
+        self.voices: VoicePages | None = None
+        self.voice_windows = False
 
     def enable_reuse(self, nbytes: float, max_frames: int, device: torch.device) -> int:
         """A page pool of ``nbytes`` for the streaming calls, each request keeping up to ``max_frames``
@@ -117,6 +123,7 @@ class GraphedCFM(nn.Module):
         dims = (steps, depth, heads, dim_head, mel, chunk, lead, pages)
         layout = PageLayout(*dims, self.dtype, torch.float32, device, states)
         self.pool, self.prefix_pages = PagePool(layout), max_frames // chunk
+        self.voices = VoicePages(self.pool, max(pages // VOICE_SHARE, 1))
         widest = max(self.prefix_pages, 2)
         self.prefix_buckets = tuple(sorted({2, max(widest // 2, 2), widest}))
         return pages
@@ -222,7 +229,9 @@ class GraphedCFM(nn.Module):
         if self.pool is None:
             keys: list[tuple] = [(1, frames, True) for frames in tops]
         else:
-            keys = [(1, frames, WINDOW, self.prefix_buckets[0]) for frames in tops]
+            # a voice's kept prompt: 3-4 pages for 3.5-4.5 s, the next prefix width
+            widths = self.prefix_buckets[: 2 if self.voice_windows else 1]
+            keys = [(1, frames, WINDOW, width) for frames in tops for width in widths]
 
         return self.graphs.capture_now(keys, lambda key: self._captured(key, device), device, stop)
 

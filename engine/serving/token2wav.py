@@ -40,7 +40,9 @@ from engine.errors import SynthesisFailed
 from engine.flow.cfm import Flow, FlowBatch
 from engine.flow.dit_cache import DiTCache, ReuseBudget
 from engine.flow.dit_pages import PagedCache
+from engine.flow.graphs import GraphedCFM
 from engine.flow.precompiled import serving_thread
+from engine.flow.voice_pages import VoicePages, voice_frames, voice_key
 from engine.frontend import PromptFeatures
 from engine.serving.job_queue import DeadlineQueue, FirstChunk, Hold, Relaxed, frame_bucket_of
 from engine.serving.metrics import ChunkTimes
@@ -74,6 +76,8 @@ class Utterance:
     last_times: ChunkTimes | None = None  # the worker's stamps of the chunk computed last (its trace)
     # streaming with flow reuse: finished flow frames (v2: a UNetCache; the CUDA-graph solver: a PagedCache)
     flow_cache: DiTCache | PagedCache | None = None
+    # EngineConfig.flow_voice_pages: the voice's key (engine.flow.voice_pages) while its prompt may be kept
+    voice: bytes | None = None
 
 
 @dataclass(eq=False)
@@ -317,6 +321,7 @@ class Token2Wav:
         yield_to_urgent: bool = True,  # urgent batches may run between a relaxed call's flow and vocoder
         quiet_first: bool = False,  # relaxed calls wait while a first chunk is being decoded
         flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
+        voice_pages: bool = False,  # a voice's prompt pages kept across its requests (a page pool's)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
         # on the CPU (a batched call of full-size rows took 1.3-2.4x the time of the rows one by one)
@@ -333,6 +338,11 @@ class Token2Wav:
             flow_reuse,
             ReuseBudget((EAGER_REUSE_GB if reuse_gb is None else reuse_gb) * 2**30),
         )
+        # EngineConfig.flow_voice_pages, read per request (the bench's A/B switches it); the lane's windows
+        # after a voice's prefix are captured only where it is on at the load
+        self.voice_pages = voice_pages
+        if voice_pages and isinstance(flow.decoder, GraphedCFM):
+            flow.decoder.voice_windows = True
         self.v2_groups = devices.is_accelerator(device) if v2_hift_groups is None else v2_hift_groups
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
         batching = Batching(
@@ -375,11 +385,36 @@ class Token2Wav:
         v2 = self.family == "cosyvoice2"
         reuse = self.reuses_flow and stream and flow_reuse is not False
         cache = self.flow.decoder.frame_cache(self.reuse_budget) if reuse else None
+        voice = self._voice(features, cut, cache)
         if v2:
             gen = torch.Generator(device=dev).manual_seed(seed)
             state = V2VocoderState(self.stream_cfg)
-            return Utterance(tokens, feat, emb, planner, state, gen, speed, flow_cache=cache)
-        return Utterance(tokens, feat, emb, planner, V3VocoderState(), None, speed, flow_cache=cache)
+            return Utterance(tokens, feat, emb, planner, state, gen, speed, flow_cache=cache, voice=voice)
+        state3 = V3VocoderState()
+        return Utterance(tokens, feat, emb, planner, state3, None, speed, flow_cache=cache, voice=voice)
+
+    def _voices(self) -> VoicePages | None:
+        decoder = self.flow.decoder
+        return decoder.voices if self.voice_pages and isinstance(decoder, GraphedCFM) else None
+
+    def _voice(self, features: PromptFeatures, cut: int, cache: DiTCache | PagedCache | None) -> bytes | None:
+        """EngineConfig.flow_voice_pages: the voice's key (the prompt as the flow reads it, ``cut`` tokens
+        trimmed), the fresh page cache begun with the voice's kept prompt pages where it is kept."""
+        if not isinstance(cache, PagedCache) or (voices := self._voices()) is None:
+            return None
+        mel = features.prompt_mel[TOKEN_MEL_RATIO * cut :]
+        key = voice_key(np.asarray(features.speech_tokens[cut:]), mel, np.asarray(features.speaker_embedding))
+        voices.start(key, cache)
+        return key
+
+    def _keep_voices(self, utts: list[Utterance]) -> None:
+        """After a committed streaming call: each row's voice keeps its prompt pages, if not kept yet."""
+        voices = self._voices()
+        for u in utts:
+            if voices is not None and u.voice is not None and isinstance(u.flow_cache, PagedCache):
+                lookahead, ratio = self.flow.pre_lookahead_len, self.flow.token_mel_ratio
+                frames = voice_frames(u.prompt_tokens.shape[1], lookahead, voices.pool.layout.chunk, ratio)
+                voices.keep(u.voice, u.flow_cache, frames)
 
     async def run(
         self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None, first: FirstChunk | None = None
@@ -736,6 +771,8 @@ class Token2Wav:
         mel = self.flow.inference(batch, streaming=not finalize, finalize=finalize, caches=caches).float()
         if finalize:  # the last call: nothing reuses these frames any more
             _release(utts)
+        elif caches is not None:
+            self._keep_voices(utts)
         frames = self.flow.mel_lengths(token_len, prompt_len, feat_len, finalize).tolist()
         return [mel[i : i + 1, :, c.mel_start : n] for i, (c, n) in enumerate(zip(chunks, frames))]
 

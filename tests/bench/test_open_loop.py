@@ -330,6 +330,33 @@ def test_ab_burst_start_on_v2_says_both_arms_are_the_same_engine(caplog):
         assert ("same engine" in caplog.text) == warned and engine.cfg.stream.fast_start_burst_s == 0.5
 
 
+def test_ab_voice_pages_switches_the_kept_voices_per_arm_and_says_where_there_is_no_pool(caplog):
+    """B: the engine's Token2Wav uses the kept voices (built at load); A: not. Without a page pool (the
+    CPU's eager solver) both arms are one engine, and the bench says so."""
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES
+
+    for voices, warned in ((None, True), (object(), False)):
+        t2w = SimpleNamespace(voice_pages=False, flow=SimpleNamespace(decoder=SimpleNamespace(voices=voices)))
+        engine = SimpleNamespace(token2wav=t2w)
+        caplog.clear()
+        with caplog.at_level("WARNING", "bench"):
+            AB_SWITCHES["voice-pages"](engine, True)
+        assert t2w.voice_pages and ("one engine" in caplog.text) == warned
+        AB_SWITCHES["voice-pages"](engine, False)
+        assert not t2w.voice_pages
+
+
+def test_ab_voice_pages_builds_the_engine_with_the_voices(tmp_path):
+    from bench.__main__ import engine_config, parse_args
+
+    argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
+    assert not engine_config(parse_args(argv)).flow_voice_pages
+    assert engine_config(parse_args([*argv, "--ab", "voice-pages"])).flow_voice_pages
+    assert engine_config(parse_args([*argv, "--flow-voice-pages"])).flow_voice_pages
+
+
 def test_ab_busy_start_splits_by_recent_starts_however_many_compute():
     """B, the default: the burst rule alone (StreamConfig.fast_start_busy); A: no split from
     adaptive_min_active requests computing on. The engine's rule reads it per request."""

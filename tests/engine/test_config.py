@@ -40,6 +40,7 @@ def test_defaults_are_the_released_values():
         (lambda: EngineConfig(flow_compile="yes"), "flow_compile"),  # type: ignore[arg-type]
         (lambda: EngineConfig(flow_aot="yes"), "flow_aot"),  # type: ignore[arg-type]
         (lambda: EngineConfig(flow_precompiled="yes"), "flow_precompiled"),  # type: ignore[arg-type]
+        (lambda: EngineConfig(flow_voice_pages=None), "flow_voice_pages"),  # type: ignore[arg-type]
         (lambda: EngineConfig(lm_native_graphs=1), "lm_native_graphs"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_yield_to_urgent=None), "t2w_yield_to_urgent"),  # type: ignore[arg-type]
         (lambda: EngineConfig(t2w_quiet_first=None), "t2w_quiet_first"),  # type: ignore[arg-type]

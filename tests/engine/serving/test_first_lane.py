@@ -190,6 +190,21 @@ def test_the_twin_graphs_are_a_first_chunks_own_and_leave_the_main_ones(tmp_path
     assert twin.solver is not main.solver
 
 
+def test_with_kept_voices_the_lane_also_captures_windows_after_a_voices_prompt(tmp_path, monkeypatch):
+    """EngineConfig.flow_voice_pages: a kept voice's first chunk starts after 3-4 prompt pages, so the lane's
+    graphs also cover the next prefix width (Token2Wav marks the solver before the lane opens)."""
+    model = tiny(tmp_path, "cosyvoice3", True, monkeypatch)
+    main = model.flow.decoder
+    assert isinstance(main, GraphedCFM) and not main.voice_windows
+    t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), voice_pages=True)
+    t2w.close()
+    assert main.voice_windows
+    twin = main.twin()
+    assert twin.precapture_first(300, model.device) == 6
+    widths = main.prefix_buckets[:2]
+    assert set(twin.graphs.keys()) == {(1, f, WINDOW, w) for f in (100, 200, 300) for w in widths}
+
+
 def test_the_lane_is_switched_and_refused_before_it_is_opened(tmp_path, monkeypatch):
     model = tiny(tmp_path, "cosyvoice3", False, monkeypatch)
     t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig())

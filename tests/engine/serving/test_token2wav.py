@@ -17,6 +17,7 @@ from engine.checkpoint import load_model
 from engine.config import StreamConfig
 from engine.demo.make_model import write_onnx
 from engine.demo.tiny_tokenizer import write_tiny_tokenizer
+from engine.flow.dit_pages import PagedCache
 from engine.frontend import PromptFeatures
 from engine.hub import validate_model_dir
 from engine.serving.streaming import ChunkJob
@@ -765,6 +766,45 @@ def two_streams(t2w: Token2Wav, family: str) -> tuple[Utterance, Utterance, list
     job_b = b.planner.next_job(160, lm_done=False)
     assert jobs_a[0] is not None and jobs_a[1] is not None and job_b is not None
     return a, b, [jobs_a[0], jobs_a[1]], job_b
+
+
+@pytest.mark.parametrize("family", ["cosyvoice3", "cosyvoice2"])
+def test_a_kept_voice_gives_its_later_request_the_audio_recomputing_gives(tmp_path, monkeypatch, family):
+    """EngineConfig.flow_voice_pages through the graphed solver (capture emulated): the first request of a
+    voice keeps its prompt's pages, the next one of the voice starts its cache there; the same audio as
+    with the voices off, and the voice's page stays kept after both end."""
+    from dataclasses import replace
+
+    from tests.engine.serving.test_first_lane import tiny
+
+    model = tiny(tmp_path, family, True, monkeypatch)
+    features, first = random_prompt(40, 60, seed=0)
+    features, (_, second) = replace(features, family=family), random_prompt(40, 60, seed=1)
+
+    async def both(t2w: Token2Wav) -> tuple[list[np.ndarray], list[int]]:
+        audio, starts = [], []
+        for tokens in (first, second):
+            utt = t2w.utterance(features, seed=0, stream=True)
+            assert isinstance(utt.flow_cache, PagedCache)
+            starts.append(utt.flow_cache.frames)
+            utt.tokens.extend(tokens)
+            while (job := utt.planner.next_job(len(utt.tokens), lm_done=True)) is not None:
+                audio.append(await t2w.run(utt, job))
+        return audio, starts
+
+    runs = {}
+    for on in (False, True):
+        t2w = Token2Wav(model.flow, model.hift, family, model.device, StreamConfig(), voice_pages=on)
+        try:
+            runs[on] = asyncio.run(both(t2w))
+        finally:
+            t2w.close()
+    voices = model.flow.decoder.voices
+    assert runs[False][1] == [0, 0] and runs[True][1] == [0, 50] and voices.pages == 1
+    for got, want in zip(runs[True][0], runs[False][0], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    voices.clear()
+    assert model.flow.decoder.pool.held == 0
 
 
 @pytest.mark.parametrize("family", ["cosyvoice3", "cosyvoice2"])

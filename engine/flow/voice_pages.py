@@ -1,0 +1,117 @@
+"""A voice's prompt frames kept across its requests in the page pool (``EngineConfig.flow_voice_pages``).
+
+Why it is exact. The rules that make a request's finished frames exact (engine.flow.dit_cache: the fixed
+noise buffer indexed by frame, chunk-causal attention on absolute frames, causal convs, per-frame layers)
+also make the prompt's complete chunks before the look-ahead of its first speech token depend on the voice
+alone: frames [0, F_v), F_v = (2 (P - look-ahead) // chunk) x chunk for a prompt of P tokens, since a
+frame's mu reads its token and the look-ahead's next ones, and its cond and spks are the prompt's. So every
+request of one voice computes the same keys/values, x and conv states in those chunks, in every step and
+CFG row (a test transplants one request's cut cache into another's: tests/engine/flow/test_dit_cache.py).
+
+What it keeps: the first request of a voice donates its pages of those chunks after its first call (they
+hold what that committed call wrote); a later request of the voice starts its cache with them (shared,
+read only: a window writes only the chunks from its start on, the request's own pages) and its first
+call runs as a window from F_v instead of frame 0: for a 3.5-4.5 s prompt, 150-200 of the prompt's
+175-225 frames are not computed again. The pool counts each page's holders, so a page goes back when the
+last of the voice and its requests lets go. Voices are kept least recently used first out, up to
+``max_pages`` pages in all (they are pages the streams' caches cannot take meanwhile).
+
+A voice is its prompt tokens, prompt mel and speaker embedding as the flow reads them (after any prompt
+trim), by digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.flow.dit_pages import PagedCache, PagePool
+
+
+def voice_key(tokens: np.ndarray, mel: np.ndarray, embedding: np.ndarray) -> bytes:
+    """The flow's view of a voice -> a digest: prompt tokens [P], prompt mel [2P, 80], embedding [192]."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in (tokens.astype(np.int64), mel.astype(np.float32), embedding.astype(np.float32)):
+        h.update(str(part.shape).encode())
+        h.update(np.ascontiguousarray(part).tobytes())
+    return h.digest()
+
+
+def voice_frames(prompt_tokens: int, lookahead: int, chunk: int, mel_ratio: int = 2) -> int:
+    """F_v: the prompt's frames in complete chunks before its first speech token's look-ahead reaches."""
+    return max(mel_ratio * (prompt_tokens - lookahead), 0) // chunk * chunk
+
+
+@dataclass(frozen=True)
+class VoicePrefix:
+    """A kept voice: ``pages[c]`` holds chunk c of its first ``frames`` frames."""
+
+    pages: tuple[int, ...]
+    frames: int
+
+
+class VoicePages:
+    """The voices a page pool keeps, least recently used first out; thread-safe (both token2wav workers)."""
+
+    def __init__(self, pool: PagePool, max_pages: int) -> None:
+        self.pool, self.max_pages = pool, max_pages
+        self._voices: OrderedDict[bytes, VoicePrefix] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def pages(self) -> int:
+        """Pages the kept voices hold."""
+        with self._lock:
+            return sum(len(v.pages) for v in self._voices.values())
+
+    def find(self, key: bytes) -> VoicePrefix | None:
+        with self._lock:
+            prefix = self._voices.get(key)
+            if prefix is not None:
+                self._voices.move_to_end(key)
+            return prefix
+
+    def start(self, key: bytes, cache: PagedCache) -> bool:
+        """A fresh request's cache begins with the voice's pages where the voice is kept -> whether it did."""
+        with self._lock:  # under the lock: an eviction cannot give the pages back before the cache holds them
+            prefix = self._voices.get(key)
+            if prefix is None:
+                return False
+            self._voices.move_to_end(key)
+            cache.adopt(prefix.pages, prefix.frames)
+            return True
+
+    def keep(self, key: bytes, cache: PagedCache, frames: int) -> bool:
+        """After a committed call: the cache's first ``frames`` frames (F_v) kept for the voice, unless it is
+        kept already, they are none, the cache does not hold them yet, or they would not fit -> kept."""
+        chunks = frames // self.pool.layout.chunk
+        if chunks == 0 or cache.frames < frames or len(cache.pages) < chunks or chunks > self.max_pages:
+            return False
+        with self._lock:
+            if key in self._voices:
+                return False
+            pages = tuple(cache.pages[:chunks])
+            self.pool.share(pages)
+            self._voices[key] = VoicePrefix(pages, frames)
+            evicted = self._evict()
+        for prefix in evicted:
+            self.pool.give(prefix.pages)
+        return True
+
+    def clear(self) -> None:
+        """Let every voice go (their pages back to the pool once no request holds them)."""
+        with self._lock:
+            voices, self._voices = list(self._voices.values()), OrderedDict()
+        for prefix in voices:
+            self.pool.give(prefix.pages)
+
+    def _evict(self) -> list[VoicePrefix]:
+        """The least recently used voices past ``max_pages`` (called under the lock)."""
+        out = []
+        while sum(len(v.pages) for v in self._voices.values()) > self.max_pages:
+            out.append(self._voices.popitem(last=False)[1])
+        return out

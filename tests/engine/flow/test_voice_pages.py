@@ -1,0 +1,116 @@
+"""A voice's prompt pages kept across its requests (engine.flow.voice_pages): a later request of the voice
+starts its first call after them and emits what recomputing emits, never writes them, and the pool counts
+their holders. The tiny flows through the graphed solver with its page pool, capture emulated on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.flow.dit_pages import PagedCache, PageLayout, PagePool
+from engine.flow.voice_pages import VoicePages, voice_frames, voice_key
+from tests.engine.flow.test_dit_cache import CHUNK, LOOKAHEAD, Voice, families, run, voice
+from tests.engine.flow.test_dit_pages import paged
+
+P = 40  # prompt tokens: 80 frames, of which the voice's are [0, 50)
+
+
+def key_of(v: Voice) -> bytes:
+    return voice_key(v.prompt[0].numpy(), v.feat[0].numpy(), v.embedding[0].numpy())
+
+
+def same_voice(v: Voice, seed: int) -> Voice:
+    """Another request of ``v``'s voice: its prompt, other speech tokens."""
+    return Voice(v.prompt, v.feat, v.embedding, voice(P, seed=seed, tokens=60).tokens)
+
+
+@families
+def test_a_later_request_of_a_kept_voice_starts_after_its_prompt_and_emits_what_recomputing_emits(
+    monkeypatch, family
+):
+    flow, graphed = paged(monkeypatch, family=family)
+    voices, pool = graphed.voices, graphed.pool
+    assert voices is not None and pool is not None
+    a = voice(P, seed=0, tokens=60)
+    key, frames = key_of(a), voice_frames(P, LOOKAHEAD, CHUNK)
+    assert frames == 50
+    donor = graphed.frame_cache(None)  # type: ignore[arg-type]
+    assert not voices.start(key, donor)  # not kept yet: a request of a new voice starts at frame 0
+    run([a], [30], [donor], flow=flow)  # 134 frames: chunks 0 and 1 kept by the request
+    assert voices.keep(key, donor, frames) and not voices.keep(key, donor, frames)
+    kept = voices.find(key)
+    assert kept is not None and kept.pages == (donor.pages[0],) and kept.frames == 50
+    written = pool.kv[:, kept.pages[0]].clone(), pool.x[:, kept.pages[0]].clone()
+    for seed in (5, 6):
+        b, later = same_voice(a, seed), graphed.frame_cache(None)  # type: ignore[arg-type]
+        assert voices.start(key, later) and later.frames == 50
+        got, want = run([b], [30], [later], flow=flow), run([b], [30], family=family)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        assert later.queried == b.frames(30) - 50  # the voice's 50 frames not computed again
+        page = kept.pages[0]  # never written by the later request
+        assert torch.equal(pool.kv[:, page], written[0]) and torch.equal(pool.x[:, page], written[1])
+        later.clear()
+    donor.clear()
+    assert pool.held == 1  # the voice's page, nobody else's
+    voices.clear()
+    assert pool.held == 0
+
+
+@families
+def test_another_voice_or_a_prompt_too_short_keeps_nothing_of_the_first(monkeypatch, family):
+    flow, graphed = paged(monkeypatch, family=family)
+    voices = graphed.voices
+    assert voices is not None
+    a = voice(P, seed=0, tokens=60)
+    donor = graphed.frame_cache(None)  # type: ignore[arg-type]
+    run([a], [30], [donor], flow=flow)
+    assert voices.keep(key_of(a), donor, voice_frames(P, LOOKAHEAD, CHUNK))
+    other = graphed.frame_cache(None)  # type: ignore[arg-type]
+    assert not voices.start(key_of(voice(P, seed=1)), other) and other.frames == 0
+    short = voice(26, seed=2, tokens=60)  # 52 prompt frames: the look-ahead reaches into chunk 0
+    assert voice_frames(26, LOOKAHEAD, CHUNK) == 0
+    cache = graphed.frame_cache(None)  # type: ignore[arg-type]
+    run([short], [30], [cache], flow=flow)
+    assert not voices.keep(key_of(short), cache, 0) and voices.pages == 1
+    fresh = graphed.frame_cache(None)  # type: ignore[arg-type]
+    assert not voices.keep(key_of(voice(P, seed=3)), fresh, 50)  # its cache holds nothing yet
+
+
+def test_the_least_recently_used_voices_go_first_and_their_pages_when_nobody_holds_them():
+    layout = PageLayout(1, 1, 1, 1, 1, CHUNK, 0, 8, torch.float32, torch.float32, torch.device("cpu"))
+    pool = PagePool(layout)
+    voices = VoicePages(pool, max_pages=2)
+    caches = []
+    for name in (b"a", b"b", b"c"):
+        cache = PagedCache(pool)
+        cache.reserve(2 * CHUNK, 4)
+        cache.commit(2 * CHUNK, 2 * CHUNK)
+        assert voices.keep(name, cache, CHUNK)
+        caches.append(cache)
+        if name == b"b":
+            assert voices.find(b"a") is not None  # a used again: b is now the least recent
+    assert voices.find(b"b") is None and voices.find(b"a") is not None and voices.pages == 2
+    assert pool.held == 6  # every cache still holds its two pages
+    for cache in caches:
+        cache.clear()
+    assert pool.held == 2  # a's and c's first pages, held by their voices
+
+
+def test_the_pool_refuses_to_share_or_take_back_a_page_nobody_holds():
+    layout = PageLayout(1, 1, 1, 1, 1, CHUNK, 0, 4, torch.float32, torch.float32, torch.device("cpu"))
+    pool = PagePool(layout)
+    (page,) = pool.take(1)
+    pool.share([page])
+    pool.give([page])
+    assert pool.held == 1
+    pool.give([page])
+    assert pool.held == 0
+    with pytest.raises(ValueError, match="free page"):
+        pool.give([page])
+    with pytest.raises(ValueError, match="nobody holds"):
+        pool.share([page])
+    cache = PagedCache(pool)
+    cache.reserve(CHUNK, 2)
+    with pytest.raises(ValueError, match="used cache"):
+        cache.adopt([page], CHUNK)
