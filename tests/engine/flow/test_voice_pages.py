@@ -4,6 +4,8 @@ their holders. The tiny flows through the graphed solver with its page pool, cap
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -114,3 +116,43 @@ def test_the_pool_refuses_to_share_or_take_back_a_page_nobody_holds():
     cache.reserve(CHUNK, 2)
     with pytest.raises(ValueError, match="used cache"):
         cache.adopt([page], CHUNK)
+
+
+@families
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_kept_voices_later_request_stays_close_to_the_float32_recompute(family):
+    """The GPU guard of kept voices: bf16 page windows in real CUDA graphs, a later request of a kept voice
+    (its first call after the voice's page) against the eager float32 recompute of that request, as the
+    frame reuse's own guard (test_dit_pages.py) measures it: the mel's RMS error over its std."""
+    from engine.flow.cfm import FlowBatch
+    from engine.flow.graphs import GraphedCFM
+    from tests.engine.flow.test_dit_cache import tiny_flow
+
+    dev = torch.device("cuda")
+    flow = copy.deepcopy(tiny_flow(family)).to(dev)
+    reference = copy.deepcopy(flow)
+    graphed = GraphedCFM(flow.decoder, torch.bfloat16)
+    assert graphed.enable_reuse(2**30, 800, dev) > 10 and graphed.voices is not None
+    flow.decoder = graphed  # type: ignore[assignment]
+    a = voice(P, seed=0, tokens=60)
+    b = same_voice(a, seed=5)
+
+    def call(v: Voice, cache: PagedCache | None, model) -> torch.Tensor:
+        batch = FlowBatch(
+            v.tokens[:, :30].to(dev), torch.tensor([30], device=dev), v.prompt.to(dev),
+            torch.tensor([P], device=dev), v.feat.to(dev), torch.tensor([v.prompt_frames], device=dev),
+            v.embedding.to(dev),
+        )  # fmt: skip
+        with torch.inference_mode():
+            caches = None if cache is None else [cache]
+            return model.inference(batch, streaming=True, finalize=False, caches=caches)
+
+    donor = graphed.frame_cache(None)  # type: ignore[arg-type]
+    call(a, donor, flow)
+    assert graphed.voices.keep(key_of(a), donor, voice_frames(P, LOOKAHEAD, CHUNK))
+    later = graphed.frame_cache(None)  # type: ignore[arg-type]
+    assert graphed.voices.start(key_of(a), later) and later.frames == 50
+    got, want = call(b, later, flow), call(b, None, reference)
+    assert torch.isfinite(got).all() and got.shape == want.shape
+    assert ((got - want).pow(2).mean().sqrt() / want.std()).item() < 0.05
