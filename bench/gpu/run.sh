@@ -365,7 +365,7 @@ build_model() {  # the bench's full-size random model in the released layout, bu
 GPU_TESTS=(tests/engine/lm/test_vllm_backend.py tests/engine/flow/test_graphs.py tests/engine/vocoder/test_graphs.py
   tests/engine/serving/test_token2wav.py tests/engine/flow/test_dit_pages.py tests/engine/lm/test_ras_graphs.py
   tests/engine/lm/test_decode_slot.py tests/engine/serving/test_first_lane.py tests/engine/test_weights_file.py
-  tests/engine/test_device.py)
+  tests/engine/test_device.py tests/engine/flow/test_voice_pages.py)
 
 step_gpu_tests() {  # args: pytest arguments instead of the GPU test files
   environment
