@@ -70,20 +70,22 @@ class VoicePages:
 
     def find(self, key: bytes) -> VoicePrefix | None:
         with self._lock:
-            prefix = self._voices.get(key)
-            if prefix is not None:
-                self._voices.move_to_end(key)
-            return prefix
+            return self._used(key)
 
     def start(self, key: bytes, cache: PagedCache) -> bool:
         """A fresh request's cache begins with the voice's pages where the voice is kept -> whether it did."""
         with self._lock:  # under the lock: an eviction cannot give the pages back before the cache holds them
-            prefix = self._voices.get(key)
-            if prefix is None:
+            if (prefix := self._used(key)) is None:
                 return False
-            self._voices.move_to_end(key)
             cache.adopt(prefix.pages, prefix.frames)
             return True
+
+    def _used(self, key: bytes) -> VoicePrefix | None:
+        """The kept voice, now the most recently used (called under the lock)."""
+        prefix = self._voices.get(key)
+        if prefix is not None:
+            self._voices.move_to_end(key)
+        return prefix
 
     def keep(self, key: bytes, cache: PagedCache, frames: int) -> bool:
         """After a committed call: the cache's first ``frames`` frames (F_v) kept for the voice, unless it is

@@ -404,17 +404,19 @@ class Token2Wav:
             return None
         mel = features.prompt_mel[TOKEN_MEL_RATIO * cut :]
         key = voice_key(np.asarray(features.speech_tokens[cut:]), mel, np.asarray(features.speaker_embedding))
-        voices.start(key, cache)
-        return key
+        return None if voices.start(key, cache) else key  # a kept voice's request has nothing to donate
 
     def _keep_voices(self, utts: list[Utterance]) -> None:
-        """After a committed streaming call: each row's voice keeps its prompt pages, if not kept yet."""
-        voices = self._voices()
+        """After a committed streaming call: each row's voice keeps its prompt pages, if not kept yet (a row
+        that donated them stops asking)."""
+        if (voices := self._voices()) is None:
+            return
+        lookahead, ratio = self.flow.pre_lookahead_len, self.flow.token_mel_ratio
         for u in utts:
-            if voices is not None and u.voice is not None and isinstance(u.flow_cache, PagedCache):
-                lookahead, ratio = self.flow.pre_lookahead_len, self.flow.token_mel_ratio
+            if u.voice is not None and isinstance(u.flow_cache, PagedCache):
                 frames = voice_frames(u.prompt_tokens.shape[1], lookahead, voices.pool.layout.chunk, ratio)
-                voices.keep(u.voice, u.flow_cache, frames)
+                if voices.keep(u.voice, u.flow_cache, frames):
+                    u.voice = None
 
     async def run(
         self, utt: Utterance, chunk: ChunkJob, deadline: float | None = None, first: FirstChunk | None = None
