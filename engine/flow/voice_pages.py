@@ -13,8 +13,11 @@ hold what that committed call wrote); a later request of the voice starts its ca
 read only: a window writes only the chunks from its start on, the request's own pages) and its first
 call runs as a window from F_v instead of frame 0: for a 3.5-4.5 s prompt, 150-200 of the prompt's
 175-225 frames are not computed again. The pool counts each page's holders, so a page goes back when the
-last of the voice and its requests lets go. Voices are kept least recently used first out, up to
-``max_pages`` pages in all (they are pages the streams' caches cannot take meanwhile).
+last of the voice and its requests lets go. Voices are kept up to ``max_pages`` pages in all (they are
+pages the streams' caches cannot take meanwhile). A new voice takes the place of the least recently used
+one only where that one has been idle for ``idle_s``: where more voices recur than fit (the bench's 25
+voices in turn; a public demo's one-off uploads between its example voices) plain LRU would evict each
+voice just before it comes back and keep none that is ever used again; this keeps the ones that fit.
 
 A voice is its prompt tokens, prompt mel and speaker embedding as the flow reads them (after any prompt
 trim), by digest.
@@ -24,12 +27,16 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.flow.dit_pages import PagedCache, PagePool
+
+VOICE_IDLE_S = 60.0  # a kept voice unused this long may give its pages to a new one
 
 
 def voice_key(tokens: np.ndarray, mel: np.ndarray, embedding: np.ndarray) -> bytes:
@@ -55,18 +62,26 @@ class VoicePrefix:
 
 
 class VoicePages:
-    """The voices a page pool keeps, least recently used first out; thread-safe (both token2wav workers)."""
+    """The voices a page pool keeps (see the module: least recently used out once idle for ``idle_s``);
+    thread-safe (both token2wav workers). ``clock``: seconds, monotonic (tests inject one)."""
 
-    def __init__(self, pool: PagePool, max_pages: int) -> None:
-        self.pool, self.max_pages = pool, max_pages
+    def __init__(
+        self,
+        pool: PagePool,
+        max_pages: int,
+        idle_s: float = VOICE_IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool, self.max_pages, self.idle_s, self._clock = pool, max_pages, idle_s, clock
         self._voices: OrderedDict[bytes, VoicePrefix] = OrderedDict()
+        self._used_at: dict[bytes, float] = {}
         self._lock = threading.Lock()
 
     @property
     def pages(self) -> int:
         """Pages the kept voices hold."""
         with self._lock:
-            return sum(len(v.pages) for v in self._voices.values())
+            return self._held()
 
     def find(self, key: bytes) -> VoicePrefix | None:
         with self._lock:
@@ -85,21 +100,22 @@ class VoicePages:
         prefix = self._voices.get(key)
         if prefix is not None:
             self._voices.move_to_end(key)
+            self._used_at[key] = self._clock()
         return prefix
 
     def keep(self, key: bytes, cache: PagedCache, frames: int) -> bool:
         """After a committed call: the cache's first ``frames`` frames (F_v) kept for the voice, unless it is
-        kept already, they are none, the cache does not hold them yet, or they would not fit -> kept."""
+        kept already, they are none, the cache does not hold them yet, or they fit neither free room nor
+        the place of voices idle for ``idle_s`` -> kept."""
         chunks = frames // self.pool.layout.chunk
         if chunks == 0 or cache.frames < frames or len(cache.pages) < chunks or chunks > self.max_pages:
             return False
         with self._lock:
-            if key in self._voices:
+            if key in self._voices or (evicted := self._room(chunks)) is None:
                 return False
             pages = tuple(cache.pages[:chunks])
             self.pool.share(pages)
-            self._voices[key] = VoicePrefix(pages, frames)
-            evicted = self._evict()
+            self._voices[key], self._used_at[key] = VoicePrefix(pages, frames), self._clock()
         for prefix in evicted:
             self.pool.give(prefix.pages)
         return True
@@ -107,13 +123,24 @@ class VoicePages:
     def clear(self) -> None:
         """Let every voice go (their pages back to the pool once no request holds them)."""
         with self._lock:
-            voices, self._voices = list(self._voices.values()), OrderedDict()
+            voices, self._voices, self._used_at = list(self._voices.values()), OrderedDict(), {}
         for prefix in voices:
             self.pool.give(prefix.pages)
 
-    def _evict(self) -> list[VoicePrefix]:
-        """The least recently used voices past ``max_pages`` (called under the lock)."""
-        out = []
-        while sum(len(v.pages) for v in self._voices.values()) > self.max_pages:
-            out.append(self._voices.popitem(last=False)[1])
-        return out
+    def _held(self) -> int:
+        return sum(len(v.pages) for v in self._voices.values())
+
+    def _room(self, chunks: int) -> list[VoicePrefix] | None:
+        """Room for ``chunks`` more pages: the least recently used voices that must go for it, or None where
+        one of them was used within ``idle_s`` (then none goes). Called under the lock."""
+        need, now, out = self._held() + chunks - self.max_pages, self._clock(), []
+        for key in self._voices:
+            if need <= 0:
+                break
+            if now - self._used_at[key] < self.idle_s:
+                return None
+            out.append(key)
+            need -= len(self._voices[key].pages)
+        for key in out:
+            del self._used_at[key]
+        return [self._voices.pop(key) for key in out]

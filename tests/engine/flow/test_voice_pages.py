@@ -79,15 +79,25 @@ def test_another_voice_or_a_prompt_too_short_keeps_nothing_of_the_first(monkeypa
     assert not voices.keep(key_of(voice(P, seed=3)), fresh, 50)  # its cache holds nothing yet
 
 
+def tiny_pool(pages: int) -> PagePool:
+    cpu = torch.device("cpu")
+    return PagePool(PageLayout(1, 1, 1, 1, 1, CHUNK, 0, pages, torch.float32, torch.float32, cpu))
+
+
+def committed(pool: PagePool, chunks: int = 2) -> PagedCache:
+    """A request's cache after a committed call of ``chunks`` whole chunks."""
+    cache = PagedCache(pool)
+    cache.reserve(chunks * CHUNK, 2 * chunks)
+    cache.commit(chunks * CHUNK, chunks * CHUNK)
+    return cache
+
+
 def test_the_least_recently_used_voices_go_first_and_their_pages_when_nobody_holds_them():
-    layout = PageLayout(1, 1, 1, 1, 1, CHUNK, 0, 8, torch.float32, torch.float32, torch.device("cpu"))
-    pool = PagePool(layout)
-    voices = VoicePages(pool, max_pages=2)
+    pool = tiny_pool(8)
+    voices = VoicePages(pool, max_pages=2, idle_s=0.0)  # plain LRU
     caches = []
     for name in (b"a", b"b", b"c"):
-        cache = PagedCache(pool)
-        cache.reserve(2 * CHUNK, 4)
-        cache.commit(2 * CHUNK, 2 * CHUNK)
+        cache = committed(pool)
         assert voices.keep(name, cache, CHUNK)
         caches.append(cache)
         if name == b"b":
@@ -97,6 +107,46 @@ def test_the_least_recently_used_voices_go_first_and_their_pages_when_nobody_hol
     for cache in caches:
         cache.clear()
     assert pool.held == 2  # a's and c's first pages, held by their voices
+
+
+def test_a_new_voice_takes_only_the_place_of_one_idle_for_idle_s():
+    clock = [0.0]
+    pool = tiny_pool(16)
+    voices = VoicePages(pool, max_pages=2, idle_s=60.0, clock=lambda: clock[0])
+    assert voices.keep(b"a", committed(pool), CHUNK) and voices.keep(b"b", committed(pool), CHUNK)
+    clock[0] = 59.0
+    assert voices.find(b"b") is not None  # b used again; a idle since 0
+    assert not voices.keep(b"c", committed(pool), CHUNK)  # a has been idle 59 s: nobody makes room
+    assert voices.find(b"a") is not None and voices.find(b"c") is None and voices.pages == 2
+    clock[0] = 200.0  # both idle now: the least recently used goes (b: a was found after it at 59 s)
+    assert voices.keep(b"c", committed(pool), CHUNK)
+    assert voices.find(b"b") is None and voices.find(b"a") is not None
+    clock[0] = 230.0
+    assert not voices.keep(b"d", committed(pool, 4), 4 * CHUNK)  # more pages than there are
+
+
+def test_more_voices_in_turn_than_fit_keep_those_that_fit_where_plain_lru_keeps_none():
+    """Voices recurring in turn, more than fit (the open-loop bench's 25): LRU evicts each one just before
+    it comes back; waiting for an idle one keeps the first that fit, and their later requests start there."""
+
+    def hits(idle_s: float) -> int:
+        clock = [0.0]
+        pool = tiny_pool(64)
+        voices = VoicePages(pool, max_pages=4, idle_s=idle_s, clock=lambda: clock[0])
+        found = 0
+        for i in range(30):  # 10 voices in turn, one request a second, 3 rounds
+            clock[0], key, cache = float(i), bytes([i % 10]), PagedCache(pool)
+            if voices.start(key, cache):
+                found += 1
+                continue
+            cache.reserve(2 * CHUNK, 4)
+            cache.commit(2 * CHUNK, 2 * CHUNK)
+            voices.keep(key, cache, CHUNK)
+            cache.clear()
+        return found
+
+    assert hits(0.0) == 0  # LRU: each voice evicted before its turn comes again
+    assert hits(60.0) == 8  # the first 4 voices stay: found in rounds 2 and 3
 
 
 def test_the_pool_refuses_to_share_or_take_back_a_page_nobody_holds():
