@@ -93,6 +93,21 @@ class LmPace:
 
 
 @dataclass(frozen=True)
+class FirstStart:
+    """First chunks by where their flow call started (EngineConfig.flow_voice_pages): after a kept voice's
+    prompt pages (``cached_frames`` > 0) or at frame 0; p50s in ms."""
+
+    kept: bool
+    count: int
+    flow_p50: float | None  # taken -> flow done
+    sent_p50: float | None
+
+    def part(self, f: Any) -> str:
+        name = "after a kept voice's prompt pages" if self.kept else "from frame 0"
+        return f"{name}: {self.count}, flow p50 {f(self.flow_p50)}, sent p50 {f(self.sent_p50)} ms"
+
+
+@dataclass(frozen=True)
 class RateSummary:
     """One (mode, rate)'s chunks; times in ms (means unless named)."""
 
@@ -126,6 +141,8 @@ class RateSummary:
     first_by_tokens: tuple[FirstLength, ...] = ()
     # the LM's part of first chunks by the load their requests started in; traces before it was recorded: none
     lm_by_load: tuple[LmPace, ...] = ()
+    # where any first chunk began after a kept voice's pages (traces before cached_frames: none)
+    first_starts: tuple[FirstStart, ...] = ()
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -145,6 +162,7 @@ class RateSummary:
             f"{self.first_on_lane} of {self.requests} ran on the first-chunk lane",
             *self._by_tokens(f),
             *self._lm_by_load(f),
+            *self._starts(f),
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -161,6 +179,10 @@ class RateSummary:
         """The LM's pace for first chunks by load, where the trace has their first tokens and load."""
         parts = [pace.part(f) for pace in self.lm_by_load]
         return [f"  the LM's first-chunk tokens by load (p50s): {'; '.join(parts)}"] if parts else []
+
+    def _starts(self, f: Any) -> list[str]:
+        parts = [start.part(f) for start in self.first_starts]
+        return [f"  first chunks {'; '.join(parts)}"] if parts else []
 
 
 # a first chunk shorter than this (tokens: a chunk and v3's look-ahead) was split by the fast start: it ends
@@ -280,7 +302,21 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         first_on_lane=sum(r.get("lane") == "first" for r in first),  # traces before the lane: none
         first_by_tokens=_by_tokens(first),
         lm_by_load=_lm_by_load(first),
+        first_starts=_starts(first),
     )
+
+
+def _starts(first: list[Row]) -> tuple[FirstStart, ...]:
+    """The first chunks after a kept voice's pages and the others, where any began after them."""
+    if not any(r.get("cached_frames", 0) > 0 for r in first):
+        return ()
+    out = []
+    for kept in (True, False):
+        rows = [r for r in first if (r.get("cached_frames", 0) > 0) == kept]
+        flow = [w for r in rows if (w := _span(r, "joined_ms", "flow_done_ms")) is not None]
+        sent = [r["sent_ms"] for r in rows]
+        out.append(FirstStart(kept, len(rows), percentile(flow, 50), percentile(sent, 50)))
+    return tuple(out)
 
 
 SEAM_SLACK_MS = StreamConfig.relaxed_slack_s * 1000.0  # the worker's seam opens for rows with more to spare

@@ -52,6 +52,9 @@ class ChunkTimes:
     flow_done: float | None = None
     vocoded: float | None = None
     lane: str = "main"  # the token2wav worker that ran it: "main", or "first" (the first-chunk lane)
+    # mel frames its request's flow cache held as it was queued (its flow call computes from there): a
+    # first chunk's are a kept voice's prompt frames (EngineConfig.flow_voice_pages), else 0
+    cached_frames: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class ChunkTrace:
     audio_s: float
     lm_first_token_ms: float | None
     lane: str = "main"  # the token2wav worker that ran it (ChunkTimes.lane)
+    cached_frames: int = 0  # ChunkTimes.cached_frames
     # the engine's load as its request started (what the fast start's rule read): requests computing, and
     # those that started within StreamConfig.fast_start_burst_s (None: not counted), this one included
     computing_at_start: int | None = None
@@ -195,6 +199,7 @@ class Stopwatch:
             audio_s=seconds,
             lm_first_token_ms=ms(self.t_lm_start),
             lane=times.lane,
+            cached_frames=times.cached_frames,
             computing_at_start=self.load[0],
             recent_starts=self.load[1],
         )

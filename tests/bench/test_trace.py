@@ -127,6 +127,24 @@ def test_the_lms_first_chunk_pace_is_told_by_the_load_its_requests_started_in():
     assert "10+ computing: 1, first token 50 + 10.0 ms a token" in line and "5-9" not in line
 
 
+def test_first_chunks_after_a_kept_voices_pages_are_told_from_those_computed_from_frame_0():
+    """EngineConfig.flow_voice_pages: first chunks whose cache began with a kept voice's prompt frames
+    (``cached_frames``) against the others; no line where none did (the feature off, or older traces)."""
+    rows = [row(i, 0, ready=100, joined=100, vocoded=100 + 2 * f, sent=100 + 2 * f + 5, slack=-1)
+            for i, f in enumerate([40, 50, 60, 20, 30])]  # fmt: skip  # flow: half of joined -> vocoded
+    (s,) = summarise(rows)
+    assert s.first_starts == () and "kept voice" not in "\n".join(s.lines())
+    for r, cached in zip(rows, [0, 0, 0, 150, 200]):
+        r["cached_frames"] = cached
+    (s,) = summarise(rows)
+    kept, fresh = s.first_starts
+    assert (kept.kept, kept.count, fresh.kept, fresh.count) == (True, 2, False, 3)
+    assert kept.flow_p50 == pytest.approx(25) and fresh.flow_p50 == pytest.approx(50)
+    assert kept.sent_p50 == pytest.approx(155) and fresh.sent_p50 == pytest.approx(205)
+    line = next(x for x in s.lines() if "kept voice" in x)
+    assert "after a kept voice's prompt pages: 2, flow p50 25, sent p50 155 ms; from frame 0: 3" in line
+
+
 def test_summary_keeps_the_arms_of_one_run_apart():
     arm = {"system": "cosystream relaxed-cap"}
     rows = [row(0, 0, 100, 110, 150, 151, -51), row(1, 0, 100, 110, 150, 151, -51) | arm]

@@ -786,10 +786,12 @@ def test_a_kept_voice_gives_its_later_request_the_audio_recomputing_gives(tmp_pa
         for tokens in (first, second):
             utt = t2w.utterance(features, seed=0, stream=True)
             assert isinstance(utt.flow_cache, PagedCache)
-            starts.append(utt.flow_cache.frames)
             utt.tokens.extend(tokens)
             while (job := utt.planner.next_job(len(utt.tokens), lm_done=True)) is not None:
                 audio.append(await t2w.run(utt, job))
+                if job.mel_start == 0:  # its first chunk: where its flow call began, as the trace says
+                    assert utt.last_times is not None
+                    starts.append(utt.last_times.cached_frames)
         return audio, starts
 
     runs = {}
