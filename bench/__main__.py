@@ -275,8 +275,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "8; A: 12, the default; see --prompt-spread); prompt-trim: the fast start for every prompt length, "
         "the flow's prompt cut by up to 12 tokens at its start where its offset is short "
         "(StreamConfig.fast_start_trim 12; A: 0, the default; see --prompt-spread); fast-start-on: every "
-        "request's first chunk split where its offset allows, v2's too (StreamConfig.fast_start on; A: "
-        "auto, which never splits v2's); voice-pages: a kept voice's later requests start their first "
+        "request's first chunk split where its offset allows, whatever the load (StreamConfig.fast_start "
+        "on; A: auto, by the load rules); voice-pages: a kept voice's later requests start their first "
         "flow call after its prompt pages (EngineConfig.flow_voice_pages; A: off, the default; needs CUDA "
         "graphs with flow reuse; see --prompt-spread); both arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
@@ -678,38 +678,29 @@ def _relaxed_cap(engine: Any, on: bool) -> None:
 
 
 def _burst_start(engine: Any, on: bool) -> None:
-    _fast_start_rule(engine, "burst-start", on, fast_start_burst_s=BURST_S if on else None)
+    _set_stream(engine, fast_start_burst_s=BURST_S if on else None)
 
 
 def _busy_start(engine: Any, on: bool) -> None:
     """A: no split while adaptive_min_active or more compute; B: the burst rule alone (the default)."""
-    _fast_start_rule(engine, "busy-start", on, fast_start_busy=on)
+    _set_stream(engine, fast_start_busy=on)
 
 
 def _short_split(engine: Any, on: bool) -> None:
     """A: the split where the first chunk's grid offset is >= 12 tokens (the default); B: >= 8."""
     first_hop = SHORT_SPLIT if on else StreamConfig.min_first_hop
-    _fast_start_rule(engine, "short-split", on, min_first_hop=first_hop)
+    _set_stream(engine, min_first_hop=first_hop)
 
 
 def _prompt_trim(engine: Any, on: bool) -> None:
     """A: the split only where the prompt leaves a grid offset of >= 12 tokens (the default); B: every
     prompt, its flow's prompt cut by up to 12 tokens at the start where it leaves less."""
-    _fast_start_rule(engine, "prompt-trim", on, fast_start_trim=PROMPT_TRIM if on else 0)
-
-
-def _fast_start_rule(engine: Any, lever: str, on: bool, **rule: Any) -> None:
-    """Set auto's fast-start ``rule`` (StreamConfig fields), read per request: the next ones see it."""
-    if on and engine.family != "cosyvoice3":  # StreamConfig.splits_first_chunk: auto never splits v2
-        log.warning(
-            "--ab %s on %s: the rule acts on v3 only, both arms are the same engine", lever, engine.family
-        )
-    _set_stream(engine, **rule)
+    _set_stream(engine, fast_start_trim=PROMPT_TRIM if on else 0)
 
 
 def _fast_start_on(engine: Any, on: bool) -> None:
-    """A: auto (v3 by its load rules, v2 never); B: every request's first chunk split where its grid offset
-    allows (StreamConfig.fast_start on): v2's fast start, whose split first chunk moves one vocoder seam."""
+    """A: auto (by its load rules); B: every request's first chunk split where its grid offset allows,
+    whatever the load (StreamConfig.fast_start on)."""
     _set_stream(engine, fast_start=True if on else None)
 
 

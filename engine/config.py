@@ -56,7 +56,9 @@ class StreamConfig:
     # when pad >= min_first_hop; every later boundary is unchanged, so the first audio needs `hop` fewer
     # LM tokens. v3's flow and HiFT are causal, so its audio is the same sample for sample; v2 moves one
     # vocoder seam. The extra chunk costs one more flow + HiFT pass and leaves a thin first buffer, so
-    # None (auto) splits only for v3 and only while few requests start at once (fast_start_burst_s).
+    # None (auto) splits only while few requests start at once (fast_start_burst_s), v2's too since its
+    # A/B with the first-chunk lane (both on against both off, one load, v2 at 1 request/s, H100): TTFA
+    # p95 296 / 291 ms against 329 / 312 (two seeds; 324 against 374 on another H100), 0 underrun.
     # On a GPU with the bf16 flow it cut the 1-stream TTFA by about a third, RTF unchanged; with the fp32
     # solver the split-off first flow call was once seen to take ~1.4 s (BENCHMARKS.md), so use "off" with
     # --flow-dtype float32 on a GPU.
@@ -138,16 +140,14 @@ class StreamConfig:
         if self.max_adaptive_hop < self.max_token_hop:
             raise ValueError("max_adaptive_hop must be >= max_token_hop (it merges whole reference chunks)")
 
-    def splits_first_chunk(self, family: str, active: int, recent: int | None = None) -> bool:
+    def splits_first_chunk(self, active: int, recent: int | None = None) -> bool:
         """Whether a request that starts with ``active`` requests computing (itself included) gets the
-        split first chunk: as set, or in auto for v3 while the engine is lightly loaded; with
+        split first chunk: as set, or in auto while the engine is lightly loaded; with
         ``fast_start_burst_s``, while at most ``fast_start_max_active`` requests started within it
         (``recent``, itself included) and fewer than ``adaptive_min_active`` compute (or however many do,
         with ``fast_start_busy``)."""
         if self.fast_start is not None:
             return self.fast_start
-        if family != "cosyvoice3":
-            return False
         if self.fast_start_burst_s is None or recent is None:
             return active <= self.fast_start_max_active
         calm = self.fast_start_busy or active < self.adaptive_min_active
@@ -214,7 +214,7 @@ def add_fast_start_flag(parser: Flags) -> None:
     calm = "" if busy else f" and fewer than {StreamConfig.adaptive_min_active} compute"
     parser.add_argument(
         "--fast-start", choices=FAST_START_CHOICES, default=fast_start_flag(StreamConfig.fast_start),
-        help="split the first stream chunk at the chunk grid (auto: v3 while at most "
+        help="split the first stream chunk at the chunk grid (auto: while at most "
         f"{StreamConfig.fast_start_max_active} requests started in {StreamConfig.fast_start_burst_s:g} s"
         f"{calm})",
     )  # fmt: skip
@@ -238,7 +238,7 @@ def add_first_lane_flags(parser: Flags) -> None:
     """``--t2w-first-lane`` / ``--no-t2w-first-lane`` -> ``args.t2w_first_lane`` (None when neither: auto)."""
     _add_auto_flags(
         parser, "t2w-first-lane", "a second token2wav worker for streaming requests' first chunks, with its "
-        "own stream and graphs (default: v3 on a GPU whose flow solver has graphs; this: also v2, the CPU)",
+        "own stream and graphs (default: on a GPU whose flow solver has graphs; this: also the CPU)",
         "one token2wav worker for every chunk (no first-chunk lane)",
     )  # fmt: skip
 
@@ -620,10 +620,10 @@ class EngineConfig:
     # its calls share the GPU with the main worker's. Its A/B (bench --ab first-lane, one load, H100, v3, 3
     # requests/s Poisson, two seeds): the lane took 284-289 first chunks of 360, their wait for the worker
     # 3 ms against 18-27 (mean), their flow + vocoder 59-61 ms against 51, TTFA p95 274 / 265 ms against
-    # 295 / 286, 0 underrun (BENCHMARKS.md, capacity-busy-start-first-lane-d20012e). None (auto): v3 where
-    # the device replays graphs and the flow solver has them (first_lane.refusal); not v2, whose lane has not
-    # run on a GPU, nor the CPU, where a second worker would share its few cores with the first; True: on
-    # wherever it can run; False: off
+    # 295 / 286, 0 underrun (BENCHMARKS.md, capacity-busy-start-first-lane-d20012e); v2's, with its split
+    # first chunk: see StreamConfig.fast_start. None (auto): where the device replays graphs and the flow
+    # solver has them (first_lane.refusal); not on the CPU, where a second worker would share its few cores
+    # with the first; True: on wherever it can run; False: off
     t2w_first_lane: bool | None = None
     # The first-chunk lane's calls on a high-priority device stream (CUDA), so the GPU schedules their
     # kernels ahead of the main worker's queued ones: in the lane's A/B its first chunks' flow + vocoder took
@@ -779,12 +779,12 @@ class EngineConfig:
             return self.flow_compile
         return family == "cosyvoice3"
 
-    def opens_first_lane(self, family: str, graphs: bool) -> bool:
-        """Whether the engine opens the first-chunk lane: as set, or in auto for v3 where the device replays
-        graphs (``graphs``; the lane's refusal, no graphed solver, may still keep it closed there)."""
+    def opens_first_lane(self, graphs: bool) -> bool:
+        """Whether the engine opens the first-chunk lane: as set, or in auto where the device replays graphs
+        (``graphs``; the lane's refusal, no graphed solver, may still keep it closed there)."""
         if self.t2w_first_lane is not None:
             return self.t2w_first_lane
-        return graphs and family == "cosyvoice3"
+        return graphs
 
     def reuses_flow(self, family: str, graphed: bool) -> bool:
         """Whether streaming flow calls reuse finished frames: as set, or in auto everywhere but v2's

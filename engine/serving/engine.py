@@ -284,7 +284,7 @@ class TTSEngine:
         p = parts
         engine = cls(cfg, model, p.frontend, p.text, backend, p.voices, vocoder, p.pool, asr)
         engine.startup, engine.graph_builder, engine._lm_gate = timeline, builder, gate
-        if cfg.opens_first_lane(model.family, devices.graphs_supported(dev)):
+        if cfg.opens_first_lane(devices.graphs_supported(dev)):
             engine._first_lane(vocoder, dev, builder)
         return engine
 
@@ -565,7 +565,7 @@ class TTSEngine:
         burst = stream.fast_start_burst_s
         recent = None if burst is None else self.admission.started_within(burst, time.perf_counter())
         watch.load_at_start(self.admission.active, recent)
-        return stream.splits_first_chunk(self.family, self.admission.active, recent)
+        return stream.splits_first_chunk(self.admission.active, recent)
 
     async def _segment(
         self,

@@ -315,21 +315,6 @@ def test_find_capacity_needs_open_loop_arrivals():
         main(["--random-tiny", "v3", "--find-capacity", "--rate", "1"])
 
 
-def test_ab_burst_start_on_v2_says_both_arms_are_the_same_engine(caplog):
-    """The fast start, and so the burst rule, acts on v3 only: an A/B of it on v2 is an A/A, and says so."""
-    from types import SimpleNamespace
-
-    from bench.__main__ import AB_SWITCHES
-    from engine.config import EngineConfig
-
-    for family, warned in (("cosyvoice2", True), ("cosyvoice3", False)):
-        engine = SimpleNamespace(family=family, cfg=EngineConfig(model="demo-tiny"))
-        caplog.clear()
-        with caplog.at_level("WARNING", "bench"):
-            AB_SWITCHES["burst-start"](engine, True)
-        assert ("same engine" in caplog.text) == warned and engine.cfg.stream.fast_start_burst_s == 0.5
-
-
 def test_ab_voice_pages_switches_the_kept_voices_per_arm_and_says_where_there_is_no_pool(caplog):
     """B: the engine's Token2Wav uses the kept voices (built at load); A: not. Without a page pool (the
     CPU's eager solver) both arms are one engine, and the bench says so."""

@@ -73,37 +73,32 @@ def test_bad_values_are_refused(make, message):
         make()
 
 
-def test_the_first_chunk_lane_opens_by_default_for_v3_where_the_device_replays_graphs():
-    """auto (None, the default): a second token2wav worker for v3 where graphs replay (a GPU), not on the
-    CPU, whose few cores the one worker already keeps busy, nor for v2 (not run on a GPU); True and False
-    as set."""
-    auto, v3, v2 = EngineConfig(), "cosyvoice3", "cosyvoice2"
+def test_the_first_chunk_lane_opens_by_default_where_the_device_replays_graphs():
+    """auto (None, the default): a second token2wav worker where graphs replay (a GPU, v3 and v2), not on
+    the CPU, whose few cores the one worker already keeps busy; True and False as set."""
+    auto = EngineConfig()
     assert auto.t2w_first_lane is None
-    assert [auto.opens_first_lane(v3, g) for g in (True, False)] == [True, False]
-    assert not auto.opens_first_lane(v2, True)
+    assert [auto.opens_first_lane(g) for g in (True, False)] == [True, False]
     for lane in (True, False):
         cfg = EngineConfig(t2w_first_lane=lane)
-        assert all(cfg.opens_first_lane(f, g) is lane for f in (v2, v3) for g in (True, False))
+        assert all(cfg.opens_first_lane(g) is lane for g in (True, False))
 
 
 def test_request_mode_accepts_strings():
     assert SynthesisRequest(text="x", mode="vc").mode is Mode.VC
 
 
-def test_fast_start_auto_splits_for_v3_while_lightly_loaded_and_explicit_choices_stay():
-    assert StreamConfig().fast_start is None  # auto: faster first audio for v3, v2 keeps the reference
+def test_fast_start_auto_splits_while_lightly_loaded_and_explicit_choices_stay():
+    assert StreamConfig().fast_start is None  # auto: faster first audio while few requests start at once
     auto = StreamConfig(fast_start=None, fast_start_burst_s=None)  # the rule by requests computing
     assert auto.fast_start_max_active == 4
-    assert auto.splits_first_chunk("cosyvoice3", active=1) and auto.splits_first_chunk("cosyvoice3", 4)
-    assert not auto.splits_first_chunk("cosyvoice3", active=5)  # busy: the reference's thicker first chunk
-    assert not auto.splits_first_chunk("cosyvoice2", active=1)  # v2 keeps the reference schedule
+    assert auto.splits_first_chunk(active=1) and auto.splits_first_chunk(4)
+    assert not auto.splits_first_chunk(active=5)  # busy: the reference's thicker first chunk
     for explicit in (True, False):
         cfg = StreamConfig(fast_start=explicit)
-        assert all(
-            cfg.splits_first_chunk(f, a) is explicit for f in ("cosyvoice2", "cosyvoice3") for a in (1, 9)
-        )
+        assert all(cfg.splits_first_chunk(a) is explicit for a in (1, 9))
     assert [fast_start_choice(c) for c in ("auto", "on", "off")] == [None, True, False]
-    assert auto.splits_first_chunk("cosyvoice3", active=1, recent=9)  # recent starts count only with a burst
+    assert auto.splits_first_chunk(active=1, recent=9)  # recent starts count only with a burst
 
 
 def test_fast_start_burst_rule_counts_recent_starts_and_stops_under_load():
@@ -111,16 +106,14 @@ def test_fast_start_burst_rule_counts_recent_starts_and_stops_under_load():
     chunks coincide; earlier streams are past theirs) and the engine is below adaptive_min_active."""
     burst = StreamConfig(fast_start_busy=False)
     assert burst.fast_start_burst_s == 0.5  # the default: about a split first chunk's audio
-    assert burst.splits_first_chunk("cosyvoice3", active=5, recent=1)  # old rule: 5 active, no split
-    assert burst.splits_first_chunk("cosyvoice3", active=7, recent=4)
-    assert not burst.splits_first_chunk("cosyvoice3", active=5, recent=5)  # a wave
-    assert not burst.splits_first_chunk("cosyvoice3", active=8, recent=1)  # under load (adaptive hops)
-    assert not burst.splits_first_chunk("cosyvoice2", active=1, recent=1)
-    assert not burst.splits_first_chunk("cosyvoice3", active=5)  # without the count: the active rule
+    assert burst.splits_first_chunk(active=5, recent=1)  # old rule: 5 active, no split
+    assert burst.splits_first_chunk(active=7, recent=4)
+    assert not burst.splits_first_chunk(active=5, recent=5)  # a wave
+    assert not burst.splits_first_chunk(active=8, recent=1)  # under load (adaptive hops)
+    assert not burst.splits_first_chunk(active=5)  # without the count: the active rule
     busy = StreamConfig()  # the burst rule whatever the load (fast_start_busy, the default)
-    assert busy.fast_start_busy and busy.splits_first_chunk("cosyvoice3", active=40, recent=4)
-    assert not busy.splits_first_chunk("cosyvoice3", active=1, recent=5)  # a wave still is one
-    assert not busy.splits_first_chunk("cosyvoice2", active=1, recent=1)
+    assert busy.fast_start_busy and busy.splits_first_chunk(active=40, recent=4)
+    assert not busy.splits_first_chunk(active=1, recent=5)  # a wave still is one
     with pytest.raises(ValueError, match="fast_start_busy"):
         StreamConfig(fast_start_busy=1)  # type: ignore[arg-type]
     for bad in (0.0, -1.0, 61.0):

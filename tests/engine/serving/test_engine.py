@@ -682,8 +682,8 @@ def test_split_preview_shows_the_normalised_segments(engine):
     assert engine.split_preview("   ") == []
 
 
-async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(engine, monkeypatch, tmp_path):
-    """auto: a v3 request alone on the engine gets the split first chunk; v2 keeps the reference one."""
+async def test_fast_start_auto_gives_a_lone_request_an_earlier_first_chunk(engine, monkeypatch, tmp_path):
+    """auto: a request alone on the engine gets the split first chunk, v3's and v2's."""
     seen = []
     real = engine.token2wav.utterance
 
@@ -699,7 +699,7 @@ async def test_fast_start_auto_gives_a_lone_v3_request_an_earlier_first_chunk(en
     await engine.synthesize(req(engine, stream=True, prompt_wav=str(prompt)))
     pad = seen[0] % 25
     assert engine.cfg.stream.fast_start is None and pad >= 12
-    assert seen[0] == (pad if engine.family == "cosyvoice3" else 25 + pad)
+    assert seen[0] == pad
 
 
 async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(engine, monkeypatch):
