@@ -649,8 +649,10 @@ class EngineConfig:
     flow_reuse_gb: float | None = None
     # a voice's prompt frames kept across its requests in the page pool (engine.flow.voice_pages): the
     # prompt's complete chunks before its first speech token's look-ahead depend on the voice alone, so a
-    # later request of the voice starts its first flow call after them (exact; up to 1/8 of the pool, least
-    # recently used voices out). CUDA graphs with a page pool only. Off until measured under load.
+    # later request of the voice starts its first flow call after them (exact; up to 1/8 of the pool, a new
+    # voice in the place of one unused for 60 s). CUDA graphs with a page pool only. Off: at 4 requests/s on
+    # an H100 (v3) it cut a kept voice's first flow call from 256 query frames to 106 (median) for 0-2 ms,
+    # as that call at batch 1 is bound by its per-step latency, not its frames (BENCHMARKS.md)
     flow_voice_pages: bool = False
     # processes that normalise and tokenise request texts (engine.text.pool: that work holds the GIL, so
     # threads queue behind each other); 0 = a thread of the server process; None (auto) = 4 on a GPU/NPU
