@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from engine.serving.engine import TTSEngine
 from engine.serving.metrics import TTFA_PARTS
 
 TOKENS = 60  # streamed: a first chunk at 25 + pad + 3 tokens (pad 13 for the 3.5 s prompt), then the final
-CLI_TOKENS = 30  # one chunk either way: keeps the CLI sweep (12 requests) short
+CLI_TOKENS = 30  # one chunk, or the fast start's two (13 + 17): keeps the CLI sweep (12 requests) short
 
 
 # ------------------------------------------------------------------------------------------- the math
@@ -179,7 +180,11 @@ def check_level(lv: dict) -> None:
     assert lv["peak_device_memory_mb"] == 0.0 and lv["host_peak_rss_mb"] > 0
     for req in lv["per_request"]:
         assert req["audio_s"] == pytest.approx(audio) and req["queue_wait_ms"] >= 0
-        assert req["chunks"] == 1 and req["underruns"] == 0  # too short for a second chunk
+        # too short for a second chunk but for the fast start's split (the bench's prompt: offset 13), which
+        # the engine's streams take (the requests of a level start within its burst rule), the baseline not;
+        # a gap can only fall between two chunks (whether it does is the CPU's speed: not asserted)
+        split = lv["system"] == "cosystream" and lv["mode"] == "stream"
+        assert req["chunks"] == (2 if split else 1) and req["underruns"] <= req["chunks"] - 1
     if lv["system"] == "cosystream":
         assert lv["stage_ms_mean"]["flow"] > 0 and lv["stage_ms_mean"]["hift"] > 0
         parts = lv["ttfa_parts_ms_mean"]
@@ -191,9 +196,12 @@ def check_level(lv: dict) -> None:
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "offline"])
-async def test_baseline_computes_the_same_audio_as_the_engine(engine, stream):
+async def test_baseline_computes_the_same_audio_as_the_engine(engine, stream, monkeypatch):
     """Same weights, sampler, seeds and chunk schedule: the reference-style path must match sample for
-    sample, so the ratios compare the serving strategy and nothing else."""
+    sample, so the ratios compare the serving strategy and nothing else. (v2's split first chunk moves one
+    vocoder seam, so the engine keeps the reference's first chunk here; v3's split is exact.)"""
+    reference = replace(engine.cfg.stream, fast_start=False)
+    monkeypatch.setattr(engine, "cfg", replace(engine.cfg, stream=reference))
     req = Workload(tokens=TOKENS, stream=stream).request(seed=7, prompt=prompt_audio())
     ours, _ = await engine.synthesize(req)
     pieces: list[np.ndarray] = []

@@ -291,9 +291,10 @@ def test_ab_burst_start_switches_the_fast_start_rule_the_engine_reads_per_reques
     assert seen[-4:] == [None, None, 0.5, 0.5] and set(seen[:-4]) <= {0.5}
 
 
-def test_ab_fast_start_on_splits_v2s_first_chunks_in_the_b_arm_only(tmp_path, monkeypatch):
-    """v2's fast start as a lever: auto never splits a v2 first chunk (A); B splits every request's where
-    its grid offset allows (the bench's prompt: offset 13), read per request."""
+def test_ab_fast_start_on_switches_v2s_rule_per_request(tmp_path, monkeypatch):
+    """The fast start as a lever on v2: A, auto, splits a first chunk while few requests start at once (as
+    v3's); B splits every request's where its grid offset allows (the bench's prompt: offset 13), read per
+    request."""
     from engine.serving.engine import TTSEngine
 
     seen: list[tuple[bool | None, bool]] = []
@@ -306,7 +307,7 @@ def test_ab_fast_start_on_splits_v2s_first_chunks_in_the_b_arm_only(tmp_path, mo
 
     monkeypatch.setattr(TTSEngine, "_splits_first_chunk", splits)
     assert ab_arms(tmp_path, "fast-start-on", "v2") == ["cosystream", "cosystream fast-start-on"]
-    assert seen[-4:] == [(None, False), (None, False), (True, True), (True, True)]
+    assert seen[-4:] == [(None, True), (None, True), (True, True), (True, True)]
     assert {fast for fast, _ in seen[:-4]} <= {None}  # the engine's warm-up: auto, as configured
 
 
@@ -351,7 +352,7 @@ def test_ab_busy_start_splits_by_recent_starts_however_many_compute():
     from engine.config import EngineConfig
 
     engine = SimpleNamespace(family="cosyvoice3", cfg=EngineConfig(model="demo-tiny"))
-    rule = lambda active, recent: engine.cfg.stream.splits_first_chunk("cosyvoice3", active, recent)  # noqa: E731
+    rule = lambda active, recent: engine.cfg.stream.splits_first_chunk(active, recent)  # noqa: E731
     assert [rule(n, 1) for n in (7, 8, 30)] == [True, True, True]  # the default
     AB_SWITCHES["busy-start"](engine, False)
     assert [rule(n, 1) for n in (7, 8, 30)] == [True, False, False]

@@ -704,8 +704,9 @@ async def test_fast_start_auto_gives_a_lone_request_an_earlier_first_chunk(engin
 
 async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(engine, monkeypatch):
     """With fast_start_burst_s the engine counts its recent slot takings: a request alone gets the split
-    (v3), one that starts right after a burst of others does not, whatever the active count. What the rule
-    read is noted for the request's trace (requests computing, recent starts, its own included)."""
+    (v3's and v2's), one that starts right after a burst of others does not, whatever the active count.
+    What the rule read is noted for the request's trace (requests computing, recent starts, its own
+    included)."""
     from engine.serving.admission import Admission
     from engine.serving.metrics import Stopwatch
 
@@ -713,7 +714,7 @@ async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(eng
     monkeypatch.setattr(engine, "cfg", replace(engine.cfg, stream=burst))
     monkeypatch.setattr(engine, "admission", Admission(max_active=4, max_queue=4))  # no earlier starts
     watch = Stopwatch("r", 0)
-    assert engine._splits_first_chunk(watch) is (engine.family == "cosyvoice3")
+    assert engine._splits_first_chunk(watch)
     assert watch.load == (0, 0)
     most = engine.cfg.stream.fast_start_max_active
     for _ in range(most + 1):
