@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from types import SimpleNamespace
@@ -46,8 +47,21 @@ def test_sampling_beside_a_thread_building_tuples_breaks_none_of_them():
 
 
 def test_python_blocks_grow_with_what_python_keeps_and_fall_when_it_is_freed():
-    before = python_blocks()
-    kept = [[i] for i in range(50_000)]
-    grown = python_blocks()
-    del kept
-    assert grown - before >= 50_000 and python_blocks() < grown - 40_000
+    """The count is the whole process's, so threads left by earlier tests (an engine's workers winding
+    down) can free blocks meanwhile (2.4 M once in a full CI run): the collector is held off and a window
+    that such a thread disturbed is tried again, at most three times."""
+
+    def window() -> tuple[int, int, int]:
+        before = python_blocks()
+        kept = [[i] for i in range(50_000)]
+        grown = python_blocks()
+        del kept
+        return before, grown, python_blocks()
+
+    gc.collect()
+    gc.disable()
+    try:
+        windows = [window() for _ in range(3)]
+    finally:
+        gc.enable()
+    assert any(grown - before >= 50_000 and after < grown - 40_000 for before, grown, after in windows)
