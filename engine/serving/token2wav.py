@@ -167,16 +167,15 @@ class ChunkScheduler:
         deadline whatever order the queue is told to keep."""
         now = self.clock()
         due = now if deadline is None or self.fifo else deadline
-        times = ChunkTimes(now, due if deadline is None else deadline)
         # a request's chunks run one after another, so its cache is as this chunk's call will find it
-        times.cached_frames = 0 if utt.flow_cache is None else utt.flow_cache.frames
+        cached = 0 if utt.flow_cache is None else utt.flow_cache.frames
         return _Job(
             utt,
             chunk,
             loop,
             loop.create_future(),
             due,
-            times,
+            ChunkTimes(now, due if deadline is None else deadline, cached_frames=cached),
             first=deadline is None and not chunk.finalize,
         )
 
