@@ -135,12 +135,11 @@ def test_more_voices_in_turn_than_fit_keep_those_that_fit_where_plain_lru_keeps_
         voices = VoicePages(pool, max_pages=4, idle_s=idle_s, clock=lambda: clock[0])
         found = 0
         for i in range(30):  # 10 voices in turn, one request a second, 3 rounds
-            clock[0], key, cache = float(i), bytes([i % 10]), PagedCache(pool)
-            if voices.start(key, cache):
+            clock[0], key = float(i), bytes([i % 10])
+            if voices.start(key, PagedCache(pool)):
                 found += 1
                 continue
-            cache.reserve(2 * CHUNK, 4)
-            cache.commit(2 * CHUNK, 2 * CHUNK)
+            cache = committed(pool)
             voices.keep(key, cache, CHUNK)
             cache.clear()
         return found
@@ -150,8 +149,7 @@ def test_more_voices_in_turn_than_fit_keep_those_that_fit_where_plain_lru_keeps_
 
 
 def test_the_pool_refuses_to_share_or_take_back_a_page_nobody_holds():
-    layout = PageLayout(1, 1, 1, 1, 1, CHUNK, 0, 4, torch.float32, torch.float32, torch.device("cpu"))
-    pool = PagePool(layout)
+    pool = tiny_pool(4)
     (page,) = pool.take(1)
     pool.share([page])
     pool.give([page])
