@@ -8,7 +8,8 @@ chunk's length: v3's fast start splits 16 tokens off the reference's 41 at the b
 many lengths give many, printed as two bands, split and the reference's), the later
 ones (how many missed their playback deadline, and whether the missed ones waited or computed), the LM's
 part of first chunks by the load their requests started in (its first token, then each later one: how much
-other streams' decodes and the flow's calls beside them slow it), the batches
+other streams' decodes and the flow's calls beside them slow it), the LM's first token by how much of the main
+worker's call was left as its request was sent (a request's device work queued behind that call), the batches
 (rows, and the share of flow frames that were padding to the batch's frame bucket: a fragmented mix of
 lengths pays it) and the hand-off to the client.
 """
@@ -108,6 +109,25 @@ class FirstStart:
 
 
 @dataclass(frozen=True)
+class BehindCall:
+    """First tokens of requests sent while the main token2wav worker's call had ``low``..``high`` ms left to
+    run (``low`` None: no call running; ``high`` None: or more); p50 in ms after submit. A request's prompt
+    embeddings and copies on the device stream the worker's call is on wait for that call to end."""
+
+    low: float | None
+    high: float | None
+    count: int
+    first_token_p50: float | None
+
+    def part(self, f: Any) -> str:
+        if self.low is None:
+            left = "none running"
+        else:
+            left = f"{self.low:g}+ ms left" if self.high is None else f"{self.low:g}-{self.high:g} ms left"
+        return f"{left}: {self.count}, first token p50 {f(self.first_token_p50)}"
+
+
+@dataclass(frozen=True)
 class RateSummary:
     """One (mode, rate)'s chunks; times in ms (means unless named)."""
 
@@ -143,6 +163,8 @@ class RateSummary:
     lm_by_load: tuple[LmPace, ...] = ()
     # where any first chunk began after a kept voice's pages (traces before cached_frames: none)
     first_starts: tuple[FirstStart, ...] = ()
+    # the LM's first token by the main worker's call left at submit (traces without first tokens: none)
+    behind_call: tuple[BehindCall, ...] = ()
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -163,6 +185,7 @@ class RateSummary:
             *self._by_tokens(f),
             *self._lm_by_load(f),
             *self._starts(f),
+            *self._behind(f),
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -183,6 +206,14 @@ class RateSummary:
     def _starts(self, f: Any) -> list[str]:
         parts = [start.part(f) for start in self.first_starts]
         return [f"  first chunks {'; '.join(parts)}"] if parts else []
+
+    def _behind(self, f: Any) -> list[str]:
+        parts = [band.part(f) for band in self.behind_call]
+        return (
+            [f"  the LM's first token by the main worker's call at submit: {'; '.join(parts)}"]
+            if parts
+            else []
+        )
 
 
 # a first chunk shorter than this (tokens: a chunk and v3's look-ahead) was split by the fast start: it ends
@@ -303,6 +334,7 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         first_by_tokens=_by_tokens(first),
         lm_by_load=_lm_by_load(first),
         first_starts=_starts(first),
+        behind_call=behind_call(rows, clock) if clock else (),
     )
 
 
@@ -369,6 +401,40 @@ def seam_sent(rows: list[Row], clock: dict[str, list[float]]) -> list[float]:
         opens = ready < seam < math.inf and spare
         out.append(row["sent_ms"] - waited + (seam - ready if opens else waited))
     return out
+
+
+# ms of the main worker's call left to run as a request was sent: the bands of ``behind_call``
+LEFT_BANDS: tuple[tuple[float, float | None], ...] = ((0.0, 20.0), (20.0, 40.0), (40.0, None))
+
+
+def main_calls(rows: list[Row], clock: dict[str, list[float]]) -> list[tuple[float, float]]:
+    """The main worker's calls as (joined, vocoded) on the run's clock, one per row it ran (traces from
+    before the first-chunk lane name no lane: every row is the main worker's)."""
+    spans = zip(clock["joined_ms"], clock["vocoded_ms"], strict=True)
+    return [span for row, span in zip(rows, spans, strict=True) if row.get("lane", "main") == "main"]
+
+
+def behind_call(rows: list[Row], clock: dict[str, list[float]]) -> tuple[BehindCall, ...]:
+    """The first chunks' LM first token (ms after submit) by how much of a main-worker call was left to run
+    when their request was sent (the longest such call; ``LEFT_BANDS``), and with none running."""
+    calls = main_calls(rows, clock)
+    left: list[tuple[float | None, float]] = []
+    for i, row in enumerate(rows):
+        if row["first"] and row.get("lm_first_token_ms") is not None:
+            sent = clock["ready_ms"][i] - row["ready_ms"]
+            running = [end - sent for start, end in calls if start <= sent < end]
+            left.append((max(running) if running else None, row["lm_first_token_ms"]))
+    if not left:
+        return ()
+    bands = [BehindCall(None, None, *_tokens([t for ms, t in left if ms is None]))]
+    for low, high in LEFT_BANDS:
+        band = [t for ms, t in left if ms is not None and low <= ms and (high is None or ms < high)]
+        bands.append(BehindCall(low, high, *_tokens(band)))
+    return tuple(band for band in bands if band.count)
+
+
+def _tokens(first_tokens: list[float]) -> tuple[int, float | None]:
+    return len(first_tokens), percentile(first_tokens, 50) if first_tokens else None
 
 
 def read(path: Path) -> list[Row]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 
 import pytest
@@ -238,3 +239,47 @@ def test_open_loop_trace_on_the_tiny_v3_model_times_every_chunk_in_order(tmp_pat
 def test_trace_needs_the_open_loop():
     with pytest.raises(SystemExit):
         bench_main(["--random-tiny", "v3", "--trace"])
+
+
+def test_the_lms_first_token_is_told_by_how_much_of_the_main_workers_call_was_left_at_submit():
+    """A request sent while a main-worker call runs queues its prompt's device work behind that call (the
+    default stream): first tokens by the longest such call's ms left, and with none running. The first-chunk
+    lane's calls (its own stream) do not count; rows without a first token give no line."""
+    import random
+
+    from bench.open_loop import OpenLoop
+
+    sends = [1000.0 * t for t in OpenLoop(4.0, 4).arrivals(random.Random(0))]
+    assert all(b - a > 60 for a, b in itertools.pairwise(sends))  # room for the calls placed below
+
+    def call(i: int, index: int, start: float, end: float, lane: str) -> dict[str, object]:
+        """Request ``i``'s chunk computed from ``start`` to ``end`` ms on the run's clock."""
+        a, b = start - sends[i], end - sends[i]
+        return row(i, index, ready=a, joined=a, vocoded=b, sent=b, slack=500 if index else -1) | {
+            "lane": lane
+        }
+
+    def first(i: int, first_token: float, lane: str = "main", end: float = 6.0) -> dict[str, object]:
+        return call(i, 0, sends[i] + 5, sends[i] + end, lane) | {"lm_first_token_ms": first_token}
+
+    rows = [
+        first(0, 20.0),  # none running
+        call(0, 1, sends[1] - 10, sends[1] + 30, "main"),  # request 1 is sent with 30 ms of it left
+        first(1, 50.0, lane="first", end=sends[2] + 50 - sends[1]),  # the lane's, over request 2's send
+        first(2, 22.0),  # which the lane's call does not hold up
+        call(2, 1, sends[3] - 20, sends[3] + 10, "main"),  # 10 ms left at request 3's send
+        call(1, 1, sends[3] - 30, sends[3] + 45, "main"),  # and 45: the longer counts
+        first(3, 70.0),
+    ]
+    (s,) = summarise(rows)
+    assert [(b.low, b.high, b.count, b.first_token_p50) for b in s.behind_call] == [
+        (None, None, 2, pytest.approx(percentile([20.0, 22.0], 50))),
+        (20.0, 40.0, 1, 50.0),
+        (40.0, None, 1, 70.0),
+    ]
+    line = next(x for x in s.lines() if "main worker's call at submit" in x)
+    assert "none running: 2, first token p50 21; 20-40 ms left: 1, first token p50 50; 40+ ms left: 1" in line
+    for r in rows:
+        r.pop("lm_first_token_ms", None)
+    (s,) = summarise(rows)
+    assert s.behind_call == () and "at submit" not in "\n".join(s.lines())
