@@ -278,7 +278,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "request's first chunk split where its offset allows, whatever the load (StreamConfig.fast_start "
         "on; A: auto, by the load rules); voice-pages: a kept voice's later requests start their first "
         "flow call after its prompt pages (EngineConfig.flow_voice_pages; A: off, the default; needs CUDA "
-        "graphs with flow reuse; see --prompt-spread); both arms on "
+        "graphs with flow reuse; see --prompt-spread); own-stream: the main token2wav worker's calls on a "
+        "CUDA stream of their own, so a new request's prompt embeddings and copies on the default stream "
+        "need not wait for them (EngineConfig.t2w_own_stream; A: the default stream, the default); both "
+        "arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
     add_fast_start_flag(p)
@@ -739,6 +742,12 @@ def _lane_priority(engine: Any, on: bool) -> None:
     engine.token2wav.lane_urgent = on
 
 
+def _own_stream(engine: Any, on: bool) -> None:
+    """A: the main token2wav worker's calls on the default stream, where request threads queue their device
+    work behind them; B: on a stream of its own (read per batch; CUDA, else both arms are one engine)."""
+    engine.token2wav.own_stream = on
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
@@ -752,6 +761,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "prompt-trim": _prompt_trim,
     "fast-start-on": _fast_start_on,
     "voice-pages": _voice_pages,
+    "own-stream": _own_stream,
 }
 
 

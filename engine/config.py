@@ -565,7 +565,8 @@ class EngineConfig:
     prompt_cache_size: int = 64
     # the token2wav worker on a CUDA stream of its own instead of the default stream that request threads
     # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
-    # Off by default; bench --t2w-own-stream is its A/B and a GPU test checks the audio is unchanged.
+    # Off by default; bench --t2w-own-stream turns it on at load, --ab own-stream switches it per batch in
+    # one load (the open-loop A/B), and a GPU test checks the audio is unchanged.
     t2w_own_stream: bool = False
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the

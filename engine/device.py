@@ -215,13 +215,6 @@ class CapturedCall:
         return tuple(o.clone() for o in self.outputs)
 
 
-def own_stream(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The calling thread's device work on a stream of its own (CUDA; the current stream is per thread):
-    a worker's long flow and HiFT calls then neither delay nor wait for the short copies and lookups that
-    request threads put on the default stream. Elsewhere, and as a no-op on CPU: nothing changes."""
-    return on_stream(worker_stream(device))
-
-
 def worker_stream(device: torch.device, urgent: bool = False) -> Any | None:
     """A device stream for a worker thread to keep (CUDA; None elsewhere). ``urgent``: a high-priority one,
     whose queued kernels (a graph's too) the GPU schedules ahead of those of normal-priority streams (the
@@ -253,13 +246,6 @@ def used_on(tensor: torch.Tensor, stream: Any | None) -> None:
     A no-op without a stream or off CUDA."""
     if stream is not None and tensor.is_cuda:
         tensor.record_stream(stream)
-
-
-def after_default_stream(device: torch.device) -> None:
-    """Order this thread's next device work after everything queued on the default stream so far (an event
-    wait on the device, no host sync): tensors another thread has just made are complete when read."""
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).wait_stream(torch.cuda.default_stream(device))
 
 
 def capture_stream():

@@ -59,7 +59,11 @@
 #                                                 so every prompt length splits, against no cut: both with
 #                                                 the BENCH FLAG --prompt-spread; fast-start-on: every
 #                                                 first chunk split where its offset allows, v2's too,
-#                                                 against auto, which never splits v2's), each rate and
+#                                                 against auto, which never splits v2's; voice-pages: a
+#                                                 kept voice's prompt pages; own-stream: the main
+#                                                 token2wav worker's calls on a CUDA stream of their own,
+#                                                 against the default stream, where a new request's
+#                                                 prompt embeddings queue behind them), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -335,7 +336,9 @@ class Token2Wav:
         self._first: threading.Thread | None = None  # the first-chunk lane's worker (open_first_lane)
         # the lane's calls on a high-priority device stream (EngineConfig.t2w_lane_priority), read per batch
         self.lane_urgent = False
-        self._main_stream: object | None = None  # the main worker's device stream, once it runs
+        # the main worker's device streams (its own, the default), made as it starts (None, None off CUDA);
+        # ``own_stream`` picks one per batch (EngineConfig.t2w_own_stream; the bench's A/B switches it)
+        self._main_streams: tuple[object | None, object | None] = (None, None)
         self.flow_reuse, self.reuse_budget = (
             flow_reuse,
             ReuseBudget((EAGER_REUSE_GB if reuse_gb is None else reuse_gb) * 2**30),
@@ -505,21 +508,20 @@ class Token2Wav:
             self._first.join(timeout=10)
 
     def _loop(self) -> None:
-        stream = devices.own_stream(self.device) if self.own_stream else contextlib.nullcontext()
-        with stream, serving_thread():  # a flow call no compiled program fits runs eager, not compiling here
-            self._main_stream = devices.current_stream(self.device)  # the first-chunk lane hands over to it
+        with serving_thread():  # a flow call no compiled program fits runs eager, not compiling here
+            # the first-chunk lane hands its requests over to these (devices.used_on)
+            self._main_streams = (devices.worker_stream(self.device), devices.current_stream(self.device))
             self._serve()
 
     def _serve(self) -> None:
         """One batch at a time, re-ordered after each: a chunk queued meanwhile with an earlier deadline
         runs next instead of after everything that was already waiting."""
         while (live := self.scheduler.next_batch()) is not None:
-            if self.own_stream:
-                devices.after_default_stream(self.device)
-            if live:  # empty when its requests went away
-                t0 = time.perf_counter()
-                others_s = self._run_batch(live)
-                self.scheduler.ran(live, time.perf_counter() - t0 - others_s)
+            with main_stream(self._main_streams, self.own_stream):
+                if live:  # empty when its requests went away
+                    t0 = time.perf_counter()
+                    others_s = self._run_batch(live)
+                    self.scheduler.ran(live, time.perf_counter() - t0 - others_s)
             # the worker waits for the next batch: this one must not keep its requests' state (a stream's
             # flow cache, gigabytes at full size) alive meanwhile
             del live
@@ -544,9 +546,10 @@ class Token2Wav:
                 with devices.on_stream(streams[urgent], after=streams[not urgent]):
                     if live:  # empty when its request went away
                         self._run_batch(live)
-                        for job in live:  # the requests' later chunks run on the main worker's stream
+                        for job in live:  # the requests' later chunks run on the main worker's streams
                             for tensor in job.utt.vocoder.tensors():
-                                devices.used_on(tensor, self._main_stream)
+                                for main in self._main_streams:
+                                    devices.used_on(tensor, main)
                 del live
 
     def _deliver(self, job: _Job, value: np.ndarray | None, err: BaseException | None) -> None:
@@ -779,6 +782,19 @@ class Token2Wav:
             self._keep_voices(utts)
         frames = self.flow.mel_lengths(token_len, prompt_len, feat_len, finalize).tolist()
         return [mel[i : i + 1, :, c.mel_start : n] for i, (c, n) in enumerate(zip(chunks, frames))]
+
+
+def main_stream(streams: tuple[Any, Any], own: bool) -> contextlib.AbstractContextManager[Any]:
+    """The main worker's stream for one batch, of ``streams`` (its own, the default; None, None off CUDA):
+    its own (``own``), ordered after the default stream's work so far (tensors request threads just made),
+    else the default, ordered after its own (the last batches there, when the setting changed). On its own
+    stream a call no longer holds up the request threads' device work on the default one: a new request's
+    prompt embeddings and copies, which otherwise wait for the call running to end (tens of ms under load,
+    the LM's first token with them: ``python -m bench.trace``)."""
+    mine, default = streams
+    if mine is None:
+        return contextlib.nullcontext()
+    return devices.on_stream(mine, after=default) if own else devices.on_stream(default, after=mine)
 
 
 def _caches(utts: list[Utterance], chunks: list[ChunkJob]) -> list[DiTCache | PagedCache] | None:

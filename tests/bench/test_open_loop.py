@@ -870,3 +870,19 @@ def test_a_server_that_falls_behind_shows_rising_windows():
     first, last = level.windows[0], level.windows[-1]
     assert first.requests and last.requests
     assert last.ttfa_p50_ms > first.ttfa_p50_ms + 200  # ~16 requests later: ~480 ms more
+
+
+def test_ab_own_stream_moves_the_main_workers_calls_per_arm():
+    """B: the main token2wav worker's calls on its own stream (read per batch); A: the default stream."""
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES, parse_args
+
+    engine = SimpleNamespace(token2wav=SimpleNamespace(own_stream=False))
+    AB_SWITCHES["own-stream"](engine, True)
+    assert engine.token2wav.own_stream
+    AB_SWITCHES["own-stream"](engine, False)
+    assert not engine.token2wav.own_stream
+    assert parse_args(["--random-tiny", "v3", "--arrivals", "poisson", "--ab", "own-stream"]).ab == (
+        "own-stream",
+    )

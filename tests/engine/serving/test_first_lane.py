@@ -92,7 +92,7 @@ def test_a_first_chunk_runs_on_the_lane_beside_a_held_call_with_the_same_audio(t
     with_lane, beside, worker, kept = beside_a_held_call(tmp_path / "a", family, True, False, monkeypatch)
     alone, waited, main, _ = beside_a_held_call(tmp_path / "b", family, False, False, monkeypatch)
     assert beside and worker == FIRST_LANE and not waited and main == "main"
-    # what the lane left in b's state is handed to the main worker's stream (None: the CPU has no streams)
+    # what the lane left in b's state is handed to the main worker's streams (None: the CPU has none)
     assert kept and {id(t) for t in kept} <= {id(t) for t, _ in handed}
     assert {on for _, on in handed} == {None}
     for got, want in zip(with_lane, alone, strict=True):
@@ -105,13 +105,16 @@ def test_the_lane_runs_each_call_on_the_stream_lane_urgent_picks_after_the_other
     tmp_path, monkeypatch, urgent
 ):
     """The lane keeps two streams (normal, high-priority) and runs each batch on the one ``lane_urgent``
-    picks, ordered after the other's work (CPU: stand-ins record it; the same audio either way)."""
+    picks, ordered after the other's work (CPU: stand-ins record it, named by the thread that made them:
+    the main worker keeps one of its own; the same audio either way)."""
     import contextlib
 
     made: list[bool] = []
     entered: list[tuple[object, object]] = []
 
     def worker_stream(device, urgent=False):
+        if threading.current_thread().name != "token2wav-first":
+            return "main-stream"
         made.append(urgent)
         return f"stream-{'urgent' if urgent else 'normal'}"
 
@@ -126,7 +129,9 @@ def test_the_lane_runs_each_call_on_the_stream_lane_urgent_picks_after_the_other
     )
     assert beside and worker == FIRST_LANE and made == [False, True]
     picked, other = ("stream-urgent", "stream-normal")[:: 1 if urgent else -1]
-    assert entered and set(entered) == {(picked, other)}  # b's first chunk (a's too, where the lane took it)
+    lanes = [e for e in entered if "main-stream" not in e]  # the main worker's: on the default stream
+    assert lanes and set(lanes) == {(picked, other)}  # b's first chunk (a's too, where the lane took it)
+    assert set(entered) - set(lanes) <= {(None, "main-stream")}
     assert all(a.size > 0 for a in audio)
 
 

@@ -184,8 +184,9 @@ CUDA = pytest.param(
 
 @pytest.mark.parametrize("dev", ["cpu", CUDA])
 def test_the_worker_on_its_own_stream_computes_the_same_audio(tmp_path, dev):
-    """``own_stream`` moves the worker's flow and HiFT off the default stream (CUDA; nothing on CPU); three
-    concurrent requests, batched together, get the same samples either way."""
+    """``own_stream`` moves the worker's flow and HiFT off the default stream (CUDA; nothing on CPU), read
+    per batch: three concurrent requests, batched together, get the same samples on the default stream, on
+    the worker's own, and switched between the two after every batch (the bench's A/B switches it live)."""
     from engine.demo.make_model import build_model_dir
 
     model = load_model(validate_model_dir(build_model_dir(tmp_path, "cosyvoice3", "tiny")), torch.device(dev))
@@ -194,17 +195,47 @@ def test_the_worker_on_its_own_stream_computes_the_same_audio(tmp_path, dev):
     async def together(t2w: Token2Wav) -> list[list[np.ndarray]]:
         return await asyncio.gather(*(run_all(t2w, f, tokens, stream=True) for f, tokens in prompts))
 
-    outs = {}
-    for own in (False, True):
-        t2w = Token2Wav(model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), own_stream=own)
+    outs, switches = {}, []
+    for own in (False, True, "switched"):
+        t2w = Token2Wav(
+            model.flow, model.hift, "cosyvoice3", model.device, StreamConfig(), own_stream=bool(own)
+        )
+        if own == "switched":
+            ran = t2w.scheduler.ran
+
+            def flip(jobs, seconds, t2w=t2w, ran=ran):  # after each batch: the other stream for the next
+                switches.append(t2w.own_stream)
+                t2w.own_stream = not t2w.own_stream
+                ran(jobs, seconds)
+
+            t2w.scheduler.ran = flip
         try:
             outs[own] = asyncio.run(together(t2w))
         finally:
             t2w.close()
-    for a, b in zip(outs[False], outs[True]):
-        assert len(a) == len(b) > 1
+    assert len(set(switches)) == 2  # batches ran on both streams
+    for a, b, c in zip(outs[False], outs[True], outs["switched"], strict=True):
+        assert len(a) == len(b) == len(c) > 1
         # which chunks share a batch depends on timing: padded rows differ from lone ones in the last bits
         np.testing.assert_allclose(np.concatenate(b), np.concatenate(a), atol=1e-4)
+        np.testing.assert_allclose(np.concatenate(c), np.concatenate(a), atol=1e-4)
+
+
+def test_a_batch_runs_on_the_chosen_stream_ordered_after_the_other(monkeypatch):
+    """main_stream: its own stream after the default one's queued work (tensors request threads made), or
+    the default after its own (batches left there by a switch); off CUDA (no streams) nothing at all."""
+    from engine.serving import token2wav
+
+    entered = []
+    monkeypatch.setattr(
+        token2wav.devices, "on_stream", lambda stream, after=None: entered.append((stream, after))
+    )
+    mine, default = object(), object()
+    token2wav.main_stream((mine, default), True)
+    token2wav.main_stream((mine, default), False)
+    assert entered == [(mine, default), (default, mine)]
+    with token2wav.main_stream((None, None), True):
+        assert len(entered) == 2
 
 
 def test_v3_fast_start_gives_the_same_audio_with_a_shorter_first_chunk(tmp_path):
