@@ -231,7 +231,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="admission by SLO: refuse new requests while a running stream has this little playback slack "
         "left (s; refused requests count as failed, and apart as refused)",
     )  # fmt: skip
-    p.add_argument("--t2w-own-stream", action="store_true", help="token2wav on its own CUDA stream")
+    add_switch(p, "t2w-own-stream")
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
@@ -280,7 +280,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "flow call after its prompt pages (EngineConfig.flow_voice_pages; A: off, the default; needs CUDA "
         "graphs with flow reuse; see --prompt-spread); own-stream: the main token2wav worker's calls on a "
         "CUDA stream of their own, so a new request's prompt embeddings and copies on the default stream "
-        "need not wait for them (EngineConfig.t2w_own_stream; A: the default stream, the default); both "
+        "need not wait for them (EngineConfig.t2w_own_stream, the default; A: the default stream); both "
         "arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
@@ -744,7 +744,8 @@ def _lane_priority(engine: Any, on: bool) -> None:
 
 def _own_stream(engine: Any, on: bool) -> None:
     """A: the main token2wav worker's calls on the default stream, where request threads queue their device
-    work behind them; B: on a stream of its own (read per batch; CUDA, else both arms are one engine)."""
+    work behind them; B: on a stream of its own, the default (read per batch; CUDA, else both arms are one
+    engine)."""
     engine.token2wav.own_stream = on
 
 

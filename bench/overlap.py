@@ -5,7 +5,7 @@
     python -m bench.overlap --random-tiny v2 --concurrency 1,2 --tokens 30 --lm-levels 1,2 \\
         --flow-batches 1,2 --out /tmp/overlap          # CPU smoke run
 
-Every bench flag applies (the engine is ``python -m bench``'s, ``--cuda-mps`` and ``--t2w-own-stream``
+Every bench flag applies (the engine is ``python -m bench``'s, ``--cuda-mps`` and ``--no-t2w-own-stream``
 included). After the load and every background graph, it measures:
 
 1. the LM alone: ``--lm-levels`` concurrent decodes of ``--tokens`` forced tokens straight on the LM

@@ -309,6 +309,11 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "speech token's look-ahead) in the page pool across its requests, so a later request's first flow "
         "call skips them; exact (default: off)",
     ),
+    "t2w-own-stream": (
+        "t2w_own_stream",
+        "CUDA: the token2wav worker's calls on a stream of their own, so a new request's prompt embeddings "
+        "and copies on the default stream never wait for them (default: on)",
+    ),
     "weights-onto-device": (
         "weights_onto_device",
         "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
@@ -563,11 +568,12 @@ class EngineConfig:
     # prompt features (speech tokens, mel, speaker embedding) kept per prompt audio; 0 = recompute for every
     # request (the A/B for the cache; the reference recomputes)
     prompt_cache_size: int = 64
-    # the token2wav worker on a CUDA stream of its own instead of the default stream that request threads
-    # use (prompt tensors, LM prefixes): a new request's start need not wait for a running flow batch.
-    # Off by default; bench --t2w-own-stream turns it on at load, --ab own-stream switches it per batch in
-    # one load (the open-loop A/B), and a GPU test checks the audio is unchanged.
-    t2w_own_stream: bool = False
+    # the main token2wav worker's calls on a CUDA stream of their own instead of the default stream that
+    # request threads use (the LM's prompt embeddings, a new request's prompt tensors): on the default stream
+    # a new request's device work waited for the call running, its LM's first token ~20 ms + the call's ms
+    # left, and the event loop with it (an H100 at 4 requests/s, both seeds: TTFA p50 -9 and -14 ms, p95 the
+    # same, 2026-12-07-h100-capacity-v3-own-stream-275a0b5). bench --ab own-stream switches it per batch.
+    t2w_own_stream: bool = True
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
     # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the

@@ -111,8 +111,9 @@
 #                                                 time-sliced (--no-cuda-mps) and under the engine's own MPS
 #                                                 daemon (--cuda-mps, the engine's auto default where it can
 #                                                 start); mps-share (MPS, this process's kernels on SHARE=60 %
-#                                                 of the SMs, the LM on all), own-stream (token2wav on its own
-#                                                 CUDA stream), batch4 (flow calls of at most 4 rows),
+#                                                 of the SMs, the LM on all), default-stream (token2wav's
+#                                                 calls on the default CUDA stream, not their own), batch4
+#                                                 (flow calls of at most 4 rows),
 #                                                 ras-eager (the LM's per-step RAS launched op by op, not
 #                                                 replayed from graphs), all with MPS auto; the MPS arms
 #                                                 need nvidia-cuda-mps-control
@@ -533,8 +534,8 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
   IFS=, read -r -a arms <<< "${ARMS:-sliced,mps}"
   for arm in "${arms[@]}"; do
     case "$arm" in
-      sliced | mps | mps-share | own-stream | batch4 | ras-eager) ;;
-      *) die "ARMS: sliced, mps, mps-share, own-stream, batch4 or ras-eager, got '$arm'" ;;
+      sliced | mps | mps-share | default-stream | batch4 | ras-eager) ;;
+      *) die "ARMS: sliced, mps, mps-share, default-stream, batch4 or ras-eager, got '$arm'" ;;
     esac
   done
   environment
@@ -543,7 +544,7 @@ step_overlap() {  # FAMILY [BENCH FLAGS]: the arms of ARMS one after another, ea
     case "$arm" in
       sliced) flags=(--no-cuda-mps) ;; mps) flags=(--cuda-mps) ;;
       mps-share) flags=(--cuda-mps --mps-flow-percent "${SHARE:-60}") ;;
-      own-stream) flags=(--t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
+      default-stream) flags=(--no-t2w-own-stream) ;; batch4) flags=(--flow-batch 4) ;;
       ras-eager) flags=(--no-ras-graphs) ;;
     esac
     if [ "${arm%-share}" = mps ] && ! command -v nvidia-cuda-mps-control > /dev/null; then

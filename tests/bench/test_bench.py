@@ -342,7 +342,7 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
     base = ["--random-tiny", "v3", "--concurrency", "1,4", "--cache-dir", str(tmp_path)]
     plain = engine_config(parse_args(base))
     flags = ["--no-cuda-graphs", "--no-hift-graphs", "--flow-batch", "1", "--prompt-cache", "0"]
-    flags += ["--t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
+    flags += ["--no-t2w-own-stream", "--fast-start", "off", "--flow-dtype", "float32"]
     flags += ["--no-flow-compile", "--no-flow-reuse"]
     flags += ["--adaptive-hop", "on", "--text-workers", "2", "--t2w-fifo", "--t2w-relaxed-cap", "off"]
     flags += ["--cuda-mps", "--mps-flow-percent", "60", "--no-ras-graphs", "--lm-kv-cache-gib", "8"]
@@ -367,7 +367,8 @@ def test_the_engine_knob_flags_reach_the_engine_config(tmp_path):
         1,
         0,
     )
-    assert (knobs.t2w_own_stream, knobs.stream.fast_start, knobs.flow_dtype) == (True, False, "float32")
+    assert (knobs.t2w_own_stream, knobs.stream.fast_start, knobs.flow_dtype) == (False, False, "float32")
+    assert plain.t2w_own_stream is defaults.t2w_own_stream is True
     assert (plain.flow_compile, knobs.flow_compile) == (defaults.flow_compile, False)
     assert (plain.flow_reuse, knobs.flow_reuse) == (defaults.flow_reuse, False)
     assert (plain.stream.adaptive_hop, plain.text_workers) == (defaults.stream.adaptive_hop, None)

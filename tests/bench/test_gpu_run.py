@@ -312,8 +312,8 @@ def test_overlap_arms_are_checked_before_anything_runs(checkout: Path, monkeypat
     monkeypatch.setenv("ARMS", "sliced,mps,priority")
     done = run_sh(checkout, "overlap", "v2")
     assert done.returncode == 2
-    assert "ARMS: sliced, mps, mps-share, own-stream, batch4 or ras-eager, got 'priority'" in done.stderr
-    monkeypatch.setenv("ARMS", "mps,mps-share,own-stream,batch4,ras-eager")
+    assert "ARMS: sliced, mps, mps-share, default-stream, batch4 or ras-eager, got 'priority'" in done.stderr
+    monkeypatch.setenv("ARMS", "mps,mps-share,default-stream,batch4,ras-eager")
     done = run_sh(checkout, "overlap", "v2")  # good arms get as far as the missing vLLM install
     assert done.returncode == 2 and "vLLM is not installed" in done.stderr
 

@@ -531,11 +531,11 @@ def test_the_config_sets_the_flow_batch_and_the_prompt_cache(tmp_path):
     model_dir = build_model_dir(tmp_path / "model", "cosyvoice3", "tiny")
     cfg = EngineConfig(
         model=str(model_dir), device="cpu", backend="native", flow_batch=3, prompt_cache_size=0,
-        t2w_own_stream=True, t2w_quiet_first=True,
+        t2w_own_stream=False, t2w_quiet_first=True,
     )  # fmt: skip
     eng = TTSEngine.load(cfg)
     try:
-        assert (eng.token2wav.max_batch, eng.token2wav.own_stream) == (3, True)
+        assert (eng.token2wav.max_batch, eng.token2wav.own_stream) == (3, False)  # on by default
         assert eng.token2wav.scheduler.quiet_first  # off unless asked for (the module's engine)
         eng.frontend.extract(speech_like(3.0, 24000))
         assert eng.frontend.cache_info() == (0, 0)  # recomputed for every request
