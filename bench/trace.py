@@ -9,7 +9,9 @@ many lengths give many, printed as two bands, split and the reference's), the la
 ones (how many missed their playback deadline, and whether the missed ones waited or computed), the LM's
 part of first chunks by the load their requests started in (its first token, then each later one: how much
 other streams' decodes and the flow's calls beside them slow it), the LM's first token by how much of the main
-worker's call was left as its request was sent (a request's device work queued behind that call), the batches
+worker's call was left as its request was sent (a request's device work queued behind that call), the first
+token in parts (the frontend, the prompt embeddings, then the LM: at the median and for the slowest first
+chunks), the batches
 (rows, and the share of flow frames that were padding to the batch's frame bucket: a fragmented mix of
 lengths pays it) and the hand-off to the client.
 """
@@ -128,6 +130,24 @@ class BehindCall:
 
 
 @dataclass(frozen=True)
+class TokenParts:
+    """A group of first chunks' first token in parts, ms: submit -> the frontend done (prompt features and
+    text), -> the LM's prompt embeddings made, -> the first speech token (host copy, the backend's queue and
+    prefill); ``stat`` says which statistic of the group (p50s of all, means of the slowest by sent)."""
+
+    group: str
+    stat: str
+    count: int
+    frontend: float | None
+    embeddings: float | None
+    lm: float | None
+
+    def part(self, f: Any) -> str:
+        parts = f"frontend {f(self.frontend)} + embeddings {f(self.embeddings)} + LM {f(self.lm)} ms"
+        return f"{self.group} ({self.count}, {self.stat}): {parts}"
+
+
+@dataclass(frozen=True)
 class RateSummary:
     """One (mode, rate)'s chunks; times in ms (means unless named)."""
 
@@ -165,6 +185,8 @@ class RateSummary:
     first_starts: tuple[FirstStart, ...] = ()
     # the LM's first token by the main worker's call left at submit (traces without first tokens: none)
     behind_call: tuple[BehindCall, ...] = ()
+    # the first token in parts: every first chunk, the slowest (traces before the parts were recorded: none)
+    token_parts: tuple[TokenParts, ...] = ()
 
     def lines(self) -> list[str]:
         def f(x: float | None) -> str:
@@ -186,6 +208,7 @@ class RateSummary:
             *self._lm_by_load(f),
             *self._starts(f),
             *self._behind(f),
+            *self._token_parts(f),
             f"  later chunks: {self.later_missed} of {self.later} missed their deadline ({missed:.1f} %); "
             f"the missed waited {f(self.missed_wait)} and computed {f(self.missed_compute)} ms; wait p95 "
             f"{f(self.later_wait_p95)} ms",
@@ -206,6 +229,10 @@ class RateSummary:
     def _starts(self, f: Any) -> list[str]:
         parts = [start.part(f) for start in self.first_starts]
         return [f"  first chunks {'; '.join(parts)}"] if parts else []
+
+    def _token_parts(self, f: Any) -> list[str]:
+        parts = [group.part(f) for group in self.token_parts]
+        return [f"  the first token in parts: {'; '.join(parts)}"] if parts else []
 
     def _behind(self, f: Any) -> list[str]:
         parts = [band.part(f) for band in self.behind_call]
@@ -335,7 +362,34 @@ def _summary(mode: str, system: str, rate: float | None, rows: list[Row], seed: 
         lm_by_load=_lm_by_load(first),
         first_starts=_starts(first),
         behind_call=behind_call(rows, clock) if clock else (),
+        token_parts=token_parts(first),
     )
+
+
+SLOWEST = 0.05  # token_parts' second group: this share of the first chunks, the latest sent
+
+
+def token_parts(first: list[Row]) -> tuple[TokenParts, ...]:
+    """The first token's parts over every first chunk that has them (p50s), then over the slowest
+    ``SLOWEST`` of them by sent (means: a handful of chunks)."""
+    keys = ("frontend_ms", "prefix_ms", "lm_first_token_ms")
+    rows = [r for r in first if all(r.get(k) is not None for k in keys)]
+    if not rows:
+        return ()
+    slowest = sorted(rows, key=lambda r: r["sent_ms"])[-max(1, round(SLOWEST * len(rows))) :]
+    return (
+        _parts("all", "p50s", rows, lambda v: percentile(v, 50)),
+        _parts("slowest 5 %", "means", slowest, _mean),
+    )
+
+
+def _parts(group: str, stat: str, rows: list[Row], of: Any) -> TokenParts:
+    spans = [
+        [r["frontend_ms"] for r in rows],
+        [r["prefix_ms"] - r["frontend_ms"] for r in rows],
+        [r["lm_first_token_ms"] - r["prefix_ms"] for r in rows],
+    ]
+    return TokenParts(group, stat, len(rows), *(of(span) for span in spans))
 
 
 def _starts(first: list[Row]) -> tuple[FirstStart, ...]:

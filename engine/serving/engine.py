@@ -581,6 +581,7 @@ class TTSEngine:
         lm = self.model.lm
         watch.add_text_tokens(len(text_ids))  # the usage's input tokens
         prefix = await asyncio.to_thread(_prefix, lm, text_ids, prompt_ids, speech_ids)
+        watch.prefix_made()
         min_len, max_len = token_limits(len(text_ids), self.cfg.sampling)
         if req.forced_tokens is not None:  # fixed compute for benchmarks: no stop before, none after
             min_len = max_len = req.forced_tokens

@@ -63,7 +63,9 @@ class ChunkTrace:
 
     ``deadline_ms`` is when the client needed it (a first chunk: when it was queued; a later one: when the
     audio sent before runs out), ``slack_ms = deadline_ms - sent_ms`` (below 0: the listener waited, an
-    underrun for a later chunk). ``lm_first_token_ms``: the request's first speech token from the LM."""
+    underrun for a later chunk). ``lm_first_token_ms``: the request's first speech token from the LM, after
+    ``frontend_ms`` (its prompt's features and text ready) and ``prefix_ms`` (the LM's prompt embeddings made,
+    as its first LM request was handed to the backend): the first token's wait in parts."""
 
     index: int
     tokens: int  # speech tokens up to this chunk's end
@@ -85,6 +87,8 @@ class ChunkTrace:
     # those that started within StreamConfig.fast_start_burst_s (None: not counted), this one included
     computing_at_start: int | None = None
     recent_starts: int | None = None
+    frontend_ms: float | None = None
+    prefix_ms: float | None = None
 
     @property
     def first(self) -> bool:
@@ -107,6 +111,7 @@ class Stopwatch:
         self.t_start: float | None = None
         self.t_first_audio: float | None = None
         self.t_lm_start: float | None = None
+        self.t_prefix: float | None = None  # the first LM request's prompt embeddings made (prefix_made)
         self.t_first_text: float | None = None  # text-streaming requests: TTFA counts from here
         self.lm_tokens = 0
         self.text_tokens = 0
@@ -152,6 +157,11 @@ class Stopwatch:
 
     def add_stage(self, stage: str, seconds: float) -> None:
         self.stage_ms[stage] = self.stage_ms.get(stage, 0.0) + seconds * 1000.0
+
+    def prefix_made(self) -> None:
+        """The LM's prompt embeddings are made and its request goes to the backend (the first one counts)."""
+        if self.t_prefix is None:
+            self.t_prefix = self._clock()
 
     def add_tokens(self, n: int) -> None:
         if self.t_lm_start is None:
@@ -202,6 +212,8 @@ class Stopwatch:
             cached_frames=times.cached_frames,
             computing_at_start=self.load[0],
             recent_starts=self.load[1],
+            frontend_ms=ms(self.marks.get("frontend_done")),
+            prefix_ms=ms(self.t_prefix),
         )
 
     def snapshot(self, done: bool = False) -> RequestMetrics:

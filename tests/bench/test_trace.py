@@ -283,3 +283,24 @@ def test_the_lms_first_token_is_told_by_how_much_of_the_main_workers_call_was_le
         r.pop("lm_first_token_ms", None)
     (s,) = summarise(rows)
     assert s.behind_call == () and "at submit" not in "\n".join(s.lines())
+
+
+def test_the_first_token_is_told_in_parts_at_the_median_and_for_the_slowest_first_chunks():
+    """The frontend, the prompt embeddings and the LM (p50s over every first chunk; means over the latest
+    sent 5 %, at least one); rows from before the parts were recorded give no line."""
+    rows = [row(i, 0, ready=100, joined=100, vocoded=150, sent=150 + i, slack=-1) for i in range(20)]
+    (s,) = summarise(rows)
+    assert s.token_parts == () and "in parts" not in "\n".join(s.lines())
+    for i, r in enumerate(rows):  # the last one sent: a slow frontend and a slow LM
+        slow = i == 19
+        r |= {
+            "frontend_ms": 40.0 if slow else 8.0 + i % 3,
+            "prefix_ms": (40.0 if slow else 8.0 + i % 3) + 2.0,
+        }
+        r["lm_first_token_ms"] = r["prefix_ms"] + (150.0 if slow else 20.0)
+    (s,) = summarise(rows)
+    every, slowest = s.token_parts
+    assert (every.count, every.frontend, every.embeddings, every.lm) == (20, pytest.approx(9.0), 2.0, 20.0)
+    assert (slowest.count, slowest.frontend, slowest.embeddings, slowest.lm) == (1, 40.0, 2.0, 150.0)
+    line = next(x for x in s.lines() if "in parts" in x)
+    assert "all (20, p50s): frontend 9 + embeddings 2 + LM 20 ms; slowest 5 % (1, means): frontend 40" in line

@@ -706,7 +706,7 @@ async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(eng
     """With fast_start_burst_s the engine counts its recent slot takings: a request alone gets the split
     (v3's and v2's), one that starts right after a burst of others does not, whatever the active count.
     What the rule read is noted for the request's trace (requests computing, recent starts, its own
-    included)."""
+    included), with the parts of its first token's wait."""
     from engine.serving.admission import Admission
     from engine.serving.metrics import Stopwatch
 
@@ -725,6 +725,12 @@ async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(eng
     assert engine.admission.started_within(30.0, time.perf_counter()) == most + 2
     traces = [c.trace for c in chunks if c.trace is not None]
     assert traces and {(t.computing_at_start, t.recent_starts) for t in traces} == {(1, most + 2)}
+    # the first token's wait in parts: the frontend, then the LM's prompt embeddings, then the token
+    first = traces[0]
+    assert (
+        first.frontend_ms is not None and first.prefix_ms is not None and first.lm_first_token_ms is not None
+    )
+    assert 0 < first.frontend_ms <= first.prefix_ms <= first.lm_first_token_ms <= first.ready_ms
 
 
 def test_the_worker_hears_of_a_stream_short_of_audio_from_the_engines_own_streams(engine, monkeypatch):

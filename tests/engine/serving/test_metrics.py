@@ -50,3 +50,31 @@ def test_ttfa_parts_split_the_ttfa_at_its_milestones():
     assert sum(parts.values()) == pytest.approx(watch.snapshot().ttfa_ms)
     with pytest.raises(ValueError, match="milestone"):
         watch.mark("lunch")
+
+
+def test_a_chunks_trace_gives_the_first_tokens_wait_in_parts():
+    """frontend_ms (the frontend done), prefix_ms (the LM's prompt embeddings made; the first segment's
+    counts), lm_first_token_ms: ms after submit on the request's clock; None where a part never happened."""
+    from engine.serving.metrics import ChunkTimes
+
+    now = [50.0]
+    watch = Stopwatch("r", 0, clock=lambda: now[0])
+    for t, step in [(50.01, watch.started), (50.03, lambda: watch.mark("frontend_done"))]:
+        now[0] = t
+        step()
+    now[0] = 50.034
+    watch.prefix_made()
+    now[0] = 50.06
+    watch.add_tokens(1)
+    watch.prefix_made()  # a later segment's: not the first token's wait
+    watch.chunk_computed(ChunkTimes(ready=50.1, due=50.1), tokens=16)
+    now[0] = 50.2
+    trace = watch.chunk_sent(0.64)
+    assert trace is not None
+    got = (trace.frontend_ms, trace.prefix_ms, trace.lm_first_token_ms)
+    assert got == (pytest.approx(30.0), pytest.approx(34.0), pytest.approx(60.0))
+    assert {"frontend_ms", "prefix_ms"} <= set(trace.row())
+    bare = Stopwatch("b", 0, clock=lambda: 1.0)
+    bare.chunk_computed(ChunkTimes(ready=1.0, due=1.0), tokens=1)
+    trace = bare.chunk_sent(0.04)
+    assert trace is not None and (trace.frontend_ms, trace.prefix_ms) == (None, None)
