@@ -236,11 +236,8 @@ class RateSummary:
 
     def _behind(self, f: Any) -> list[str]:
         parts = [band.part(f) for band in self.behind_call]
-        return (
-            [f"  the LM's first token by the main worker's call at submit: {'; '.join(parts)}"]
-            if parts
-            else []
-        )
+        head = "  the LM's first token by the main worker's call at submit"
+        return [f"{head}: {'; '.join(parts)}"] if parts else []
 
 
 # a first chunk shorter than this (tokens: a chunk and v3's look-ahead) was split by the fast start: it ends

@@ -570,9 +570,8 @@ class EngineConfig:
     prompt_cache_size: int = 64
     # the main token2wav worker's calls on a CUDA stream of their own instead of the default stream that
     # request threads use (the LM's prompt embeddings, a new request's prompt tensors): on the default stream
-    # a new request's device work waited for the call running, its LM's first token ~20 ms + the call's ms
-    # left, and the event loop with it (an H100 at 4 requests/s, both seeds: TTFA p50 -9 and -14 ms, p95 the
-    # same, 2026-12-07-h100-capacity-v3-own-stream-275a0b5). bench --ab own-stream switches it per batch.
+    # a new request's device work waits for the call running, and the event loop with its first copy
+    # (BENCHMARKS.md has the A/B). bench --ab own-stream switches it per batch.
     t2w_own_stream: bool = True
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the

@@ -527,15 +527,15 @@ class Token2Wav:
             del live
 
     def _serve_first(self, lane: Lane) -> None:
-        """The first-chunk lane's thread: its own graphs (``lane``) and stream. It does not wait for the
-        default stream, where the main worker may be running a call (waiting would queue it behind that
-        call): what it reads was made by blocking copies (the prompt's tensors), on its own stream (tokens,
-        page tables) or by calls of the same request that ended before this chunk was queued (their audio
-        was copied to the host), and no call of another request writes the pages it reads. What it leaves
-        in a request's state (the vocoder's history) is marked as used on the main worker's stream, which
-        replaces and frees it later. The flow keeps no tensor per request here: the lane needs the graphed
-        solver on a GPU (its page pool, or none; ``first_lane``). Its calls are not the relaxed rule's
-        measure of the worker's speed (``ran``)."""
+        """The first-chunk lane's thread: its own graphs (``lane``) and stream. It waits for neither the
+        default stream nor the main worker's own, either of which may be running a call (waiting would
+        queue it behind that call): what it reads was made by blocking copies (the prompt's tensors), on
+        its own stream (tokens, page tables) or by calls of the same request that ended before this chunk
+        was queued (their audio was copied to the host), and no call of another request writes the pages
+        it reads. What it leaves in a request's state (the vocoder's history) is marked as used on both of
+        the main worker's streams, either of which replaces and frees it later. The flow keeps no tensor
+        per request here: the lane needs the graphed solver on a GPU (its page pool, or none;
+        ``first_lane``). Its calls are not the relaxed rule's measure of the worker's speed (``ran``)."""
         self._lane.parts = lane
         # (normal, urgent): lane_urgent picks per batch; each batch is ordered after the other's work, so the
         # lane's calls stay in order (its graphs' input buffers are reused) whichever it ran on last
