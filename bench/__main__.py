@@ -232,6 +232,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "left (s; refused requests count as failed, and apart as refused)",
     )  # fmt: skip
     add_switch(p, "t2w-own-stream")
+    add_switch(p, "lm-host-prefix")
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
@@ -280,7 +281,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "flow call after its prompt pages (EngineConfig.flow_voice_pages; A: off, the default; needs CUDA "
         "graphs with flow reuse; see --prompt-spread); own-stream: the main token2wav worker's calls on a "
         "CUDA stream of their own, so a new request's prompt embeddings and copies on the default stream "
-        "need not wait for them (EngineConfig.t2w_own_stream, the default; A: the default stream); both "
+        "need not wait for them (EngineConfig.t2w_own_stream, the default; A: the default stream); "
+        "host-prefix: a request's LM prompt embeddings gathered from a host copy of the LM's tables "
+        "(EngineConfig.lm_host_prefix; A: looked up on the device and copied back, the default); both "
         "arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
@@ -469,6 +472,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_batch=args.flow_batch,
         prompt_cache_size=args.prompt_cache,
         t2w_own_stream=args.t2w_own_stream,
+        # --ab host-prefix: the host's table built at load, then switched per arm
+        lm_host_prefix=True if "host-prefix" in ab_lever_set(args.ab) else args.lm_host_prefix,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,
         mps_flow_below_normal=args.mps_flow_below_normal,
@@ -749,6 +754,12 @@ def _own_stream(engine: Any, on: bool) -> None:
     engine.token2wav.own_stream = on
 
 
+def _host_prefix(engine: Any, on: bool) -> None:
+    """A: the LM's prompt embeddings looked up on its device in a thread and copied back for vLLM; B:
+    gathered from the host's copy of its tables on the event loop (EngineConfig.lm_host_prefix)."""
+    engine.host_prefix = on
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
@@ -763,6 +774,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "fast-start-on": _fast_start_on,
     "voice-pages": _voice_pages,
     "own-stream": _own_stream,
+    "host-prefix": _host_prefix,
 }
 
 

@@ -132,8 +132,10 @@ class BehindCall:
 @dataclass(frozen=True)
 class TokenParts:
     """A group of first chunks' first token in parts, ms: submit -> the frontend done (prompt features and
-    text), -> the LM's prompt embeddings made, -> the first speech token (host copy, the backend's queue and
-    prefill); ``stat`` says which statistic of the group (p50s of all, means of the slowest by sent)."""
+    text), -> the flow's prompt tensors made on the device, -> the LM's prompt embeddings made, -> the first
+    speech token (host copy, the backend's queue and prefill); ``stat`` says which statistic of the group
+    (p50s of all, means of the slowest by sent). ``flow_prompt`` is None in traces before it was recorded,
+    where ``embeddings`` holds it too."""
 
     group: str
     stat: str
@@ -141,9 +143,11 @@ class TokenParts:
     frontend: float | None
     embeddings: float | None
     lm: float | None
+    flow_prompt: float | None = None
 
     def part(self, f: Any) -> str:
-        parts = f"frontend {f(self.frontend)} + embeddings {f(self.embeddings)} + LM {f(self.lm)} ms"
+        flow = "" if self.flow_prompt is None else f"flow prompt {f(self.flow_prompt)} + "
+        parts = f"frontend {f(self.frontend)} + {flow}embeddings {f(self.embeddings)} + LM {f(self.lm)} ms"
         return f"{self.group} ({self.count}, {self.stat}): {parts}"
 
 
@@ -381,12 +385,16 @@ def token_parts(first: list[Row]) -> tuple[TokenParts, ...]:
 
 
 def _parts(group: str, stat: str, rows: list[Row], of: Any) -> TokenParts:
+    split = all(r.get("flow_prompt_ms") is not None for r in rows)
+    before = "flow_prompt_ms" if split else "frontend_ms"  # the embeddings' span starts after the flow prompt
     spans = [
         [r["frontend_ms"] for r in rows],
-        [r["prefix_ms"] - r["frontend_ms"] for r in rows],
+        [r["prefix_ms"] - r[before] for r in rows],
         [r["lm_first_token_ms"] - r["prefix_ms"] for r in rows],
     ]
-    return TokenParts(group, stat, len(rows), *(of(span) for span in spans))
+    flow = of([r["flow_prompt_ms"] - r["frontend_ms"] for r in rows]) if split else None
+    frontend, embeddings, lm = (of(span) for span in spans)
+    return TokenParts(group, stat, len(rows), frontend, embeddings, lm, flow)
 
 
 def _starts(first: list[Row]) -> tuple[FirstStart, ...]:

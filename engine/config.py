@@ -314,6 +314,12 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "CUDA: the token2wav worker's calls on a stream of their own, so a new request's prompt embeddings "
         "and copies on the default stream never wait for them (default: on)",
     ),
+    "lm-host-prefix": (
+        "lm_host_prefix",
+        "a request's LM prompt embeddings gathered from a host copy of the LM's embedding tables (~0.3 GB "
+        "of host memory at full size) on the event loop, not looked up on the device and copied back "
+        "(default: off)",
+    ),
     "weights-onto-device": (
         "weights_onto_device",
         "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
@@ -573,6 +579,10 @@ class EngineConfig:
     # a new request's device work waits for the call running, and the event loop with its first copy
     # (BENCHMARKS.md has the A/B). bench --ab own-stream switches it per batch.
     t2w_own_stream: bool = True
+    # a request's LM prompt embeddings from a host copy of the LM's embedding tables (engine.lm.prompt_table):
+    # no device lookups, syncs or copy back before vLLM (which takes them on the host), and no thread hop.
+    # bench --ab host-prefix switches it; off until measured
+    lm_host_prefix: bool = False
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
     # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the

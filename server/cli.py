@@ -220,6 +220,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_switch(g, "lm-host")
     add_switch(g, "weights-onto-device")
     add_switch(g, "t2w-own-stream")
+    add_switch(g, "lm-host-prefix")
     add_switch(g, "single-stream-graphs-at-load")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,

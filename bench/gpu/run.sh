@@ -63,7 +63,9 @@
 #                                                 kept voice's prompt pages; own-stream: the main
 #                                                 token2wav worker's calls on a CUDA stream of their own,
 #                                                 against the default stream, where a new request's
-#                                                 prompt embeddings queue behind them), each rate and
+#                                                 prompt embeddings queue behind them; host-prefix: the
+#                                                 LM's prompt embeddings gathered on the host, against
+#                                                 looked up on the device), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed

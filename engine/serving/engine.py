@@ -43,6 +43,7 @@ from engine.lm.backend import LMBackend, LMRequest
 from engine.lm.bistream import Interleaver, Layout, bistream_tokens
 from engine.lm.decode_slot import DecodeSlot
 from engine.lm.handover import HandoverLM, StartGate
+from engine.lm.prompt_table import PromptTable
 from engine.lm.sampling import token_limits
 from engine.lm.speech_lm import SpeechLM
 from engine.request import AudioChunk, Mode, SynthesisRequest
@@ -126,6 +127,9 @@ class TTSEngine:
             voice_pages=cfg.flow_voice_pages,
         )  # fmt: skip
         self.token2wav.lane_urgent = cfg.t2w_lane_priority  # read by the first-chunk lane, where one opens
+        # the LM's embedding rows on the host (bench --ab host-prefix builds them for both arms, switches use)
+        self.prompt_table = PromptTable.of(model.lm) if cfg.lm_host_prefix else None
+        self.host_prefix = cfg.lm_host_prefix
         self.admission = Admission(
             cfg.limits.max_concurrency,
             cfg.limits.max_queue,
@@ -551,6 +555,7 @@ class TTSEngine:
             return
         for i, (text_ids, prompt_ids, speech_ids) in enumerate(plan.segments):
             utt = self.token2wav.utterance(plan.flow_prompt, seed + i, stream, req.speed, schedule)
+            watch.flow_prompt_made()
             segment = self._segment(req, utt, text_ids, prompt_ids, speech_ids, seed + i, watch, active)
             async with contextlib.aclosing(segment):
                 async for pcm in segment:
@@ -580,7 +585,7 @@ class TTSEngine:
     ) -> AsyncGenerator[np.ndarray, None]:
         lm = self.model.lm
         watch.add_text_tokens(len(text_ids))  # the usage's input tokens
-        prefix = await asyncio.to_thread(_prefix, lm, text_ids, prompt_ids, speech_ids)
+        prefix = await self._prompt_embeds(text_ids, prompt_ids, speech_ids)
         watch.prefix_made()
         min_len, max_len = token_limits(len(text_ids), self.cfg.sampling)
         if req.forced_tokens is not None:  # fixed compute for benchmarks: no stop before, none after
@@ -605,6 +610,16 @@ class TTSEngine:
         finally:  # done, failed, aborted or left: a ticket left open would hold the worker's calls
             if first is not None:
                 first.end()
+
+    async def _prompt_embeds(
+        self, text_ids: list[int], prompt_ids: list[int], speech_ids: list[int]
+    ) -> torch.Tensor:
+        """The LM's prompt embeddings [P, H]: gathered from the host's copy of its tables here on the event
+        loop (EngineConfig.lm_host_prefix: ~100 rows, microseconds, nothing waits on the device), else looked
+        up on the LM's device in a thread (device work: off the event loop)."""
+        if self.host_prefix and self.prompt_table is not None:
+            return self.prompt_table.prefix(text_ids, prompt_ids, speech_ids)
+        return await asyncio.to_thread(_prefix, self.model.lm, text_ids, prompt_ids, speech_ids)
 
     def _first_chunk(self, active: _Active, stream: bool) -> FirstChunk | None:
         """The request's first-chunk ticket, taken as its first LM segment starts (None for later ones).

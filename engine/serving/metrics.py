@@ -64,8 +64,9 @@ class ChunkTrace:
     ``deadline_ms`` is when the client needed it (a first chunk: when it was queued; a later one: when the
     audio sent before runs out), ``slack_ms = deadline_ms - sent_ms`` (below 0: the listener waited, an
     underrun for a later chunk). ``lm_first_token_ms``: the request's first speech token from the LM, after
-    ``frontend_ms`` (its prompt's features and text ready) and ``prefix_ms`` (the LM's prompt embeddings made,
-    as its first LM request was handed to the backend): the first token's wait in parts."""
+    ``frontend_ms`` (its prompt's features and text ready), ``flow_prompt_ms`` (the flow's prompt tensors made
+    on the device) and ``prefix_ms`` (the LM's prompt embeddings made, as its first LM request was handed to
+    the backend): the first token's wait in parts."""
 
     index: int
     tokens: int  # speech tokens up to this chunk's end
@@ -89,6 +90,7 @@ class ChunkTrace:
     recent_starts: int | None = None
     frontend_ms: float | None = None
     prefix_ms: float | None = None
+    flow_prompt_ms: float | None = None
 
     @property
     def first(self) -> bool:
@@ -112,6 +114,7 @@ class Stopwatch:
         self.t_first_audio: float | None = None
         self.t_lm_start: float | None = None
         self.t_prefix: float | None = None  # the first LM request's prompt embeddings made (prefix_made)
+        self.t_flow_prompt: float | None = None  # the first segment's flow prompt made (flow_prompt_made)
         self.t_first_text: float | None = None  # text-streaming requests: TTFA counts from here
         self.lm_tokens = 0
         self.text_tokens = 0
@@ -157,6 +160,11 @@ class Stopwatch:
 
     def add_stage(self, stage: str, seconds: float) -> None:
         self.stage_ms[stage] = self.stage_ms.get(stage, 0.0) + seconds * 1000.0
+
+    def flow_prompt_made(self) -> None:
+        """The flow's prompt tensors are on the device (the first segment's ``Utterance`` counts)."""
+        if self.t_flow_prompt is None:
+            self.t_flow_prompt = self._clock()
 
     def prefix_made(self) -> None:
         """The LM's prompt embeddings are made and its request goes to the backend (the first one counts)."""
@@ -214,6 +222,7 @@ class Stopwatch:
             recent_starts=self.load[1],
             frontend_ms=ms(self.marks.get("frontend_done")),
             prefix_ms=ms(self.t_prefix),
+            flow_prompt_ms=ms(self.t_flow_prompt),
         )
 
     def snapshot(self, done: bool = False) -> RequestMetrics:

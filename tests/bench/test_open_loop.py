@@ -886,3 +886,21 @@ def test_ab_own_stream_moves_the_main_workers_calls_per_arm():
     assert parse_args(["--random-tiny", "v3", "--arrivals", "poisson", "--ab", "own-stream"]).ab == (
         "own-stream",
     )
+
+
+def test_ab_host_prefix_builds_the_hosts_table_for_both_arms_and_switches_its_use():
+    """--ab host-prefix: the engine is built with the LM's host table (EngineConfig.lm_host_prefix), then B
+    gathers from it and A looks up on the device; --lm-host-prefix alone turns it on for a plain run."""
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES, engine_config, parse_args
+
+    argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
+    assert not engine_config(parse_args(argv)).lm_host_prefix
+    assert engine_config(parse_args([*argv, "--ab", "host-prefix"])).lm_host_prefix
+    assert engine_config(parse_args([*argv, "--lm-host-prefix"])).lm_host_prefix
+    engine = SimpleNamespace(host_prefix=False)
+    AB_SWITCHES["host-prefix"](engine, True)
+    assert engine.host_prefix
+    AB_SWITCHES["host-prefix"](engine, False)
+    assert not engine.host_prefix

@@ -304,3 +304,11 @@ def test_the_first_token_is_told_in_parts_at_the_median_and_for_the_slowest_firs
     assert (slowest.count, slowest.frontend, slowest.embeddings, slowest.lm) == (1, 40.0, 2.0, 150.0)
     line = next(x for x in s.lines() if "in parts" in x)
     assert "all (20, p50s): frontend 9 + embeddings 2 + LM 20 ms; slowest 5 % (1, means): frontend 40" in line
+    for i, r in enumerate(rows):  # the flow's prompt recorded: its span comes out of the embeddings'
+        r["flow_prompt_ms"] = r["frontend_ms"] + (1.5 if i == 19 else 0.5)
+    (s,) = summarise(rows)
+    every, slowest = s.token_parts
+    spans = (every.flow_prompt, every.embeddings, slowest.flow_prompt, slowest.embeddings)
+    assert spans == (0.5, 1.5, 1.5, 0.5)
+    line = next(x for x in s.lines() if "in parts" in x)
+    assert "all (20, p50s): frontend 9 + flow prompt 0 + embeddings 2 + LM 20 ms" in line

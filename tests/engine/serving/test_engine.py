@@ -137,6 +137,29 @@ async def test_same_seed_same_audio_other_seed_other_audio(engine):
     assert a.shape != c.shape or not np.array_equal(a, c)
 
 
+async def test_the_hosts_prompt_table_gives_the_same_audio_without_the_devices_lookup(engine, monkeypatch):
+    """EngineConfig.lm_host_prefix: the LM's prompt embeddings gathered on the host reach the backend on the
+    host, with no lookup on the LM's device (``_prefix`` unused), and the audio is the lookup's, sample for
+    sample; switched off again, the lookup serves."""
+    from engine.lm.prompt_table import PromptTable
+    from engine.serving import engine as engine_module
+
+    looked_up = pcm(await collect(engine, req(engine)))
+    assert engine.prompt_table is None and not engine.host_prefix  # off by default: no host copy made
+    prefixes, real = [], engine.backend.generate
+    monkeypatch.setattr(engine.backend, "generate", lambda r: prefixes.append(r.prefix) or real(r))
+    monkeypatch.setattr(engine, "prompt_table", PromptTable.of(engine.model.lm))
+    monkeypatch.setattr(engine, "host_prefix", True)
+    monkeypatch.setattr(engine_module, "_prefix", lambda *a: pytest.fail("looked up on the device"))
+    np.testing.assert_array_equal(pcm(await collect(engine, req(engine))), looked_up)
+    assert prefixes and all(p.device.type == "cpu" for p in prefixes)
+    monkeypatch.undo()
+    calls, lookup = [], engine_module._prefix
+    monkeypatch.setattr(engine_module, "_prefix", lambda *a: calls.append(1) or lookup(*a))
+    np.testing.assert_array_equal(pcm(await collect(engine, req(engine))), looked_up)
+    assert calls
+
+
 async def test_streaming_and_non_streaming_cover_the_same_tokens(engine):
     # Same seed -> same tokens -> same length. The samples differ where the reference's differ too: its
     # non-final flow calls use chunk-causal attention (test_token2wav checks both against the reference).
@@ -725,12 +748,11 @@ async def test_fast_start_burst_rule_splits_by_the_starts_the_engine_counted(eng
     assert engine.admission.started_within(30.0, time.perf_counter()) == most + 2
     traces = [c.trace for c in chunks if c.trace is not None]
     assert traces and {(t.computing_at_start, t.recent_starts) for t in traces} == {(1, most + 2)}
-    # the first token's wait in parts: the frontend, then the LM's prompt embeddings, then the token
+    # the first token's wait in parts: the frontend, the flow's prompt, the LM's prompt embeddings, the token
     first = traces[0]
-    assert (
-        first.frontend_ms is not None and first.prefix_ms is not None and first.lm_first_token_ms is not None
-    )
-    assert 0 < first.frontend_ms <= first.prefix_ms <= first.lm_first_token_ms <= first.ready_ms
+    parts = (first.frontend_ms, first.flow_prompt_ms, first.prefix_ms, first.lm_first_token_ms)
+    assert None not in parts
+    assert 0 < parts[0] <= parts[1] <= parts[2] <= parts[3] <= first.ready_ms  # type: ignore[operator]
 
 
 def test_the_worker_hears_of_a_stream_short_of_audio_from_the_engines_own_streams(engine, monkeypatch):

@@ -53,8 +53,9 @@ def test_ttfa_parts_split_the_ttfa_at_its_milestones():
 
 
 def test_a_chunks_trace_gives_the_first_tokens_wait_in_parts():
-    """frontend_ms (the frontend done), prefix_ms (the LM's prompt embeddings made; the first segment's
-    counts), lm_first_token_ms: ms after submit on the request's clock; None where a part never happened."""
+    """frontend_ms (the frontend done), flow_prompt_ms (the flow's prompt made) and prefix_ms (the LM's prompt
+    embeddings made; the first segment's of each counts), lm_first_token_ms: ms after submit on the request's
+    clock; None where a part never happened."""
     from engine.serving.metrics import ChunkTimes
 
     now = [50.0]
@@ -62,19 +63,22 @@ def test_a_chunks_trace_gives_the_first_tokens_wait_in_parts():
     for t, step in [(50.01, watch.started), (50.03, lambda: watch.mark("frontend_done"))]:
         now[0] = t
         step()
+    now[0] = 50.032
+    watch.flow_prompt_made()
     now[0] = 50.034
     watch.prefix_made()
     now[0] = 50.06
     watch.add_tokens(1)
-    watch.prefix_made()  # a later segment's: not the first token's wait
+    watch.flow_prompt_made()  # a later segment's: not the first token's wait
+    watch.prefix_made()
     watch.chunk_computed(ChunkTimes(ready=50.1, due=50.1), tokens=16)
     now[0] = 50.2
     trace = watch.chunk_sent(0.64)
     assert trace is not None
-    got = (trace.frontend_ms, trace.prefix_ms, trace.lm_first_token_ms)
-    assert got == (pytest.approx(30.0), pytest.approx(34.0), pytest.approx(60.0))
-    assert {"frontend_ms", "prefix_ms"} <= set(trace.row())
+    got = (trace.frontend_ms, trace.flow_prompt_ms, trace.prefix_ms, trace.lm_first_token_ms)
+    assert got == (pytest.approx(30.0), pytest.approx(32.0), pytest.approx(34.0), pytest.approx(60.0))
+    assert {"frontend_ms", "flow_prompt_ms", "prefix_ms"} <= set(trace.row())
     bare = Stopwatch("b", 0, clock=lambda: 1.0)
     bare.chunk_computed(ChunkTimes(ready=1.0, due=1.0), tokens=1)
     trace = bare.chunk_sent(0.04)
-    assert trace is not None and (trace.frontend_ms, trace.prefix_ms) == (None, None)
+    assert trace is not None and (trace.frontend_ms, trace.flow_prompt_ms, trace.prefix_ms) == (None,) * 3
