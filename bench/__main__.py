@@ -48,6 +48,7 @@ from engine.config import (
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
+    add_gil_switch_flag,
     add_model_flag,
     add_overlap_flags,
     add_switch,
@@ -233,6 +234,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     add_switch(p, "t2w-own-stream")
     add_switch(p, "lm-host-prefix")
+    add_gil_switch_flag(p)
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
@@ -283,7 +285,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "CUDA stream of their own, so a new request's prompt embeddings and copies on the default stream "
         "need not wait for them (EngineConfig.t2w_own_stream, the default; A: the default stream); "
         "host-prefix: a request's LM prompt embeddings gathered from a host copy of the LM's tables "
-        "(EngineConfig.lm_host_prefix; A: looked up on the device and copied back, the default); both "
+        "(EngineConfig.lm_host_prefix, the default; A: looked up on the device and copied back); "
+        "gil-switch: the interpreter's switch interval at 1 ms (A: the engine's, EngineConfig.gil_switch_ms, "
+        "else Python's 5 ms); both "
         "arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
@@ -474,6 +478,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         t2w_own_stream=args.t2w_own_stream,
         # --ab host-prefix: the host's table built at load, then switched per arm
         lm_host_prefix=True if "host-prefix" in ab_lever_set(args.ab) else args.lm_host_prefix,
+        gil_switch_ms=args.gil_switch_ms,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,
         mps_flow_below_normal=args.mps_flow_below_normal,
@@ -760,6 +765,14 @@ def _host_prefix(engine: Any, on: bool) -> None:
     engine.host_prefix = on
 
 
+GIL_SWITCH_AB_MS = 1.0  # --ab gil-switch: B's switch interval
+
+
+def _gil_switch(engine: Any, on: bool) -> None:
+    """A: the engine's switch interval (EngineConfig.gil_switch_ms, else Python's 5 ms); B: 1 ms."""
+    sys.setswitchinterval((GIL_SWITCH_AB_MS if on else engine.cfg.gil_switch_ms or 5.0) / 1000.0)
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
@@ -775,6 +788,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "voice-pages": _voice_pages,
     "own-stream": _own_stream,
     "host-prefix": _host_prefix,
+    "gil-switch": _gil_switch,
 }
 
 

@@ -318,7 +318,7 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "lm_host_prefix",
         "a request's LM prompt embeddings gathered from a host copy of the LM's embedding tables (~0.3 GB "
         "of host memory at full size) on the event loop, not looked up on the device and copied back "
-        "(default: off)",
+        "(default: on)",
     ),
     "weights-onto-device": (
         "weights_onto_device",
@@ -334,6 +334,15 @@ def add_switch(parser: Flags, flag: str) -> None:
     field, help = SWITCHES[flag]
     default = getattr(EngineConfig, field)
     parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=help)
+
+
+def add_gil_switch_flag(parser: Flags) -> None:
+    """``--gil-switch-ms`` -> ``args.gil_switch_ms`` (``EngineConfig.gil_switch_ms``)."""
+    parser.add_argument(
+        "--gil-switch-ms", type=float, default=EngineConfig.gil_switch_ms,
+        help="the interpreter's switch interval while the engine serves (ms): how long a thread waits for "
+        "the GIL before its holder is asked to drop it (default: Python's own, 5 ms)",
+    )  # fmt: skip
 
 
 def add_flow_attention_flag(parser: Flags) -> None:
@@ -579,10 +588,16 @@ class EngineConfig:
     # a new request's device work waits for the call running, and the event loop with its first copy
     # (BENCHMARKS.md has the A/B). bench --ab own-stream switches it per batch.
     t2w_own_stream: bool = True
-    # a request's LM prompt embeddings from a host copy of the LM's embedding tables (engine.lm.prompt_table):
-    # no device lookups, syncs or copy back before vLLM (which takes them on the host), and no thread hop.
-    # bench --ab host-prefix switches it; off until measured
-    lm_host_prefix: bool = False
+    # a request's LM prompt embeddings from a host copy of the LM's embedding tables (engine.lm.prompt_table,
+    # ~0.3 GB of host memory at full size in bf16): no device lookups, syncs or copy back before vLLM (which
+    # takes them on the host), and no thread hop, where a burst of arrivals waited on the device and the GIL.
+    # BENCHMARKS.md has the A/B; bench --ab host-prefix switches it
+    lm_host_prefix: bool = True
+    # the interpreter's switch interval (ms) while the engine is open (engine.serving.switch_interval): how
+    # long a thread waits for the GIL before its holder is asked to drop it; the event loop waits that long
+    # after each blocking device call while the token2wav threads run. None: Python's own (5 ms). bench --ab
+    # gil-switch tries 1 ms against the engine's; not measured yet
+    gil_switch_ms: float | None = None
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
     # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the
@@ -694,6 +709,8 @@ class EngineConfig:
             raise ValueError(f"flow_attention must be one of {FLOW_ATTENTION}, got {self.flow_attention!r}")
         if not 0.0 <= self.graph_warmup_s <= 300.0:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
+        if self.gil_switch_ms is not None and not 0.05 <= self.gil_switch_ms <= 100.0:
+            raise ValueError(f"gil_switch_ms must be None or within [0.05, 100] ms, got {self.gil_switch_ms}")
         if not 0 <= self.prompt_cache_size <= 4096:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
         if self.text_workers is not None and not 0 <= self.text_workers <= 64:

@@ -65,7 +65,9 @@
 #                                                 against the default stream, where a new request's
 #                                                 prompt embeddings queue behind them; host-prefix: the
 #                                                 LM's prompt embeddings gathered on the host, against
-#                                                 looked up on the device), each rate and
+#                                                 looked up on the device; gil-switch: the
+#                                                 interpreter's switch interval at 1 ms, against
+#                                                 Python's 5), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed

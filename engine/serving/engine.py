@@ -58,6 +58,7 @@ from engine.serving.playback import Playback
 from engine.serving.startup import Timeline
 from engine.serving.streaming import MEL_FRAMES_PER_S, SILENT_TOKENS_V3, SilenceFilter
 from engine.serving.subtitles import WordTimer
+from engine.serving.switch_interval import switch_interval
 from engine.serving.token2wav import Token2Wav, Utterance
 from engine.text.frontend import TextFrontend, instruct_presets, load_tokenizer
 from engine.text.pool import TextPool, text_job
@@ -171,6 +172,7 @@ class TTSEngine:
         # process-wide settings the engine holds until close(), undone here if loading fails
         with contextlib.ExitStack() as settings:
             mps = settings.enter_context(_cuda_mps(cfg))  # before anything here initialises CUDA
+            settings.enter_context(switch_interval(cfg.gil_switch_ms))
             # under MPS our context comes now, at its SM share, before vLLM's engine core starts with all
             dev = (
                 devices.resolve(cfg.device)

@@ -889,18 +889,41 @@ def test_ab_own_stream_moves_the_main_workers_calls_per_arm():
 
 
 def test_ab_host_prefix_builds_the_hosts_table_for_both_arms_and_switches_its_use():
-    """--ab host-prefix: the engine is built with the LM's host table (EngineConfig.lm_host_prefix), then B
-    gathers from it and A looks up on the device; --lm-host-prefix alone turns it on for a plain run."""
+    """--ab host-prefix: the engine is built with the LM's host table (EngineConfig.lm_host_prefix, the
+    default), even where --no-lm-host-prefix came before; then B gathers from it and A looks up on the
+    device."""
     from types import SimpleNamespace
 
     from bench.__main__ import AB_SWITCHES, engine_config, parse_args
 
     argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
-    assert not engine_config(parse_args(argv)).lm_host_prefix
-    assert engine_config(parse_args([*argv, "--ab", "host-prefix"])).lm_host_prefix
-    assert engine_config(parse_args([*argv, "--lm-host-prefix"])).lm_host_prefix
+    assert engine_config(parse_args(argv)).lm_host_prefix
+    assert not engine_config(parse_args([*argv, "--no-lm-host-prefix"])).lm_host_prefix
+    assert engine_config(parse_args([*argv, "--no-lm-host-prefix", "--ab", "host-prefix"])).lm_host_prefix
     engine = SimpleNamespace(host_prefix=False)
     AB_SWITCHES["host-prefix"](engine, True)
     assert engine.host_prefix
     AB_SWITCHES["host-prefix"](engine, False)
     assert not engine.host_prefix
+
+
+def test_ab_gil_switch_sets_the_interpreters_interval_per_arm():
+    """B: 1 ms; A: the engine's configured interval, else Python's 5 ms; --gil-switch-ms reaches it."""
+    import sys
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES, engine_config, parse_args
+
+    before = sys.getswitchinterval()
+    try:
+        for configured, a_ms in ((None, 5.0), (2.0, 2.0)):
+            engine = SimpleNamespace(cfg=SimpleNamespace(gil_switch_ms=configured))
+            AB_SWITCHES["gil-switch"](engine, True)
+            assert sys.getswitchinterval() == pytest.approx(0.001)
+            AB_SWITCHES["gil-switch"](engine, False)
+            assert sys.getswitchinterval() == pytest.approx(a_ms / 1000.0)
+    finally:
+        sys.setswitchinterval(before)
+    argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
+    assert engine_config(parse_args(argv)).gil_switch_ms is None
+    assert engine_config(parse_args([*argv, "--gil-switch-ms", "0.5"])).gil_switch_ms == 0.5

@@ -138,26 +138,35 @@ async def test_same_seed_same_audio_other_seed_other_audio(engine):
 
 
 async def test_the_hosts_prompt_table_gives_the_same_audio_without_the_devices_lookup(engine, monkeypatch):
-    """EngineConfig.lm_host_prefix: the LM's prompt embeddings gathered on the host reach the backend on the
-    host, with no lookup on the LM's device (``_prefix`` unused), and the audio is the lookup's, sample for
-    sample; switched off again, the lookup serves."""
-    from engine.lm.prompt_table import PromptTable
+    """EngineConfig.lm_host_prefix (the default): the LM's prompt embeddings gathered on the host reach the
+    backend on the host, with no lookup on the LM's device (``_prefix`` unused); switched off, the lookup
+    serves, and the audio is the same sample for sample."""
     from engine.serving import engine as engine_module
 
-    looked_up = pcm(await collect(engine, req(engine)))
-    assert engine.prompt_table is None and not engine.host_prefix  # off by default: no host copy made
-    prefixes, real = [], engine.backend.generate
+    assert engine.prompt_table is not None and engine.host_prefix
+    prefixes, real, lookup = [], engine.backend.generate, engine_module._prefix
     monkeypatch.setattr(engine.backend, "generate", lambda r: prefixes.append(r.prefix) or real(r))
-    monkeypatch.setattr(engine, "prompt_table", PromptTable.of(engine.model.lm))
-    monkeypatch.setattr(engine, "host_prefix", True)
     monkeypatch.setattr(engine_module, "_prefix", lambda *a: pytest.fail("looked up on the device"))
-    np.testing.assert_array_equal(pcm(await collect(engine, req(engine))), looked_up)
+    gathered = pcm(await collect(engine, req(engine)))
     assert prefixes and all(p.device.type == "cpu" for p in prefixes)
-    monkeypatch.undo()
-    calls, lookup = [], engine_module._prefix
+    calls: list[int] = []
+    monkeypatch.setattr(engine, "host_prefix", False)
     monkeypatch.setattr(engine_module, "_prefix", lambda *a: calls.append(1) or lookup(*a))
-    np.testing.assert_array_equal(pcm(await collect(engine, req(engine))), looked_up)
+    np.testing.assert_array_equal(pcm(await collect(engine, req(engine))), gathered)
     assert calls
+
+
+def test_the_engine_holds_its_switch_interval_until_closed(engine):
+    """EngineConfig.gil_switch_ms: set as the engine loads, the interpreter's own again once it closes."""
+    import sys
+
+    before = sys.getswitchinterval()
+    other = TTSEngine.load(replace(engine.cfg, gil_switch_ms=2.0))
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        other.close()
+    assert sys.getswitchinterval() == before
 
 
 async def test_streaming_and_non_streaming_cover_the_same_tokens(engine):
