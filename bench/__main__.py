@@ -49,6 +49,7 @@ from engine.config import (
     add_flow_compile_flags,
     add_flow_reuse_flags,
     add_gil_switch_flag,
+    add_kept_prompts_flag,
     add_model_flag,
     add_overlap_flags,
     add_switch,
@@ -235,6 +236,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_switch(p, "t2w-own-stream")
     add_switch(p, "lm-host-prefix")
     add_gil_switch_flag(p)
+    add_kept_prompts_flag(p)
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
@@ -287,7 +289,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "host-prefix: a request's LM prompt embeddings gathered from a host copy of the LM's tables "
         "(EngineConfig.lm_host_prefix, the default; A: looked up on the device and copied back); "
         "gil-switch: the interpreter's switch interval at 1 ms (A: the engine's, EngineConfig.gil_switch_ms, "
-        "else Python's 5 ms); both "
+        "else Python's 5 ms); kept-prompts: 64 voices' prompt tensors kept on the device (A: the engine's, "
+        "EngineConfig.t2w_kept_prompts, none by default); both "
         "arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
@@ -479,6 +482,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         # --ab host-prefix: the host's table built at load, then switched per arm
         lm_host_prefix=True if "host-prefix" in ab_lever_set(args.ab) else args.lm_host_prefix,
         gil_switch_ms=args.gil_switch_ms,
+        t2w_kept_prompts=args.t2w_kept_prompts,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,
         mps_flow_below_normal=args.mps_flow_below_normal,
@@ -773,6 +777,15 @@ def _gil_switch(engine: Any, on: bool) -> None:
     sys.setswitchinterval((GIL_SWITCH_AB_MS if on else engine.cfg.gil_switch_ms or 5.0) / 1000.0)
 
 
+KEPT_PROMPTS_AB = 64  # --ab kept-prompts: B's voices kept (the frontend's prompt cache holds as many)
+
+
+def _kept_prompts(engine: Any, on: bool) -> None:
+    """A: the engine's kept prompts (EngineConfig.t2w_kept_prompts, 0 by default: each request copies its
+    own); B: 64 voices' prompt tensors kept on the device."""
+    engine.token2wav.prompts.size = KEPT_PROMPTS_AB if on else engine.cfg.t2w_kept_prompts
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
@@ -789,6 +802,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "own-stream": _own_stream,
     "host-prefix": _host_prefix,
     "gil-switch": _gil_switch,
+    "kept-prompts": _kept_prompts,
 }
 
 

@@ -345,6 +345,15 @@ def add_gil_switch_flag(parser: Flags) -> None:
     )  # fmt: skip
 
 
+def add_kept_prompts_flag(parser: Flags) -> None:
+    """``--t2w-kept-prompts`` -> ``args.t2w_kept_prompts`` (``EngineConfig.t2w_kept_prompts``)."""
+    parser.add_argument(
+        "--t2w-kept-prompts", type=int, default=EngineConfig.t2w_kept_prompts,
+        help="voices whose prompt tensors stay on the device for their next requests (0: none, each "
+        "request copies its own)",
+    )  # fmt: skip
+
+
 def add_flow_attention_flag(parser: Flags) -> None:
     """``--flow-attention`` -> ``args.flow_attention`` (``EngineConfig.flow_attention``)."""
     parser.add_argument(
@@ -598,6 +607,11 @@ class EngineConfig:
     # after each blocking device call while the token2wav threads run. None: Python's own (5 ms). bench --ab
     # gil-switch tries 1 ms against the engine's; not measured yet
     gil_switch_ms: float | None = None
+    # voices whose prompt tensors (speech tokens, mel, speaker embedding) stay on the device for their next
+    # requests (engine.serving.kept_prompts): a kept voice's request makes no blocking copy on the event loop,
+    # where a burst's copies each waited for the GIL. 0: every request copies its own. bench --ab
+    # kept-prompts tries 64 against none; not measured yet
+    t2w_kept_prompts: int = 0
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
     # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the
@@ -711,6 +725,8 @@ class EngineConfig:
             raise ValueError("graph_warmup_s must be within [0, 300] (0: capture each bucket on first use)")
         if self.gil_switch_ms is not None and not 0.05 <= self.gil_switch_ms <= 100.0:
             raise ValueError(f"gil_switch_ms must be None or within [0.05, 100] ms, got {self.gil_switch_ms}")
+        if not 0 <= self.t2w_kept_prompts <= 4096:
+            raise ValueError(f"t2w_kept_prompts must be within [0, 4096], got {self.t2w_kept_prompts}")
         if not 0 <= self.prompt_cache_size <= 4096:
             raise ValueError(f"prompt_cache_size must be within [0, 4096], got {self.prompt_cache_size}")
         if self.text_workers is not None and not 0 <= self.text_workers <= 64:

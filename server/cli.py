@@ -30,6 +30,7 @@ from engine.config import (
     add_flow_compile_flags,
     add_flow_reuse_flags,
     add_gil_switch_flag,
+    add_kept_prompts_flag,
     add_lm_handover_flags,
     add_model_flag,
     add_overlap_flags,
@@ -224,6 +225,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_switch(g, "lm-host-prefix")
     add_switch(g, "single-stream-graphs-at-load")
     add_gil_switch_flag(g)
+    add_kept_prompts_flag(g)
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
@@ -308,6 +310,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         mps_flow_below_normal=args.mps_flow_below_normal,
         flow_reuse_gb=args.flow_reuse_gb,
         gil_switch_ms=args.gil_switch_ms,
+        t2w_kept_prompts=args.t2w_kept_prompts,
         graph_warmup_s=args.graph_warmup_s,
         background_graphs=args.background_graphs,
         first_graphs_early=args.first_graphs_early,

@@ -67,7 +67,8 @@
 #                                                 LM's prompt embeddings gathered on the host, against
 #                                                 looked up on the device; gil-switch: the
 #                                                 interpreter's switch interval at 1 ms, against
-#                                                 Python's 5), each rate and
+#                                                 Python's 5; kept-prompts: 64 voices' prompt
+#                                                 tensors kept on the device, against none), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed

@@ -125,7 +125,7 @@ class TTSEngine:
             yield_to_urgent=cfg.t2w_yield_to_urgent, quiet_first=cfg.t2w_quiet_first,
             reuse_gb=cfg.flow_reuse_gb,
             flow_reuse=cfg.reuses_flow(model.family, graphed=isinstance(model.flow.decoder, GraphedCFM)),
-            voice_pages=cfg.flow_voice_pages,
+            voice_pages=cfg.flow_voice_pages, kept_prompts=cfg.t2w_kept_prompts,
         )  # fmt: skip
         self.token2wav.lane_urgent = cfg.t2w_lane_priority  # read by the first-chunk lane, where one opens
         # the LM's embedding rows on the host (bench --ab host-prefix builds them for both arms, switches use)

@@ -46,6 +46,7 @@ from engine.flow.precompiled import serving_thread
 from engine.flow.voice_pages import VoicePages, voice_frames, voice_key
 from engine.frontend import PromptFeatures
 from engine.serving.job_queue import DeadlineQueue, FirstChunk, Hold, Relaxed, frame_bucket_of
+from engine.serving.kept_prompts import KeptPrompts
 from engine.serving.metrics import ChunkTimes
 from engine.serving.streaming import TOKEN_MEL_RATIO, ChunkJob, ChunkPlanner
 from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
@@ -325,6 +326,7 @@ class Token2Wav:
         quiet_first: bool = False,  # relaxed calls wait while a first chunk is being decoded
         flow_reuse: bool = True,  # reuse finished frames where the solver can (flow_cache)
         voice_pages: bool = False,  # a voice's prompt pages kept across its requests (a page pool's)
+        kept_prompts: int = 0,  # voices whose prompt tensors stay on the device (KeptPrompts; 0: none)
         reuse_gb: float | None = None,  # the eager solver's frame caches together; None: EAGER_REUSE_GB
         # v2's HiFT rows of one shape in one call; None: on a GPU/NPU (a call there is launch-bound), not
         # on the CPU (a batched call of full-size rows took 1.3-2.4x the time of the rows one by one)
@@ -349,6 +351,9 @@ class Token2Wav:
         if voice_pages and isinstance(flow.decoder, GraphedCFM):
             flow.decoder.voice_windows = True
         self.v2_groups = devices.is_accelerator(device) if v2_hift_groups is None else v2_hift_groups
+        self.prompts = KeptPrompts(
+            device, kept_prompts
+        )  # EngineConfig.t2w_kept_prompts; the bench resizes it
         self.stream_cfg, self.own_stream, self.clock, self.fifo = stream_cfg, own_stream, clock, fifo
         batching = Batching(
             max_batch,
@@ -381,11 +386,10 @@ class Token2Wav:
         dev, schedule = self.device, schedule or self.stream_cfg
         # the fast start's trim (StreamConfig.fast_start_trim): only a 2:1-aligned prompt loses its head
         cut = schedule.flow_prompt_cut(len(features.speech_tokens)) if stream and features.trimmed else 0
-        # copies: cached features are shared, read-only arrays
-        tokens = torch.tensor(features.speech_tokens[cut:], dtype=torch.long, device=dev)[None]
-        mel = features.prompt_mel[TOKEN_MEL_RATIO * cut :]
-        feat = torch.tensor(mel, dtype=torch.float32, device=dev)[None]
-        emb = torch.tensor(features.speaker_embedding, dtype=torch.float32, device=dev)[None]
+        # the prompt's tensors (kept per voice, or copied now), viewed past the cut; never written
+        prompt = self.prompts.get(features)
+        tokens, emb = prompt.tokens[:, cut:], prompt.embedding
+        feat = prompt.feat[:, TOKEN_MEL_RATIO * cut :]
         planner = ChunkPlanner(tokens.shape[1], schedule, stream, feat.shape[1])
         v2 = self.family == "cosyvoice2"
         reuse = self.reuses_flow and stream and flow_reuse is not False

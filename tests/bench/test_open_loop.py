@@ -927,3 +927,25 @@ def test_ab_gil_switch_sets_the_interpreters_interval_per_arm():
     argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
     assert engine_config(parse_args(argv)).gil_switch_ms is None
     assert engine_config(parse_args([*argv, "--gil-switch-ms", "0.5"])).gil_switch_ms == 0.5
+
+
+def test_ab_kept_prompts_keeps_voices_in_b_and_the_engines_setting_in_a():
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.__main__ import AB_SWITCHES, KEPT_PROMPTS_AB, engine_config, parse_args
+    from engine.serving.kept_prompts import KeptPrompts
+
+    for configured in (0, 8):
+        prompts = KeptPrompts(torch.device("cpu"), configured)
+        engine = SimpleNamespace(
+            token2wav=SimpleNamespace(prompts=prompts), cfg=SimpleNamespace(t2w_kept_prompts=configured)
+        )
+        AB_SWITCHES["kept-prompts"](engine, True)
+        assert prompts.size == KEPT_PROMPTS_AB
+        AB_SWITCHES["kept-prompts"](engine, False)
+        assert prompts.size == configured
+    argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
+    assert engine_config(parse_args(argv)).t2w_kept_prompts == 0
+    assert engine_config(parse_args([*argv, "--t2w-kept-prompts", "16"])).t2w_kept_prompts == 16

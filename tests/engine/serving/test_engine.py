@@ -156,6 +156,22 @@ async def test_the_hosts_prompt_table_gives_the_same_audio_without_the_devices_l
     assert calls
 
 
+async def test_a_kept_voices_requests_view_its_prompt_tensors_with_the_same_audio(engine, monkeypatch):
+    """EngineConfig.t2w_kept_prompts: a voice's second request reuses the prompt tensors its first made (its
+    Utterance views them, the fast start's cut included) and the audio is the per-request copies'."""
+    copied = pcm(await collect(engine, req(engine)))
+    assert engine.token2wav.prompts.size == 0  # off by default
+    seen, make = [], engine.token2wav.utterance
+    monkeypatch.setattr(engine.token2wav, "utterance", lambda *a, **k: seen.append(make(*a, **k)) or seen[-1])
+    monkeypatch.setattr(engine.token2wav.prompts, "size", 4)
+    for _ in range(2):
+        np.testing.assert_array_equal(pcm(await collect(engine, req(engine))), copied)
+    assert len(engine.token2wav.prompts) == 1
+    first, second = seen[0], seen[-1]
+    assert second.prompt_feat.untyped_storage().data_ptr() == first.prompt_feat.untyped_storage().data_ptr()
+    assert second.embedding is first.embedding
+
+
 def test_the_engine_holds_its_switch_interval_until_closed(engine):
     """EngineConfig.gil_switch_ms: set as the engine loads, the interpreter's own again once it closes."""
     import sys
