@@ -48,9 +48,8 @@ from engine.config import (
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
-    add_gil_switch_flag,
-    add_kept_prompts_flag,
     add_model_flag,
+    add_number,
     add_overlap_flags,
     add_switch,
     fast_start_flag,
@@ -235,8 +234,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     add_switch(p, "t2w-own-stream")
     add_switch(p, "lm-host-prefix")
-    add_gil_switch_flag(p)
-    add_kept_prompts_flag(p)
+    add_number(p, "gil-switch-ms")
+    add_number(p, "t2w-kept-prompts")
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )

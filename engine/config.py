@@ -336,22 +336,27 @@ def add_switch(parser: Flags, flag: str) -> None:
     parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction, default=default, help=help)
 
 
-def add_gil_switch_flag(parser: Flags) -> None:
-    """``--gil-switch-ms`` -> ``args.gil_switch_ms`` (``EngineConfig.gil_switch_ms``)."""
-    parser.add_argument(
-        "--gil-switch-ms", type=float, default=EngineConfig.gil_switch_ms,
-        help="the interpreter's switch interval while the engine serves (ms): how long a thread waits for "
-        "the GIL before its holder is asked to drop it (default: Python's own, 5 ms)",
-    )  # fmt: skip
+# numeric flags the server and the bench share: flag -> (EngineConfig field, type, help)
+NUMBERS: dict[str, tuple[str, type, str]] = {
+    "gil-switch-ms": (
+        "gil_switch_ms",
+        float,
+        "the interpreter's switch interval while the engine serves (ms): how long a thread waits for the GIL "
+        "before its holder is asked to drop it (default: Python's own, 5 ms)",
+    ),
+    "t2w-kept-prompts": (
+        "t2w_kept_prompts",
+        int,
+        "voices whose prompt tensors stay on the device for their next requests (0: none, each request "
+        "copies its own)",
+    ),
+}
 
 
-def add_kept_prompts_flag(parser: Flags) -> None:
-    """``--t2w-kept-prompts`` -> ``args.t2w_kept_prompts`` (``EngineConfig.t2w_kept_prompts``)."""
-    parser.add_argument(
-        "--t2w-kept-prompts", type=int, default=EngineConfig.t2w_kept_prompts,
-        help="voices whose prompt tensors stay on the device for their next requests (0: none, each "
-        "request copies its own)",
-    )  # fmt: skip
+def add_number(parser: Flags, flag: str) -> None:
+    """``--FLAG N`` of ``NUMBERS`` -> ``args.FLAG`` (dashes as underscores), EngineConfig's default."""
+    field, kind, help = NUMBERS[flag]
+    parser.add_argument(f"--{flag}", type=kind, default=getattr(EngineConfig, field), help=help)
 
 
 def add_flow_attention_flag(parser: Flags) -> None:

@@ -29,10 +29,9 @@ from engine.config import (
     add_flow_attention_flag,
     add_flow_compile_flags,
     add_flow_reuse_flags,
-    add_gil_switch_flag,
-    add_kept_prompts_flag,
     add_lm_handover_flags,
     add_model_flag,
+    add_number,
     add_overlap_flags,
     add_switch,
     fast_start_choice,
@@ -224,8 +223,8 @@ def add_gpu_flags(g: Flags) -> None:
     add_switch(g, "t2w-own-stream")
     add_switch(g, "lm-host-prefix")
     add_switch(g, "single-stream-graphs-at-load")
-    add_gil_switch_flag(g)
-    add_kept_prompts_flag(g)
+    add_number(g, "gil-switch-ms")
+    add_number(g, "t2w-kept-prompts")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
