@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.errors import InvalidInput
-from engine.lm.speech_lm import SpeechLM
+from engine.lm.speech_lm import SpeechLM, check_id_range
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,13 +31,11 @@ class PromptTable:
     @classmethod
     def of(cls, lm: SpeechLM) -> PromptTable:
         cfg = lm.config
-        special = lm.llm_embedding if cfg.has_llm_embedding else lm.speech_embedding
         with torch.inference_mode():
             text = _host(lm.embed_tokens.weight)
             speech = _host(lm.speech_embedding.weight)
-            specials = _host(special.weight)
-        # the specials' rows copied: a view would keep the whole speech table alive twice over nothing
-        sos, task = (specials[row : row + 1].clone() for row in (cfg.sos_id, cfg.task_id))
+            # copied rows: a view would keep a whole table alive for one row
+            sos, task = (_host(lm.special(row)).clone() for row in (cfg.sos_id, cfg.task_id))
         return cls(text, speech, sos, task)
 
     def prefix(self, text_ids: Sequence[int], prompt_ids: Sequence[int], speech_ids: Sequence[int]) -> Tensor:
@@ -61,5 +58,5 @@ def _rows(table: Tensor, ids: Sequence[int]) -> Tensor:
 
 
 def _check_range(what: str, ids: Sequence[int], size: int) -> None:
-    if ids and (min(ids) < 0 or max(ids) >= size):
-        raise InvalidInput(f"{what} token ids must lie in [0, {size}), got [{min(ids)}, {max(ids)}]")
+    if ids:
+        check_id_range(what, min(ids), max(ids), size)

@@ -34,7 +34,8 @@ class SpeechLM(nn.Module):
     def embed_tokens(self) -> nn.Embedding:
         return self.llm.model.model.embed_tokens
 
-    def _special(self, row: int) -> Tensor:
+    def special(self, row: int) -> Tensor:
+        """The special row (sos or task id) [1, H], from the table the checkpoint keeps it in."""
         table = self.llm_embedding if self.config.has_llm_embedding else self.speech_embedding
         return table.weight[row : row + 1]
 
@@ -53,9 +54,9 @@ class SpeechLM(nn.Module):
         _check_range("text", text, self.config.text_vocab_size)
         _check_range("prompt speech", speech, self.config.speech_token_size)
         parts = [
-            self._special(self.config.sos_id),
+            self.special(self.config.sos_id),
             self.embed_tokens(text),
-            self._special(self.config.task_id),
+            self.special(self.config.task_id),
             self.speech_embedding(speech),
         ]
         return torch.cat(parts)
@@ -115,7 +116,11 @@ def _ids(ids: Tensor | None, empty: Tensor) -> Tensor:
 
 
 def _check_range(what: str, ids: Tensor, size: int) -> None:
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
-        raise InvalidInput(
-            f"{what} token ids must lie in [0, {size}), got [{int(ids.min())}, {int(ids.max())}]"
-        )
+    if ids.numel():
+        check_id_range(what, int(ids.min()), int(ids.max()), size)
+
+
+def check_id_range(what: str, low: int, high: int, size: int) -> None:
+    """Ids whose least is ``low`` and greatest ``high`` must index a table of ``size`` rows (InvalidInput)."""
+    if low < 0 or high >= size:
+        raise InvalidInput(f"{what} token ids must lie in [0, {size}), got [{low}, {high}]")

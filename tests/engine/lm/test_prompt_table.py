@@ -56,4 +56,4 @@ def test_a_cpu_lm_shares_its_tables_and_the_specials_are_copies():
     assert table.text.data_ptr() == lm.embed_tokens.weight.data_ptr()
     assert table.speech.data_ptr() == lm.speech_embedding.weight.data_ptr()
     assert table.sos._base is None and table.task._base is None
-    assert torch.equal(table.task, lm._special(lm.config.task_id))
+    assert torch.equal(table.task, lm.special(lm.config.task_id))
