@@ -236,6 +236,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_switch(p, "lm-host-prefix")
     add_number(p, "gil-switch-ms")
     add_number(p, "t2w-kept-prompts")
+    add_switch(p, "t2w-prompt-in-frontend")
     p.add_argument(
         "--t2w-fifo", action="store_true", help="token2wav in arrival order (the deadline scheduler's A/B)"
     )
@@ -289,7 +290,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "(EngineConfig.lm_host_prefix, the default; A: looked up on the device and copied back); "
         "gil-switch: the interpreter's switch interval at 1 ms (A: the engine's, EngineConfig.gil_switch_ms, "
         "else Python's 5 ms); kept-prompts: 64 voices' prompt tensors kept on the device (A: the engine's, "
-        "EngineConfig.t2w_kept_prompts, none by default); both "
+        "EngineConfig.t2w_kept_prompts, none by default); prompt-in-frontend: a request's flow prompt "
+        "tensors made in its frontend's thread (EngineConfig.t2w_prompt_in_frontend; A: the engine's, off "
+        "by default: on the event loop as its audio starts); both "
         "arms on "
         "one machine, load and set of graphs; the search goes on while either arm meets the SLO",
     )  # fmt: skip
@@ -482,6 +485,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         lm_host_prefix=True if "host-prefix" in ab_lever_set(args.ab) else args.lm_host_prefix,
         gil_switch_ms=args.gil_switch_ms,
         t2w_kept_prompts=args.t2w_kept_prompts,
+        t2w_prompt_in_frontend=args.t2w_prompt_in_frontend,
         cuda_mps=args.cuda_mps,
         mps_flow_percent=args.mps_flow_percent,
         mps_flow_below_normal=args.mps_flow_below_normal,
@@ -785,6 +789,12 @@ def _kept_prompts(engine: Any, on: bool) -> None:
     engine.token2wav.prompts.size = KEPT_PROMPTS_AB if on else engine.cfg.t2w_kept_prompts
 
 
+def _prompt_in_frontend(engine: Any, on: bool) -> None:
+    """A: the engine's (EngineConfig.t2w_prompt_in_frontend, off by default: the flow's prompt copied on the
+    event loop); B: in the frontend's thread."""
+    engine.prompt_in_frontend = on or engine.cfg.t2w_prompt_in_frontend
+
+
 # --ab NAME: how the in-process engine's B arm is switched on (and off again for A)
 AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "relaxed-cap": _relaxed_cap,
@@ -802,6 +812,7 @@ AB_SWITCHES: dict[str, Callable[[Any, bool], None]] = {
     "host-prefix": _host_prefix,
     "gil-switch": _gil_switch,
     "kept-prompts": _kept_prompts,
+    "prompt-in-frontend": _prompt_in_frontend,
 }
 
 

@@ -320,6 +320,11 @@ SWITCHES: dict[str, tuple[str, str]] = {
         "of host memory at full size) on the event loop, not looked up on the device and copied back "
         "(default: on)",
     ),
+    "t2w-prompt-in-frontend": (
+        "t2w_prompt_in_frontend",
+        "a request's flow prompt tensors copied to the device in the frontend's thread, after its prompt "
+        "features, not on the event loop as its audio starts (default: off)",
+    ),
     "weights-onto-device": (
         "weights_onto_device",
         "GPU/NPU, warm: read the cached safetensors weights onto the device through one page-locked "
@@ -617,6 +622,11 @@ class EngineConfig:
     # where a burst's copies each waited for the GIL. 0: every request copies its own. bench --ab
     # kept-prompts tries 64 against none; not measured yet
     t2w_kept_prompts: int = 0
+    # a request's flow prompt tensors made (blocking copies) in the frontend's thread right after its prompt
+    # features, not on the event loop as its audio starts: the loop, which hands every stream its tokens,
+    # then never waits on the device or for the GIL after a copy; the request's own wait moves into its
+    # frontend. bench --ab prompt-in-frontend tries it against the loop; not measured yet
+    t2w_prompt_in_frontend: bool = False
     # CUDA MPS (engine.device.CudaMps): the engine starts its own MPS control daemon (pipe and log under
     # cache_root/mps) before this process or vLLM's engine core initialise CUDA, so the LM's kernels and the
     # flow's run side by side instead of in time slices of two contexts; stopped on close. Never changes the

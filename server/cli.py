@@ -225,6 +225,7 @@ def add_gpu_flags(g: Flags) -> None:
     add_switch(g, "single-stream-graphs-at-load")
     add_number(g, "gil-switch-ms")
     add_number(g, "t2w-kept-prompts")
+    add_switch(g, "t2w-prompt-in-frontend")
     g.add_argument(
         "--flow-reuse-gb", type=float, default=EngineConfig.flow_reuse_gb,
         help="memory all streams' flow frame caches may hold together (GiB); past it, streams recompute. "
@@ -310,6 +311,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         flow_reuse_gb=args.flow_reuse_gb,
         gil_switch_ms=args.gil_switch_ms,
         t2w_kept_prompts=args.t2w_kept_prompts,
+        t2w_prompt_in_frontend=args.t2w_prompt_in_frontend,
         graph_warmup_s=args.graph_warmup_s,
         background_graphs=args.background_graphs,
         first_graphs_early=args.first_graphs_early,

@@ -68,7 +68,10 @@
 #                                                 looked up on the device; gil-switch: the
 #                                                 interpreter's switch interval at 1 ms, against
 #                                                 Python's 5; kept-prompts: 64 voices' prompt
-#                                                 tensors kept on the device, against none), each rate and
+#                                                 tensors kept on the device, against none;
+#                                                 prompt-in-frontend: a request's flow prompt
+#                                                 tensors made in its frontend's thread, against
+#                                                 on the event loop), each rate and
 #                                                 seed with both arms, which goes first alternating (results
 #                                                 .json "order") -> $OUT/FAMILY_capacity_ab-AB/ (AB=a,b: A
 #                                                 and an arm a lever, each alone, in order then reversed

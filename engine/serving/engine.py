@@ -33,7 +33,7 @@ from engine.errors import InvalidInput, NotReady, Stopping, SynthesisFailed
 from engine.flow.cfm import CausalCFM
 from engine.flow.compiled_estimator import use_compile_cache
 from engine.flow.graphs import AotRoot, GraphedCFM
-from engine.frontend import Frontend
+from engine.frontend import Frontend, PromptFeatures
 from engine.graph_builder import GraphBuilder
 from engine.hub import ModelDir, resolve_model
 from engine.import_lock import transformers_import
@@ -51,6 +51,7 @@ from engine.serving.admission import Admission
 from engine.serving.first_lane import open_lane
 from engine.serving.first_lane import refusal as lane_refusal
 from engine.serving.job_queue import FirstChunk
+from engine.serving.kept_prompts import PromptTensors
 from engine.serving.metrics import ServerStats, Stopwatch
 from engine.serving.pauses import has_pauses, with_pauses
 from engine.serving.plan import Plan, Planner
@@ -131,6 +132,7 @@ class TTSEngine:
         # the LM's embedding rows on the host (bench --ab host-prefix builds them for both arms, switches use)
         self.prompt_table = PromptTable.of(model.lm) if cfg.lm_host_prefix else None
         self.host_prefix = cfg.lm_host_prefix
+        self.prompt_in_frontend = cfg.t2w_prompt_in_frontend  # bench --ab prompt-in-frontend switches it
         self.admission = Admission(
             cfg.limits.max_concurrency,
             cfg.limits.max_queue,
@@ -533,12 +535,27 @@ class TTSEngine:
         """Prompt features in a thread (ONNX and numpy release the GIL; the prompt cache is shared), then
         the text in the text pool: neither runs on the event loop, and requests do not queue on the GIL."""
         if req.mode == Mode.VC:
-            return await asyncio.to_thread(self.planner.vc_plan, req)
-        prompt, transcript = await asyncio.to_thread(self.planner.prompt, req)
+            return await asyncio.to_thread(self._vc_plan, req)
+        prompt, transcript, tensors = await asyncio.to_thread(self._prompt, req)
         if req.text_stream is not None:  # its text comes later, in pieces: the prompt part now
-            return await asyncio.to_thread(self.planner.stream_plan, req, prompt, transcript)
-        ids = await self.text_pool.run(text_job(req, transcript))
-        return self.planner.assemble(req, prompt, ids)
+            plan = await asyncio.to_thread(self.planner.stream_plan, req, prompt, transcript)
+        else:
+            plan = self.planner.assemble(req, prompt, await self.text_pool.run(text_job(req, transcript)))
+        return replace(plan, flow_tensors=tensors)
+
+    def _prompt(self, req: SynthesisRequest) -> tuple[PromptFeatures, str, PromptTensors | None]:
+        """The planner's prompt and transcript, and its flow tensors where made here (``_flow_tensors``)."""
+        prompt, transcript = self.planner.prompt(req)
+        return prompt, transcript, self._flow_tensors(prompt)
+
+    def _vc_plan(self, req: SynthesisRequest) -> Plan:
+        plan = self.planner.vc_plan(req)
+        return replace(plan, flow_tensors=self._flow_tensors(plan.flow_prompt))
+
+    def _flow_tensors(self, features: PromptFeatures) -> PromptTensors | None:
+        """EngineConfig.t2w_prompt_in_frontend: the flow's prompt on the device, made in this (the
+        frontend's) thread, so the event loop makes no blocking copy when the audio starts; else None."""
+        return self.token2wav.prompts.get(features) if self.prompt_in_frontend else None
 
     async def _audio(
         self, req: SynthesisRequest, plan: Plan, seed: int, watch: Stopwatch, active: _Active
@@ -550,13 +567,17 @@ class TTSEngine:
             adaptive_hop=self.cfg.stream.adapts_hops(self.family, self.admission.active),
         )
         if plan.source_tokens is not None:
-            utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
+            utt = self.token2wav.utterance(
+                plan.flow_prompt, seed, stream, req.speed, schedule, tensors=plan.flow_tensors
+            )
             utt.tokens.extend(plan.source_tokens)
             async for pcm in self._drain(utt, True, active, watch):
                 yield pcm
             return
         for i, (text_ids, prompt_ids, speech_ids) in enumerate(plan.segments):
-            utt = self.token2wav.utterance(plan.flow_prompt, seed + i, stream, req.speed, schedule)
+            utt = self.token2wav.utterance(
+                plan.flow_prompt, seed + i, stream, req.speed, schedule, tensors=plan.flow_tensors
+            )
             watch.flow_prompt_made()
             segment = self._segment(req, utt, text_ids, prompt_ids, speech_ids, seed + i, watch, active)
             async with contextlib.aclosing(segment):
@@ -639,7 +660,9 @@ class TTSEngine:
         """Text-streaming input: one bistream decode over the pieces as they arrive (lm/bistream.py)."""
         stream = req.streams_audio
         schedule = replace(self.cfg.stream, fast_start=self._splits_first_chunk(watch))
-        utt = self.token2wav.utterance(plan.flow_prompt, seed, stream, req.speed, schedule)
+        utt = self.token2wav.utterance(
+            plan.flow_prompt, seed, stream, req.speed, schedule, tensors=plan.flow_tensors
+        )
         _, prompt_ids, speech_ids = plan.segments[0]
         interleaver = Interleaver(Layout.of(self.model.lm.config), prompt_ids, speech_ids)
         limits = self.cfg.limits

@@ -9,6 +9,7 @@ cross_lingual neither (v3: the system prompt leads the text), instruct the instr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.config import Limits
 from engine.errors import InvalidInput
@@ -19,12 +20,16 @@ from engine.text.frontend import TextFrontend, format_cross_lingual
 from engine.text.pool import TextIds, text_ids, text_job
 from engine.voices import Voice, VoiceLibrary
 
+if TYPE_CHECKING:
+    from engine.serving.kept_prompts import PromptTensors
+
 
 @dataclass(frozen=True)
 class Plan:
     segments: list[tuple[list[int], list[int], list[int]]]  # (text ids, prompt-text ids, prompt speech)
     flow_prompt: PromptFeatures
     source_tokens: list[int] | None = None  # vc: the speech to convert
+    flow_tensors: PromptTensors | None = None  # flow_prompt on the device, where made before the audio
 
 
 class Planner:

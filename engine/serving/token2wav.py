@@ -46,7 +46,7 @@ from engine.flow.precompiled import serving_thread
 from engine.flow.voice_pages import VoicePages, voice_frames, voice_key
 from engine.frontend import PromptFeatures
 from engine.serving.job_queue import DeadlineQueue, FirstChunk, Hold, Relaxed, frame_bucket_of
-from engine.serving.kept_prompts import KeptPrompts
+from engine.serving.kept_prompts import KeptPrompts, PromptTensors
 from engine.serving.metrics import ChunkTimes
 from engine.serving.streaming import TOKEN_MEL_RATIO, ChunkJob, ChunkPlanner
 from engine.vocoder.hift import TAIL_FRAMES, CausalHiFTGenerator, HiFTGenerator, V2Noise
@@ -378,16 +378,17 @@ class Token2Wav:
         speed: float = 1.0,
         schedule: StreamConfig | None = None,
         flow_reuse: bool | None = None,
+        tensors: PromptTensors | None = None,
     ) -> Utterance:
         """Fresh per-segment state; ``features`` carries the (trimmed) prompt tokens/mel/embedding.
         ``schedule``: another chunk schedule for this one (the reference-style baseline's); ``flow_reuse``:
         False recomputes the flow's prefix in every call even where the worker reuses it (None: the
-        worker's setting)."""
+        worker's setting); ``tensors``: ``features`` already on the device (else kept or copied now)."""
         dev, schedule = self.device, schedule or self.stream_cfg
         # the fast start's trim (StreamConfig.fast_start_trim): only a 2:1-aligned prompt loses its head
         cut = schedule.flow_prompt_cut(len(features.speech_tokens)) if stream and features.trimmed else 0
         # the prompt's tensors (kept per voice, or copied now), viewed past the cut; never written
-        prompt = self.prompts.get(features)
+        prompt = tensors if tensors is not None else self.prompts.get(features)
         tokens, emb = prompt.tokens[:, cut:], prompt.embedding
         feat = prompt.feat[:, TOKEN_MEL_RATIO * cut :]
         planner = ChunkPlanner(tokens.shape[1], schedule, stream, feat.shape[1])

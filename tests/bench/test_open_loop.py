@@ -949,3 +949,21 @@ def test_ab_kept_prompts_keeps_voices_in_b_and_the_engines_setting_in_a():
     argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
     assert engine_config(parse_args(argv)).t2w_kept_prompts == 0
     assert engine_config(parse_args([*argv, "--t2w-kept-prompts", "16"])).t2w_kept_prompts == 16
+
+
+def test_ab_prompt_in_frontend_moves_the_copies_in_b_and_keeps_the_engines_setting_in_a():
+    from types import SimpleNamespace
+
+    from bench.__main__ import AB_SWITCHES, engine_config, parse_args
+
+    for configured in (False, True):
+        engine = SimpleNamespace(
+            prompt_in_frontend=configured, cfg=SimpleNamespace(t2w_prompt_in_frontend=configured)
+        )
+        AB_SWITCHES["prompt-in-frontend"](engine, True)
+        assert engine.prompt_in_frontend
+        AB_SWITCHES["prompt-in-frontend"](engine, False)
+        assert engine.prompt_in_frontend is configured
+    argv = ["--random-tiny", "v3", "--arrivals", "poisson"]
+    assert not engine_config(parse_args(argv)).t2w_prompt_in_frontend
+    assert engine_config(parse_args([*argv, "--t2w-prompt-in-frontend"])).t2w_prompt_in_frontend

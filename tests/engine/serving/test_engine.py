@@ -172,6 +172,35 @@ async def test_a_kept_voices_requests_view_its_prompt_tensors_with_the_same_audi
     assert second.embedding is first.embedding
 
 
+async def test_the_flow_prompt_made_in_the_frontends_thread_gives_the_same_audio(engine, monkeypatch):
+    """EngineConfig.t2w_prompt_in_frontend: the flow's prompt tensors are made once a request, in the
+    frontend's thread (not the event loop's), every segment's Utterance views them, and the audio is the
+    same sample for sample."""
+    from engine.serving import kept_prompts
+
+    on_loop = pcm(await collect(engine, req(engine)))
+    assert not engine.prompt_in_frontend  # off by default
+    threads, make = [], kept_prompts.PromptTensors.of
+    monkeypatch.setattr(
+        kept_prompts.PromptTensors, "of", lambda *a: threads.append(threading.current_thread()) or make(*a)
+    )
+    seen, utterance = [], engine.token2wav.utterance
+    monkeypatch.setattr(
+        engine.token2wav, "utterance", lambda *a, **k: seen.append(utterance(*a, **k)) or seen[-1]
+    )
+    monkeypatch.setattr(engine, "prompt_in_frontend", True)
+    two = " ".join(
+        f"This is sentence number {n}, which is long enough to be its own piece." for n in range(8)
+    )
+    assert len(engine.split_preview(two)) >= 2
+    np.testing.assert_array_equal(pcm(await collect(engine, req(engine))), on_loop)
+    assert threads and threading.current_thread() not in threads  # this test runs on the event loop
+    threads.clear()
+    await collect(engine, req(engine, text=two, forced_tokens=20))
+    assert len(seen) > 2 and len(threads) == 1  # its segments, one copy
+    assert seen[-1].embedding is seen[-2].embedding
+
+
 def test_the_engine_holds_its_switch_interval_until_closed(engine):
     """EngineConfig.gil_switch_ms: set as the engine loads, the interpreter's own again once it closes."""
     import sys
