@@ -590,15 +590,17 @@ async def open_sweep(target: Target, args: argparse.Namespace, save: Save) -> li
 
 async def closed_after(target: Target, workload: Workload, args: argparse.Namespace) -> list[Level]:
     """--closed-after: closed-loop waves at each level in the load the open loop warmed (the bench's one
-    prompt, one untimed wave first, then ``--requests`` or 4 waves), the search's A arm as configured."""
+    prompt, one untimed wave first, then ``--requests`` or 4 waves); with --ab each arm's waves, which arm
+    first alternating by level, the arm's name after the system's as in the open loop."""
     out = []
-    if args.closed_after and args.ab:
-        switch_arm(target.engine, args.ab, "")  # type: ignore[attr-defined]
-    for c in args.closed_after or ():
-        await run_level(target, workload, c, c, prompt_audio(), seed=10**6)
-        level = await run_level(target, workload, c, max(args.requests, 4 * c), prompt_audio(), args.seed)
-        log.info("closed loop after the open loop: %s", _line(level))
-        out.append(level)
+    for i, c in enumerate(args.closed_after or ()):
+        for arm in arms_at(args, i):
+            switch_arm(target.engine, args.ab, arm)  # type: ignore[attr-defined]
+            await run_level(target, workload, c, c, prompt_audio(), seed=10**6)
+            level = await run_level(target, workload, c, max(args.requests, 4 * c), prompt_audio(), args.seed)
+            level = dataclasses.replace(level, system=level.system + arm)
+            log.info("closed loop after the open loop: %s", _line(level))
+            out.append(level)
     return out
 
 

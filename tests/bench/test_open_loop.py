@@ -765,6 +765,31 @@ def test_ab_of_two_levers_runs_a_then_each_lever_alone_reversed_every_other_run(
     assert seen == [want[lv.system] for lv in levels for _ in range(lv.requests)]
 
 
+def test_closed_after_an_ab_runs_each_arms_waves_alternating_which_first_by_level(monkeypatch):
+    """--closed-after with --ab: each level's waves once per arm (an untimed wave, then the timed ones),
+    the arm named as in the open loop, A first at the first level and last at the next; every request of
+    an arm's waves sees only its lever."""
+    from bench.__main__ import AB_SWITCHES
+
+    monkeypatch.setitem(AB_SWITCHES, "fake", lambda engine, on: setattr(engine, "fake", on))
+    target = FakeTarget()
+    seen: list[bool] = []
+    run = target.run
+
+    async def spy(req, rec) -> None:
+        seen.append(target.engine.fake)
+        await run(req, rec)
+
+    target.run = spy
+    flags = ["--ab", "fake", "--rate", "100", "--arrival-s", "0.03", "--warmup-arrival-s", "0"]
+    levels = fake_sweep(target, [*flags, "--closed-after", "2,3", "--requests", "4"])
+    closed = [(lv.concurrency, lv.system, lv.requests) for lv in levels if lv.rate is None]
+    a, b = "fake", "fake fake"
+    assert closed == [(2, a, 8), (2, b, 8), (3, b, 12), (3, a, 12)]
+    waves = seen[-sum(c + n for c, _, n in closed) :]  # each arm's untimed wave (c requests), then its n
+    assert waves == [arm == b for c, arm, n in closed for _ in range(c + n)]
+
+
 @pytest.mark.parametrize("ab", ["fake,fake", "fake,nope", ""])
 def test_ab_refuses_an_unknown_or_repeated_lever(ab, monkeypatch, capsys):
     from bench.__main__ import AB_SWITCHES
