@@ -164,7 +164,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--closed-after", type=int_list, default=None, metavar="LEVELS",
         help="open loop, in process: after the rates (and --overload), closed-loop waves at each of LEVELS "
-        "streams in the same load, e.g. 16 (one untimed wave, then --requests or 4 waves of them)",
+        "streams in the same load, e.g. 16 (one untimed wave, then --requests or 4 waves of them; with --ab "
+        "each arm's)",
     )  # fmt: skip
     p.add_argument(
         "--overload-admit-s", type=rate_list, default=[1.0],
