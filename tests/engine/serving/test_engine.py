@@ -201,6 +201,21 @@ async def test_the_flow_prompt_made_in_the_frontends_thread_gives_the_same_audio
     assert seen[-1].embedding is seen[-2].embedding
 
 
+async def test_voice_conversion_takes_the_flow_prompt_made_in_the_frontends_thread(
+    engine, monkeypatch, tmp_path
+):
+    """t2w_prompt_in_frontend for voice conversion (its own plan, the prompt untrimmed): the same audio."""
+    kw = {"mode": Mode.VC, "text": "", "source_wav": str(write_wav(tmp_path / "src.wav", 2.0, 16000, seed=3))}
+    on_loop = pcm(await collect(engine, req(engine, **kw)))
+    made, utterance = [], engine.token2wav.utterance
+    monkeypatch.setattr(
+        engine.token2wav, "utterance", lambda *a, **k: made.append(k["tensors"]) or utterance(*a, **k)
+    )
+    monkeypatch.setattr(engine, "prompt_in_frontend", True)
+    np.testing.assert_array_equal(pcm(await collect(engine, req(engine, **kw))), on_loop)
+    assert len(made) == 1 and made[0] is not None
+
+
 def test_the_engine_holds_its_switch_interval_until_closed(engine):
     """EngineConfig.gil_switch_ms: set as the engine loads, the interpreter's own again once it closes."""
     import sys

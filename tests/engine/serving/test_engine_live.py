@@ -52,6 +52,22 @@ async def test_streamed_text_comes_out_as_streamed_audio(engine, mode):
     assert final.done and final.lm_tokens >= 60 and final.ttfa_ms is not None
 
 
+async def test_streamed_text_takes_the_flow_prompt_made_in_the_frontends_thread(engine, monkeypatch):
+    """EngineConfig.t2w_prompt_in_frontend: a text-streaming request's flow prompt comes with its plan (made
+    off the event loop) and its audio is the same as with the prompt copied on the loop."""
+    on_loop = [c async for c in engine.stream(live(engine, words(WORDS)))]
+    made, utterance = [], engine.token2wav.utterance
+    monkeypatch.setattr(
+        engine.token2wav, "utterance", lambda *a, **k: made.append(k["tensors"]) or utterance(*a, **k)
+    )
+    monkeypatch.setattr(engine, "prompt_in_frontend", True)
+    off_loop = [c async for c in engine.stream(live(engine, words(WORDS)))]
+    assert len(made) == 1 and made[0] is not None
+    np.testing.assert_array_equal(
+        np.concatenate([c.pcm for c in off_loop]), np.concatenate([c.pcm for c in on_loop])
+    )
+
+
 async def test_first_audio_comes_before_the_text_ends(engine):
     """Audio must start while text is still arriving: the text ends only after the first chunk is out."""
     first_audio = asyncio.Event()
