@@ -85,11 +85,16 @@ def studio(request, browser) -> Any:
         page = browser.new_page(viewport={"width": 1440, "height": 900}, locale=locale)
         page.goto(url)
         page.wait_for_function("window.cosyPlayer && document.getElementById('cosy-live')", timeout=WAIT_MS)
-        # the page's load event renders the server's texts in the session's language (auto: the first
-        # render is English)
-        title = Texts(lang)("title")
-        ready = "(t) => document.querySelector('.cosy-title')?.textContent === t"
-        page.wait_for_function(ready, arg=title, timeout=WAIT_MS)
+        # the page's load event renders the server's texts in the session's language, and the voice
+        # libraries once the page's owner id has come (auto: both first render in English)
+        texts = Texts(lang)
+        for selector, key in ((".cosy-title", "title"), (".cosy-lib-title", "library_title")):
+            found = f"[...document.querySelectorAll('{selector}')]"
+            page.wait_for_function(
+                f"(t) => {found}.length > 0 && {found}.every((el) => el.textContent === t)",
+                arg=texts(key),
+                timeout=WAIT_MS,
+            )
         yield ui_lang, lang, page, {engine.model_name, engine.family}
         page.close()
 
